@@ -1,0 +1,70 @@
+"""Errors a user can act on, and the exit codes they map to.
+
+Every expected failure raises a `KerneldevError` subclass carrying a one-line `message` and an
+optional `hint` (what to do next). The CLI's single handler prints them and exits with
+`exit_code`; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILURE = 1  # the operation ran and found a problem (drift, refused push, unhealthy service)
+    USAGE = 2  # bad command line or bad config
+
+
+class KerneldevError(Exception):
+    exit_code: ExitCode = ExitCode.FAILURE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(KerneldevError):
+    """The command line asked for something that cannot be done as asked."""
+
+    exit_code = ExitCode.USAGE
+
+
+class ConfigError(UsageError):
+    """hosts.yaml is missing, unreadable or invalid. The message names file, key path and line."""
+
+
+class HostConnectionError(KerneldevError):
+    """Could not reach or log in to the host (DNS, refused, timeout, auth)."""
+
+
+class HostKeyError(KerneldevError):
+    """The host key is unknown or differs from the recorded one. Never bypassed silently."""
+
+
+class RemoteCommandError(KerneldevError):
+    """A command on the host exited non-zero where success was required."""
+
+    def __init__(self, message: str, result: object = None, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.result = result
+
+
+class TransferError(KerneldevError):
+    """Reading or writing a file on the host failed."""
+
+
+class RefusedError(KerneldevError):
+    """A safety check refused the operation (unpushed edits, drift, conflict); --force overrides."""
+
+
+class ServiceError(KerneldevError):
+    """Restart failed or health never came."""
+
+
+class BenchError(KerneldevError):
+    """The benchmark harness failed or produced unusable results."""
