@@ -1,0 +1,6 @@
+"""`python -m kerneldev` is the same as the `kerneldev` console script."""
+
+from kerneldev.cli.main import run
+
+if __name__ == "__main__":
+    run()
