@@ -2,15 +2,31 @@
 
 Lookup order for the file: `--config PATH`, then `$KERNELDEV_CONFIG`, then `./hosts.yaml`.
 Relative local paths in the file (workspace, mirror, identity_file, known_hosts) are resolved
-against the file's folder. See hosts.example.yaml for every key.
+against the file's folder; `~` is expanded. See hosts.example.yaml for every key.
 
-TODO(core-transport helper): implement `load_config` with full validation (see issue 2).
+Validation is strict: every problem is a `ConfigError` whose message reads
+`<file>:<line>: <key path>: <what is wrong>`, e.g.
+`hosts.yaml:12: hosts.dsv4.service.timeout: must be a number > 0, got 'soon'`.
+The line numbers come from YAML's node marks, so validation walks the composed node tree
+rather than the plain Python objects.
 """
 
 from __future__ import annotations
 
+import os
+import posixpath
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kerneldev.errors import ConfigError
+
+DEFAULT_CONFIG_NAME = "hosts.yaml"
+CONFIG_ENV = "KERNELDEV_CONFIG"
+HOST_ENV = "KERNELDEV_HOST"
 
 
 @dataclass(frozen=True)
@@ -45,10 +61,306 @@ class Config:
     default: str | None
     hosts: dict[str, HostConfig] = field(default_factory=dict)
 
-    def host(self, name: str | None) -> HostConfig:
+    def host(self, name: str | None = None) -> HostConfig:
         """The named host, else $KERNELDEV_HOST, else `default`, else the only host."""
-        raise NotImplementedError
+        chosen = name or os.environ.get(HOST_ENV) or self.default
+        if chosen is None:
+            if len(self.hosts) == 1:
+                return next(iter(self.hosts.values()))
+            raise ConfigError(
+                f"{self.path}: several hosts are configured and none is chosen "
+                f"(known hosts: {', '.join(sorted(self.hosts))})",
+                hint="pass --host NAME, set KERNELDEV_HOST, or add `default: NAME` to the file",
+            )
+        try:
+            return self.hosts[chosen]
+        except KeyError:
+            raise ConfigError(
+                f"{self.path}: no host named '{chosen}' "
+                f"(known hosts: {', '.join(sorted(self.hosts)) or 'none'})",
+                hint="use one of the known hosts with --host NAME, or add it under `hosts:`",
+            ) from None
+
+
+# --- loading ----------------------------------------------------------------------------
+
+
+def find_config(path: Path | str | None = None) -> Path:
+    """The config file to use: `path`, else $KERNELDEV_CONFIG, else ./hosts.yaml."""
+    if path:
+        return Path(os.path.expanduser(str(path)))
+    env = os.environ.get(CONFIG_ENV)
+    if env:
+        return Path(os.path.expanduser(env))
+    return Path(DEFAULT_CONFIG_NAME)
 
 
 def load_config(path: Path | str | None = None) -> Config:
-    raise NotImplementedError
+    """Read and validate the config file; raise `ConfigError` naming file, key path and line."""
+    config_path = find_config(path)
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file not found: {config_path}",
+            hint="copy hosts.example.yaml to hosts.yaml and edit it, or pass --config PATH "
+            "(or set KERNELDEV_CONFIG)",
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path is a folder, not a file: {config_path}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config file {config_path}: {err}") from None
+    return _Validator(config_path, text).config()
+
+
+class _Validator:
+    """Walks the YAML node tree so every error can name the line it comes from."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.path = path
+        self.base = Path(os.path.abspath(path)).parent
+        self.text = text
+        self.loader: yaml.SafeLoader | None = None
+
+    # -- helpers --------------------------------------------------------------------------
+    def fail(self, node: yaml.Node | None, key_path: str, what: str) -> ConfigError:
+        where = str(self.path)
+        if node is not None:
+            where += f":{node.start_mark.line + 1}"
+        prefix = f"{where}: {key_path}: " if key_path else f"{where}: "
+        return ConfigError(prefix + what, hint="see hosts.example.yaml for every key")
+
+    def value(self, node: yaml.Node) -> Any:
+        assert self.loader is not None
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(self, node: yaml.Node, key_path: str) -> dict[str, tuple[yaml.Node, yaml.Node]]:
+        """A mapping node as {key: (key_node, value_node)}; rejects non-string and repeated
+        keys (YAML silently keeps the last of two equal keys, which hides typos)."""
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key_path, f"must be a mapping, got {_kind(node)}")
+        out: dict[str, tuple[yaml.Node, yaml.Node]] = {}
+        for key_node, value_node in node.value:
+            key = self.value(key_node)
+            if not isinstance(key, str):
+                raise self.fail(key_node, key_path, f"keys must be strings, got {key!r}")
+            if key in out:
+                raise self.fail(key_node, _join(key_path, key), "key appears twice")
+            out[key] = (key_node, value_node)
+        return out
+
+    def check_keys(
+        self,
+        node: yaml.Node,
+        items: dict[str, tuple[yaml.Node, yaml.Node]],
+        key_path: str,
+        allowed: tuple[str, ...],
+        required: tuple[str, ...] = (),
+    ) -> None:
+        for key, (key_node, _) in items.items():
+            if key not in allowed:
+                raise self.fail(
+                    key_node,
+                    _join(key_path, key),
+                    f"unknown key (allowed here: {', '.join(allowed)})",
+                )
+        for key in required:
+            if key not in items:
+                raise self.fail(node, _join(key_path, key), "required key is missing")
+
+    def string(self, node: yaml.Node, key_path: str, *, allow_empty: bool = False) -> str:
+        v = self.value(node)
+        if not isinstance(v, str):
+            raise self.fail(node, key_path, f"must be a string, got {_describe(v)}")
+        if not allow_empty and not v.strip():
+            raise self.fail(node, key_path, "must not be empty")
+        return v
+
+    def local_path(self, node: yaml.Node, key_path: str) -> Path:
+        raw = os.path.expanduser(self.string(node, key_path))
+        return Path(os.path.normpath(os.path.join(self.base, raw)))
+
+    # -- schema ---------------------------------------------------------------------------
+    def config(self) -> Config:
+        try:
+            self.loader = yaml.SafeLoader(self.text)
+            try:
+                root = self.loader.get_single_node()
+            finally:
+                self.loader.dispose()
+        except yaml.MarkedYAMLError as err:
+            mark = err.problem_mark or err.context_mark
+            line = f":{mark.line + 1}" if mark else ""
+            problem = " ".join(p for p in (err.context, err.problem) if p)
+            raise ConfigError(
+                f"{self.path}{line}: YAML syntax error: {problem}",
+                hint="check indentation and quoting on that line",
+            ) from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{self.path}: YAML syntax error: {err}") from None
+        if root is None:
+            raise ConfigError(
+                f"{self.path}: the file is empty",
+                hint="copy hosts.example.yaml and edit it",
+            )
+        try:
+            return self._config(root)
+        except yaml.YAMLError as err:  # constructor errors, e.g. a bad !!tag
+            mark = getattr(err, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark else ""
+            raise ConfigError(f"{self.path}{line}: invalid YAML value: {err}") from None
+
+    def _config(self, root: yaml.Node) -> Config:
+        items = self.mapping(root, "")
+        self.check_keys(root, items, "", ("default", "hosts"), ("hosts",))
+        hosts_key_node, hosts_node = items["hosts"]
+        host_items = self.mapping(hosts_node, "hosts")
+        if not host_items:
+            raise self.fail(hosts_node, "hosts", "no hosts are defined")
+        hosts = {
+            name: self._host(name, value_node, f"hosts.{name}")
+            for name, (_, value_node) in host_items.items()
+        }
+        default = None
+        if "default" in items:
+            default_node = items["default"][1]
+            default = self.string(default_node, "default")
+            if default not in hosts:
+                raise self.fail(
+                    default_node,
+                    "default",
+                    f"names no configured host: '{default}' "
+                    f"(known hosts: {', '.join(sorted(hosts))})",
+                )
+        return Config(path=Path(os.path.abspath(self.path)), default=default, hosts=hosts)
+
+    def _host(self, name: str, node: yaml.Node, kp: str) -> HostConfig:
+        items = self.mapping(node, kp)
+        allowed = (
+            "transport",
+            "hostname",
+            "user",
+            "port",
+            "identity_file",
+            "known_hosts",
+            "root",
+            "files",
+            "workspace",
+            "mirror",
+            "service",
+            "python",
+            "gpu",
+        )
+        self.check_keys(node, items, kp, allowed, ("root", "files", "workspace"))
+        get: Callable[[str], yaml.Node | None] = lambda k: items[k][1] if k in items else None  # noqa: E731
+
+        transport = "ssh"
+        if (n := get("transport")) is not None:
+            transport = self.string(n, f"{kp}.transport")
+            if transport not in ("ssh", "local"):
+                raise self.fail(
+                    n, f"{kp}.transport", f"must be 'ssh' or 'local', got {transport!r}"
+                )
+        hostname = None
+        if (n := get("hostname")) is not None:
+            hostname = self.string(n, f"{kp}.hostname")
+        elif transport == "ssh":
+            raise self.fail(node, f"{kp}.hostname", "required key is missing (transport is ssh)")
+        user = self.string(n, f"{kp}.user") if (n := get("user")) is not None else None
+        port = None
+        if (n := get("port")) is not None:
+            v = self.value(n)
+            if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 65536:
+                raise self.fail(n, f"{kp}.port", f"must be an integer 1-65535, got {_describe(v)}")
+            port = v
+
+        root_node = items["root"][1]
+        root = self.string(root_node, f"{kp}.root")
+        if not root.startswith("/"):
+            raise self.fail(root_node, f"{kp}.root", f"must be an absolute path, got {root!r}")
+        root = posixpath.normpath(root)
+
+        service = self._service(n, f"{kp}.service") if (n := get("service")) is not None else None
+        python = self.string(n, f"{kp}.python") if (n := get("python")) is not None else "python3"
+        gpu = self._gpu(n, f"{kp}.gpu") if (n := get("gpu")) is not None else None
+        return HostConfig(
+            name=name,
+            root=root,
+            files=self._files(items["files"][1], f"{kp}.files"),
+            workspace=self.local_path(items["workspace"][1], f"{kp}.workspace"),
+            transport=transport,
+            hostname=hostname,
+            user=user,
+            port=port,
+            identity_file=self._opt_path(get("identity_file"), f"{kp}.identity_file"),
+            known_hosts=self._opt_path(get("known_hosts"), f"{kp}.known_hosts"),
+            mirror=self._opt_path(get("mirror"), f"{kp}.mirror"),
+            service=service,
+            python=python,
+            gpu=gpu,
+        )
+
+    def _opt_path(self, node: yaml.Node | None, kp: str) -> Path | None:
+        return None if node is None else self.local_path(node, kp)
+
+    def _files(self, node: yaml.Node, kp: str) -> tuple[str, ...]:
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, kp, f"must be a list of paths, got {_kind(node)}")
+        if not node.value:
+            raise self.fail(node, kp, "must list at least one path")
+        files: list[str] = []
+        for i, item in enumerate(node.value):
+            ikp = f"{kp}[{i}]"
+            entry = self.string(item, ikp)
+            if entry.startswith("/") or entry.startswith("~"):
+                raise self.fail(item, ikp, f"must be relative to root, got {entry!r}")
+            if ".." in entry.split("/"):
+                raise self.fail(item, ikp, f"must stay inside root (no '..'), got {entry!r}")
+            entry = posixpath.normpath(entry)
+            if entry == ".":
+                raise self.fail(item, ikp, "must name a file, not root itself")
+            files.append(entry)
+        return tuple(files)
+
+    def _service(self, node: yaml.Node, kp: str) -> ServiceConfig:
+        items = self.mapping(node, kp)
+        self.check_keys(node, items, kp, ("restart", "health", "timeout", "logs"))
+        kwargs: dict[str, Any] = {}
+        for key in ("restart", "health", "logs"):
+            if key in items:
+                kwargs[key] = self.string(items[key][1], f"{kp}.{key}")
+        if "timeout" in items:
+            n = items["timeout"][1]
+            v = self.value(n)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                raise self.fail(n, f"{kp}.timeout", f"must be a number > 0, got {_describe(v)}")
+            kwargs["timeout"] = float(v)
+        return ServiceConfig(**kwargs)
+
+    def _gpu(self, node: yaml.Node, kp: str) -> str:
+        v = self.value(node)
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise self.fail(node, kp, f"must be a string or an integer, got {_describe(v)}")
+        return str(v)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return f"{node.value!r}"
+
+
+def _describe(v: Any) -> str:
+    if v is None:
+        return "nothing (null)"
+    if isinstance(v, dict):
+        return "a mapping"
+    if isinstance(v, list):
+        return "a list"
+    return repr(v)

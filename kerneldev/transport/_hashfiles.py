@@ -1,0 +1,84 @@
+"""Expand file patterns under a root and hash what they match.
+
+This module is self-contained on purpose: `LocalTransport` imports it, and `SSHTransport` sends
+its source to the host and runs it with `python3 -c`, patterns as JSON on stdin, so one remote
+command hashes every file and names with spaces, quotes, newlines or any unicode survive. Keep
+it standard-library only and compatible with Python 3.6 (old server images).
+
+Semantics (the same on both transports):
+- a pattern is a path relative to root; shell globs (`*`, `?`, `[...]`) match like the shell
+  (`glob.glob`, not recursive, `*` skips dotfiles);
+- matches are regular files only (a symlink is followed, but its target must stay inside root);
+- a pattern that is absolute, contains `..` leading out of root, or reaches outside root
+  through a symlink matches nothing (it is reported as unmatched, never read);
+- results are de-duplicated and sorted by path.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import stat
+import sys
+
+CHUNK = 1 << 20
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def hash_tree(root, patterns):
+    """Return {"files": [{"path", "sha256", "size", "mode"}...], "unmatched": [pattern...]}."""
+    root = os.path.normpath(root)
+    real_root = os.path.realpath(root)
+    found = {}
+    unmatched = []
+    for pattern in patterns:
+        hits = 0
+        if not pattern or os.path.isabs(pattern):
+            unmatched.append(pattern)
+            continue
+        # Escape root so a `[` in the root folder's name is not read as a glob.
+        for match in glob.glob(os.path.join(glob.escape(root), pattern)):
+            rel = os.path.relpath(match, root)
+            if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
+                continue
+            real = os.path.realpath(match)
+            if not _inside(real, real_root):
+                continue  # a symlink (or `..`) that leads out of root
+            try:
+                st = os.stat(real)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            hits += 1
+            rel = rel.replace(os.sep, "/")
+            if rel in found:
+                continue
+            digest = hashlib.sha256()
+            with open(real, "rb") as f:
+                for block in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
+                    digest.update(block)
+            found[rel] = {
+                "path": rel,
+                "sha256": digest.hexdigest(),
+                "size": st.st_size,
+                "mode": stat.S_IMODE(st.st_mode),
+            }
+        if not hits:
+            unmatched.append(pattern)
+    return {"files": [found[k] for k in sorted(found)], "unmatched": unmatched}
+
+
+def main():
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    result = hash_tree(request["root"], request["patterns"])
+    # ensure_ascii: names that are not valid UTF-8 travel as escapes, never as broken bytes.
+    sys.stdout.write(json.dumps(result, ensure_ascii=True))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The "host" is this machine: subprocess for commands, the local file system for files.
+
+Used by a user who develops on the GPU box itself and by the tests, so everything above the
+transport runs the identical code path as over SSH.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+
+from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
+from kerneldev.transport._hashfiles import hash_tree
+from kerneldev.transport.base import CommandResult, RemoteFile, Transport
+
+OutputCallback = Callable[[str], None]
+
+
+def temp_name_prefix(target_name: str) -> str:
+    """Prefix of the temporary file written next to `target_name` before the rename."""
+    return f".{target_name}.kerneldev-tmp-"
+
+
+class LocalTransport(Transport):
+    def __init__(self, host_config=None, **_ignored) -> None:
+        self.host_config = host_config
+        self.host_name = getattr(host_config, "name", None) or "local"
+
+    # --- commands -------------------------------------------------------------------------
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> CommandResult:
+        try:
+            proc = subprocess.Popen(
+                ["sh", "-c", command],
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                # Own process group, so a timeout kills the whole pipeline, not just `sh`.
+                start_new_session=True,
+            )
+        except OSError as err:
+            raise HostConnectionError(f"cannot start a shell on this machine: {err}") from None
+
+        out: list[str] = []
+        errs: list[str] = []
+        readers = [
+            threading.Thread(target=_pump, args=(proc.stdout, out, on_output), daemon=True),
+            threading.Thread(target=_pump, args=(proc.stderr, errs, None), daemon=True),
+        ]
+        if stdin is not None:
+            # A thread, so a command that never reads its input cannot block the timeout.
+            readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
+        for t in readers:
+            t.start()
+        try:
+            exited = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            for t in readers:
+                t.join(2)
+            raise RemoteCommandError(
+                f"command timed out after {timeout:g}s on {self.host_name}: {command}",
+                result=CommandResult(command, -1, "".join(out), "".join(errs)),
+            ) from None
+        # Output left in the pipes is read at once; a background process that inherited them
+        # (a restart command starting a daemon) must not keep us waiting for its EOF.
+        deadline = time.monotonic() + 2
+        for t in readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        # A negative return code means a signal; report it the way a shell would (128 + n).
+        if exited < 0:
+            exited = 128 - exited
+        return CommandResult(command, exited, "".join(out), "".join(errs))
+
+    # --- files ----------------------------------------------------------------------------
+    def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
+        try:
+            result = hash_tree(root, list(patterns))
+        except OSError as err:
+            raise TransferError(f"cannot hash files under {root}: {err}") from None
+        return [RemoteFile(**f) for f in result["files"]], result["unmatched"]
+
+    def read_bytes(self, path: str) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            raise TransferError(f"{path}: no such file on {self.host_name}") from None
+        except OSError as err:
+            raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
+
+    def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        folder, name = os.path.split(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if mode is None:
+                try:
+                    mode = os.stat(path).st_mode & 0o7777
+                except FileNotFoundError:
+                    mode = 0o666 & ~_umask()  # what a plain `open(path, "w")` would give
+            fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(name), dir=folder)
+        except OSError as err:
+            raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+            os.replace(tmp, path)
+        except BaseException as err:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            if isinstance(err, OSError):
+                raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
+            raise
+        _fsync_dir(folder)
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(path)
+
+    def mkdirs(self, path: str) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as err:
+            raise TransferError(f"cannot create {path} on {self.host_name}: {err}") from None
+
+    def remove(self, path: str) -> None:
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise TransferError(f"cannot remove {path} on {self.host_name}: {err}") from None
+
+    # --- network --------------------------------------------------------------------------
+    def http_get(self, url: str, timeout: float = 5.0) -> int:
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            reason = getattr(err, "reason", err)
+            raise HostConnectionError(f"GET {url}: no answer ({reason})") from None
+
+
+def _pump(stream, sink: list[str], on_output: OutputCallback | None) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        text = decoder.decode(chunk)
+        if text:
+            sink.append(text)
+            if on_output:
+                on_output(text)
+    tail = decoder.decode(b"", final=True)
+    if tail:
+        sink.append(tail)
+        if on_output:
+            on_output(tail)
+    stream.close()
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+    except (BrokenPipeError, OSError):
+        pass  # the command stopped reading its input; that is not our failure
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+    proc.wait()
+
+
+def _umask() -> int:
+    # os.umask can only be read by setting it; set it back at once.
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def _fsync_dir(folder: str) -> None:
+    # Makes the rename itself durable; not every file system allows it, so failures are ignored.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
