@@ -23,12 +23,22 @@ import sys
 import torch
 
 try:  # inside the package (kerneldev.kernels) or SGLang-style relative layout
-    from .dsv4_cache import D_QK, TOKEN_BYTES, pack_paged_cache, padded_page_stride
-    from .dsv4_cache import unpack_paged_cache
+    from .dsv4_cache import (
+        D_QK,
+        TOKEN_BYTES,
+        pack_paged_cache,
+        padded_page_stride,
+        unpack_paged_cache,
+    )
 except ImportError:  # loaded as a top-level module / from a bare folder of copied files
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from dsv4_cache import D_QK, TOKEN_BYTES, pack_paged_cache, padded_page_stride  # noqa: E402
-    from dsv4_cache import unpack_paged_cache  # noqa: E402
+    from dsv4_cache import (  # noqa: E402
+        D_QK,
+        TOKEN_BYTES,
+        pack_paged_cache,
+        padded_page_stride,
+        unpack_paged_cache,  # noqa: E402
+    )
 
 __all__ = ["reference_sparse_decode", "check_accuracy", "make_inputs", "TOLERANCES"]
 
@@ -175,8 +185,9 @@ def check_accuracy(
     return result
 
 
-def _make_cache_and_indices(B, topk, page_size, num_pages, page_stride, topk_length,
-                            invalid_fraction, device, gen):
+def _make_cache_and_indices(
+    B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen
+):
     """One cache with random content plus its indices and topk_length."""
     if num_pages is None:
         # Enough distinct tokens that requests rarely share, so L2 does not flatter big shapes.
@@ -184,8 +195,9 @@ def _make_cache_and_indices(B, topk, page_size, num_pages, page_stride, topk_len
     num_tokens = num_pages * page_size
     kv = torch.randn(num_tokens, D_QK, generator=gen, dtype=torch.float32)
     # Vary the group magnitudes so the UE8M0 scales differ between groups and tokens.
-    kv[:, :448] *= torch.exp2(torch.randint(-3, 3, (num_tokens, 7), generator=gen).float()
-                              ).repeat_interleave(64, dim=1)
+    kv[:, :448] *= torch.exp2(
+        torch.randint(-3, 3, (num_tokens, 7), generator=gen).float()
+    ).repeat_interleave(64, dim=1)
     if page_stride == "pad576":
         page_stride = padded_page_stride(page_size)
     k_cache = pack_paged_cache(kv.to(device), page_size, page_stride, num_pages=num_pages)
@@ -214,7 +226,9 @@ def _make_cache_and_indices(B, topk, page_size, num_pages, page_stride, topk_len
     elif topk_length is None or topk_length == "none":
         lens = None
     else:
-        raise ValueError(f"topk_length must be 'full', 'partial', 'zero' or 'none', got {topk_length!r}")
+        raise ValueError(
+            f"topk_length must be 'full', 'partial', 'zero' or 'none', got {topk_length!r}"
+        )
     idx = idx.to(torch.int32).to(device)
     return k_cache, idx, (None if lens is None else lens.to(device))
 
@@ -270,8 +284,15 @@ def make_inputs(
     if extra_topk > 0:
         e_stride = "pad576" if page_stride == "pad576" else None
         e_cache, e_idx, e_lens = _make_cache_and_indices(
-            B, extra_topk, extra_page_size, extra_num_pages, e_stride, topk_length,
-            invalid_fraction, device, gen,
+            B,
+            extra_topk,
+            extra_page_size,
+            extra_num_pages,
+            e_stride,
+            topk_length,
+            invalid_fraction,
+            device,
+            gen,
         )
         inputs["extra_k_cache"] = e_cache
         inputs["extra_indices"] = e_idx[:, None, :] if indices_3d else e_idx
