@@ -1,0 +1,74 @@
+"""`kerneldev restart`: restart the service and wait for health, with a spinner on a terminal."""
+
+from __future__ import annotations
+
+import typer
+
+from kerneldev import service as service_core
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
+from kerneldev.cli.output import err_console, print_info, print_json
+from kerneldev.config import HostConfig
+from kerneldev.transport import open_transport
+from kerneldev.transport.base import Transport
+
+
+def restart_with_progress(
+    transport: Transport, host: HostConfig, *, quiet: bool = False
+) -> service_core.ServiceHealth:
+    """Restart and wait; a spinner with elapsed time on a terminal, plain lines otherwise.
+    On a health timeout the service logs go to stderr before the error propagates."""
+    svc = service_core.require_service(host.service, host.name)
+    what = svc.health or "no health check"
+    status = None
+    if err_console.is_terminal:
+        status = err_console.status(f"restarting {host.name}: {svc.restart}")
+        status.start()
+
+        def on_tick(elapsed: float, last: str | None) -> None:
+            status.update(
+                f"waiting for health of {host.name} ({what}): {elapsed:.0f}s, last: {last}"
+            )
+
+    else:
+        on_tick = None
+        if not quiet:
+            print_info(f"restarting {host.name}: {svc.restart}; waiting for {what}")
+    try:
+        health = service_core.restart(transport, svc, on_tick=on_tick)
+    except service_core.UnhealthyError as err:
+        if status is not None:
+            status.stop()
+            status = None
+        if err.logs:
+            err_console.rule(f"service logs ({svc.logs})")
+            err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
+            err_console.rule()
+        raise
+    finally:
+        if status is not None:
+            status.stop()
+    if not quiet:
+        print_info(
+            f"{host.name} is healthy after {health.elapsed:.1f}s ({health.last_check})"
+            if health.health
+            else f"{host.name} restarted (no health check configured)"
+        )
+    return health
+
+
+def restart_command(
+    ctx: typer.Context,
+    host_name: str | None = HOST_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run the service's restart command on the host and wait until it is healthy."""
+    host = load_host(ctx, host_name)
+    service_core.require_service(host.service, host.name)
+    with open_transport(host) as transport:
+        health = restart_with_progress(transport, host, quiet=as_json)
+    if as_json:
+        print_json(health)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("restart")(restart_command)

@@ -1,0 +1,127 @@
+"""Restart the inference service on the host and wait until it is healthy.
+
+`service.health` is either an http(s) URL as seen from the host (polled with
+`Transport.http_get`, which goes through the SSH connection, so the port need not be reachable
+from the laptop; any 2xx/3xx answer is healthy) or a shell command run on the host (exit 0 is
+healthy). When health does not come within `service.timeout` seconds, the output of
+`service.logs` is fetched and carried by the `UnhealthyError` raised.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kerneldev.config import ServiceConfig
+from kerneldev.errors import HostConnectionError, RemoteCommandError, ServiceError, UsageError
+from kerneldev.transport.base import Transport
+
+DEFAULT_INTERVAL = 1.0  # seconds between health checks
+
+TickCallback = Callable[[float, str | None], None]  # (elapsed seconds, last check's outcome)
+
+
+@dataclass
+class ServiceHealth:
+    host: str
+    healthy: bool
+    elapsed: float  # seconds from the start of the restart until healthy
+    checks: int  # health checks made
+    health: str | None  # the URL or command that was polled
+    last_check: str | None  # e.g. "HTTP 200", "exit 0", "no answer"
+
+
+class UnhealthyError(ServiceError):
+    """Health never came after a restart; `logs` holds the output of `service.logs`."""
+
+    def __init__(self, message: str, logs: str | None, hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.logs = logs
+
+
+def is_url(health: str) -> bool:
+    return health.startswith(("http://", "https://"))
+
+
+def require_service(service: ServiceConfig | None, host_name: str) -> ServiceConfig:
+    if service is None or not service.restart:
+        raise UsageError(
+            f"no service restart command is configured for host '{host_name}'",
+            hint=f"add `service: {{restart: ..., health: ...}}` under hosts.{host_name} "
+            "in hosts.yaml",
+        )
+    return service
+
+
+def check_health(transport: Transport, health: str, timeout: float) -> tuple[bool, str]:
+    """One health check: (healthy, what it saw)."""
+    if is_url(health):
+        try:
+            status = transport.http_get(health, timeout=max(0.5, min(5.0, timeout)))
+        except HostConnectionError:
+            return False, "no answer"
+        return 200 <= status < 400, f"HTTP {status}"
+    try:
+        result = transport.run(health, timeout=max(1.0, min(30.0, timeout)))
+    except RemoteCommandError:
+        return False, "timed out"
+    return result.ok, f"exit {result.exited}"
+
+
+def restart(
+    transport: Transport,
+    service: ServiceConfig | None,
+    on_tick: TickCallback | None = None,
+    *,
+    interval: float = DEFAULT_INTERVAL,
+    sleep: Callable[[float], None] = time.sleep,
+) -> ServiceHealth:
+    """Run `service.restart`, then poll `service.health` until healthy or `service.timeout`."""
+    host = transport.host_name
+    service = require_service(service, host)
+    start = time.monotonic()
+    try:
+        result = transport.run(service.restart, timeout=service.timeout)
+    except RemoteCommandError as err:
+        raise ServiceError(f"restart command on {host} failed: {err.message}") from None
+    if not result.ok:
+        detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
+        raise ServiceError(
+            f"restart command on {host} exited {result.exited}: {service.restart}"
+            + (f"\n{detail}" if detail else ""),
+            hint="fix `service.restart` in hosts.yaml or the service on the host",
+        )
+    if not service.health:
+        return ServiceHealth(host, True, time.monotonic() - start, 0, None, "no health check")
+
+    checks = 0
+    last = None
+    deadline = start + service.timeout
+    while True:
+        checks += 1
+        healthy, last = check_health(transport, service.health, deadline - time.monotonic())
+        elapsed = time.monotonic() - start
+        if healthy:
+            return ServiceHealth(host, True, elapsed, checks, service.health, last)
+        if on_tick:
+            on_tick(elapsed, last)
+        if time.monotonic() + interval > deadline:
+            break
+        sleep(interval)
+
+    logs = None
+    if service.logs:
+        try:
+            out = transport.run(service.logs, timeout=30)
+            logs = out.stdout + (out.stderr if out.stderr else "")
+        except RemoteCommandError as err:
+            logs = f"(could not fetch logs: {err.message})"
+    raise UnhealthyError(
+        f"service on {host} not healthy after {service.timeout:g}s "
+        f"({checks} checks of {service.health}, last: {last})",
+        logs,
+        hint="the service logs are shown above"
+        if logs
+        else "configure `service.logs` to see the service's output here",
+    )
