@@ -1,0 +1,954 @@
+"""DSv4 sparse-MLA decode benchmark: check every variant against the reference, then time it.
+
+Runs on the GPU host with only torch, triton and the standard library (no kerneldev, no
+paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.py` and the
+chosen kernel file(s) into a temporary folder on the host and runs it there; it also runs by
+hand from a checkout:
+
+    python3 kernels/dsv4_bench.py --variants simt,mma --shapes issue4 --out result.json
+
+For every shape it builds `--rotate` input sets on the device (`dsv4_reference.make_inputs`,
+one seed per set), computes the float64 reference once per set, and for every kernel file and
+variant:
+
+1. runs the variant eagerly on every set and checks it with `dsv4_reference.check_accuracy`
+   (FlashMLA's tolerances). A variant that fails is recorded as `failed` and is not timed
+   (`--time-failed` times it anyway, still `failed`); one that raises is recorded as `error`.
+2. captures one call per input set into a CUDA graph and times graph replays with
+   `triton.testing.do_bench` (L2 flushed before every replay, quantiles 0.5/0.2/0.8); the
+   per-call time is the replay time divided by the number of sets. Rotating sets means a
+   small shape cannot be served from the 50 MB L2 by the previous call's data.
+3. reports µs (median, p20, p80), effective GB/s (the minimal bytes of the spec's roofline
+   over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
+   TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
+
+`--cpu-mode` runs the same path on the CPU under the Triton interpreter (TRITON_INTERPRET=1 is
+set before triton is imported) on tiny shapes: correctness and the JSON schema are real, the
+times are wall-clock of the interpreter and meaningless (`"timing": "cpu-wallclock"`).
+
+Output: progress on stderr, a short table on stdout, the JSON of `docs/bench-json.md` in
+`--out` (rewritten after every entry, so a crash leaves what was measured).
+
+Exit codes: 0 every entry passed; 1 some entry failed accuracy or raised (the JSON is still
+complete); 2 bad command line or shape spec; 3 environment problem (no CUDA, torch/triton
+missing, a kernel file that cannot be imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SCHEMA = "kerneldev.bench/1"
+HEAD_DIM = 512  # q/k/v row: 448 "nope" + 64 "rope"
+CACHE_TOKEN_BYTES = 584  # 448 fp8 + 64 bf16 + 8 scale bytes (spec: page layout)
+INDEX_BYTES = 4  # int32 token id
+QUANTILES = (0.5, 0.2, 0.8)  # median, p20, p80: the order do_bench returns them in
+COPY_BYTES = 1 << 30  # 1 GiB each way: far past L2, so the copy measures HBM
+ENTRY_POINT = "flash_mla_sparse_decode_triton"
+DISPATCH = "dispatch"  # pseudo-variant: call without `variant=`, i.e. what the file does by env
+DISPATCH_ENV = "SGLANG_SM120_MMA_FLASHMLA"
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
+
+
+class HarnessError(Exception):
+    """An expected failure: printed as one line, exits with `exit_code`."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_ENV) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+# --- shapes ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One decode step's problem size. D is always 512 (the spec's head dim)."""
+
+    name: str
+    batch: int
+    heads: int = 64
+    topk: int = 2048
+    page_size: int = 64
+    extra_topk: int = 0  # 0 = no extra (compressed) cache
+    extra_page_size: int = 64
+    sink: bool = False
+    lengths: str = "full"  # topk_length mode of make_inputs: full, partial, zero, none
+    invalid: float = 0.0  # fraction of indices that are negative or past the cache's end
+    pad: bool = False  # FlashMLA's padded page stride (multiple of 576 bytes)
+
+    @property
+    def total_topk(self) -> int:
+        return self.topk + self.extra_topk
+
+    def min_bytes(self) -> int:
+        """The spec's roofline bytes: each selected cache token once, q in, out back, the
+        indices. Nominal topk (every slot counted), as in issue 4's floor column."""
+        per_request = (
+            self.total_topk * (CACHE_TOKEN_BYTES + INDEX_BYTES) + 2 * self.heads * HEAD_DIM * 2
+        )
+        return self.batch * per_request
+
+    def flops(self) -> int:
+        """q.k and p.v: 2 FLOPs per multiply-add, 512 dims each, every head and token."""
+        return self.batch * 4 * self.heads * self.total_topk * HEAD_DIM
+
+
+def _shape_name(
+    b: int,
+    h: int,
+    topk: int,
+    page: int,
+    extra: int,
+    extra_page: int,
+    sink: bool,
+    lengths: str,
+    invalid: float,
+    pad: bool,
+) -> str:
+    parts = [f"B{b}"]
+    if h != 64:
+        parts.append(f"H{h}")
+    if extra:
+        parts.append(f"main{topk}/p{page}+extra{extra}/p{extra_page}")
+    else:
+        parts.append(f"topk{topk}" + (f"/p{page}" if page != 64 else ""))
+    if sink:
+        parts.append("sink")
+    if lengths != "full":
+        parts.append(f"len-{lengths}")
+    if invalid:
+        parts.append(f"invalid{invalid:g}")
+    if pad:
+        parts.append("pad576")
+    return " ".join(parts)
+
+
+def make_shape(
+    batch: int,
+    heads: int = 64,
+    topk: int = 2048,
+    page_size: int = 64,
+    extra_topk: int = 0,
+    extra_page_size: int = 64,
+    sink: bool = False,
+    lengths: str = "full",
+    invalid: float = 0.0,
+    pad: bool = False,
+) -> Shape:
+    fields = (batch, heads, topk, page_size, extra_topk, extra_page_size, sink, lengths, invalid)
+    return Shape(_shape_name(*fields, pad), *fields, pad)
+
+
+# issue 4's table, in its order: H 64, D 512, page 64 unless noted.
+SHAPE_SETS: dict[str, list[Shape]] = {
+    "issue4": [
+        make_shape(1, topk=2048),
+        make_shape(64, topk=2048),
+        make_shape(128, topk=2048),
+        make_shape(1, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
+        make_shape(64, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
+        make_shape(128, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
+        make_shape(64, heads=128, topk=512),
+    ],
+    # Tiny, for the CPU interpreter (CI): one single-cache shape, one dual-cache shape with sink.
+    "smoke": [
+        make_shape(1, topk=16, page_size=16),
+        make_shape(2, topk=8, page_size=16, extra_topk=16, extra_page_size=16, sink=True),
+    ],
+}
+
+# The accuracy paths part 3 of issue 4 must hold (sink, topk_length, invalid indices, padded
+# page stride, dual cache) at sizes a GPU checks in seconds.
+SHAPE_SETS["paths"] = [
+    make_shape(64, topk=2048, sink=True, lengths="partial", invalid=0.1, pad=True),
+    make_shape(
+        64,
+        topk=128,
+        page_size=256,
+        extra_topk=512,
+        sink=True,
+        lengths="partial",
+        invalid=0.1,
+        pad=True,
+    ),
+    make_shape(8, heads=128, topk=512, sink=True, lengths="zero"),
+    make_shape(3, topk=300, lengths="none", invalid=0.5),
+]
+
+# spec key (lower case) -> Shape field
+_SPEC_KEYS = {
+    "b": "batch",
+    "batch": "batch",
+    "h": "heads",
+    "heads": "heads",
+    "topk": "topk",
+    "page": "page_size",
+    "page_size": "page_size",
+    "extra_topk": "extra_topk",
+    "extra": "extra_topk",
+    "extra_page": "extra_page_size",
+    "extra_page_size": "extra_page_size",
+    "sink": "sink",
+    "lengths": "lengths",
+    "invalid": "invalid",
+    "pad": "pad",
+}
+_BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+_LENGTHS = ("full", "partial", "zero", "none")
+SPEC_HELP = (
+    "a named set (" + ", ".join(SHAPE_SETS) + ") or B=..,H=..,topk=..[,page=..,extra_topk=..,"
+    "extra_page=..,sink=1,lengths=full|partial|zero|none,invalid=0.1,pad=1]; several "
+    "separated by ';'"
+)
+
+
+def parse_shapes(items: list[str]) -> list[Shape]:
+    """`--shapes` values -> shapes, in order, without duplicates. Raises HarnessError(2)."""
+    shapes: list[Shape] = []
+    for item in items:
+        for part in (p.strip() for p in item.split(";")):
+            if not part:
+                continue
+            if "=" in part:
+                shapes.append(_parse_spec(part))
+                continue
+            for name in (n.strip() for n in part.split(",")):
+                if name not in SHAPE_SETS:
+                    raise HarnessError(
+                        f"unknown shape set {name!r}: expected {SPEC_HELP}", EXIT_USAGE
+                    )
+                shapes.extend(SHAPE_SETS[name])
+    if not shapes:
+        raise HarnessError(f"no shapes given: expected {SPEC_HELP}", EXIT_USAGE)
+    seen: set[Shape] = set()
+    return [s for s in shapes if not (s in seen or seen.add(s))]
+
+
+def _parse_spec(spec: str) -> Shape:
+    def bad(what: str) -> HarnessError:
+        return HarnessError(f"bad shape spec {spec!r}: {what}", EXIT_USAGE)
+
+    values: dict[str, object] = {}
+    for field in spec.split(","):
+        field = field.strip()
+        if not field:
+            continue
+        key, sep, raw = field.partition("=")
+        key, raw = key.strip().lower(), raw.strip()
+        if not sep or key not in _SPEC_KEYS:
+            raise bad(
+                f"unknown field {field!r} (known: B, H, topk, page, extra_topk, extra_page, "
+                "sink, lengths, invalid, pad)"
+            )
+        attr = _SPEC_KEYS[key]
+        if attr in values:
+            raise bad(f"{key} given twice")
+        if attr in ("sink", "pad"):
+            if raw.lower() not in _BOOLS:
+                raise bad(f"{key} must be 0 or 1, got {raw!r}")
+            values[attr] = _BOOLS[raw.lower()]
+        elif attr == "lengths":
+            if raw not in _LENGTHS:
+                raise bad(f"lengths must be one of {', '.join(_LENGTHS)}, got {raw!r}")
+            values[attr] = raw
+        elif attr == "invalid":
+            try:
+                fraction = float(raw)
+            except ValueError:
+                fraction = -1.0
+            if not 0.0 <= fraction <= 1.0:
+                raise bad(f"invalid must be a fraction in [0, 1], got {raw!r}")
+            values[attr] = fraction
+        else:
+            number = int(raw) if re.fullmatch(r"\d+", raw) else -1
+            if number < (0 if attr == "extra_topk" else 1):
+                raise bad(f"{key} must be a positive integer, got {raw!r}")
+            values[attr] = number
+    for required, key in (("batch", "B"), ("topk", "topk")):
+        if required not in values:
+            raise bad(f"{key}= is required")
+    return make_shape(**values)  # type: ignore[arg-type]
+
+
+# --- environment ----------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def kernel_file_info(name: str, path: Path) -> dict:
+    """sha256 of the file and, when it lies in a git checkout, the commit and whether the file
+    differs from it (a benchmark of uncommitted edits is not a benchmark of that commit)."""
+    data = path.read_bytes()
+    commit = _git(path.parent, "rev-parse", "HEAD")
+    dirty = None
+    if commit is not None:
+        status = _git(path.parent, "status", "--porcelain", "--", path.name)
+        dirty = None if status is None else bool(status)
+    return {
+        "name": name,
+        "path": str(path),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size": len(data),
+        "git_commit": commit,
+        "git_dirty": dirty,
+    }
+
+
+def import_by_path(module_name: str, path: Path):
+    """Import a kernel file as its own module (triton's @jit needs the real source file)."""
+    if not path.is_file():
+        raise HarnessError(f"kernel file not found: {path}")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise HarnessError(f"cannot import {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # noqa: BLE001 - any import-time failure is the file's problem
+        raise HarnessError(f"cannot import kernel file {path}: {_one_line(err)}") from None
+    return module
+
+
+def _one_line(err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def device_info(torch, device: str) -> dict:
+    if device == "cpu":
+        return {
+            "type": "cpu",
+            "name": platform.processor() or platform.machine() or "cpu",
+            "capability": None,
+            "sm_count": None,
+            "memory_bytes": None,
+            "driver": None,
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "type": "cuda",
+        "name": torch.cuda.get_device_name(0),
+        "capability": f"{props.major}.{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "memory_bytes": int(props.total_memory),
+        "driver": _driver_version(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+
+
+def _driver_version() -> str | None:
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    line = done.stdout.strip().splitlines()
+    return line[0].strip() if done.returncode == 0 and line else None
+
+
+def measure_copy_bandwidth(torch, triton) -> dict:
+    """Device-to-device copy of 1 GiB: (bytes read + bytes written) / median time."""
+    buffers = [torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda") for _ in range(2)]
+    buffers[0].random_(0, 255)
+    ms = triton.testing.do_bench(
+        lambda: buffers[1].copy_(buffers[0]), warmup=25, rep=200, quantiles=[0.5]
+    )
+    ms = ms[0] if isinstance(ms, (list, tuple)) else ms
+    buffers.clear()
+    torch.cuda.empty_cache()
+    return {"bytes": 2 * COPY_BYTES, "median_us": ms * 1e3, "gbs": 2 * COPY_BYTES / (ms * 1e6)}
+
+
+# --- correctness and timing -----------------------------------------------------------------
+
+
+def _jsonable(value):
+    """check_accuracy's dict -> JSON: tensors to numbers, non-finite floats to null."""
+    if callable(getattr(value, "item", None)) and getattr(value, "numel", lambda: 0)() == 1:
+        value = value.item()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (what torch.quantile does)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def make_calls(entry, input_sets: list[dict], variant: str) -> list:
+    """One zero-argument call per input set. `dispatch` passes no `variant=` at all, so a live
+    SGLang file that predates the keyword still runs."""
+    calls = []
+    for inputs in input_sets:
+        kwargs = dict(inputs)
+        if variant != DISPATCH:
+            kwargs["variant"] = variant
+        calls.append(lambda kwargs=kwargs: entry(**kwargs))
+    return calls
+
+
+def time_cuda_graph(torch, triton, calls: list, warmup_ms: int, rep_ms: int):
+    """Capture every call once into one CUDA graph, time its replays (L2 flushed before each
+    replay by do_bench); return ([median, p20, p80] µs per call, the graph's outputs)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile / autotune outside the capture
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = [call() for call in calls]
+    graph.replay()
+    torch.cuda.synchronize()
+    ms = triton.testing.do_bench(
+        graph.replay, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES)
+    )
+    per_call = [m * 1e3 / len(calls) for m in ms]
+    return per_call, outputs, graph
+
+
+def time_cuda_eager(triton, calls: list, warmup_ms: int, rep_ms: int) -> list[float]:
+    """Fallback when a kernel cannot be captured: all sets back to back, eagerly."""
+
+    def run_all():
+        for call in calls:
+            call()
+
+    ms = triton.testing.do_bench(run_all, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES))
+    return [m * 1e3 / len(calls) for m in ms]
+
+
+def check_sets(reference, outputs: list, refs: list) -> dict:
+    """check_accuracy on every input set; ok only when every set is. The tolerances are the
+    same for every set, so they are kept once."""
+    sets, tolerances = [], None
+    for (out, lse), (ref_out, ref_lse) in zip(outputs, refs, strict=True):
+        one = _jsonable(reference.check_accuracy(out, lse, ref_out, ref_lse))
+        if not isinstance(one, dict):
+            one = {"ok": False, "error": f"check_accuracy returned {one!r}"}
+        tolerances = one.pop("tolerances", tolerances)
+        one["ok"] = bool(one.get("ok"))
+        sets.append(one)
+    ok = len(sets) == len(refs) and all(s["ok"] for s in sets)
+    return {"ok": ok, "tolerances": tolerances, "sets": sets}
+
+
+def _metrics(shape: Shape, median_us: float, copy_gbs: float | None) -> dict:
+    gbs = shape.min_bytes() / (median_us * 1e3)
+    floor_us = shape.min_bytes() / (copy_gbs * 1e3) if copy_gbs else None
+    return {
+        "gbs": gbs,
+        "pct_copy_bw": 100.0 * gbs / copy_gbs if copy_gbs else None,
+        "tflops": shape.flops() / (median_us * 1e6),
+        "x_floor": median_us / floor_us if floor_us else None,
+    }
+
+
+def _synchronize(torch, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_entry(ctx: dict, shape: Shape, kernel: dict, variant: str, inputs, refs) -> dict:
+    torch, triton, device = ctx["torch"], ctx["triton"], ctx["device"]
+    args = ctx["args"]
+    result = {
+        "shape": shape.name,
+        "kernel": kernel["name"],
+        "variant": variant,
+        "label": ctx["label"](kernel["name"], variant),
+        "status": "error",
+        "error": None,
+        "accuracy": None,
+        "timing_method": None,
+        "timing_note": None,
+        "median_us": None,
+        "p20_us": None,
+        "p80_us": None,
+        "gbs": None,
+        "pct_copy_bw": None,
+        "tflops": None,
+        "x_floor": None,
+    }
+    calls = make_calls(kernel["entry"], inputs, variant)
+    wall: list[float] = []
+    try:
+        outputs = []
+        for call in calls:
+            start = time.perf_counter()
+            outputs.append(call())
+            _synchronize(torch, device)
+            wall.append((time.perf_counter() - start) * 1e6)
+        accuracy = check_sets(ctx["reference"], outputs, refs)
+    except Exception as err:  # noqa: BLE001 - a variant that raises is a result, not a crash
+        if isinstance(err, TypeError) and "variant" in str(err):
+            result["error"] = (
+                f"{_one_line(err)} (this kernel file has no variant= keyword; "
+                f"use --variants {DISPATCH})"
+            )
+        else:
+            result["error"] = _one_line(err)
+        if args.verbose:
+            traceback.print_exc()
+        return result
+    del outputs
+    result["accuracy"] = accuracy
+    result["status"] = "ok" if accuracy["ok"] else "failed"
+    if not accuracy["ok"] and not args.time_failed:
+        return result
+
+    try:
+        if device == "cpu":
+            # The interpreter's wall-clock from the correctness runs: meaningless as speed,
+            # present so the schema and the table are the same as on a GPU.
+            times = sorted(wall)
+            quant = [_quantile(times, q) for q in QUANTILES]
+            result["timing_method"] = "cpu-wallclock"
+        else:
+            try:
+                quant, graph_outputs, graph = time_cuda_graph(
+                    torch, triton, calls, args.warmup, args.rep
+                )
+                result["timing_method"] = "cuda-graph"
+                # The replayed graph must compute what the eager calls did.
+                replay = check_sets(ctx["reference"], graph_outputs, refs)
+                if not replay["ok"]:
+                    result["status"] = "failed"
+                    result["timing_note"] = "CUDA-graph replay output fails the accuracy check"
+                del graph_outputs, graph
+            except Exception as err:  # noqa: BLE001 - e.g. a host sync inside the kernel
+                torch.cuda.synchronize()
+                quant = time_cuda_eager(triton, calls, args.warmup, args.rep)
+                result["timing_method"] = "eager"
+                result["timing_note"] = f"CUDA-graph capture failed: {_one_line(err)}"
+    except Exception as err:  # noqa: BLE001
+        result["status"] = "error"
+        result["error"] = f"timing failed: {_one_line(err)}"
+        return result
+    result["median_us"], result["p20_us"], result["p80_us"] = quant
+    result.update(_metrics(shape, quant[0], ctx["copy_gbs"]))
+    return result
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def table(report: dict) -> str:
+    """A short fixed-width table: one row per shape and variant, ratio vs the first label."""
+    rows = [("shape", "variant", "us", "p20-p80", "GB/s", "%BW", "TFLOP/s", "x floor", "acc", "vs")]
+    labels: list[str] = []
+    for r in report["results"]:
+        if r["label"] not in labels:
+            labels.append(r["label"])
+    by_key = {(r["shape"], r["label"]): r for r in report["results"]}
+    for r in report["results"]:
+        base = by_key.get((r["shape"], labels[0]))
+        ratio = "-"
+        if (
+            r["label"] != labels[0]
+            and base
+            and base["status"] == "ok"
+            and r["status"] == "ok"
+            and r["median_us"]
+            and base["median_us"]
+        ):
+            ratio = f"{base['median_us'] / r['median_us']:.2f}x"
+        acc = {"ok": "ok", "failed": "FAIL", "error": "ERROR"}.get(r["status"], r["status"])
+        spread = f"{r['p20_us']:.1f}-{r['p80_us']:.1f}" if r["p20_us"] is not None else "-"
+        rows.append(
+            (
+                r["shape"],
+                r["label"],
+                _fmt(r["median_us"], ".1f"),
+                spread,
+                _fmt(r["gbs"], ".0f"),
+                _fmt(r["pct_copy_bw"], ".1f"),
+                _fmt(r["tflops"], ".1f"),
+                _fmt(r["x_floor"], ".1f"),
+                acc,
+                ratio,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    if report["timing"] == "cpu-wallclock":
+        lines.append("(cpu-wallclock: interpreter times, meaningless as speed)")
+    if len(labels) > 1:
+        lines.append(f"vs = speed-up over {labels[0]} (its time / this time)")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, report: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+# --- main -----------------------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line + exit 2, like every other usage error here
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="dsv4_bench.py",
+        description="Check and time DSv4 sparse-decode kernel variants (see module docstring).",
+    )
+    p.add_argument(
+        "--kernel",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="kernel file to import by path (repeatable); default: "
+        "bundled=<this folder>/flash_mla_sm120_triton.py",
+    )
+    p.add_argument(
+        "--variants",
+        default="simt,mma",
+        help="comma-separated variant= values of the entry point, plus 'dispatch' (the "
+        "file's own choice, variant not passed); default simt,mma",
+    )
+    p.add_argument("--shapes", action="append", default=[], help=SPEC_HELP + "; default issue4")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument(
+        "--cpu-mode",
+        action="store_true",
+        help="Triton interpreter on the CPU, tiny shapes; times are meaningless",
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--rotate", type=int, default=3, help="input sets per shape (default 3)")
+    p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (default 25)")
+    p.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="base seed of the input sets")
+    p.add_argument(
+        "--time-failed",
+        action="store_true",
+        help="time variants that fail accuracy too (still reported as failed)",
+    )
+    p.add_argument("--no-table", action="store_true", help="do not print the table on stdout")
+    p.add_argument("--verbose", action="store_true", help="tracebacks of failing variants")
+    return p
+
+
+def _parse_kernels(items: list[str], here: Path) -> list[tuple[str, Path]]:
+    if not items:
+        return [("bundled", here / "flash_mla_sm120_triton.py")]
+    kernels: list[tuple[str, Path]] = []
+    for item in items:
+        name, sep, path = item.partition("=")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not path.strip():
+            raise HarnessError(f"bad --kernel {item!r}: expected NAME=PATH", EXIT_USAGE)
+        if any(name == k for k, _ in kernels):
+            raise HarnessError(f"--kernel name {name!r} given twice", EXIT_USAGE)
+        kernels.append((name, Path(path.strip()).expanduser()))
+    return kernels
+
+
+def _parse_variants(text: str) -> list[str]:
+    variants = [v.strip() for v in text.split(",") if v.strip()]
+    if not variants:
+        raise HarnessError("--variants is empty", EXIT_USAGE)
+    for v in variants:
+        if not re.fullmatch(r"[A-Za-z0-9_]+", v):
+            raise HarnessError(f"bad variant name {v!r}", EXIT_USAGE)
+    return list(dict.fromkeys(variants))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args, argv if argv is not None else sys.argv[1:])
+    except HarnessError as err:
+        sys.stderr.write(f"dsv4_bench.py: error: {err}\n")
+        return err.exit_code
+
+
+def _main(args, argv: list[str]) -> int:
+    here = Path(__file__).resolve().parent
+    cpu = args.cpu_mode or args.device == "cpu"
+    device = "cpu" if cpu else "cuda"
+    shapes = parse_shapes(args.shapes or ["issue4"])
+    variants = _parse_variants(args.variants)
+    kernel_paths = _parse_kernels(args.kernel, here)
+    if args.rotate < 1 or args.warmup < 0 or args.rep < 1:
+        raise HarnessError("--rotate and --rep must be >= 1, --warmup >= 0", EXIT_USAGE)
+
+    if cpu:
+        # Must be set before triton is imported: the interpreter is chosen at import time.
+        os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        import torch
+        import triton
+        import triton.testing  # noqa: F401 - do_bench
+    except ImportError as err:
+        raise HarnessError(
+            f"{sys.executable} cannot import torch/triton ({_one_line(err)}); install them "
+            "or point the host's `python` at an interpreter that has them"
+        ) from None
+    if not cpu and not torch.cuda.is_available():
+        raise HarnessError(
+            f"no CUDA device visible to torch {torch.__version__} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+            "use --cpu-mode for the interpreter"
+        )
+
+    sys.path.insert(0, str(here))  # dsv4_reference / dsv4_cache live beside this file
+    try:
+        import dsv4_reference as reference
+    except Exception as err:  # noqa: BLE001
+        raise HarnessError(
+            f"cannot import dsv4_reference.py from {here}: {_one_line(err)}"
+        ) from None
+    kernels = []
+    for i, (name, path) in enumerate(kernel_paths):
+        info = kernel_file_info(name, path) if path.is_file() else None
+        module = import_by_path(f"_dsv4_bench_kernel_{i}_{name.replace('.', '_')}", path)
+        entry = getattr(module, ENTRY_POINT, None)
+        if not callable(entry):
+            raise HarnessError(f"{path} has no function {ENTRY_POINT}()")
+        kernels.append({**(info or {}), "entry": entry})
+
+    def label(kernel_name: str, variant: str) -> str:
+        return variant if len(kernels) == 1 else f"{kernel_name}:{variant}"
+
+    copy = measure_copy_bandwidth(torch, triton) if device == "cuda" else None
+    report = {
+        "schema": SCHEMA,
+        "timestamp": _now(),
+        "timing": "cpu-wallclock" if cpu else "cuda-graph",
+        "ok": True,
+        "exit_code": EXIT_OK,
+        "device": device_info(torch, device),
+        "copy_bandwidth": copy,
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda": torch.version.cuda,
+        },
+        "host": socket.gethostname(),
+        "settings": {
+            "variants": variants,
+            "rotate": args.rotate,
+            "warmup_ms": args.warmup,
+            "rep_ms": args.rep,
+            "quantiles": list(QUANTILES),
+            "l2_flush": not cpu,
+            "seed": args.seed,
+            "time_failed": args.time_failed,
+            "env": {k: os.environ.get(k) for k in (DISPATCH_ENV, "TRITON_INTERPRET")},
+            "argv": list(argv),
+        },
+        "kernels": [{k: v for k, v in kern.items() if k != "entry"} for kern in kernels],
+        "shapes": [],
+        "results": [],
+    }
+    copy_gbs = copy["gbs"] if copy else None
+    if copy:
+        progress(f"copy bandwidth: {copy['gbs']:.0f} GB/s ({report['device']['name']})")
+    ctx = {
+        "torch": torch,
+        "triton": triton,
+        "device": device,
+        "args": args,
+        "reference": reference,
+        "label": label,
+        "copy_gbs": copy_gbs,
+    }
+
+    total = len(shapes) * len(kernels) * len(variants)
+    step = 0
+    for shape_index, shape in enumerate(shapes):
+        floor_us = shape.min_bytes() / (copy_gbs * 1e3) if copy_gbs else None
+        report["shapes"].append(
+            {
+                **{k: v for k, v in asdict(shape).items()},
+                "head_dim": HEAD_DIM,
+                "bytes": shape.min_bytes(),
+                "flops": shape.flops(),
+                "floor_us": floor_us,
+            }
+        )
+        try:
+            inputs, refs = build_inputs(reference, shape, args, device, shape_index)
+        except Exception as err:  # noqa: BLE001 - e.g. out of memory for one shape
+            message = f"building inputs/reference failed: {_one_line(err)}"
+            if args.verbose:
+                traceback.print_exc()
+            for kern in kernels:
+                for variant in variants:
+                    step += 1
+                    progress(
+                        f"[{step}/{total}] {shape.name} {label(kern['name'], variant)}: {message}"
+                    )
+                    report["results"].append(_error_entry(shape, kern, variant, label, message))
+            _finish(report, args)
+            continue
+        for kern in kernels:
+            for variant in variants:
+                step += 1
+                tag = f"[{step}/{total}] {shape.name} {label(kern['name'], variant)}"
+                progress(f"{tag} ...")
+                entry = run_entry(ctx, shape, kern, variant, inputs, refs)
+                report["results"].append(entry)
+                progress(f"{tag}: {_summary(entry)}")
+                _finish(report, args)
+        del inputs, refs
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+    _finish(report, args)
+    if not args.no_table:
+        sys.stdout.write(table(report) + "\n")
+        sys.stdout.flush()
+    return report["exit_code"]
+
+
+def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
+    """`--rotate` input sets (distinct seeds) and their float64 references."""
+    inputs, refs = [], []
+    for r in range(args.rotate):
+        kwargs = dict(
+            device=device,
+            seed=args.seed + 1000 * shape_index + r,
+            with_sink=shape.sink,
+            topk_length=shape.lengths,
+            invalid_fraction=shape.invalid,
+            page_stride="pad576" if shape.pad else None,
+        )
+        if shape.extra_topk:
+            kwargs.update(extra_topk=shape.extra_topk, extra_page_size=shape.extra_page_size)
+        one = reference.make_inputs(shape.batch, shape.heads, shape.topk, shape.page_size, **kwargs)
+        inputs.append(one)
+        refs.append(reference.reference_sparse_decode(**one))
+    return inputs, refs
+
+
+def _error_entry(shape: Shape, kern: dict, variant: str, label, message: str) -> dict:
+    return {
+        "shape": shape.name,
+        "kernel": kern["name"],
+        "variant": variant,
+        "label": label(kern["name"], variant),
+        "status": "error",
+        "error": message,
+        "accuracy": None,
+        "timing_method": None,
+        "timing_note": None,
+        "median_us": None,
+        "p20_us": None,
+        "p80_us": None,
+        "gbs": None,
+        "pct_copy_bw": None,
+        "tflops": None,
+        "x_floor": None,
+    }
+
+
+def _summary(entry: dict) -> str:
+    if entry["status"] == "error":
+        return f"ERROR {entry['error']}"
+    text = "ok" if entry["status"] == "ok" else "FAILED accuracy"
+    if entry["status"] == "failed":
+        bad = [s for s in entry["accuracy"]["sets"] if not s.get("ok")]
+        if bad:
+            # Which checks failed, then the headline errors; the JSON has every number.
+            failed = [k for k, v in bad[0].items() if k.endswith("_ok") and v is False]
+            numbers = [
+                f"{k}={v:.3g}"
+                for k, v in bad[0].items()
+                if k in ("out_max_abs_err", "out_cos_diff", "lse_max_abs_err")
+                and isinstance(v, (int, float))
+            ]
+            details = ", ".join(failed + numbers) or bad[0].get("error", "")
+            text += f" in {len(bad)}/{len(entry['accuracy']['sets'])} sets ({details})"
+    if entry["median_us"] is not None:
+        text += (
+            f"  {entry['median_us']:.1f} us [{entry['p20_us']:.1f}-{entry['p80_us']:.1f}]"
+            f"  {entry['gbs']:.0f} GB/s"
+        )
+        if entry["pct_copy_bw"] is not None:
+            text += f"  {entry['pct_copy_bw']:.1f}% BW  x{entry['x_floor']:.1f} floor"
+        text += f"  {entry['tflops']:.1f} TFLOP/s"
+    if entry["timing_note"]:
+        text += f"  ({entry['timing_note']})"
+    return text
+
+
+def _finish(report: dict, args) -> None:
+    report["ok"] = all(r["status"] == "ok" for r in report["results"])
+    report["exit_code"] = EXIT_OK if report["ok"] else EXIT_FAILED
+    if args.out is not None:
+        write_json(args.out, report)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
