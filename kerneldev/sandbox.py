@@ -1,0 +1,398 @@
+"""A self-contained sandbox host on this machine, for the demo and the tests.
+
+`create_sandbox(folder)` builds, under `folder`:
+
+    host/sglang/     the "live" SGLang repo root, with the two kernel files at
+                     python/sglang/srt/layers/attention/flash_mla_sm120{_triton,}.py
+                     (the bundled kernels when present, small placeholders otherwise)
+    mirror/          a git clone of the same tree (git init + one commit)
+    workspace/       empty; `kerneldev pull` fills it
+    service/         a fake SGLang: restart.sh starts a tiny HTTP server on a free loopback
+                     port that answers 503 for a short warm-up, then 200 on /health
+    ssh/             a private OpenSSH sshd on 127.0.0.1 with temporary keys (when sshd is
+                     installed), and a known_hosts file that already trusts it
+    hosts.yaml       one host, `sandbox`, using that sshd (else the local transport)
+
+`Sandbox.close()` stops the fake service and sshd. The sshd helpers here are also what the
+test fixtures in tests/sshd.py use.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.resources
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ATTENTION_DIR = "python/sglang/srt/layers/attention"
+KERNEL_FILES = (
+    f"{ATTENTION_DIR}/flash_mla_sm120_triton.py",
+    f"{ATTENTION_DIR}/flash_mla_sm120.py",
+)
+HOST_NAME = "sandbox"
+
+
+# --- a private sshd ---------------------------------------------------------------------
+
+
+def find_sshd() -> str | None:
+    for candidate in (shutil.which("sshd"), "/usr/sbin/sshd", "/usr/local/sbin/sshd"):
+        if candidate and os.path.exists(candidate):
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> None:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+@dataclass
+class SSHServer:
+    port: int
+    user: str
+    host_key: Path  # private host key; .pub beside it
+    client_key: Path  # private user key accepted by the server
+    dir: Path
+    process: subprocess.Popen | None = None
+
+    @property
+    def host_key_line(self) -> str:
+        """The line that a known_hosts file needs to trust this server."""
+        kind, blob = self.host_key.with_suffix(".pub").read_text().split()[:2]
+        return f"[127.0.0.1]:{self.port} {kind} {blob}\n"
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def start(self) -> None:
+        sshd = find_sshd()
+        if not sshd:
+            raise RuntimeError("sshd not found")
+        try:
+            Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation folder sshd wants
+        except OSError:
+            pass  # not root: sshd only needs it when it runs as root
+        config = self.dir / "sshd_config"
+        config.write_text(
+            f"Port {self.port}\n"
+            "ListenAddress 127.0.0.1\n"
+            f"HostKey {self.host_key}\n"
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}\n"
+            f"PidFile {self.dir / 'sshd.pid'}\n"
+            "PasswordAuthentication no\n"
+            "KbdInteractiveAuthentication no\n"
+            "PubkeyAuthentication yes\n"
+            "PermitRootLogin prohibit-password\n"
+            "StrictModes no\n"
+            "UsePAM no\n"
+            "AllowTcpForwarding yes\n"
+            "Subsystem sftp internal-sftp\n"
+            "LogLevel ERROR\n"
+            "MaxStartups 50\n"
+        )
+        with open(self.dir / "sshd.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [sshd, "-D", "-e", "-f", str(config)],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+            )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"sshd exited early: {(self.dir / 'sshd.log').read_text(errors='replace')}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("sshd did not start listening within 10 s")
+
+    def rotate_host_key(self) -> None:
+        """Restart with a new host key: what a reinstalled host (or an attacker) looks like."""
+        self.stop()
+        for p in (self.host_key, self.host_key.with_suffix(".pub")):
+            p.unlink()
+        keygen(self.host_key)
+        self.start()
+
+
+def start_sshd(tmp: Path) -> SSHServer:
+    tmp.mkdir(parents=True, exist_ok=True)
+    host_key = tmp / "ssh_host_ed25519_key"
+    client_key = tmp / "id_ed25519"
+    keygen(host_key)
+    keygen(client_key)
+    (tmp / "authorized_keys").write_text(client_key.with_suffix(".pub").read_text())
+    os.chmod(tmp / "authorized_keys", 0o600)
+    server = SSHServer(
+        port=free_port(),
+        user=getpass.getuser(),
+        host_key=host_key,
+        client_key=client_key,
+        dir=tmp,
+    )
+    server.start()
+    return server
+
+
+# --- the fake service -------------------------------------------------------------------
+
+FAKE_SERVICE = r'''"""Stands in for SGLang's server: 503 while "loading", then 200 on /health."""
+import http.server
+import sys
+import time
+
+port, warmup = int(sys.argv[1]), float(sys.argv[2])
+started = time.monotonic()
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = time.monotonic() - started >= warmup
+        body = b"ok\n" if ready else b"loading\n"
+        self.send_response(200 if ready else 503)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt, *args):
+        sys.stderr.write("fake-sglang: " + (fmt % args) + "\n")
+
+
+# The previous instance may still hold the port for a moment after it was killed.
+for _ in range(200):
+    try:
+        server = http.server.HTTPServer(("127.0.0.1", port), Handler)
+        break
+    except OSError:
+        time.sleep(0.05)
+else:
+    sys.exit("fake-sglang: port %d stays busy" % port)
+print("fake-sglang: listening on 127.0.0.1:%d, healthy after %.1fs" % (port, warmup), flush=True)
+server.serve_forever()
+'''
+
+
+def _restart_script(python: str, service_dir: Path, port: int, warmup: float) -> str:
+    q = shlex.quote
+    pidfile = q(str(service_dir / "service.pid"))
+    log = q(str(service_dir / "service.log"))
+    script = q(str(service_dir / "fake_sglang.py"))
+    # Stops the old instance (waiting until it is gone, zombies count as gone), then starts a
+    # new one detached, with every descriptor redirected so the restart command returns at once.
+    return f"""#!/bin/sh
+if [ -f {pidfile} ]; then
+  pid=$(cat {pidfile})
+  kill "$pid" 2>/dev/null
+  i=0
+  while [ $i -lt 50 ] && kill -0 "$pid" 2>/dev/null \\
+        && ! grep -q '^State:.*Z' /proc/"$pid"/status 2>/dev/null; do
+    sleep 0.1; i=$((i+1))
+  done
+  rm -f {pidfile}
+fi
+nohup {q(python)} {script} {port} {warmup} >> {log} 2>&1 < /dev/null &
+echo $! > {pidfile}
+echo "fake-sglang restarted (pid $!)"
+"""
+
+
+# --- the sandbox ------------------------------------------------------------------------
+
+
+@dataclass
+class Sandbox:
+    dir: Path
+    config_path: Path
+    host_name: str
+    transport: str  # "ssh" or "local"
+    root: Path
+    workspace: Path
+    mirror: Path
+    service_dir: Path
+    port: int
+    files: tuple[str, ...] = KERNEL_FILES
+    sshd: SSHServer | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def stop_service(self) -> None:
+        pidfile = self.service_dir / "service.pid"
+        try:
+            pid = int(pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+        pidfile.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop the fake service and sshd (the files stay; the caller removes the folder)."""
+        self.stop_service()
+        if self.sshd is not None:
+            self.sshd.stop()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def kernel_source(path: str) -> bytes:
+    """The bundled kernel file for `path`, or a small placeholder when it is not bundled."""
+    name = path.rsplit("/", 1)[-1]
+    try:
+        resource = importlib.resources.files("kerneldev.kernels") / name
+        if resource.is_file():
+            return resource.read_bytes()
+    except (ModuleNotFoundError, OSError):
+        pass
+    return (
+        f'"""Placeholder for {name}: the bundled kernel was not found.\n\n'
+        'kerneldev\'s sandbox only needs a file to pull, edit and push."""\n\n'
+        "BLOCK_N = 64  # keys per tile\n"
+        "NUM_WARPS = 4\n"
+    ).encode()
+
+
+def create_sandbox(
+    folder: Path,
+    *,
+    use_ssh: bool | None = None,
+    warmup: float = 1.0,
+    timeout: float = 20.0,
+) -> Sandbox:
+    """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed."""
+    folder = Path(os.path.abspath(folder))
+    root = folder / "host" / "sglang"
+    mirror = folder / "mirror"
+    workspace = folder / "workspace"
+    service_dir = folder / "service"
+    for d in (root, mirror, workspace, service_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+
+    for path in KERNEL_FILES:
+        data = kernel_source(path)
+        for tree in (root, mirror):
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_bytes(data)
+    (root / "README.md").write_text("Fake SGLang checkout made by kerneldev's sandbox.\n")
+    (mirror / "README.md").write_text("Fake SGLang checkout made by kerneldev's sandbox.\n")
+    notes.extend(_git_commit(mirror))
+
+    port = free_port()
+    (service_dir / "fake_sglang.py").write_text(FAKE_SERVICE)
+    restart = service_dir / "restart.sh"
+    restart.write_text(_restart_script(sys.executable, service_dir, port, warmup))
+    restart.chmod(0o755)
+
+    sshd = None
+    if use_ssh is None or use_ssh:
+        if find_sshd() is None or shutil.which("ssh-keygen") is None:
+            if use_ssh:
+                raise RuntimeError("sshd or ssh-keygen is not installed")
+            notes.append("sshd is not installed: the sandbox uses the local transport")
+        else:
+            try:
+                sshd = start_sshd(folder / "ssh")
+            except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+                if use_ssh:
+                    raise
+                notes.append(f"sshd did not start ({err}): the sandbox uses the local transport")
+
+    host: dict = {}
+    if sshd is not None:
+        known_hosts = folder / "ssh" / "known_hosts"
+        known_hosts.write_text(sshd.host_key_line)
+        host.update(
+            transport="ssh",
+            hostname="127.0.0.1",
+            port=sshd.port,
+            user=sshd.user,
+            identity_file=str(sshd.client_key),
+            known_hosts=str(known_hosts),
+        )
+    else:
+        host["transport"] = "local"
+    host.update(
+        root=str(root),
+        files=list(KERNEL_FILES),
+        workspace="workspace",
+        mirror="mirror",
+        service={
+            "restart": shlex.quote(str(restart)),
+            "health": f"http://127.0.0.1:{port}/health",
+            "timeout": timeout,
+            "logs": f"tail -n 20 {shlex.quote(str(service_dir / 'service.log'))}",
+        },
+    )
+    config_path = folder / "hosts.yaml"
+    config_path.write_text(
+        "# Made by kerneldev's sandbox: a fake live host on this machine.\n"
+        + yaml.safe_dump({"default": HOST_NAME, "hosts": {HOST_NAME: host}}, sort_keys=False)
+    )
+    return Sandbox(
+        dir=folder,
+        config_path=config_path,
+        host_name=HOST_NAME,
+        transport=host["transport"],
+        root=root,
+        workspace=workspace,
+        mirror=mirror,
+        service_dir=service_dir,
+        port=port,
+        sshd=sshd,
+        notes=notes,
+    )
+
+
+def _git_commit(tree: Path) -> list[str]:
+    git = shutil.which("git")
+    if git is None:
+        return ["git is not installed: the mirror is a plain folder (its commit is null)"]
+    ident = ["-c", "user.name=kerneldev sandbox", "-c", "user.email=sandbox@kerneldev.invalid"]
+    steps = [
+        [git, "-c", "init.defaultBranch=main", "init", "-q"],
+        [git, "add", "-A"],
+        [git, *ident, "-c", "commit.gpgsign=false", "commit", "-q", "-m", "sandbox mirror"],
+    ]
+    for cmd in steps:
+        proc = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return [f"git failed in the mirror ({proc.stderr.strip()}); its commit is null"]
+    return []
