@@ -68,3 +68,8 @@ class ServiceError(KerneldevError):
 
 class BenchError(KerneldevError):
     """The benchmark harness failed or produced unusable results."""
+
+
+class ConnectionLostError(HostConnectionError):
+    """The connection to the host dropped in the middle of an operation (retrying the same
+    connection is pointless; polling loops should stop)."""
