@@ -1,0 +1,92 @@
+"""`kerneldev trust`: show the host's key and, once the user confirms, record it in known_hosts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import click
+import typer
+
+from kerneldev import hostkeys
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
+from kerneldev.cli.output import print_info, print_json
+from kerneldev.errors import ExitCode
+from kerneldev.transport.ssh import SSHTransport
+
+
+@dataclass(frozen=True)
+class TrustResult:
+    host: str
+    known_hosts_name: str | None  # `host` or `[host]:port`, as written in known_hosts
+    key_type: str | None
+    fingerprint: str | None
+    status: str  # "already-trusted", "added", "declined" or "local"
+    known_hosts: str | None  # the file that was read/written
+
+
+def register(app: typer.Typer) -> None:
+    app.command("trust")(trust)
+
+
+def trust(
+    ctx: typer.Context,
+    host: str = HOST_OPTION,
+    yes: bool = typer.Option(False, "--yes", "-y", help="Add the key without asking."),
+    json_out: bool = JSON_OPTION,
+) -> None:
+    """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""
+    host_config = load_host(ctx, host)
+    if host_config.transport == "local":
+        result = TrustResult(host_config.name, None, None, None, "local", None)
+        _render(result, json_out)
+        return
+    with SSHTransport(host_config) as transport:
+        # An unknown key comes back for confirmation; a changed or revoked one raises.
+        check = transport.scan_host_key()
+        if check.status in ("changed", "revoked"):
+            raise hostkeys.refusal(check, host_config.name, transport.trust_path)
+        status = "already-trusted" if check.status == "trusted" else None
+        if status is None:
+            print_info(
+                f"host '{host_config.name}' ({check.name}) offers this key:\n"
+                f"  {check.key_type} {check.fingerprint}"
+            )
+            if yes or _confirm(f"Add it to {transport.trust_path}?"):
+                transport.trust(check)
+                status = "added"
+            else:
+                status = "declined"
+        result = TrustResult(
+            host=host_config.name,
+            known_hosts_name=check.name,
+            key_type=check.key_type,
+            fingerprint=check.fingerprint,
+            status=status,
+            known_hosts=str(transport.trust_path),
+        )
+    _render(result, json_out)
+    if status == "declined":
+        raise typer.Exit(int(ExitCode.FAILURE))
+
+
+def _confirm(question: str) -> bool:
+    try:
+        # err=True: the question goes to stderr so stdout stays data (for --json).
+        return typer.confirm(question, default=False, err=True)
+    except click.exceptions.Abort:  # EOF on stdin: nobody said yes
+        return False
+
+
+def _render(result: TrustResult, json_out: bool) -> None:
+    if json_out:
+        print_json(result)
+        return
+    messages = {
+        "local": f"host '{result.host}' is this machine (transport: local): no key to trust",
+        "already-trusted": f"host '{result.host}' ({result.known_hosts_name}) is already "
+        f"trusted: {result.key_type} {result.fingerprint} (in {result.known_hosts})",
+        "added": f"added {result.key_type} {result.fingerprint} for {result.known_hosts_name} "
+        f"to {result.known_hosts}",
+        "declined": "not added: the key stays untrusted",
+    }
+    print_info(messages[result.status])
