@@ -1,0 +1,82 @@
+"""`kerneldev demo`: the whole loop against a sandbox host on this machine."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+import typer
+
+from kerneldev import demo
+from kerneldev.cli.common import JSON_OPTION
+from kerneldev.cli.output import out_console, print_info, print_json, print_warning
+from kerneldev.errors import ExitCode
+
+DIR_OPTION = typer.Option(
+    None,
+    "--dir",
+    help="Build the sandbox in this new or empty folder (default: a temporary folder).",
+)
+
+
+def demo_command(
+    folder: Path | None = DIR_OPTION,
+    keep: bool = typer.Option(False, "--keep", help="Keep the sandbox's files afterwards."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Run pull, diff, edit, push, restart, drift detection and rollback on a sandbox host."""
+    # A plain `kill` must still stop the sandbox's sshd and fake service: turn SIGTERM into
+    # SystemExit so the demo's clean-up (a `finally`) runs.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(128 + signal.SIGTERM)))
+    show = not as_json
+
+    def on_start(sandbox) -> None:
+        if not show:
+            return
+        where = (
+            f"ssh to a private sshd on 127.0.0.1:{sandbox.sshd.port}"
+            if sandbox.sshd
+            else "the local transport"
+        )
+        print_info(f"sandbox in {sandbox.dir}, host '{sandbox.host_name}' via {where}")
+        for note in sandbox.notes:
+            print_warning(note)
+
+    def on_step(step: demo.DemoStep) -> None:
+        if not show:
+            return
+        mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
+        out_console.print(
+            f"{mark}  [bold]{step.name}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
+        )
+        out_console.print(f"     expected: {step.expected}", markup=False, highlight=False, soft_wrap=True)
+        out_console.print(f"     observed: {step.observed}", markup=False, highlight=False, soft_wrap=True)
+        for line in step.details:
+            out_console.print(f"       {line}", markup=False, highlight=False, style="dim", soft_wrap=True)
+
+    try:
+        result = demo.run_demo(folder, keep=keep, on_step=on_step, on_start=on_start)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if as_json:
+        print_json(result)
+    else:
+        passed = sum(s.ok for s in result.steps)
+        verdict = "[green]PASSED[/]" if result.ok else "[bold red]FAILED[/]"
+        out_console.print(
+            f"\ndemo {verdict}: {passed}/{len(result.steps)} steps behaved as expected "
+            f"in {result.seconds:.1f}s ({result.transport} transport)",
+            soft_wrap=True,
+        )
+        if keep:
+            print_info(
+                f"sandbox kept in {result.dir} (its sshd and service are stopped); "
+                f"config: {Path(result.dir) / 'hosts.yaml'}"
+            )
+    if not result.ok:
+        raise typer.Exit(int(ExitCode.FAILURE))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo_command)

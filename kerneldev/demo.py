@@ -1,0 +1,375 @@
+"""The main job: the whole loop end to end against a sandbox host on this machine.
+
+Each step does what a user would do (through the same core functions the commands call) and
+checks that kerneldev behaved as promised; the demo passes when every step did.
+
+Extending it (the bench issue): append a callable to `EXTRA_STEPS` (or pass `extra_steps`).
+Each receives the `DemoContext` and returns a `DemoStep`; it runs after the loop, while the
+sandbox host, its transport and its fake service are still up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import shlex
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kerneldev import drift, service, sync
+from kerneldev.config import HostConfig, load_config
+from kerneldev.errors import KerneldevError, RefusedError, UsageError
+from kerneldev.sandbox import Sandbox, create_sandbox
+from kerneldev.state import state_path
+from kerneldev.transport import open_transport
+from kerneldev.transport.base import Transport
+
+
+@dataclass
+class DemoStep:
+    name: str  # the command a user would type
+    expected: str
+    observed: str
+    ok: bool
+    seconds: float = 0.0
+    details: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DemoResult:
+    dir: str
+    transport: str
+    kept: bool
+    ok: bool
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+    steps: list[DemoStep] = field(default_factory=list)
+
+
+@dataclass
+class DemoContext:
+    sandbox: Sandbox
+    host: HostConfig
+    transport: Transport
+    # Filled as the demo goes: the original and the edited bytes of the edited kernel file.
+    data: dict = field(default_factory=dict)
+
+
+StepFn = Callable[[DemoContext], DemoStep]
+EXTRA_STEPS: list[StepFn] = []  # hook: later issues (bench) append steps here
+
+HEALTH_INTERVAL = 0.2  # the fake service warms up in ~1 s; poll faster than the default
+
+
+def run_demo(
+    folder: Path | None = None,
+    *,
+    keep: bool = False,
+    use_ssh: bool | None = None,
+    on_step: Callable[[DemoStep], None] | None = None,
+    on_start: Callable[[Sandbox], None] | None = None,
+    extra_steps: Sequence[StepFn] | None = None,
+) -> DemoResult:
+    """Create the sandbox, run every step, clean up (processes always; files unless `keep`)."""
+    started = time.monotonic()
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="kerneldev-demo-"))
+    else:
+        folder = Path(os.path.abspath(folder))
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise UsageError(
+                f"--dir {folder} exists and is not an empty folder",
+                hint="name a new or empty folder; the demo builds its sandbox there",
+            )
+    sandbox = None
+    result = DemoResult(dir=str(folder), transport="?", kept=keep, ok=False, seconds=0.0)
+    try:
+        sandbox = create_sandbox(folder, use_ssh=use_ssh)
+        result.transport = sandbox.transport
+        result.notes = list(sandbox.notes)
+        if on_start:
+            on_start(sandbox)
+        host = load_config(sandbox.config_path).host(sandbox.host_name)
+        with open_transport(host) as transport:
+            ctx = DemoContext(sandbox, host, transport)
+            steps = list(LOOP_STEPS) + list(EXTRA_STEPS if extra_steps is None else extra_steps)
+            for fn in steps:
+                t0 = time.monotonic()
+                try:
+                    step = fn(ctx)
+                except KerneldevError as err:
+                    step = DemoStep(fn.__name__, "no error", f"error: {err.message}", False)
+                step.seconds = round(time.monotonic() - t0, 2)
+                result.steps.append(step)
+                if on_step:
+                    on_step(step)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    result.ok = bool(result.steps) and all(s.ok for s in result.steps)
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+# --- the steps ----------------------------------------------------------------------------
+
+
+def _statuses(report: drift.DriftReport) -> dict[str, tuple[str, str | None]]:
+    return {f.path: (f.status, f.mirror) for f in report.files}
+
+
+def _describe(report: drift.DriftReport) -> list[str]:
+    return [f"{f.status:<12} mirror {f.mirror or '-':<8} {f.path}" for f in report.files]
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _edited_file(ctx: DemoContext) -> str:
+    return ctx.host.files[0]
+
+
+def _other_file(ctx: DemoContext) -> str:
+    return ctx.host.files[1]
+
+
+def _expect_diff(
+    ctx: DemoContext, name: str, expected: dict[str, tuple[str, str | None]]
+) -> DemoStep:
+    report = drift.compute_drift(ctx.transport, ctx.host)
+    seen = _statuses(report)
+    ok = seen == expected
+    want = ", ".join(f"{_short(p)} {s}/{m}" for p, (s, m) in sorted(expected.items()))
+    got = ", ".join(f"{_short(p)} {s}/{m}" for p, (s, m) in seen.items())
+    exit_code = 0 if report.ok else 1
+    return DemoStep(
+        name, want, f"{got} (exit {exit_code})", ok, details=_describe(report) + report.warnings
+    )
+
+
+def step_pull(ctx: DemoContext) -> DemoStep:
+    result = sync.pull(ctx.transport, ctx.host)
+    ctx.data["original"] = (ctx.host.workspace / _edited_file(ctx)).read_bytes()
+    ok = result.transferred == len(ctx.host.files) and not result.missing
+    return DemoStep(
+        "kerneldev pull",
+        f"{len(ctx.host.files)} files copied from the host into the workspace",
+        f"{result.transferred} transferred, {len(result.files) - result.transferred} identical",
+        ok,
+        details=[f"{f.action:<9} {f.path}" for f in result.files],
+    )
+
+
+def step_diff_clean(ctx: DemoContext) -> DemoStep:
+    return _expect_diff(
+        ctx, "kerneldev diff", {p: (drift.IN_SYNC, drift.MIRROR_SAME) for p in ctx.host.files}
+    )
+
+
+def step_edit(ctx: DemoContext) -> DemoStep:
+    path = ctx.host.workspace / _edited_file(ctx)
+    edit = b"\n# kerneldev demo: tuned here (BLOCK_N 64 -> 128 would go here)\n"
+    path.write_bytes(ctx.data["original"] + edit)
+    ctx.data["edited"] = path.read_bytes()
+    return DemoStep(
+        f"edit workspace/{_edited_file(ctx)}",
+        "a local edit",
+        f"appended {len(edit)} bytes",
+        True,
+    )
+
+
+def step_diff_edited(ctx: DemoContext) -> DemoStep:
+    a, b = _edited_file(ctx), _other_file(ctx)
+    return _expect_diff(
+        ctx,
+        "kerneldev diff",
+        {a: (drift.EDITED, drift.MIRROR_SAME), b: (drift.IN_SYNC, drift.MIRROR_SAME)},
+    )
+
+
+def _fingerprint(ctx: DemoContext) -> dict[str, str]:
+    """Every byte that a dry run must not change: live tree, workspace and state."""
+    out = {}
+    for base in (ctx.sandbox.root, ctx.host.workspace):
+        for dirpath, _, names in os.walk(base):
+            for n in names:
+                p = Path(dirpath) / n
+                out[str(p)] = _sha(p.read_bytes())
+    sp = state_path(ctx.host.workspace)
+    out["state"] = _sha(sp.read_bytes()) if sp.exists() else ""
+    return out
+
+
+def step_dry_run(ctx: DemoContext) -> DemoStep:
+    before = _fingerprint(ctx)
+    plan = sync.push(ctx.transport, ctx.host, dry_run=True)
+    after = _fingerprint(ctx)
+    uploads = [f.path for f in plan.uploads]
+    ok = uploads == [_edited_file(ctx)] and before == after
+    return DemoStep(
+        "kerneldev push --dry-run",
+        f"plan: upload {_short(_edited_file(ctx))}; live, workspace and state unchanged",
+        f"plan: upload {', '.join(map(_short, uploads)) or 'nothing'}; "
+        + ("nothing changed" if before == after else "SOMETHING CHANGED"),
+        ok,
+        details=[f"{f.action:<8} {f.status:<10} {f.path}" for f in plan.files],
+    )
+
+
+def step_push_restart(ctx: DemoContext) -> DemoStep:
+    result = sync.push(ctx.transport, ctx.host)
+    path = _edited_file(ctx)
+    live = ctx.transport.read_bytes(posixpath.join(ctx.host.root, path))
+    backup = posixpath.join(ctx.host.root, sync.BACKUP_DIR, result.deploy_id or "-", path)
+    backup_ok = ctx.transport.exists(backup) and ctx.transport.read_bytes(backup) == ctx.data[
+        "original"
+    ]
+    health = service.restart(ctx.transport, ctx.host.service, interval=HEALTH_INTERVAL)
+    ok = result.deployed == [path] and live == ctx.data["edited"] and backup_ok and health.healthy
+    return DemoStep(
+        "kerneldev push --restart",
+        "1 file deployed atomically, old bytes backed up on the host, service healthy",
+        f"deployed {len(result.deployed)} as {result.deploy_id}; backup "
+        f"{'matches' if backup_ok else 'MISSING/WRONG'}; healthy after {health.elapsed:.1f}s "
+        f"({health.checks} checks, {health.last_check})",
+        ok,
+        details=[f"backup: {backup}"],
+    )
+
+
+def step_diff_after_push(ctx: DemoContext) -> DemoStep:
+    a, b = _edited_file(ctx), _other_file(ctx)
+    return _expect_diff(
+        ctx,
+        "kerneldev diff",
+        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.IN_SYNC, drift.MIRROR_SAME)},
+    )
+
+
+def step_drift_on_host(ctx: DemoContext) -> DemoStep:
+    live = posixpath.join(ctx.host.root, _other_file(ctx))
+    cmd = f"printf '%s\\n' '# hotfix made directly on the host' >> {shlex.quote(live)}"
+    result = ctx.transport.run(cmd)
+    return DemoStep(
+        f"someone edits {_short(live)} on the host",
+        "the live file changes behind kerneldev's back",
+        "appended a line on the host" if result.ok else f"failed: {result.stderr.strip()}",
+        result.ok,
+    )
+
+
+def step_diff_drifted(ctx: DemoContext) -> DemoStep:
+    a, b = _edited_file(ctx), _other_file(ctx)
+    return _expect_diff(
+        ctx,
+        "kerneldev diff",
+        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.DRIFTED, drift.MIRROR_DIFFERS)},
+    )
+
+
+def step_push_refused(ctx: DemoContext) -> DemoStep:
+    before = _fingerprint(ctx)
+    try:
+        sync.push(ctx.transport, ctx.host)
+    except RefusedError as err:
+        unchanged = before == _fingerprint(ctx)
+        named = _other_file(ctx) in err.message
+        return DemoStep(
+            "kerneldev push",
+            f"refused (exit 1), names {_short(_other_file(ctx))}, changes nothing",
+            f"refused: {err.message}" + ("" if unchanged else " BUT SOMETHING CHANGED"),
+            named and unchanged,
+        )
+    return DemoStep("kerneldev push", "refused", "the push went through", False)
+
+
+def step_rollback(ctx: DemoContext) -> DemoStep:
+    result = sync.rollback(ctx.transport, ctx.host)
+    live = ctx.transport.read_bytes(posixpath.join(ctx.host.root, _edited_file(ctx)))
+    ok = live == ctx.data["original"] and [f.path for f in result.files] == [_edited_file(ctx)]
+    return DemoStep(
+        "kerneldev rollback",
+        f"{_short(_edited_file(ctx))} back to the exact bytes from before the push",
+        f"restored {len(result.files)} file(s) from {result.rolls_back}; live bytes "
+        + ("match the original" if live == ctx.data["original"] else "DO NOT MATCH"),
+        ok,
+        details=[f"recorded as deploy {result.deploy_id}"],
+    )
+
+
+def step_diff_after_rollback(ctx: DemoContext) -> DemoStep:
+    a, b = _edited_file(ctx), _other_file(ctx)
+    return _expect_diff(
+        ctx,
+        "kerneldev diff",
+        {a: (drift.EDITED, drift.MIRROR_SAME), b: (drift.DRIFTED, drift.MIRROR_DIFFERS)},
+    )
+
+
+def step_pull_drifted(ctx: DemoContext) -> DemoStep:
+    b = _other_file(ctx)
+    result = sync.pull(ctx.transport, ctx.host, [b])
+    live = ctx.transport.read_bytes(posixpath.join(ctx.host.root, b))
+    ok = [f.path for f in result.files] == [b] and (ctx.host.workspace / b).read_bytes() == live
+    return DemoStep(
+        f"kerneldev pull {b}",
+        "takes the host's hotfix into the workspace (only that file)",
+        f"{result.transferred} transferred",
+        ok,
+    )
+
+
+def step_redo(ctx: DemoContext) -> DemoStep:
+    result = sync.rollback(ctx.transport, ctx.host)
+    live = ctx.transport.read_bytes(posixpath.join(ctx.host.root, _edited_file(ctx)))
+    health = service.restart(ctx.transport, ctx.host.service, interval=HEALTH_INTERVAL)
+    ok = live == ctx.data["edited"] and health.healthy
+    return DemoStep(
+        "kerneldev rollback --restart",
+        "a second rollback re-applies the push; service healthy",
+        f"undid {result.rolls_back}; live "
+        + ("has the edit again" if live == ctx.data["edited"] else "DOES NOT have the edit")
+        + f"; healthy after {health.elapsed:.1f}s",
+        ok,
+    )
+
+
+def step_diff_final(ctx: DemoContext) -> DemoStep:
+    a, b = _edited_file(ctx), _other_file(ctx)
+    return _expect_diff(
+        ctx,
+        "kerneldev diff",
+        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.IN_SYNC, drift.MIRROR_DIFFERS)},
+    )
+
+
+LOOP_STEPS: tuple[StepFn, ...] = (
+    step_pull,
+    step_diff_clean,
+    step_edit,
+    step_diff_edited,
+    step_dry_run,
+    step_push_restart,
+    step_diff_after_push,
+    step_drift_on_host,
+    step_diff_drifted,
+    step_push_refused,
+    step_rollback,
+    step_diff_after_rollback,
+    step_pull_drifted,
+    step_redo,
+    step_diff_final,
+)
