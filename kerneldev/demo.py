@@ -234,9 +234,9 @@ def step_push_restart(ctx: DemoContext) -> DemoStep:
     path = _edited_file(ctx)
     live = ctx.transport.read_bytes(posixpath.join(ctx.host.root, path))
     backup = posixpath.join(ctx.host.root, sync.BACKUP_DIR, result.deploy_id or "-", path)
-    backup_ok = ctx.transport.exists(backup) and ctx.transport.read_bytes(backup) == ctx.data[
-        "original"
-    ]
+    backup_ok = (
+        ctx.transport.exists(backup) and ctx.transport.read_bytes(backup) == ctx.data["original"]
+    )
     health = service.restart(ctx.transport, ctx.host.service, interval=HEALTH_INTERVAL)
     ok = result.deployed == [path] and live == ctx.data["edited"] and backup_ok and health.healthy
     return DemoStep(

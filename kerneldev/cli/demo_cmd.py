@@ -50,10 +50,11 @@ def demo_command(
         out_console.print(
             f"{mark}  [bold]{step.name}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
         )
-        out_console.print(f"     expected: {step.expected}", markup=False, highlight=False, soft_wrap=True)
-        out_console.print(f"     observed: {step.observed}", markup=False, highlight=False, soft_wrap=True)
+        plain = {"markup": False, "highlight": False, "soft_wrap": True}
+        out_console.print(f"     expected: {step.expected}", **plain)
+        out_console.print(f"     observed: {step.observed}", **plain)
         for line in step.details:
-            out_console.print(f"       {line}", markup=False, highlight=False, style="dim", soft_wrap=True)
+            out_console.print(f"       {line}", style="dim", **plain)
 
     try:
         result = demo.run_demo(folder, keep=keep, on_step=on_step, on_start=on_start)
