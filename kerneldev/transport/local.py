@@ -105,6 +105,10 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
 
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        if os.path.islink(path):
+            # Write through a symlink to its target (as hash_files reads through it), rather
+            # than replacing the link with a plain file.
+            path = os.path.realpath(path)
         folder, name = os.path.split(os.path.abspath(path))
         try:
             os.makedirs(folder, exist_ok=True)
@@ -143,6 +147,8 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot create {path} on {self.host_name}: {err}") from None
 
     def remove(self, path: str) -> None:
+        if not os.path.isabs(path) or os.path.normpath(path) == "/":
+            raise TransferError(f"refusing to remove {path!r} on {self.host_name}")
         try:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)

@@ -1,0 +1,119 @@
+"""Helpers for the transport and host-key tests: a hosts.yaml-equivalent `HostConfig` pointing at
+the test sshd, an isolated home folder, and ways to cut a live connection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from kerneldev.config import HostConfig
+from tests.sshd import SSHServer
+
+
+def isolate_home(monkeypatch, tmp_path: Path) -> Path:
+    """Point HOME at an empty folder so the user's real ~/.ssh (keys, config, known_hosts) and
+    ssh-agent play no part; the tests then say exactly what is trusted and which key is used."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
+    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
+    return home
+
+
+def ssh_host(server: SSHServer, tmp_path: Path, *, trusted: bool = True, **overrides) -> HostConfig:
+    """A host entry for the test sshd; `trusted` pre-records its key in a private known_hosts."""
+    known_hosts = tmp_path / "known_hosts"
+    if trusted:
+        known_hosts.write_text(server.host_key_line)
+    live = tmp_path / "live"
+    live.mkdir(exist_ok=True)
+    host = HostConfig(
+        name="testhost",
+        root=str(live),
+        files=("*.py",),
+        workspace=tmp_path / "ws",
+        transport="ssh",
+        hostname="127.0.0.1",
+        port=server.port,
+        user=server.user,
+        identity_file=server.client_key,
+        known_hosts=known_hosts,
+    )
+    return replace(host, **overrides)
+
+
+def write_hosts_yaml(path: Path, host: HostConfig) -> Path:
+    """The hosts.yaml a user would write for `host` (for tests that go through the CLI)."""
+    lines = ["hosts:", f"  {host.name}:", f"    transport: {host.transport}"]
+    for key in ("hostname", "user", "port", "identity_file", "known_hosts"):
+        value = getattr(host, key)
+        if value is not None:
+            lines.append(f"    {key}: '{value}'" if key != "port" else f"    port: {value}")
+    lines += [f"    root: '{host.root}'", "    files:"]
+    lines += [f"      - '{f}'" for f in host.files]
+    lines.append(f"    workspace: '{host.workspace}'")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_cli(*args: str, config: Path | None = None, input: str | None = None):
+    """Run `python -m kerneldev ARGS` as a user would; returns the CompletedProcess."""
+    env = dict(os.environ)
+    if config is not None:
+        env["KERNELDEV_CONFIG"] = str(config)
+    return subprocess.run(
+        [sys.executable, "-m", "kerneldev", *args],
+        capture_output=True,
+        text=True,
+        input=input if input is not None else "",
+        env=env,
+        timeout=60,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def cli_missing(proc) -> bool:
+    """True when the CLI could not start because a command module is not written yet."""
+    return "ModuleNotFoundError: No module named 'kerneldev.cli." in proc.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        # Field 4 (after the parenthesised command name) is the parent pid.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == pid:
+            found.append(int(entry))
+    return found
+
+
+def kill_sshd_and_sessions(server: SSHServer) -> None:
+    """Stop the sshd *and* its per-connection processes: a host going away mid-session.
+    (Stopping only the listener leaves established sessions alive, as on a real host.)"""
+    assert server.process is not None
+    pending = [server.process.pid]
+    victims = []
+    while pending:
+        pid = pending.pop()
+        victims.append(pid)
+        pending += _children(pid)
+    for pid in reversed(victims):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    server.process.wait()
+    server.process = None

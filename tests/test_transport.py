@@ -1,0 +1,280 @@
+"""The transport contract, run identically over `LocalTransport` and `SSHTransport` (a real
+sshd on 127.0.0.1): whatever pull/diff/push build on it behaves the same on both."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
+from kerneldev.transport import open_transport
+from kerneldev.transport.local import LocalTransport
+from kerneldev.transport.ssh import SSHTransport
+from tests.sshutil import isolate_home, ssh_host
+
+HOSTILE_NAMES = [
+    "plain.py",
+    "with space.py",
+    "single'quote.py",
+    'double"quote.py',
+    "new\nline.py",
+    "ünïcødé_注意.py",
+    "$(touch pwned).py",
+    "-dash.py",
+]
+
+
+@pytest.fixture(params=["local", "ssh"])
+def host(request, tmp_path, monkeypatch):
+    """(transport, live root) for each kind of host; the root is a fresh folder."""
+    isolate_home(monkeypatch, tmp_path)
+    root = tmp_path / "live"
+    root.mkdir()
+    if request.param == "local":
+        transport = LocalTransport()
+    else:
+        server = request.getfixturevalue("sshd_server")
+        transport = open_transport(ssh_host(server, tmp_path))
+        assert isinstance(transport, SSHTransport)
+    with transport:
+        yield transport, root
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- run --------------------------------------------------------------------------------
+
+
+def test_run_reports_exit_code_stdout_and_stderr(host):
+    t, _ = host
+    result = t.run("echo out; echo err >&2; exit 3")
+    assert (result.exited, result.stdout, result.stderr, result.ok) == (3, "out\n", "err\n", False)
+    assert t.run("true").ok
+
+
+def test_run_is_sh_c_with_quotes_pipes_and_variables(host):
+    t, _ = host
+    result = t.run("""x='a "b" c'; printf '%s\\n' "$x" | tr a A""")
+    assert result.stdout == 'A "b" c\n'
+
+
+def test_run_passes_stdin_bytes_unchanged(host):
+    t, _ = host
+    data = "päth\n\x00 bytes ✓\n".encode() * 1000
+    result = t.run("sha256sum", stdin=data)
+    assert result.stdout.split()[0] == sha(data)
+
+
+def test_run_streams_output_as_it_arrives(host):
+    t, _ = host
+    seen: list[tuple[float, str]] = []
+    start = time.monotonic()
+    result = t.run(
+        "echo one; sleep 0.4; echo two",
+        on_output=lambda text: seen.append((time.monotonic() - start, text)),
+    )
+    assert result.stdout == "one\ntwo\n"
+    assert "".join(text for _, text in seen) == "one\ntwo\n"
+    # "one" was delivered while the command still ran (well before "two"), not all at the end.
+    assert seen[0][1] == "one\n" and seen[-1][0] - seen[0][0] > 0.25
+
+
+def test_run_timeout_raises_promptly(host):
+    t, _ = host
+    start = time.monotonic()
+    with pytest.raises(RemoteCommandError, match="timed out"):
+        t.run("sleep 10", timeout=0.5)
+    assert time.monotonic() - start < 3
+    assert t.run("echo still usable").stdout == "still usable\n"
+
+
+def test_run_does_not_wait_for_a_background_daemon(host):
+    t, _ = host
+    start = time.monotonic()
+    result = t.run("(sleep 8 >/dev/null 2>&1 &) ; echo started")
+    assert result.stdout == "started\n" and result.ok
+    assert time.monotonic() - start < 4
+
+
+# --- hash_files -------------------------------------------------------------------------
+
+
+def test_hash_files_hostile_names_in_one_call(host):
+    t, root = host
+    folder = root / "python" / "attn"
+    folder.mkdir(parents=True)
+    for name in HOSTILE_NAMES:
+        (folder / name).write_bytes(name.encode())
+    files, unmatched = t.hash_files(str(root), [f"python/attn/{n}" for n in HOSTILE_NAMES])
+    assert unmatched == []
+    assert [f.path for f in files] == sorted(f"python/attn/{n}" for n in HOSTILE_NAMES)
+    for f in files:
+        data = f.path.rsplit("/", 1)[1].encode()
+        assert (f.sha256, f.size, f.mode) == (sha(data), len(data), 0o644)
+    assert not (root / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_hash_files_globs_like_the_shell(host):
+    t, root = host
+    (root / "a" / "sub").mkdir(parents=True)
+    for name in ("k1.py", "k2.py", ".hidden.py", "notes.txt", "sub/deep.py"):
+        (root / "a" / name).write_text(name)
+    (root / "a" / "dir.py").mkdir()  # a folder matching the glob is not a file
+    os.chmod(root / "a" / "k2.py", 0o755)
+    files, unmatched = t.hash_files(str(root), ["a/*.py", "a/k1.py", "nothing/*.py", "gone.py"])
+    assert [f.path for f in files] == ["a/k1.py", "a/k2.py"]  # de-duplicated, sorted
+    assert files[1].mode == 0o755
+    assert unmatched == ["nothing/*.py", "gone.py"]
+
+
+def test_hash_files_never_leaves_root(host, tmp_path):
+    t, root = host
+    secret = tmp_path / "secret.py"
+    secret.write_text("outside")
+    (tmp_path / "outside_dir").mkdir()
+    (tmp_path / "outside_dir" / "x.py").write_text("outside")
+    (root / "ok.py").write_text("inside")
+    (root / "link_out.py").symlink_to(secret)  # a symlink escaping root
+    (root / "dir_out").symlink_to(tmp_path / "outside_dir")  # a folder symlink escaping root
+    (root / "link_in.py").symlink_to(root / "ok.py")  # a symlink that stays inside is fine
+    patterns = ["../secret.py", "*.py", "dir_out/x.py", str(secret), "sub/../../secret.py"]
+    files, unmatched = t.hash_files(str(root), patterns)
+    assert [f.path for f in files] == ["link_in.py", "ok.py"]
+    assert all(f.sha256 == sha(b"inside") for f in files)
+    assert unmatched == ["../secret.py", "dir_out/x.py", str(secret), "sub/../../secret.py"]
+
+
+def test_hash_files_of_a_missing_root_matches_nothing(host, tmp_path):
+    t, _ = host
+    assert t.hash_files(str(tmp_path / "nope"), ["a.py"]) == ([], ["a.py"])
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def test_read_bytes_round_trip_and_missing_file(host):
+    t, root = host
+    data = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    (root / "big.bin").write_bytes(data)
+    assert t.read_bytes(str(root / "big.bin")) == data
+    with pytest.raises(TransferError, match="no such file"):
+        t.read_bytes(str(root / "missing.py"))
+    with pytest.raises(TransferError):
+        t.read_bytes(str(root))  # a folder
+
+
+def test_write_atomic_replaces_by_rename_and_keeps_mode(host):
+    t, root = host
+    target = root / "kernel.py"
+    target.write_text("old")
+    os.chmod(target, 0o750)
+    inode = target.stat().st_ino
+    t.write_atomic(str(target), b"new contents")
+    assert target.read_bytes() == b"new contents"
+    assert target.stat().st_mode & 0o7777 == 0o750
+    # A new inode: the name was switched to a complete file, never written in place.
+    assert target.stat().st_ino != inode
+    assert sorted(os.listdir(root)) == ["kernel.py"]  # no temporary file left behind
+
+
+def test_write_atomic_creates_parents_and_honours_mode(host):
+    t, root = host
+    target = root / "new" / "deep" / "file name.py"
+    t.write_atomic(str(target), b"x", mode=0o600)
+    assert target.read_bytes() == b"x"
+    assert target.stat().st_mode & 0o7777 == 0o600
+
+
+def test_write_atomic_through_a_symlink_keeps_the_link(host):
+    t, root = host
+    (root / "real.py").write_text("old")
+    (root / "alias.py").symlink_to(root / "real.py")
+    t.write_atomic(str(root / "alias.py"), b"new")
+    assert (root / "alias.py").is_symlink()
+    assert (root / "real.py").read_bytes() == b"new"
+
+
+def test_write_atomic_failure_leaves_no_temp_file(host):
+    t, root = host
+    target = root / "occupied"
+    target.mkdir()
+    (target / "keep").write_text("x")  # renaming a file over a non-empty folder must fail
+    with pytest.raises(TransferError):
+        t.write_atomic(str(target), b"data")
+    assert sorted(os.listdir(root)) == ["occupied"]
+    assert (target / "keep").read_text() == "x"
+
+
+def test_exists_mkdirs_remove(host):
+    t, root = host
+    tree = root / "backups" / "d1" / "python"
+    t.mkdirs(str(tree))
+    t.mkdirs(str(tree))  # twice is fine
+    (tree / "f.py").write_text("x")
+    assert t.exists(str(tree / "f.py")) and not t.exists(str(root / "nope"))
+    t.remove(str(root / "backups"))
+    assert not t.exists(str(root / "backups"))
+    t.remove(str(root / "backups"))  # absent is fine
+
+
+# --- network ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def http_server():
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_http_get_as_seen_from_the_host(host, http_server):
+    t, _ = host
+    assert t.http_get(f"{http_server}/health") == 200
+    assert t.http_get(f"{http_server}/other?x=1") == 404
+
+
+def test_http_get_with_nothing_listening(host):
+    from tests.sshd import free_port
+
+    t, _ = host
+    with pytest.raises(HostConnectionError):
+        t.http_get(f"http://127.0.0.1:{free_port()}/health", timeout=2)
+
+
+# --- SSH only ---------------------------------------------------------------------------
+
+
+def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, monkeypatch, http_server):
+    isolate_home(monkeypatch, tmp_path)
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    (root / "a.py").write_text("a")
+    with SSHTransport(host) as t:
+        assert t._transport is None  # lazy: nothing happens until first use
+        t.run("true")
+        connection = t._transport
+        t.hash_files(str(root), ["*.py"])
+        t.read_bytes(str(root / "a.py"))
+        t.write_atomic(str(root / "a.py"), b"b")
+        t.http_get(f"{http_server}/health")
+        assert t._transport is connection and connection.is_active()
+    assert t._transport is None
