@@ -74,12 +74,14 @@ def restart(
     service: ServiceConfig | None,
     on_tick: TickCallback | None = None,
     *,
-    interval: float = DEFAULT_INTERVAL,
+    interval: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> ServiceHealth:
     """Run `service.restart`, then poll `service.health` until healthy or `service.timeout`."""
     host = transport.host_name
     service = require_service(service, host)
+    if interval is None:
+        interval = DEFAULT_INTERVAL  # read at call time, so tests can shorten it
     start = time.monotonic()
     try:
         result = transport.run(service.restart, timeout=service.timeout)

@@ -1,0 +1,427 @@
+"""The loop as a user meets it: pull, diff, push, restart, rollback through the CLI, against a
+real sshd on 127.0.0.1 and against the local transport (every scenario runs on both)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from kerneldev.cli import main
+from kerneldev.errors import KerneldevError
+from kerneldev.sandbox import find_sshd
+
+A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
+B = "python/sglang/srt/layers/attention/flash_mla_sm120.py"
+ORIGINAL_A = b'"""triton kernel"""\nBLOCK_N = 64\n'
+ORIGINAL_B = b'"""wrapper"""\nNUM_SPLITS = 8\n'
+
+_registered = False
+
+
+def _app():
+    global _registered
+    if not _registered:
+        main._register_commands()
+        _registered = True
+    return main.app
+
+
+@dataclass
+class Run:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    def json(self):
+        return json.loads(self.stdout)
+
+
+@dataclass
+class Env:
+    """One host in a per-test hosts.yaml: a live tree, a workspace and a git mirror."""
+
+    config: Path
+    root: Path
+    workspace: Path
+    mirror: Path
+    transport: str
+
+    def kd(self, *args: str) -> Run:
+        """Run `kerneldev --config <this> ARGS`, mapping errors to exit codes as main.run does."""
+        result = CliRunner().invoke(_app(), ["--config", str(self.config), *args])
+        stderr = result.stderr
+        code = result.exit_code
+        if isinstance(result.exception, KerneldevError):
+            err = result.exception
+            code = int(err.exit_code)
+            stderr += f"kerneldev: error: {err.message}\n"
+            if err.hint:
+                stderr += f"hint: {err.hint}\n"
+        elif result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception
+        return Run(code, result.stdout, stderr)
+
+    def statuses(self, *paths: str) -> dict[str, tuple[str, str | None]]:
+        run = self.kd("diff", "--json", *paths)
+        assert run.exit_code in (0, 1), run.stderr
+        return {f["path"]: (f["status"], f["mirror"]) for f in run.json()["files"]}
+
+    def state(self) -> dict:
+        return json.loads((self.workspace / ".kerneldev" / "state.json").read_text())
+
+    def set_host(self, **changes) -> None:
+        data = yaml.safe_load(self.config.read_text())
+        data["hosts"]["h"].update(changes)
+        self.config.write_text(yaml.safe_dump(data))
+
+
+def make_env(tmp_path: Path, transport: str, server=None, files=(A, B), **host) -> Env:
+    root = tmp_path / "live root"
+    mirror = tmp_path / "mirror"
+    for tree in (root, mirror):
+        for path, data in ((A, ORIGINAL_A), (B, ORIGINAL_B)):
+            (tree / path).parent.mkdir(parents=True, exist_ok=True)
+            (tree / path).write_bytes(data)
+    (root / A).chmod(0o640)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q"], cwd=mirror, check=True)
+    subprocess.run([*git, "add", "-A"], cwd=mirror, check=True)
+    subprocess.run([*git, "commit", "-qm", "m"], cwd=mirror, check=True)
+    entry: dict = {"transport": transport}
+    if transport == "ssh":
+        known = tmp_path / "known_hosts"
+        known.write_text(server.host_key_line)
+        entry.update(
+            hostname="127.0.0.1",
+            port=server.port,
+            user=server.user,
+            identity_file=str(server.client_key),
+            known_hosts=str(known),
+        )
+    entry.update(root=str(root), files=list(files), workspace="ws", mirror="mirror")
+    entry.update(host)
+    config = tmp_path / "hosts.yaml"
+    config.write_text(yaml.safe_dump({"default": "h", "hosts": {"h": entry}}))
+    return Env(config, root, tmp_path / "ws", mirror, transport)
+
+
+@pytest.fixture(params=["local", "ssh"])
+def transport_kind(request) -> str:
+    if request.param == "ssh" and find_sshd() is None:
+        pytest.skip("sshd is not installed (.ci/run installs openssh-server)")
+    return request.param
+
+
+@pytest.fixture
+def env_factory(request, tmp_path, monkeypatch, transport_kind):
+    # The user's own ~/.ssh and agent play no part: each test says what is trusted.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
+    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
+    server = request.getfixturevalue("sshd_server") if transport_kind == "ssh" else None
+
+    def make(**host) -> Env:
+        return make_env(tmp_path, transport_kind, server, **host)
+
+    return make
+
+
+@pytest.fixture
+def env(env_factory) -> Env:
+    return env_factory()
+
+
+def tree_bytes(*folders: Path) -> dict[str, bytes]:
+    out = {}
+    for folder in folders:
+        for dirpath, _, names in os.walk(folder):
+            for n in names:
+                p = Path(dirpath) / n
+                out[str(p)] = p.read_bytes() + oct(p.stat().st_mode).encode()
+    return out
+
+
+# --- the story ----------------------------------------------------------------------------
+
+
+def test_pull_edit_push_with_backup(env: Env):
+    run = env.kd("pull")
+    assert run.exit_code == 0, run.stderr
+    assert (env.workspace / A).read_bytes() == ORIGINAL_A
+    assert (env.workspace / A).stat().st_mode & 0o777 == 0o640  # the live mode came along
+    assert env.statuses() == {A: ("in-sync", "same"), B: ("in-sync", "same")}
+    assert env.kd("diff").exit_code == 0
+
+    # A second pull transfers nothing.
+    again = env.kd("pull", "--json").json()
+    assert {f["action"] for f in again["files"]} == {"unchanged"}
+
+    (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")
+    assert env.statuses() == {A: ("edited", "same"), B: ("in-sync", "same")}
+    edited = env.kd("diff", "--patch")
+    assert edited.exit_code == 1
+    assert "+# tuned" in edited.stdout
+
+    push = env.kd("push", "--json")
+    assert push.exit_code == 0, push.stderr
+    result = push.json()
+    assert result["deployed"] == [A]
+    assert (env.root / A).read_bytes() == ORIGINAL_A + b"# tuned\n"
+    assert (env.root / A).stat().st_mode & 0o777 == 0o640  # the target's mode is kept
+    backup = env.root / ".kerneldev" / "backups" / result["deploy_id"] / A
+    assert backup.read_bytes() == ORIGINAL_A
+
+    # In sync now, but the mirror still has the old bytes: exit 1 gates scripts.
+    assert env.statuses() == {A: ("in-sync", "differs"), B: ("in-sync", "same")}
+    assert env.kd("diff").exit_code == 1
+    deploy = env.state()["deploys"][-1]
+    assert deploy["kind"] == "push" and deploy["id"] == result["deploy_id"]
+    assert deploy["files"][0]["old_sha256"] != deploy["files"][0]["new_sha256"]
+
+
+def test_drift_refused_then_force(env: Env):
+    env.kd("pull")
+    (env.root / B).write_bytes(ORIGINAL_B + b"# hotfix on the host\n")
+    assert env.statuses()[B] == ("drifted", "differs")
+
+    refused = env.kd("push")
+    assert refused.exit_code == 1
+    assert B in refused.stderr
+    assert (env.root / B).read_bytes() == ORIGINAL_B + b"# hotfix on the host\n"
+
+    forced = env.kd("push", "--force")
+    assert forced.exit_code == 0, forced.stderr
+    assert (env.root / B).read_bytes() == ORIGINAL_B
+    assert env.statuses()[B] == ("in-sync", "same")
+
+
+def test_conflict(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"mine\n")
+    (env.root / A).write_bytes(b"theirs\n")
+    assert env.statuses()[A][0] == "conflict"
+    refused = env.kd("push")
+    assert refused.exit_code == 1 and A in refused.stderr and "conflict" in refused.stderr
+    assert (env.root / A).read_bytes() == b"theirs\n"
+
+
+def test_mirror_differs_and_commit(env: Env):
+    env.kd("pull")
+    (env.mirror / B).write_bytes(b"upstream moved on\n")
+    run = env.kd("diff", "--json")
+    assert run.exit_code == 1
+    report = run.json()
+    assert set(report) == {"host", "mirror_commit", "files"}
+    head = subprocess.run(
+        ["git", "-C", str(env.mirror), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    assert report["host"] == "h" and report["mirror_commit"] == head
+    files = {f["path"]: f for f in report["files"]}
+    assert files[B]["status"] == "in-sync" and files[B]["mirror"] == "differs"
+    assert files[A]["mirror"] == "same"
+
+    # A mirror that is not a git repository still compares, with a null commit and a warning.
+    shutil.rmtree(env.mirror / ".git")
+    run = env.kd("diff", "--json")
+    assert run.json()["mirror_commit"] is None
+    assert "not a git repository" in run.stderr
+
+
+def test_dry_run_changes_nothing(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"edited\n")
+    before = tree_bytes(env.root, env.workspace)
+    run = env.kd("push", "--dry-run", "--json")
+    assert run.exit_code == 0, run.stderr
+    plan = run.json()
+    assert plan["dry_run"] is True and plan["deploy_id"] is None
+    assert [f["path"] for f in plan["files"] if f["action"] == "upload"] == [A]
+    assert tree_bytes(env.root, env.workspace) == before  # live, workspace and state.json
+
+
+def test_rollback_restores_exact_bytes(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"new kernel\n")
+    (env.workspace / B).write_bytes(b"new wrapper\n")
+    assert env.kd("push").exit_code == 0
+    run = env.kd("rollback", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert (env.root / A).read_bytes() == ORIGINAL_A
+    assert (env.root / B).read_bytes() == ORIGINAL_B
+    assert (env.root / A).stat().st_mode & 0o777 == 0o640
+    assert env.state()["deploys"][-1]["kind"] == "rollback"
+    # The workspace keeps the edits: they show as not pushed.
+    assert env.statuses() == {A: ("edited", "same"), B: ("edited", "same")}
+
+    # Rolling back the rollback re-applies the push.
+    assert env.kd("rollback").exit_code == 0
+    assert (env.root / A).read_bytes() == b"new kernel\n"
+    assert env.statuses()[A] == ("in-sync", "differs")
+
+
+def test_pull_refuses_unpushed_edits(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"my unpushed work\n")
+    (env.root / A).write_bytes(b"changed on host\n")
+    run = env.kd("pull")
+    assert run.exit_code == 1 and A in run.stderr
+    assert (env.workspace / A).read_bytes() == b"my unpushed work\n"
+
+    # A subset that avoids the edited file works.
+    (env.root / B).write_bytes(b"b changed on host\n")
+    assert env.kd("pull", B).exit_code == 0
+    assert (env.workspace / B).read_bytes() == b"b changed on host\n"
+
+    forced = env.kd("pull", "--force", "--json")
+    assert forced.exit_code == 0
+    assert (env.workspace / A).read_bytes() == b"changed on host\n"
+    kept = [f["discarded"] for f in forced.json()["files"] if f["discarded"]]
+    assert len(kept) == 1 and Path(kept[0]).read_bytes() == b"my unpushed work\n"
+
+
+def test_paths_workspace_or_root_relative_and_unknown(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"x\n")
+    (env.workspace / B).write_bytes(b"y\n")
+    # A workspace path selects just that file.
+    run = env.kd("push", str(env.workspace / B), "--json")
+    assert run.exit_code == 0 and run.json()["deployed"] == [B]
+    assert (env.root / A).read_bytes() == ORIGINAL_A
+    unknown = env.kd("push", "python/other.py")
+    assert unknown.exit_code == 2 and "python/other.py" in unknown.stderr
+
+
+def test_hostile_names_via_glob(env_factory):
+    env = env_factory(files=["weird dir/*.py"])
+    names = ["weird dir/ä ö [x].py", 'weird dir/it\'s "quoted" $HOME.py']
+    for n in names:
+        (env.root / n).parent.mkdir(parents=True, exist_ok=True)
+        (env.root / n).write_bytes(n.encode() + b"\n")
+    assert env.kd("pull").exit_code == 0
+    assert {p for p in env.statuses()} == set(names)
+    for n in names:
+        (env.workspace / n).write_bytes(b"edited " + n.encode() + b"\n")
+    assert set(env.statuses().values()) == {("edited", "absent")}
+    # Naming one file with glob characters in it selects exactly that file.
+    run = env.kd("push", names[0], "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["deployed"] == [names[0]]
+    assert env.kd("push").exit_code == 0
+    for n in names:
+        assert (env.root / n).read_bytes() == b"edited " + n.encode() + b"\n"
+    assert env.kd("rollback").exit_code == 0
+    assert (env.root / names[1]).read_bytes() == names[1].encode() + b"\n"
+
+
+# --- restart ------------------------------------------------------------------------------
+
+
+def test_restart_health_command_after_delay(env_factory, tmp_path):
+    flag = tmp_path / "healthy-flag"
+    env = env_factory(
+        service={
+            "restart": f"rm -f '{flag}'; (sleep 1; touch '{flag}') >/dev/null 2>&1 </dev/null &",
+            "health": f"test -f '{flag}'",
+            "timeout": 10,
+        }
+    )
+    run = env.kd("restart", "--json")
+    assert run.exit_code == 0, run.stderr
+    health = run.json()
+    assert health["healthy"] is True and health["checks"] >= 2 and health["elapsed"] >= 0.9
+
+
+def test_restart_never_healthy_shows_logs(env_factory):
+    env = env_factory(
+        service={
+            "restart": "true",
+            "health": "false",
+            "timeout": 1.5,
+            "logs": "echo 'CUDA error: LOG-MARKER'",
+        }
+    )
+    run = env.kd("restart")
+    assert run.exit_code == 1
+    assert "LOG-MARKER" in run.stderr and "not healthy" in run.stderr
+
+
+def test_restart_failing_command(env_factory):
+    env = env_factory(service={"restart": "echo boom >&2; exit 3", "health": "true"})
+    run = env.kd("restart")
+    assert run.exit_code == 1 and "boom" in run.stderr
+
+
+def test_restart_without_service_is_usage_error(env: Env):
+    run = env.kd("restart")
+    assert run.exit_code == 2 and "no service" in run.stderr
+
+
+class _WarmingUp(http.server.BaseHTTPRequestHandler):
+    """503 for the first two requests, then 200: a server that is still loading."""
+
+    count = 0
+
+    def do_GET(self):
+        type(self).count += 1
+        code = 200 if type(self).count > 2 else 503
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_restart_http_health(env_factory, monkeypatch):
+    _WarmingUp.count = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _WarmingUp)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    # Poll fast: this test is about the HTTP path, not the interval.
+    monkeypatch.setattr("kerneldev.service.DEFAULT_INTERVAL", 0.1)
+    try:
+        port = server.server_address[1]
+        env = env_factory(
+            service={
+                "restart": "true",
+                "health": f"http://127.0.0.1:{port}/health",
+                "timeout": 10,
+            }
+        )
+        run = env.kd("push", "--restart", "--json")
+        assert run.exit_code == 0, run.stderr
+        health = run.json()["health"]
+        assert health["healthy"] and health["last_check"] == "HTTP 200" and health["checks"] == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# --- the demo -----------------------------------------------------------------------------
+
+
+def test_demo_exits_0(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "kerneldev", "demo", "--dir", str(tmp_path / "sb")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASSED" in proc.stdout
+    assert not (tmp_path / "sb").exists()  # cleaned up without --keep
