@@ -328,6 +328,14 @@ class SSHTransport(Transport):
                 f"(host '{self.host_name}'): {_describe(err)}",
                 hint="is this an SSH server? check the port, ProxyCommand and the network",
             ) from None
+        if not (t.is_active() and t.initial_kex_done):
+            # start_client returns quietly when its timeout passes mid-negotiation.
+            t.close()
+            raise HostConnectionError(
+                f"SSH handshake with {target.hostname}:{target.port} timed out after "
+                f"{self.connect_timeout:g}s (host '{self.host_name}')",
+                hint="is this an SSH server? check the port, ProxyCommand and the network",
+            )
         return t, hostkeys.check_key(files, name, t.get_remote_server_key())
 
     def _login(self, target: SSHTarget, sock, role: str | None = None) -> paramiko.Transport:

@@ -1,0 +1,295 @@
+"""Trust and connection failures against a real sshd: what a user sees when a host is new, when
+its key changed, when the port is wrong, the key is wrong, or the host goes away mid-command."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from paramiko.hostkeys import HostKeys
+
+from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
+from kerneldev.sandbox import free_port, keygen
+from kerneldev.transport.ssh import SSHTransport, parse_jump
+from tests.sshutil import (
+    cli_missing,
+    isolate_home,
+    kill_sshd_and_sessions,
+    run_cli,
+    ssh_host,
+    write_hosts_yaml,
+)
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    return isolate_home(monkeypatch, tmp_path)
+
+
+def openssh_fingerprint(server) -> str:
+    out = subprocess.run(
+        ["ssh-keygen", "-lf", f"{server.host_key}.pub"], capture_output=True, text=True, check=True
+    ).stdout
+    return out.split()[1]  # "256 SHA256:... comment (ED25519)"
+
+
+def cli(*args: str, config: Path, input: str | None = None):
+    proc = run_cli(*args, config=config, input=input)
+    if cli_missing(proc):
+        pytest.skip("the CLI cannot start yet: a command module is missing")
+    return proc
+
+
+# --- host keys --------------------------------------------------------------------------
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_and_hint(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path, trusted=False)
+    with pytest.raises(HostKeyError) as caught, SSHTransport(host) as t:
+        t.run("true")
+    err = caught.value
+    assert "ssh-ed25519" in err.message and openssh_fingerprint(fresh_sshd) in err.message
+    assert f"[127.0.0.1]:{fresh_sshd.port}" in err.message
+    assert "kerneldev trust --host testhost" in err.hint
+    assert not Path(host.known_hosts).exists()  # nothing was added behind the user's back
+
+
+def test_trust_yes_then_connect_works(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path, trusted=False)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+
+    proc = cli("trust", "--yes", config=config)
+    assert proc.returncode == 0, proc.stderr
+    assert openssh_fingerprint(fresh_sshd) in proc.stderr
+    line = Path(host.known_hosts).read_text()
+    kind, blob = fresh_sshd.host_key.with_suffix(".pub").read_text().split()[:2]
+    assert line == f"[127.0.0.1]:{fresh_sshd.port} {kind} {blob}\n"
+    assert Path(host.known_hosts).stat().st_mode & 0o777 == 0o600
+
+    with SSHTransport(host) as t:
+        assert t.run("echo in").stdout == "in\n"
+
+    again = cli("trust", "--yes", "--json", config=config)
+    assert again.returncode == 0
+    assert '"status": "already-trusted"' in again.stdout
+    assert Path(host.known_hosts).read_text() == line  # not added twice
+
+
+def test_trust_asks_and_a_no_adds_nothing(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path, trusted=False)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    proc = cli("trust", config=config, input="n\n")
+    assert proc.returncode == 1
+    assert openssh_fingerprint(fresh_sshd) in proc.stderr
+    assert not Path(host.known_hosts).exists()
+    proc = cli("trust", config=config, input="y\n")
+    assert proc.returncode == 0 and Path(host.known_hosts).exists()
+
+
+def test_changed_host_key_is_refused_loudly(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path)
+    old_fp = openssh_fingerprint(fresh_sshd)
+    with SSHTransport(host) as t:
+        t.run("true")
+    fresh_sshd.rotate_host_key()
+    new_fp = openssh_fingerprint(fresh_sshd)
+
+    with pytest.raises(HostKeyError) as caught, SSHTransport(host) as t:
+        t.run("true")
+    message = caught.value.message
+    assert "CHANGED" in message and "man-in-the-middle" in message
+    assert old_fp in message and new_fp in message
+    assert f"{host.known_hosts}:1" in message
+    assert "ssh-keygen -R" in caught.value.hint
+
+    # `trust` does not paper over it either.
+    before = Path(host.known_hosts).read_text()
+    proc = cli("trust", "--yes", config=write_hosts_yaml(tmp_path / "hosts.yaml", host))
+    assert proc.returncode == 1 and "CHANGED" in proc.stderr and "Traceback" not in proc.stderr
+    assert Path(host.known_hosts).read_text() == before
+
+
+def test_hashed_known_hosts_entry_is_honoured(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    name, kind, blob = sshd_server.host_key_line.split()
+    hashed = HostKeys.hash_host(name)
+    Path(host.known_hosts).write_text(f"# comment\n{hashed} {kind} {blob}\n")
+    with SSHTransport(host) as t:
+        assert t.run("true").ok
+
+
+def test_users_own_known_hosts_is_read(sshd_server, tmp_path, _home):
+    host = ssh_host(sshd_server, tmp_path, trusted=False, known_hosts=None)
+    (_home / ".ssh").mkdir()
+    (_home / ".ssh" / "known_hosts").write_text(sshd_server.host_key_line)
+    with SSHTransport(host) as t:
+        assert t.run("true").ok
+
+
+def test_a_key_for_another_port_is_not_trusted(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    # The same key recorded without a port means port 22, a different server.
+    kind, blob = sshd_server.host_key_line.split()[1:]
+    Path(host.known_hosts).write_text(f"127.0.0.1 {kind} {blob}\n")
+    with pytest.raises(HostKeyError, match="not known"), SSHTransport(host) as t:
+        t.run("true")
+
+
+# --- connection failures ----------------------------------------------------------------
+
+
+def test_connection_refused(tmp_path, sshd_server):
+    host = ssh_host(sshd_server, tmp_path, port=free_port())
+    with pytest.raises(HostConnectionError, match="connection refused"), SSHTransport(host) as t:
+        t.run("true")
+
+
+def test_dns_failure(tmp_path, sshd_server):
+    host = ssh_host(sshd_server, tmp_path, hostname="no-such-host.invalid")
+    with pytest.raises(HostConnectionError, match="cannot resolve host name"):
+        SSHTransport(host).run("true")
+
+
+def test_server_that_never_speaks_ssh_times_out(tmp_path, sshd_server):
+    # Accepts TCP (the kernel's backlog) but never sends a banner: a hung or wrong service.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        host = ssh_host(sshd_server, tmp_path, port=silent.getsockname()[1])
+        start = time.monotonic()
+        with pytest.raises(HostConnectionError, match="handshake"):
+            SSHTransport(host, connect_timeout=1).run("true")
+        assert time.monotonic() - start < 8
+
+
+def test_wrong_user_key_is_an_auth_failure(tmp_path, sshd_server):
+    other_key = tmp_path / "other_key"
+    keygen(other_key)
+    host = ssh_host(sshd_server, tmp_path, identity_file=other_key)
+    with pytest.raises(HostConnectionError) as caught, SSHTransport(host) as t:
+        t.run("true")
+    assert "authentication failed" in caught.value.message
+    assert str(other_key) in caught.value.message
+    assert "identity_file" in caught.value.hint
+
+
+def test_missing_identity_file(tmp_path, sshd_server):
+    host = ssh_host(sshd_server, tmp_path, identity_file=tmp_path / "nope")
+    with pytest.raises(HostConnectionError, match="does not exist"), SSHTransport(host) as t:
+        t.run("true")
+
+
+def test_cli_reports_connection_errors_without_traceback(tmp_path, sshd_server):
+    host = ssh_host(sshd_server, tmp_path, port=free_port())
+    proc = cli("trust", "--yes", config=write_hosts_yaml(tmp_path / "hosts.yaml", host))
+    assert proc.returncode == 1
+    assert "connection refused" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_host_going_away_mid_session(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path)
+    (Path(host.root) / "a.py").write_text("a")
+    t = SSHTransport(host)
+    assert t.run("echo up").ok
+    t.read_bytes(str(Path(host.root) / "a.py"))
+    kill_sshd_and_sessions(fresh_sshd)
+    time.sleep(0.3)
+    with pytest.raises(ConnectionLostError) as caught:
+        t.run("echo up")
+    assert "connection to host 'testhost' was lost" in caught.value.message
+    with pytest.raises(HostConnectionError):
+        t.read_bytes(str(Path(host.root) / "a.py"))
+    t.close()
+
+
+def test_connection_drops_while_a_command_runs(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path)
+    with SSHTransport(host) as t:
+        t.run("true")
+        threading.Timer(0.5, kill_sshd_and_sessions, args=(fresh_sshd,)).start()
+        start = time.monotonic()
+        with pytest.raises(ConnectionLostError, match="running `sleep 20`"):
+            t.run("sleep 20")
+        assert time.monotonic() - start < 10
+
+
+# --- ssh_config -------------------------------------------------------------------------
+
+
+def test_ssh_config_alias_and_proxyjump_through_the_sshd_to_itself(
+    sshd_server, tmp_path, monkeypatch
+):
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host target\n"
+        "  HostName 127.0.0.1\n"
+        f"  Port {sshd_server.port}\n"
+        f"  User {sshd_server.user}\n"
+        f"  ProxyJump {sshd_server.user}@127.0.0.1:{sshd_server.port}\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(sshd_server, tmp_path, hostname="target", port=None, user=None)
+    with SSHTransport(host) as t:
+        assert t.run("echo through").stdout == "through\n"
+        assert len(t._hops) == 1  # really went through the jump host's channel
+        (Path(host.root) / "k.py").write_text("k")
+        assert t.read_bytes(str(Path(host.root) / "k.py")) == b"k"
+
+
+def test_proxyjump_host_key_is_checked_too(fresh_sshd, tmp_path, monkeypatch):
+    ssh_config = tmp_path / "ssh_config"
+    # The target's key is trusted as [127.0.0.1]:port; the jump host, named localhost, is not.
+    ssh_config.write_text(
+        f"Host target\n  HostName 127.0.0.1\n  ProxyJump localhost:{fresh_sshd.port}\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(fresh_sshd, tmp_path, hostname="target")
+    with pytest.raises(HostKeyError) as caught, SSHTransport(host) as t:
+        t.run("true")
+    assert "jump host localhost" in caught.value.message
+    assert f"[localhost]:{fresh_sshd.port}" in caught.value.message
+    # `trust` offers the jump host's key first.
+    check = SSHTransport(host).scan_host_key()
+    assert check.status == "unknown" and check.name == f"[localhost]:{fresh_sshd.port}"
+
+
+def test_proxycommand(sshd_server, tmp_path, monkeypatch):
+    known = tmp_path / "known_hosts"
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        "Host viaproxy\n"
+        "  HostName 127.0.0.1\n"
+        f"  Port {sshd_server.port}\n"
+        f"  ProxyCommand ssh -F /dev/null -o BatchMode=yes -o UserKnownHostsFile={known} "
+        f"-o StrictHostKeyChecking=yes -i {sshd_server.client_key} -p %p "
+        f"-W %h:%p {sshd_server.user}@127.0.0.1\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(sshd_server, tmp_path, hostname="viaproxy", port=None)
+    with SSHTransport(host) as t:
+        assert t.run("echo proxied").stdout == "proxied\n"
+        assert t._socks  # the ProxyCommand process carried the connection
+
+
+def test_explicit_config_wins_over_ssh_config(sshd_server, tmp_path, monkeypatch):
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text("Host *\n  Port 1\n  User nobody-here\n")
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(sshd_server, tmp_path)
+    target = SSHTransport(host).target()
+    assert (target.port, target.user) == (sshd_server.port, sshd_server.user)
+    bare = SSHTransport(replace(host, port=None, user=None)).target()
+    assert (bare.port, bare.user) == (1, "nobody-here")
+
+
+def test_parse_jump():
+    assert parse_jump("bob@jump:2222") == ("jump", "bob", 2222)
+    assert parse_jump("ssh://jump") == ("jump", None, None)
+    assert parse_jump("[::1]:22") == ("::1", None, 22)
+    assert os.environ["KERNELDEV_SSH_CONFIG"] == "none"
