@@ -167,10 +167,22 @@ SHAPE_SETS: dict[str, list[Shape]] = {
         make_shape(128, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
         make_shape(64, heads=128, topk=512),
     ],
-    # Tiny, for the CPU interpreter (CI): one single-cache shape, one dual-cache shape with sink.
+    # Tiny, for the CPU interpreter (CI): one single-cache shape, one dual-cache shape with a
+    # sink, partial topk_length and invalid indices. H 16: the interpreter's cost grows with
+    # heads x tokens, and the kernels mask a partial head block.
     "smoke": [
-        make_shape(1, topk=16, page_size=16),
-        make_shape(2, topk=8, page_size=16, extra_topk=16, extra_page_size=16, sink=True),
+        make_shape(1, heads=16, topk=16, page_size=16),
+        make_shape(
+            2,
+            heads=16,
+            topk=8,
+            page_size=16,
+            extra_topk=16,
+            extra_page_size=16,
+            sink=True,
+            lengths="partial",
+            invalid=0.25,
+        ),
     ],
 }
 

@@ -1,0 +1,226 @@
+"""`kerneldev bench`: parse, call `kerneldev.bench`, render the table (or the JSON)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from kerneldev import bench
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
+from kerneldev.cli.output import (
+    err_console,
+    out_console,
+    print_info,
+    print_json,
+    print_warning,
+)
+from kerneldev.config import load_config
+from kerneldev.errors import ExitCode
+from kerneldev.transport import open_transport
+
+VERDICT_STYLE = {
+    bench.FASTER: "green",
+    bench.SLOWER: "red",
+    bench.NO_CHANGE: "dim",
+    bench.FAILED: "bold red",
+    bench.BASELINE_FAILED: "yellow",
+    bench.NEW: "cyan",
+}
+
+
+# Module-level: typer options with list/Path defaults (ruff B008).
+SHAPES_OPTION = typer.Option(
+    None,
+    "--shapes",
+    help="A named set (issue4, paths, smoke) or B=..,H=..,topk=..[,page=..,extra_topk=..,"
+    "extra_page=..,sink=1,lengths=..,invalid=..,pad=1]; repeatable, or ';'-separated. "
+    "Default: issue4 (smoke with --cpu).",
+    show_default=False,
+)
+COMPARE_OPTION = typer.Option(
+    None,
+    "--compare",
+    help="An earlier result (saved JSON or --json output): mark each shape faster / slower / "
+    "no change (no change = the p20-p80 intervals overlap).",
+    show_default=False,
+)
+
+
+def bench_command(
+    ctx: typer.Context,
+    variants: str = typer.Option(
+        "simt,mma",
+        "--variants",
+        help="Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
+        "file's own choice by environment). The first is the A of the A/B ratios.",
+    ),
+    shapes: list[str] = SHAPES_OPTION,
+    source: str = typer.Option(
+        "bundled",
+        "--source",
+        help="Kernel file to run: bundled (this kerneldev's), workspace (your edited copy), "
+        "or live (the file the server runs, benchmarked where it lies).",
+    ),
+    compare_to: Path = COMPARE_OPTION,
+    gpu: str = typer.Option(
+        None, "--gpu", help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`)."
+    ),
+    cpu: bool = typer.Option(
+        False,
+        "--cpu",
+        help="Run under the Triton interpreter on the host's CPU (tiny shapes; checks "
+        "correctness, times are meaningless).",
+    ),
+    rotate: int = typer.Option(
+        None, "--rotate", min=1, help="Input sets per shape (default 3).", show_default=False
+    ),
+    host_name: str | None = HOST_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Check and time kernel variants on the host's GPU; A/B table, saved JSON."""
+    config = load_config(config_path(ctx))
+    host = config.host(host_name)
+    variant_list = [v.strip() for v in variants.split(",") if v.strip()]
+    shape_list = list(shapes) if shapes else ["smoke" if cpu else "issue4"]
+    bench.check_request(variant_list, shape_list)  # exit 2 before connecting
+    baseline = bench.load_result(compare_to) if compare_to else None
+
+    with open_transport(host) as transport:
+        result = bench.run_bench(
+            transport,
+            host,
+            variant_list,
+            shape_list,
+            source=source,
+            gpu=gpu,
+            cpu_mode=cpu,
+            on_output=_stream(),
+            results_dir=config.path.parent / bench.RESULTS_DIR,
+            rotate=rotate,
+        )
+    comparison = (
+        bench.compare(result.data, baseline, str(compare_to)) if baseline is not None else None
+    )
+    if as_json:
+        print_json(bench.bench_report(result, comparison))
+    else:
+        render(result, comparison)
+    if comparison:
+        for warning in comparison.warnings:
+            print_warning(warning)
+    print_info(f"saved: {result.saved_to}")
+    if not result.ok:
+        bad = [f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"]
+        print_warning("failed accuracy or did not run: " + "; ".join(bad))
+        raise typer.Exit(int(ExitCode.FAILURE))
+
+
+def _stream():
+    """The harness's progress lines on stderr, only on a terminal."""
+    if not err_console.is_terminal:
+        return None
+
+    def write(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    return write
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> None:
+    data = result.data
+    ab = result.ab
+    ratio_by_key = {(r.shape, r.label): r.speedup for r in ab.ratios}
+    terminal = out_console.is_terminal
+    marks = (
+        {"ok": "[green]✓[/]", "failed": "[bold red]✗ failed[/]", "error": "[bold red]✗ error[/]"}
+        if terminal
+        else {"ok": "ok", "failed": "FAILED", "error": "ERROR"}
+    )
+    columns = ["shape", "variant", "µs", "p20-p80", "GB/s", "% BW", "TFLOP/s", "x floor", "acc"]
+    if ab.baseline_label and ab.ratios:
+        columns.append(f"vs {ab.baseline_label}")
+    if comparison:
+        columns.append("vs baseline")
+    rows = []
+    for r in data["results"]:
+        timed = r["median_us"] is not None
+        row = [
+            r["shape"],
+            r["label"],
+            _fmt(r["median_us"], ".1f"),
+            f"{r['p20_us']:.1f}-{r['p80_us']:.1f}" if timed else "-",
+            _fmt(r["gbs"], ".0f"),
+            _fmt(r["pct_copy_bw"], ".1f"),
+            _fmt(r["tflops"], ".1f"),
+            _fmt(r["x_floor"], ".1f"),
+            marks.get(r["status"], r["status"]),
+        ]
+        if ab.baseline_label and ab.ratios:
+            speedup = ratio_by_key.get((r["shape"], r["label"]))
+            row.append(f"{speedup:.2f}x" if speedup else "-")
+        if comparison:
+            row.append(_verdict_cell(comparison, r, terminal))
+        rows.append(row)
+
+    device = data.get("device") or {}
+    title = f"{data.get('kerneldev', {}).get('source', '?')} kernel on {device.get('name')}"
+    copy = data.get("copy_bandwidth")
+    if copy:
+        title += f" (copy {copy['gbs']:.0f} GB/s)"
+    if data.get("timing") == "cpu-wallclock":
+        title += " - CPU interpreter, times meaningless"
+    if terminal:
+        table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        for i, name in enumerate(columns):
+            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        out_console.print(table)
+    else:
+        widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
+        lines = [title]
+        for row in [columns, *rows]:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        print("\n".join(lines), flush=True)
+
+    for label, mean in ab.geomean.items():
+        shapes = sum(1 for r in ab.ratios if r.label == label and r.speedup)
+        text = f"{mean:.2f}x" if mean else "-"
+        out_line(f"geomean {label} vs {ab.baseline_label}: {text} over {shapes} shape(s)")
+    if comparison:
+        for label, mean in comparison.geomean.items():
+            text = f"{mean:.2f}x" if mean else "-"
+            out_line(f"geomean {label} vs baseline {comparison.baseline}: {text}")
+
+
+def _verdict_cell(comparison: bench.Comparison, r: dict, terminal: bool) -> str:
+    change = next(
+        (c for c in comparison.changes if c.shape == r["shape"] and c.label == r["label"]), None
+    )
+    if change is None:
+        return "-"
+    text = change.verdict
+    if change.speedup:
+        text += f" {change.speedup:.2f}x"
+    if terminal:
+        return f"[{VERDICT_STYLE.get(change.verdict, 'white')}]{text}[/]"
+    return text
+
+
+def out_line(text: str) -> None:
+    if out_console.is_terminal:
+        out_console.print(text, highlight=False)
+    else:
+        print(text, flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)
