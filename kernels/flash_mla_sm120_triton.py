@@ -1,0 +1,735 @@
+"""DSv4 sparse-MLA decode in Triton: a SIMT baseline and a tensor-core (MMA) split-K kernel.
+
+Drop-in for SGLang's `python/sglang/srt/layers/attention/flash_mla_sm120_triton.py`; imports only
+torch, triton and the standard library. Contract: `shared/spec/dsv4-sparse-decode.md`.
+
+Math, per request b and head h, over the valid set S_b of selected tokens (index >= 0, position
+< topk_length[b], index < num_pages * page_size), for the main and the optional extra cache:
+
+    K_j = concat(dequant(nope_j), rope_j)                  (512 values; V_j = K_j)
+    s_j = softmax_scale * <q[b, h], K_j>
+    lse = log sum_j exp(s_j)     out = sum_j exp(s_j - lse) K_j   (-inf / 0 when S_b is empty)
+    with the sink:  lse' = logaddexp(lse, sink[h]),  out' = out * exp(lse - lse')
+
+The kernels work in base 2: `qk_scale_log2 = softmax_scale * LOG2E`, p = exp2(s * LOG2E - m),
+and convert the LSE back with LN2 at the end. The returned lse includes the sink (sm_120 path).
+
+Paged FP8 cache, page size P, page p at byte p * k_cache.stride(0) (>= P * 584, may be padded):
+
+    [t * 576,        + 448)  float8_e4m3fn nope of slot t      [t * 576 + 448, + 128)  bf16 rope
+    [P * 576 + t * 8, + 7)   UE8M0 exponents (one per 64 nope dims), nope = fp8 * 2^(e - 127)
+
+Kernels:
+  * `_simt_decode_kernel`, grid (B, H): one program per request and head walks the selected
+    tokens of both caches in tiles of BLOCK_N, scores with multiply-reduce, online softmax,
+    sink, and writes out/lse. Every program gathers and dequantizes every tile for its head.
+  * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), NUM_SPLITS): one program per request,
+    block of heads and KV split. Split s takes a contiguous range of tiles of the main cache
+    and one of the extra cache; each tile (BLOCK_N tokens x 512) is gathered and dequantized
+    once into the matrix-operand dtype and shared by all BLOCK_H heads: S = Q K^T and
+    O += P V are `tl.dot` with fp32 accumulation. With one split it finishes in place (sink,
+    normalisation, bf16 store); otherwise it writes a normalised fp32 partial and its base-2
+    LSE, and `_combine_kernel`, grid (B * H, 512 / BLOCK_D), merges the splits and the sink.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------- constants
+
+D_NOPE = tl.constexpr(448)  # fp8-quantized dims of a K/V row
+D_QK = tl.constexpr(512)  # full K/V row: nope 448 + rope 64 (also the query width)
+DATA_BYTES = tl.constexpr(576)  # 448 fp8 bytes + 64 bf16 rope values, per token slot
+SCALE_BYTES = tl.constexpr(8)  # 7 UE8M0 exponents + 1 pad byte, per token slot
+NUM_GROUPS_POW2 = tl.constexpr(8)  # 7 scale groups, padded to a power of two
+GROUP = tl.constexpr(64)  # nope dims per scale group
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E), folded in scale
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): base-2 LSE -> natural-log LSE
+UE8M0_ZERO_BITS = tl.constexpr(0x00400000)  # float32 bits of 2^-127 (scale byte 0, subnormal)
+
+TOKEN_BYTES = 584
+HEAD_DIM = 512
+
+# `variant=None` follows this, read once at import as the deployed original does.
+_DEFAULT_VARIANT = "mma" if os.environ.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens):
+    """Indices of one tile; invalid ones (negative, past `end`, past the cache) -> 0, masked."""
+    in_range = pos < end
+    idx = tl.load(IDX_row_ptr + pos * stride_it, mask=in_range, other=-1)
+    valid = in_range & (idx >= 0) & (idx < num_tokens)
+    return tl.where(valid, idx, 0), valid
+
+
+@triton.jit
+def _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """Gather and dequantize BLOCK_N cache rows -> [BLOCK_N, 512] float32 (0 for invalid rows)."""
+    page = idx // page_size
+    slot = idx - page * page_size
+    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
+    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
+    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+
+    d = tl.arange(0, D_QK)
+    is_nope = d < D_NOPE
+    raw = tl.load(
+        KV_ptr + (row_off[:, None] + d[None, :]),
+        mask=valid[:, None] & is_nope[None, :],
+        other=0,
+    )
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(
+        rope_ptr[:, None] + (d[None, :] - D_NOPE),
+        mask=valid[:, None] & (d >= D_NOPE)[None, :],
+        other=0.0,
+    ).to(tl.float32)
+
+    g = tl.arange(0, NUM_GROUPS_POW2)
+    exps = tl.load(
+        KV_ptr + (scale_off[:, None] + g[None, :]),
+        mask=valid[:, None] & (g < NUM_GROUPS_POW2 - 1)[None, :],
+        other=127,
+    )
+    # 2^(e - 127) built from its float32 bits: exact, unlike a fast exp2.
+    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
+    mult = bits.to(tl.float32, bitcast=True)
+    mult = tl.reshape(
+        tl.broadcast_to(mult[:, :, None], (BLOCK_N, NUM_GROUPS_POW2, GROUP)), (BLOCK_N, D_QK)
+    )
+    return tl.where(is_nope[None, :], nope * mult, rope)
+
+
+@triton.jit
+def _attend_cache(
+    acc,
+    m_i,
+    l_i,
+    q,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_row_ptr,
+    stride_it,
+    start,
+    end,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """Online softmax (base 2) of q [BLOCK_H, 512] over tokens [start, end) of one cache.
+
+    USE_DOT: scores and PV as tensor-core matrix products on DOT_DTYPE operands (fp32
+    accumulation); else multiply-reduce in fp32 (the SIMT baseline, BLOCK_H == 1).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        idx, valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
+        k = _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+        if USE_DOT:
+            k = k.to(DOT_DTYPE)  # exact for bf16: fp8 * 2^e and the bf16 rope both fit
+            s = tl.dot(q, tl.trans(k))
+        else:
+            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * k[None, :, :], axis=1)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _to_out_dtype(x, O_ptr, RNE_BY_HAND: tl.constexpr):
+    """fp32 -> output dtype. The interpreter converts fp32 -> bf16 by truncation, so there the
+    round-to-nearest-even is done on the bits first (the GPU's conversion already is RNE)."""
+    if RNE_BY_HAND:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        x = (bits & -65536).to(tl.float32, bitcast=True)
+    return x.to(O_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _store_final(
+    acc,
+    l_i,
+    lse2,
+    b,
+    heads,
+    head_mask,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    """acc / l with the sink folded in -> bf16 out; base-2 lse (+ sink) -> natural-log lse."""
+    if HAS_SINK:
+        sink2 = tl.load(SINK_ptr + heads * stride_sink, mask=head_mask, other=0.0) * LOG2E
+        mx = tl.maximum(lse2, sink2)
+        mx = tl.where(mx == float("-inf"), 0.0, mx)
+        total2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
+    else:
+        total2 = lse2
+    coef = tl.where(l_i > 0, tl.exp2(lse2 - total2) / l_i, 0.0)
+    out = acc * coef[:, None]
+    d = tl.arange(0, D_QK)
+    o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+    tl.store(o_ptrs + d[None, :], _to_out_dtype(out, O_ptr, RNE_BY_HAND), mask=head_mask[:, None])
+    lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+    tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+
+
+# ----------------------------------------------------------------------------- SIMT kernel
+
+
+@triton.jit
+def _simt_decode_kernel(
+    Q_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_ptr,
+    stride_ib,
+    stride_it,
+    topk,
+    LEN_ptr,
+    stride_len,
+    EKV_ptr,
+    stride_ekv_page,
+    e_page_size,
+    e_num_tokens,
+    EIDX_ptr,
+    stride_eib,
+    stride_eit,
+    e_topk,
+    ELEN_ptr,
+    stride_elen,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_ELEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    b = tl.program_id(0)
+    heads = tl.program_id(1) + tl.arange(0, 1)  # one head, kept as a length-1 vector
+    head_mask = heads >= 0
+    d = tl.arange(0, D_QK)
+    q_ptrs = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_ptrs + d[None, :] * stride_qd).to(tl.float32)
+
+    acc = tl.zeros([1, D_QK], dtype=tl.float32)
+    m_i = tl.full([1], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([1], dtype=tl.float32)
+
+    end = topk
+    if HAS_LEN:
+        end = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
+    acc, m_i, l_i = _attend_cache(
+        acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
+        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, 0, end, qk_scale_log2,
+        BLOCK_N, False, tl.float32,
+    )  # fmt: skip
+    if HAS_EXTRA:
+        e_end = e_topk
+        if HAS_ELEN:
+            e_end = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
+        acc, m_i, l_i = _attend_cache(
+            acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, 0, e_end, qk_scale_log2,
+            BLOCK_N, False, tl.float32,
+        )  # fmt: skip
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    _store_final(
+        acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink,
+        O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK, RNE_BY_HAND,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- MMA kernels
+
+
+@triton.jit
+def _mma_split_kernel(
+    Q_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_ptr,
+    stride_ib,
+    stride_it,
+    topk,
+    LEN_ptr,
+    stride_len,
+    tokens_per_split,
+    EKV_ptr,
+    stride_ekv_page,
+    e_page_size,
+    e_num_tokens,
+    EIDX_ptr,
+    stride_eib,
+    stride_eit,
+    e_topk,
+    ELEN_ptr,
+    stride_elen,
+    e_tokens_per_split,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    PO_ptr,
+    PLSE_ptr,
+    H,
+    qk_scale_log2,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_LEN: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_ELEN: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    num_head_blocks = tl.cdiv(H, BLOCK_H)
+    b = pid_bh // num_head_blocks
+    heads = (pid_bh % num_head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
+    head_mask = heads < H
+    d = tl.arange(0, D_QK)
+
+    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
+    q_ptrs = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_ptrs + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
+    q = q.to(DOT_DTYPE)
+
+    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+
+    length = topk
+    if HAS_LEN:
+        length = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, length)
+    acc, m_i, l_i = _attend_cache(
+        acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
+        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end, qk_scale_log2,
+        BLOCK_N, True, DOT_DTYPE,
+    )  # fmt: skip
+    if HAS_EXTRA:
+        e_length = e_topk
+        if HAS_ELEN:
+            e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
+        e_start = split * e_tokens_per_split
+        e_end = tl.minimum(e_start + e_tokens_per_split, e_length)
+        acc, m_i, l_i = _attend_cache(
+            acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start, e_end, qk_scale_log2,
+            BLOCK_N, True, DOT_DTYPE,
+        )  # fmt: skip
+
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if NUM_SPLITS == 1:
+        _store_final(
+            acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink,
+            O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK, RNE_BY_HAND,
+        )  # fmt: skip
+    else:
+        # Partials [B, H, NUM_SPLITS, 512] fp32 (normalised) and [B, H, NUM_SPLITS] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * NUM_SPLITS + split
+        part = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
+        tl.store(PO_ptr + row[:, None] * D_QK + d[None, :], part, mask=head_mask[:, None])
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+
+
+@triton.jit
+def _combine_kernel(
+    PO_ptr,
+    PLSE_ptr,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    H,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink."""
+    pid = tl.program_id(0)  # b * H + h
+    b = pid // H
+    h = pid % H
+    s = tl.arange(0, SPLITS_POW2)
+    row0 = pid.to(tl.int64) * NUM_SPLITS
+    lse = tl.load(PLSE_ptr + row0 + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    if HAS_SINK:
+        sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
+        mx = tl.maximum(mx, sink2)
+    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    den = tl.sum(w, axis=0)
+    if HAS_SINK:
+        den += tl.exp2(sink2 - mx)
+    coef = tl.where(den > 0, w / den, 0.0)
+
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    parts = tl.load(
+        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0
+    )
+    out = tl.sum(parts * coef[:, None], axis=0)
+    o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(o_ptrs + d, _to_out_dtype(out, O_ptr, RNE_BY_HAND))
+    if tl.program_id(1) == 0:
+        tl.store(LSE_ptr + b.to(tl.int64) * stride_lb + h * stride_lh, (mx + tl.log2(den)) * LN2)
+
+
+# ----------------------------------------------------------------------------- launch configs
+
+
+class MMAConfig(NamedTuple):
+    block_h: int
+    block_n: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+
+
+# Per compute capability: (BLOCK_N, num_warps, num_stages, waves of programs to aim for,
+# min tiles per split). BLOCK_H is 64 (one wgmma M tile / the DSv4 head count) everywhere.
+# Shared memory per program ~ Q (BLOCK_H x 512 x 2) + K tile (BLOCK_N x 512 x 2) per stage:
+#   sm_90  (227 KB / block): 64 KB + 64 KB x stages        -> BLOCK_N 64
+#   sm_120 ( 99 KB / block): 64 KB + 32 KB, one stage       -> BLOCK_N 32  (untested on hardware)
+_MMA_TABLE = {
+    (9, 0): (64, 8, 1, 2, 1),
+    (12, 0): (32, 8, 1, 2, 1),  # sm_120 / sm_121: smaller tiles; untested on hardware
+    (10, 0): (64, 8, 1, 2, 1),
+}
+_MMA_DEFAULT = (32, 8, 1, 2, 1)  # other GPUs (sm_80/sm_89: 100-164 KB / block)
+_INTERPRET_CFG = (16, 4, 1, 1, 1)  # CPU interpreter: small tiles exercise the multi-tile path
+MAX_SPLITS = 64
+
+
+def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) -> MMAConfig:
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        key = (major, 0) if (major, 0) in _MMA_TABLE else (major, minor)
+        block_n, warps, stages, waves, min_tiles = _MMA_TABLE.get(key, _MMA_DEFAULT)
+        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    else:
+        block_n, warps, stages, waves, min_tiles = _INTERPRET_CFG
+        num_sms = 1
+    block_h = 64 if H > 32 else max(16, triton.next_power_of_2(H))
+    programs = B * triton.cdiv(H, block_h)
+    tiles = max(triton.cdiv(topk, block_n), triton.cdiv(e_topk, block_n), 1)
+    # Enough splits that B * head-blocks * splits covers `waves` programs per SM, but never so
+    # many that a split gets fewer than `min_tiles` tiles of its longer cache.
+    want = triton.cdiv(waves * num_sms, max(programs, 1))
+    splits = max(1, min(want, triton.cdiv(tiles, min_tiles), MAX_SPLITS))
+    return MMAConfig(block_h, block_n, splits, warps, stages)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _cache_args(k_cache, indices, topk_length):
+    """(pointer, page stride bytes, page size, token count, idx, idx strides, topk, len, stride)."""
+    raw = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
+    page_size = k_cache.shape[1]
+    stride_page = k_cache.stride(0) * k_cache.element_size()
+    topk = indices.shape[-1]
+    lens = topk_length if topk_length is not None else indices
+    stride_len = topk_length.stride(0) if topk_length is not None else 0
+    return (
+        raw, stride_page, page_size, k_cache.shape[0] * page_size,
+        indices, indices.stride(0), indices.stride(-1), topk, lens, stride_len,
+    )  # fmt: skip
+
+
+def _launch_simt(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen):
+    B, _, H, _ = q.shape
+    sink = attn_sink if attn_sink is not None else lse
+    stride_sink = attn_sink.stride(0) if attn_sink is not None else 0
+    ex = extra if extra is not None else main
+    _simt_decode_kernel[(B, H)](
+        q, q.stride(0), q.stride(2), q.stride(3),
+        *main,
+        *ex,
+        sink, stride_sink,
+        out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
+        scale_log2,
+        BLOCK_N=16, HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
+        HAS_SINK=attn_sink is not None, RNE_BY_HAND=not q.is_cuda, num_warps=4, num_stages=1,
+    )  # fmt: skip
+
+
+def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen, cfg):
+    B, _, H, _ = q.shape
+    topk = main[7]
+    e_topk = extra[7] if extra is not None else 0
+    if cfg is None:
+        cfg = _mma_config(q.device, H, topk, e_topk, B)
+    splits = cfg.num_splits
+    # Tokens per split: whole tiles, each cache divided into `splits` contiguous ranges.
+    tps = triton.cdiv(triton.cdiv(topk, cfg.block_n), splits) * cfg.block_n
+    e_tps = triton.cdiv(triton.cdiv(e_topk, cfg.block_n), splits) * cfg.block_n
+    if splits > 1:
+        part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = out, lse  # unused
+    sink = attn_sink if attn_sink is not None else lse
+    stride_sink = attn_sink.stride(0) if attn_sink is not None else 0
+    ex = extra if extra is not None else main
+    # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
+    # unsupported interpreter limitation), so on CPU the operands are float32 instead.
+    dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
+    grid = (B * triton.cdiv(H, cfg.block_h), splits)
+    _mma_split_kernel[grid](
+        q, q.stride(0), q.stride(2), q.stride(3),
+        *main, tps,
+        *ex, e_tps,
+        sink, stride_sink,
+        out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
+        part_o, part_lse,
+        H, scale_log2,
+        NUM_SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
+        HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, RNE_BY_HAND=not q.is_cuda,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        splits_pow2 = triton.next_power_of_2(splits)
+        block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
+        _combine_kernel[(B * H, HEAD_DIM // block_d)](
+            part_o, part_lse, sink, stride_sink,
+            out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
+            H,
+            NUM_SPLITS=splits, SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
+            HAS_SINK=attn_sink is not None, RNE_BY_HAND=not q.is_cuda, num_warps=4,
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_cache(name: str, cache, device) -> None:
+    if not isinstance(cache, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise ValueError(f"{name} must be uint8 or float8_e4m3fn, got {cache.dtype}")
+    if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != TOKEN_BYTES:
+        raise ValueError(
+            f"{name} must be [num_pages, page_size, 1, {TOKEN_BYTES}], got {tuple(cache.shape)}"
+        )
+    if cache.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cache.device}")
+    pages, page_size = cache.shape[0], cache.shape[1]
+    if page_size < 1:
+        raise ValueError(f"{name}: page_size (shape[1]) must be >= 1, got {page_size}")
+    if cache.stride(3) != 1 or (page_size > 1 and cache.stride(1) != TOKEN_BYTES):
+        raise ValueError(
+            f"{name}: the bytes of one page must be contiguous (stride(1) == {TOKEN_BYTES}, "
+            f"stride(3) == 1), got strides {cache.stride()}"
+        )
+    page_bytes = page_size * TOKEN_BYTES
+    stride0 = cache.stride(0)
+    if pages > 1 and stride0 < page_bytes:
+        raise ValueError(
+            f"{name}: page stride stride(0) must be >= page_size * {TOKEN_BYTES} = {page_bytes} "
+            f"bytes, got {stride0}"
+        )
+    if stride0 % 2 or cache.data_ptr() % 2:
+        raise ValueError(f"{name}: pages must start on even bytes (bf16 rope), stride {stride0}")
+    if pages > 0:
+        need = (pages - 1) * stride0 + page_bytes
+        have = cache.untyped_storage().nbytes() - cache.storage_offset()
+        if have < need:
+            raise ValueError(
+                f"{name}: {pages} pages of {page_size} tokens at stride {stride0} need {need} "
+                f"bytes from the view's start, its storage holds {have}"
+            )
+
+
+def _check_indices(name: str, indices, B: int, device) -> None:
+    if not isinstance(indices, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {indices.dtype}")
+    ok = (indices.dim() == 2) or (indices.dim() == 3 and indices.shape[1] == 1)
+    if not ok or indices.shape[0] != B:
+        raise ValueError(
+            f"{name} must be [B={B}, topk] or [B={B}, 1, topk], got {tuple(indices.shape)}"
+        )
+    if indices.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {indices.device}")
+
+
+def _check_lengths(name: str, lens, B: int, device) -> None:
+    if lens is None:
+        return
+    if not isinstance(lens, torch.Tensor) or lens.dtype != torch.int32 or tuple(lens.shape) != (B,):
+        desc = f"{lens.dtype} {tuple(lens.shape)}" if isinstance(lens, torch.Tensor) else type(lens)
+        raise ValueError(f"{name} must be None or an int32 tensor of shape [B={B}], got {desc}")
+    if lens.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {lens.device}")
+
+
+def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+              extra_k_cache, extra_indices, extra_topk_length, variant, out, lse):  # fmt: skip
+    if variant not in (None, "simt", "mma"):
+        raise ValueError(f"variant must be None, 'simt' or 'mma', got {variant!r}")
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bfloat16, got {q.dtype}")
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
+        raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+        raise ValueError(f"q must be on a CUDA device (or set TRITON_INTERPRET=1), got {q.device}")
+    if head_dim_v != HEAD_DIM:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v!r}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+    ):
+        raise ValueError(f"softmax_scale must be None or a Python number, got {softmax_scale!r}")
+    B, _, H, _ = q.shape
+    dev = q.device
+    _check_cache("k_cache", k_cache, dev)
+    _check_indices("indices", indices, B, dev)
+    _check_lengths("topk_length", topk_length, B, dev)
+    if attn_sink is not None and (
+        not isinstance(attn_sink, torch.Tensor)
+        or attn_sink.dtype != torch.float32
+        or tuple(attn_sink.shape) != (H,)
+        or attn_sink.device != dev
+    ):
+        raise ValueError(f"attn_sink must be None or a float32 tensor [H={H}] on {dev}")
+    if extra_k_cache is None:
+        if extra_indices is not None or extra_topk_length is not None:
+            raise ValueError("extra_indices / extra_topk_length given without extra_k_cache")
+    else:
+        if extra_indices is None:
+            raise ValueError("extra_indices must be given with extra_k_cache")
+        _check_cache("extra_k_cache", extra_k_cache, dev)
+        _check_indices("extra_indices", extra_indices, B, dev)
+        _check_lengths("extra_topk_length", extra_topk_length, B, dev)
+    if out is not None and (
+        out.dtype != torch.bfloat16 or tuple(out.shape) != (B, 1, H, HEAD_DIM)
+        or out.stride(3) != 1 or out.device != dev
+    ):  # fmt: skip
+        raise ValueError(f"out must be bf16 [B, 1, H, {HEAD_DIM}] (last dim contiguous) on {dev}")
+    if lse is not None and (
+        lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, 1) or lse.device != dev
+    ):
+        raise ValueError(f"lse must be float32 [B, H, 1] on {dev}")
+
+
+# ----------------------------------------------------------------------------- public entry
+
+
+def flash_mla_sparse_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    head_dim_v: int,
+    softmax_scale: float | None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    *,
+    variant: str | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    _config: MMAConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DSv4 sparse-MLA decode: returns (out [B, 1, H, 512] bf16, lse [B, H, 1] float32).
+
+    `variant`: "mma" (tensor-core split-K), "simt" (one program per request and head), or None
+    for the choice made at import by SGLANG_SM120_MMA_FLASHMLA=1. `out` / `lse` may be given
+    preallocated (every element is written). No host synchronisation: CUDA-graph capturable.
+    `_config` (an MMAConfig) overrides the per-device table; for tests and tuning only.
+    """
+    _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+              extra_k_cache, extra_indices, extra_topk_length, variant, out, lse)  # fmt: skip
+    B, _, H, _ = q.shape
+    if out is None:
+        out = torch.empty(B, 1, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty(B, H, 1, dtype=torch.float32, device=q.device)
+    if B == 0 or H == 0:
+        return out, lse
+    scale = HEAD_DIM**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale_log2 = scale * 1.4426950408889634  # fold log2(e) into the scale: exp -> exp2
+
+    main = _cache_args(k_cache, indices, topk_length)
+    extra = None
+    if extra_k_cache is not None:
+        extra = _cache_args(extra_k_cache, extra_indices, extra_topk_length)
+    has_len = topk_length is not None
+    has_elen = extra_topk_length is not None
+    if (variant or _DEFAULT_VARIANT) == "mma":
+        if _config is not None and not isinstance(_config, MMAConfig):
+            _config = MMAConfig(**_config)
+        _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen, _config)
+    else:
+        _launch_simt(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen)
+    return out, lse
