@@ -1,0 +1,183 @@
+"""Core-level behaviour of pull/push/rollback/drift/service that the CLI tests do not reach:
+failures midway, created files, a corrupt state file, the status table itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kerneldev import drift, service, sync
+from kerneldev.config import HostConfig, ServiceConfig
+from kerneldev.errors import RefusedError, ServiceError, TransferError, UsageError
+from kerneldev.state import StateError, load_state, state_path
+from kerneldev.transport.local import LocalTransport
+
+
+@pytest.fixture
+def host(tmp_path) -> HostConfig:
+    root = tmp_path / "live"
+    (root / "k").mkdir(parents=True)
+    for name in ("a.py", "b.py", "c.py"):
+        (root / "k" / name).write_text(f"{name} v1\n")
+    return HostConfig(
+        name="h",
+        root=str(root),
+        files=("k/*.py", "k/new.py"),
+        workspace=tmp_path / "ws",
+        transport="local",
+    )
+
+
+@pytest.fixture
+def transport(host) -> LocalTransport:
+    return LocalTransport(host)
+
+
+class FailingTransport(LocalTransport):
+    """Fails the n-th upload of a live file: what a dropped connection midway looks like."""
+
+    def __init__(self, host, fail_on: str) -> None:
+        super().__init__(host)
+        self.fail_on = fail_on
+
+    def write_atomic(self, path, data, mode=None):
+        if path.endswith(self.fail_on) and "/backups/" not in path:
+            raise TransferError(f"cannot write {path}: connection lost")
+        super().write_atomic(path, data, mode)
+
+
+@pytest.mark.parametrize(
+    ("live", "workspace", "base", "status"),
+    [
+        ("x", "x", "x", drift.IN_SYNC),
+        ("x", "x", None, drift.IN_SYNC),
+        ("x", "y", "x", drift.EDITED),
+        ("y", "x", "x", drift.DRIFTED),
+        ("y", "z", "x", drift.CONFLICT),
+        ("y", "z", None, drift.CONFLICT),
+        ("x", None, "x", drift.NOT_PULLED),
+        (None, "x", "x", drift.MISSING_LIVE),
+    ],
+)
+def test_status_table(live, workspace, base, status):
+    assert drift.classify(live, workspace, base)[0] == status
+
+
+def test_partial_push_records_what_landed(host, transport):
+    sync.pull(transport, host)
+    ws = Path(host.workspace)
+    for name in ("a.py", "b.py", "c.py"):
+        (ws / "k" / name).write_text(f"{name} v2\n")
+    with pytest.raises(sync.PartialDeployError) as caught:
+        sync.push(FailingTransport(host, "k/b.py"), host)
+    err = caught.value
+    assert err.deployed == ["k/a.py"] and err.not_deployed == ["k/b.py", "k/c.py"]
+    assert "Deployed: k/a.py" in err.message and "Not deployed: k/b.py, k/c.py" in err.message
+    state = load_state(ws)
+    record = state.deploys[-1]
+    assert record.complete is False and [f.path for f in record.files] == ["k/a.py"]
+    live = Path(host.root)
+    assert (live / "k" / "a.py").read_text() == "a.py v2\n"
+    assert (live / "k" / "b.py").read_text() == "b.py v1\n"
+
+    # The diff tells the truth afterwards, and rollback undoes exactly what landed.
+    report = drift.compute_drift(transport, host)
+    assert {f.path: f.status for f in report.files}["k/b.py"] == drift.EDITED
+    sync.rollback(transport, host)
+    assert (live / "k" / "a.py").read_text() == "a.py v1\n"
+
+
+def test_created_file_is_removed_by_rollback_and_back_on_redo(host, transport):
+    sync.pull(transport, host)
+    new = Path(host.workspace) / "k" / "new.py"
+    new.write_text("brand new\n")
+    report = drift.compute_drift(transport, host)
+    assert {f.path: f.status for f in report.files}["k/new.py"] == drift.MISSING_LIVE
+    result = sync.push(transport, host)
+    assert [(f.path, f.action) for f in result.uploads] == [("k/new.py", "create")]
+    live = Path(host.root) / "k" / "new.py"
+    assert live.read_text() == "brand new\n"
+
+    undo = sync.rollback(transport, host)
+    assert undo.files[0].new_sha256 is None and not live.exists()
+    sync.rollback(transport, host)  # the rollback of the rollback
+    assert live.read_text() == "brand new\n"
+
+
+def test_file_deleted_on_host_is_refused(host, transport):
+    sync.pull(transport, host)
+    (Path(host.root) / "k" / "c.py").unlink()
+    plan = sync.plan_push(transport, host)
+    assert [f.path for f in plan.refused] == ["k/c.py"]
+    with pytest.raises(RefusedError, match="k/c.py"):
+        sync.push(transport, host)
+
+
+def test_rollback_refuses_when_host_changed_since(host, transport):
+    sync.pull(transport, host)
+    (Path(host.workspace) / "k" / "a.py").write_text("mine\n")
+    sync.push(transport, host)
+    (Path(host.root) / "k" / "a.py").write_text("someone else\n")
+    with pytest.raises(RefusedError, match="k/a.py"):
+        sync.rollback(transport, host)
+    sync.rollback(transport, host, force=True)
+    assert (Path(host.root) / "k" / "a.py").read_text() == "a.py v1\n"
+
+
+def test_nothing_to_roll_back(host, transport):
+    sync.pull(transport, host)
+    with pytest.raises(Exception, match="nothing to roll back"):
+        sync.rollback(transport, host)
+
+
+def test_corrupt_state_is_a_clear_error(host, transport):
+    sync.pull(transport, host)
+    path = state_path(Path(host.workspace))
+    path.write_text("{ not json")
+    with pytest.raises(StateError) as caught:
+        drift.compute_drift(transport, host)
+    assert str(path) in caught.value.message and caught.value.hint
+    path.write_text(json.dumps({"version": 1, "files": {"k/a.py": {"nope": 1}}}))
+    with pytest.raises(StateError, match="corrupt"):
+        sync.pull(transport, host)
+
+
+def test_state_written_atomically_and_readable(host, transport):
+    sync.pull(transport, host)
+    folder = state_path(Path(host.workspace)).parent
+    assert [p.name for p in folder.iterdir()] == ["state.json"]  # no temp files left behind
+    state = load_state(Path(host.workspace))
+    assert set(state.files) == {"k/a.py", "k/b.py", "k/c.py"}
+    assert state.files["k/a.py"].synced_by == "pull"
+
+
+def test_resolve_paths(host, tmp_path, monkeypatch):
+    ws = Path(host.workspace)
+    monkeypatch.chdir(tmp_path)
+    assert drift.resolve_paths(host, None) is None
+    assert drift.resolve_paths(host, ["k/a.py", "./k/a.py", str(ws / "k/b.py")]) == [
+        "k/a.py",
+        "k/b.py",
+    ]
+    assert drift.resolve_paths(host, [f"{host.root}/k/c.py"]) == ["k/c.py"]
+    assert drift.resolve_paths(host, ["ws/k/a.py"]) == ["k/a.py"]  # relative to cwd, in ws
+    for bad in ("k/sub/a.py", "../x.py", "/etc/passwd", "k/.hidden.py", "k/a.txt"):
+        with pytest.raises(UsageError):
+            drift.resolve_paths(host, [bad])
+
+
+def test_restart_timeout_carries_logs(transport):
+    svc = ServiceConfig(restart="true", health="exit 1", timeout=0.3, logs="echo last words")
+    ticks = []
+    with pytest.raises(service.UnhealthyError) as caught:
+        service.restart(transport, svc, on_tick=lambda e, last: ticks.append(last), interval=0.05)
+    assert "last words" in caught.value.logs and ticks and ticks[-1] == "exit 1"
+
+
+def test_restart_requires_config(transport):
+    with pytest.raises(UsageError):
+        service.restart(transport, None)
+    with pytest.raises(ServiceError, match="exited 2"):
+        service.restart(transport, ServiceConfig(restart="exit 2"))
