@@ -204,36 +204,41 @@ def _make_cache_and_indices(
         # Enough distinct tokens that requests rarely share, so L2 does not flatter big shapes.
         num_pages = max(1, math.ceil(max(topk, 1) * max(B, 1) * 1.25 / page_size))
     num_tokens = num_pages * page_size
-    kv = torch.randn(num_tokens, D_QK, generator=gen, dtype=torch.float32)
+    dev = gen.device
+    kv = torch.randn(num_tokens, D_QK, generator=gen, dtype=torch.float32, device=dev)
     # Vary the group magnitudes so the UE8M0 scales differ between groups and tokens.
     kv[:, :448] *= torch.exp2(
-        torch.randint(-3, 3, (num_tokens, 7), generator=gen).float()
+        torch.randint(-3, 3, (num_tokens, 7), generator=gen, device=dev).float()
     ).repeat_interleave(64, dim=1)
     if page_stride == "pad576":
         page_stride = padded_page_stride(page_size)
-    k_cache = pack_paged_cache(kv.to(device), page_size, page_stride, num_pages=num_pages)
+    k_cache = pack_paged_cache(kv, page_size, page_stride, num_pages=num_pages)
 
-    idx = torch.randint(0, num_tokens, (B, topk), generator=gen, dtype=torch.int64)
+    idx = torch.randint(0, num_tokens, (B, topk), generator=gen, dtype=torch.int64, device=dev)
     if invalid_fraction > 0 and topk > 0:
-        bad = torch.rand(B, topk, generator=gen) < invalid_fraction
-        kind = torch.rand(B, topk, generator=gen) < 0.5
-        neg = torch.randint(-1000, 0, (B, topk), generator=gen)
-        neg[torch.rand(B, topk, generator=gen) < 0.5] = -1
-        past = num_tokens + torch.randint(0, 4 * page_size + 1, (B, topk), generator=gen)
+        bad = torch.rand(B, topk, generator=gen, device=dev) < invalid_fraction
+        kind = torch.rand(B, topk, generator=gen, device=dev) < 0.5
+        neg = torch.randint(-1000, 0, (B, topk), generator=gen, device=dev)
+        neg[torch.rand(B, topk, generator=gen, device=dev) < 0.5] = -1
+        past = num_tokens + torch.randint(
+            0, 4 * page_size + 1, (B, topk), generator=gen, device=dev
+        )
         idx = torch.where(bad & kind, neg, idx)
         idx = torch.where(bad & ~kind, past, idx)
     if topk_length == "full":
-        lens = torch.full((B,), topk, dtype=torch.int32)
+        lens = torch.full((B,), topk, dtype=torch.int32, device=dev)
     elif topk_length == "partial":
-        lens = torch.randint(0, topk + 1, (B,), generator=gen, dtype=torch.int32)
+        lens = torch.randint(0, topk + 1, (B,), generator=gen, dtype=torch.int32, device=dev)
         if B > 0:
             lens[0] = max(1, topk // 3) if topk > 0 else 0
         # Entries past the length are garbage a kernel must ignore, even huge ones.
-        pos = torch.arange(topk)[None, :]
-        junk = torch.randint(-(2**31), 2**31 - 1, (B, topk), generator=gen, dtype=torch.int64)
+        pos = torch.arange(topk, device=dev)[None, :]
+        junk = torch.randint(
+            -(2**31), 2**31 - 1, (B, topk), generator=gen, dtype=torch.int64, device=dev
+        )
         idx = torch.where(pos >= lens[:, None].long(), junk, idx)
     elif topk_length == "zero":
-        lens = torch.zeros(B, dtype=torch.int32)
+        lens = torch.zeros(B, dtype=torch.int32, device=dev)
     elif topk_length is None or topk_length == "none":
         lens = None
     else:
@@ -271,8 +276,11 @@ def make_inputs(
     are negative or past the cache's end. The extra cache (when `extra_topk > 0`) uses the same
     topk_length mode with its own page size.
     """
-    gen = torch.Generator().manual_seed(int(seed))
-    q = torch.randn(B, 1, H, D_QK, generator=gen, dtype=torch.float32).to(dtype).to(device)
+    device = torch.device(device)
+    # Random numbers are drawn on the target device (fast for big shapes); a seed gives the same
+    # inputs on the same device type.
+    gen = torch.Generator(device=device).manual_seed(int(seed))
+    q = torch.randn(B, 1, H, D_QK, generator=gen, dtype=torch.float32, device=device).to(dtype)
     k_cache, indices, lens = _make_cache_and_indices(
         B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen
     )
@@ -291,7 +299,7 @@ def make_inputs(
         "extra_topk_length": None,
     }
     if with_sink:
-        inputs["attn_sink"] = (torch.randn(H, generator=gen) * 2.0).float().to(device)
+        inputs["attn_sink"] = torch.randn(H, generator=gen, device=device) * 2.0
     if extra_topk > 0:
         e_stride = "pad576" if page_stride == "pad576" else None
         e_cache, e_idx, e_lens = _make_cache_and_indices(
