@@ -185,6 +185,16 @@ def test_write_atomic_replaces_by_rename_and_keeps_mode(host):
     assert sorted(os.listdir(root)) == ["kernel.py"]  # no temporary file left behind
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a file to another user")
+def test_write_atomic_as_root_keeps_the_owner(host):
+    t, root = host
+    target = root / "owned.py"
+    target.write_text("old")
+    os.chown(target, 65534, 65534)  # e.g. the service user owns the live repo
+    t.write_atomic(str(target), b"new")
+    assert (target.stat().st_uid, target.stat().st_gid) == (65534, 65534)
+
+
 def test_write_atomic_creates_parents_and_honours_mode(host):
     t, root = host
     target = root / "new" / "deep" / "file name.py"

@@ -112,19 +112,24 @@ class LocalTransport(Transport):
         folder, name = os.path.split(os.path.abspath(path))
         try:
             os.makedirs(folder, exist_ok=True)
-            if mode is None:
-                try:
-                    mode = os.stat(path).st_mode & 0o7777
-                except FileNotFoundError:
+            owner: tuple[int, int] | None = None
+            try:
+                old = os.stat(path)
+                owner = (old.st_uid, old.st_gid)
+                if mode is None:
+                    mode = old.st_mode & 0o7777
+            except FileNotFoundError:
+                if mode is None:
                     mode = 0o666 & ~_umask()  # what a plain `open(path, "w")` would give
             fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(name), dir=folder)
         except OSError as err:
             raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
         try:
             with os.fdopen(fd, "wb") as f:
+                _keep_owner(f.fileno(), owner)
+                os.fchmod(f.fileno(), mode)
                 f.write(data)
                 f.flush()
-                os.fchmod(f.fileno(), mode)
                 os.fsync(f.fileno())  # the bytes are on disk before the name points at them
             os.replace(tmp, path)
         except BaseException as err:
@@ -197,6 +202,20 @@ def _feed(stream, data: bytes) -> None:
             stream.close()
         except OSError:
             pass
+
+
+def _keep_owner(fd: int, owner: tuple[int, int] | None) -> None:
+    # A file replaced as root keeps its owner (a service user's repo); others cannot chown,
+    # and then the new file simply belongs to them.
+    if owner is None:
+        return
+    current = os.fstat(fd)
+    if (current.st_uid, current.st_gid) == owner:
+        return
+    try:
+        os.fchown(fd, *owner)
+    except PermissionError:
+        pass
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

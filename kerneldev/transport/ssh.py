@@ -615,19 +615,26 @@ class SSHTransport(Transport):
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
         self.mkdirs(folder)
-        if mode is None:
-            try:
-                mode = stat.S_IMODE(sftp.stat(path).st_mode)
-            except FileNotFoundError:
+        owner: tuple[int, int] | None = None
+        try:
+            old = sftp.stat(path)
+            owner = (old.st_uid, old.st_gid)
+            if mode is None:
+                mode = stat.S_IMODE(old.st_mode)
+        except FileNotFoundError:
+            if mode is None:
                 mode = 0o644
-            except (OSError, EOFError, paramiko.SSHException) as err:
-                raise self._file_error(err, path, "stat") from None
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise self._file_error(err, path, "stat") from None
         tmp = posixpath.join(folder, f".{name}.kerneldev-tmp-{secrets.token_hex(6)}")
         try:
-            with sftp.open(tmp, "wb") as f:
+            # "x": exclusive create, never through something already at the temporary name.
+            with sftp.open(tmp, "wbx") as f:
+                f.chmod(mode)  # before any bytes land, so a private file is never readable
+                if owner is not None:
+                    _keep_owner(f, owner)
                 f.set_pipelined(True)
                 f.write(data)
-            sftp.chmod(tmp, mode)
             # posix-rename@openssh.com replaces the target in one step (plain SFTP rename
             # refuses to overwrite).
             sftp.posix_rename(tmp, path)
@@ -792,6 +799,18 @@ class _Collector:
         if tail:
             self.parts.append(tail)
         return "".join(self.parts)
+
+
+def _keep_owner(f: paramiko.SFTPFile, owner: tuple[int, int]) -> None:
+    """Give the new file the replaced file's owner when it differs (a service user's repo
+    edited as root); only root may do that, so a refusal is not an error."""
+    current = f.stat()
+    if (current.st_uid, current.st_gid) == owner:
+        return
+    try:
+        f.chown(*owner)
+    except PermissionError:
+        pass
 
 
 def _feed_channel(chan: paramiko.Channel, data: bytes) -> None:
