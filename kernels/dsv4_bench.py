@@ -262,8 +262,9 @@ def _parse_spec(spec: str) -> Shape:
         field = field.strip()
         if not field:
             continue
-        key, sep, raw = field.partition("=")
-        key, raw = key.strip().lower(), raw.strip()
+        written, sep, raw = field.partition("=")
+        written, raw = written.strip(), raw.strip()
+        key = written.lower()
         if not sep or key not in _SPEC_KEYS:
             raise bad(
                 f"unknown field {field!r} (known: B, H, topk, page, extra_topk, extra_page, "
@@ -271,10 +272,10 @@ def _parse_spec(spec: str) -> Shape:
             )
         attr = _SPEC_KEYS[key]
         if attr in values:
-            raise bad(f"{key} given twice")
+            raise bad(f"{written} given twice")
         if attr in ("sink", "pad"):
             if raw.lower() not in _BOOLS:
-                raise bad(f"{key} must be 0 or 1, got {raw!r}")
+                raise bad(f"{written} must be 0 or 1, got {raw!r}")
             values[attr] = _BOOLS[raw.lower()]
         elif attr == "lengths":
             if raw not in _LENGTHS:
@@ -291,7 +292,7 @@ def _parse_spec(spec: str) -> Shape:
         else:
             number = int(raw) if re.fullmatch(r"\d+", raw) else -1
             if number < (0 if attr == "extra_topk" else 1):
-                raise bad(f"{key} must be a positive integer, got {raw!r}")
+                raise bad(f"{written} must be a positive integer, got {raw!r}")
             values[attr] = number
     for required, key in (("batch", "B"), ("topk", "topk")):
         if required not in values:

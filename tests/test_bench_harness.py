@@ -1,0 +1,369 @@
+"""The benchmark harness (`kernels/dsv4_bench.py`) as the lead runs it on a GPU host, here on the
+CPU under the Triton interpreter: correctness first, the JSON of docs/bench-json.md, failures
+recorded and never timed, clear one-line errors with documented exit codes.
+
+Exit codes (docs/bench-json.md): 0 every entry passed, 1 some entry failed accuracy or raised,
+2 bad command line / shape spec, 3 environment (no CUDA, torch/triton, kernel import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kerneldev.kernels import dsv4_bench as harness
+
+REPO = Path(__file__).resolve().parent.parent
+HARNESS = REPO / "kernels" / "dsv4_bench.py"
+TINY = "B=1,H=16,topk=16,page=16"
+
+# A correct kernel made of the float64 reference (the harness puts its own folder, which holds
+# dsv4_reference.py, on sys.path before importing kernel files), with a deliberately wrong
+# `mma` (outputs 5% too large) and a `boom` variant that raises.
+FAKE_KERNEL = """
+import torch
+import dsv4_reference as R
+
+def flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, head_dim_v,
+                                   softmax_scale, extra_k_cache=None, extra_indices=None,
+                                   extra_topk_length=None, *, variant=None):
+    if variant == "boom":
+        raise RuntimeError("kaboom")
+    out, lse = R.reference_sparse_decode(q, k_cache, indices, topk_length, attn_sink,
+                                         softmax_scale, extra_k_cache, extra_indices,
+                                         extra_topk_length)
+    if variant == "mma":
+        out = out * 1.05
+    return out.to(torch.bfloat16), lse.float()
+"""
+
+# An SGLang file from before the `variant=` keyword: only `dispatch` can call it.
+OLD_KERNEL = """
+import torch
+import dsv4_reference as R
+
+def flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, head_dim_v,
+                                   softmax_scale, extra_k_cache=None, extra_indices=None,
+                                   extra_topk_length=None):
+    out, lse = R.reference_sparse_decode(q, k_cache, indices, topk_length, attn_sink,
+                                         softmax_scale, extra_k_cache, extra_indices,
+                                         extra_topk_length)
+    return out.to(torch.bfloat16), lse.float()
+"""
+
+RESULT_KEYS = {
+    "shape": str,
+    "kernel": str,
+    "variant": str,
+    "label": str,
+    "status": str,
+    "error": (str, type(None)),
+    "accuracy": (dict, type(None)),
+    "timing_method": (str, type(None)),
+    "timing_note": (str, type(None)),
+    "median_us": (float, type(None)),
+    "p20_us": (float, type(None)),
+    "p80_us": (float, type(None)),
+    "gbs": (float, type(None)),
+    "pct_copy_bw": (float, type(None)),
+    "tflops": (float, type(None)),
+    "x_floor": (float, type(None)),
+}
+SHAPE_KEYS = {
+    "name": str,
+    "batch": int,
+    "heads": int,
+    "topk": int,
+    "page_size": int,
+    "extra_topk": int,
+    "extra_page_size": int,
+    "sink": bool,
+    "lengths": str,
+    "invalid": float,
+    "pad": bool,
+    "head_dim": int,
+    "bytes": int,
+    "flops": int,
+    "floor_us": (float, type(None)),
+}
+
+
+def _types(obj: dict, spec: dict, where: str) -> None:
+    assert set(spec) <= set(obj), f"{where}: missing {sorted(set(spec) - set(obj))}"
+    for key, kind in spec.items():
+        assert isinstance(obj[key], kind), f"{where}.{key}: {obj[key]!r} is not {kind}"
+
+
+def assert_valid_result(data: dict) -> None:
+    """Every field docs/bench-json.md promises, with its type, and the invariants between them
+    (a failed entry is never presented as a time; an ok entry always has one)."""
+    top = {
+        "schema": str,
+        "timestamp": str,
+        "timing": str,
+        "ok": bool,
+        "exit_code": int,
+        "device": dict,
+        "copy_bandwidth": (dict, type(None)),
+        "versions": dict,
+        "host": str,
+        "settings": dict,
+        "kernels": list,
+        "shapes": list,
+        "results": list,
+    }
+    _types(data, top, "result")
+    assert data["schema"] == "kerneldev.bench/1"
+    assert data["timing"] in ("cuda-graph", "cpu-wallclock")
+    assert data["timestamp"].endswith("Z")
+    _types(
+        data["device"],
+        {
+            "type": str,
+            "name": str,
+            "capability": (str, type(None)),
+            "sm_count": (int, type(None)),
+            "memory_bytes": (int, type(None)),
+            "driver": (str, type(None)),
+            "cuda_visible_devices": (str, type(None)),
+        },
+        "device",
+    )
+    _types(
+        data["versions"],
+        {"python": str, "torch": str, "triton": str, "cuda": (str, type(None))},
+        "versions",
+    )
+    _types(
+        data["settings"],
+        {
+            "variants": list,
+            "rotate": int,
+            "warmup_ms": int,
+            "rep_ms": int,
+            "quantiles": list,
+            "l2_flush": bool,
+            "seed": int,
+            "time_failed": bool,
+            "env": dict,
+            "argv": list,
+        },
+        "settings",
+    )
+    for i, k in enumerate(data["kernels"]):
+        _types(
+            k,
+            {
+                "name": str,
+                "path": str,
+                "sha256": str,
+                "size": int,
+                "git_commit": (str, type(None)),
+                "git_dirty": (bool, type(None)),
+            },
+            f"kernels[{i}]",
+        )
+        assert len(k["sha256"]) == 64
+    names = set()
+    for i, s in enumerate(data["shapes"]):
+        _types(s, SHAPE_KEYS, f"shapes[{i}]")
+        names.add(s["name"])
+    assert data["results"], "no results"
+    for i, r in enumerate(data["results"]):
+        _types(r, RESULT_KEYS, f"results[{i}]")
+        assert r["shape"] in names
+        assert r["status"] in ("ok", "failed", "error")
+        if r["status"] == "ok":
+            assert r["accuracy"]["ok"] is True
+            assert r["median_us"] > 0 and r["p20_us"] <= r["p80_us"]
+            assert r["timing_method"] in ("cuda-graph", "eager", "cpu-wallclock")
+        if r["status"] == "error":
+            assert r["error"] and r["median_us"] is None
+        if r["accuracy"] is not None:
+            assert isinstance(r["accuracy"]["sets"], list) and r["accuracy"]["sets"]
+            assert all(isinstance(s["ok"], bool) for s in r["accuracy"]["sets"])
+    assert data["ok"] == all(r["status"] == "ok" for r in data["results"])
+    assert data["exit_code"] == (0 if data["ok"] else 1)
+
+
+def run_harness(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return subprocess.run(
+        [sys.executable, str(HARNESS), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+
+
+# --- the real bundled kernel under the interpreter ------------------------------------------
+
+
+def test_smoke_shapes_end_to_end_on_cpu(tmp_path):
+    out = tmp_path / "result.json"
+    proc = run_harness(
+        "--cpu-mode", "--shapes", "smoke", "--variants", "simt,mma", "--out", str(out)
+    )
+    data = json.loads(out.read_text())
+    assert_valid_result(data)
+    assert proc.returncode == data["exit_code"]
+    assert data["timing"] == "cpu-wallclock"
+    assert data["settings"]["env"]["TRITON_INTERPRET"] == "1"
+    assert [s["name"] for s in data["shapes"]] == [s.name for s in harness.SHAPE_SETS["smoke"]]
+    assert [(r["shape"], r["label"]) for r in data["results"]] == [
+        (s.name, v) for s in harness.SHAPE_SETS["smoke"] for v in ("simt", "mma")
+    ]
+    assert all(len(r["accuracy"]["sets"]) == 3 for r in data["results"])  # --rotate default 3
+    assert data["kernels"][0]["name"] == "bundled"
+    assert data["kernels"][0]["git_commit"]  # the checkout's HEAD: the file lives in git
+    bad = {(r["shape"], r["label"]): r["accuracy"] for r in data["results"] if r["status"] != "ok"}
+    assert not bad, f"bundled kernel fails accuracy on CPU: {bad}"
+    assert proc.returncode == 0
+    # progress on stderr, the table on stdout
+    assert "[4/4]" in proc.stderr
+    assert "simt" in proc.stdout and "cpu-wallclock" in proc.stdout
+
+
+# --- failure paths, with fast fake kernels --------------------------------------------------
+
+
+def test_wrong_kernel_is_recorded_failed_and_not_timed(tmp_path):
+    fake, old = tmp_path / "fake.py", tmp_path / "old.py"
+    fake.write_text(FAKE_KERNEL)
+    old.write_text(OLD_KERNEL)
+    out = tmp_path / "r.json"
+    proc = run_harness(
+        "--cpu-mode",
+        "--shapes",
+        TINY,
+        "--rotate",
+        "2",
+        "--kernel",
+        f"fake={fake}",
+        "--kernel",
+        f"old={old}",
+        "--variants",
+        "simt,mma,boom,dispatch",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(out.read_text())
+    assert_valid_result(data)
+    by = {r["label"]: r for r in data["results"]}
+    assert by["fake:simt"]["status"] == "ok" and by["fake:dispatch"]["status"] == "ok"
+    wrong = by["fake:mma"]
+    assert wrong["status"] == "failed"
+    assert wrong["median_us"] is None and wrong["gbs"] is None  # never timed, never a speed-up
+    assert not wrong["accuracy"]["ok"]
+    assert all(not s["out_allclose_ok"] for s in wrong["accuracy"]["sets"])
+    assert by["fake:boom"]["status"] == "error" and "kaboom" in by["fake:boom"]["error"]
+    # a file without variant= runs as dispatch; simt on it says what to do
+    assert by["old:dispatch"]["status"] == "ok"
+    assert by["old:simt"]["status"] == "error" and "--variants dispatch" in by["old:simt"]["error"]
+    assert "FAILED accuracy" in proc.stderr and "FAIL" in proc.stdout
+    assert data["ok"] is False
+
+
+def test_time_failed_still_reports_failed(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE_KERNEL)
+    out = tmp_path / "r.json"
+    proc = run_harness(
+        "--cpu-mode",
+        "--shapes",
+        TINY,
+        "--rotate",
+        "1",
+        "--kernel",
+        f"fake={fake}",
+        "--variants",
+        "mma",
+        "--time-failed",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 1
+    (entry,) = json.loads(out.read_text())["results"]
+    assert entry["status"] == "failed" and entry["median_us"] is not None
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("B=1,topk=x", "topk must be a positive integer"),
+        ("B=0,topk=16", "B must be a positive integer"),
+        ("H=64,topk=16", "B= is required"),
+        ("B=1,topk=16,pages=4", "unknown field 'pages=4'"),
+        ("B=1,topk=16,lengths=some", "lengths must be one of"),
+        ("issue5", "unknown shape set 'issue5'"),
+    ],
+)
+def test_bad_shape_spec_is_one_clear_line(spec, message, tmp_path):
+    proc = run_harness("--cpu-mode", "--shapes", spec, "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dsv4_bench.py: error: "), proc.stderr
+    assert message in lines[0]
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_kernel_file_that_does_not_import(tmp_path):
+    broken = tmp_path / "broken.py"
+    broken.write_text("def flash_mla_sparse_decode_triton(:\n")
+    proc = run_harness("--cpu-mode", "--shapes", TINY, "--kernel", f"live={broken}")
+    assert proc.returncode == 3
+    assert f"cannot import kernel file {broken}: SyntaxError" in proc.stderr
+    proc = run_harness("--cpu-mode", "--shapes", TINY, "--kernel", f"live={tmp_path}/nope.py")
+    assert proc.returncode == 3 and "kernel file not found" in proc.stderr
+    proc = run_harness("--cpu-mode", "--shapes", TINY, "--kernel", "no-equals-sign")
+    assert proc.returncode == 2 and "expected NAME=PATH" in proc.stderr
+
+
+def test_no_cuda_is_an_environment_error():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    proc = run_harness("--device", "cuda", "--shapes", TINY)
+    assert proc.returncode == 3
+    assert "no CUDA device visible" in proc.stderr and "--cpu-mode" in proc.stderr
+
+
+# --- shapes and roofline (no subprocess) ----------------------------------------------------
+
+
+def test_issue4_shapes_and_their_floor():
+    shapes = harness.parse_shapes(["issue4"])
+    assert [s.name for s in shapes] == [
+        "B1 topk2048",
+        "B64 topk2048",
+        "B128 topk2048",
+        "B1 main128/p256+extra512/p64",
+        "B64 main128/p256+extra512/p64",
+        "B128 main128/p256+extra512/p64",
+        "B64 H128 topk512",
+    ]
+    # issue 4's floor column at its measured 3016 GB/s copy bandwidth
+    floors = [s.min_bytes() / (3016 * 1e3) for s in shapes]
+    assert [round(f, 1) for f in floors] == [0.4, 28.3, 56.7, 0.2, 10.8, 21.5, 12.0]
+    assert shapes[1].flops() == 64 * 4 * 64 * 2048 * 512
+
+
+def test_shape_specs_parse_and_deduplicate():
+    shapes = harness.parse_shapes(
+        [
+            "B=2,H=128,topk=64,page=32,extra_topk=16,extra_page=16,sink=1;smoke",
+            "B=2,H=128,topk=64,page=32,extra_topk=16,extra_page=16,sink=1",
+        ]
+    )
+    assert len(shapes) == 1 + len(harness.SHAPE_SETS["smoke"])
+    first = shapes[0]
+    assert (first.batch, first.heads, first.topk, first.page_size) == (2, 128, 64, 32)
+    assert (first.extra_topk, first.extra_page_size, first.sink) == (16, 16, True)
+    assert first.name == "B2 H128 main64/p32+extra16/p16 sink"
