@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from kerneldev import demo
 from kerneldev.cli.common import JSON_OPTION
@@ -48,7 +49,7 @@ def demo_command(
             return
         mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
         out_console.print(
-            f"{mark}  [bold]{step.name}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
+            f"{mark}  [bold]{escape(step.name)}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
         )
         plain = {"markup": False, "highlight": False, "soft_wrap": True}
         out_console.print(f"     expected: {step.expected}", **plain)

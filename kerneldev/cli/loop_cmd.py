@@ -75,7 +75,7 @@ def _progress(verb: str):
     """Per-file progress on stderr, only on a terminal."""
     if not err_console.is_terminal:
         return None
-    return lambda path: err_console.print(f"[dim]{verb} {path}[/]", highlight=False)
+    return lambda path: err_console.print(f"{verb} {path}", style="dim", markup=False)
 
 
 def _open(host: HostConfig):

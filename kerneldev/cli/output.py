@@ -9,24 +9,29 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 # stderr carries messages and progress; stdout carries data (tables, JSON, patches).
 err_console = Console(stderr=True, highlight=False)
 out_console = Console(highlight=False)
 
 
+# Messages are plain text: escape() so a file name like `[x].py` or `[/tmp]` is printed as it
+# is instead of being read as rich markup (which drops it or raises MarkupError).
 def print_error(message: str, hint: str | None = None) -> None:
-    err_console.print(f"[bold red]kerneldev: error:[/] {message}", markup=True, soft_wrap=True)
+    err_console.print(
+        f"[bold red]kerneldev: error:[/] {escape(message)}", markup=True, soft_wrap=True
+    )
     if hint:
-        err_console.print(f"[dim]hint:[/] {hint}", soft_wrap=True)
+        err_console.print(f"[dim]hint:[/] {escape(hint)}", soft_wrap=True)
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]kerneldev: warning:[/] {message}", soft_wrap=True)
+    err_console.print(f"[yellow]kerneldev: warning:[/] {escape(message)}", soft_wrap=True)
 
 
 def print_info(message: str) -> None:
-    err_console.print(message, soft_wrap=True)
+    err_console.print(message, soft_wrap=True, markup=False)
 
 
 def to_jsonable(obj: Any) -> Any:

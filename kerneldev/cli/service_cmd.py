@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from kerneldev import service as service_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
@@ -21,12 +22,12 @@ def restart_with_progress(
     what = svc.health or "no health check"
     status = None
     if err_console.is_terminal:
-        status = err_console.status(f"restarting {host.name}: {svc.restart}")
+        status = err_console.status(escape(f"restarting {host.name}: {svc.restart}"))
         status.start()
 
         def on_tick(elapsed: float, last: str | None) -> None:
             status.update(
-                f"waiting for health of {host.name} ({what}): {elapsed:.0f}s, last: {last}"
+                escape(f"waiting for health of {host.name} ({what}): {elapsed:.0f}s, last: {last}")
             )
 
     else:
@@ -40,7 +41,7 @@ def restart_with_progress(
             status.stop()
             status = None
         if err.logs:
-            err_console.rule(f"service logs ({svc.logs})")
+            err_console.rule(escape(f"service logs ({svc.logs})"))
             err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
             err_console.rule()
         raise
