@@ -192,6 +192,8 @@ class _Validator:
             mark = err.problem_mark or err.context_mark
             line = f":{mark.line + 1}" if mark else ""
             problem = " ".join(p for p in (err.context, err.problem) if p)
+            if err.context_mark and mark and err.context_mark.line != mark.line:
+                problem += f" (the construct started on line {err.context_mark.line + 1})"
             raise ConfigError(
                 f"{self.path}{line}: YAML syntax error: {problem}",
                 hint="check indentation and quoting on that line",
@@ -353,6 +355,8 @@ def _kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
+    if node.tag.endswith(":null"):
+        return "nothing (null)"
     return f"{node.value!r}"
 
 

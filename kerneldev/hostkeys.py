@@ -205,7 +205,7 @@ def add_known_host(path: Path, name: str, key: paramiko.PKey) -> None:
     line = f"{name} {key.get_name()} {key.get_base64()}\n"
     try:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "ab+") as f:
             # Start on a fresh line if the file does not end with one.
             f.seek(0, os.SEEK_END)

@@ -110,10 +110,13 @@ def kill_sshd_and_sessions(server: SSHServer) -> None:
         pid = pending.pop()
         victims.append(pid)
         pending += _children(pid)
-    for pid in reversed(victims):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    # Freeze them all first: otherwise sshd may see its command die and report an exit status
+    # before it is killed itself, and the test would see a clean exit instead of a drop.
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in victims:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     server.process.wait()
     server.process = None

@@ -293,3 +293,32 @@ def test_parse_jump():
     assert parse_jump("ssh://jump") == ("jump", None, None)
     assert parse_jump("[::1]:22") == ("::1", None, 22)
     assert os.environ["KERNELDEV_SSH_CONFIG"] == "none"
+
+
+def test_trust_walks_a_proxyjump_chain_one_key_at_a_time(fresh_sshd, tmp_path, monkeypatch):
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host target\n  HostName 127.0.0.1\n  ProxyJump localhost:{fresh_sshd.port}\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(fresh_sshd, tmp_path, hostname="target", trusted=False)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+
+    first = cli("trust", "--yes", config=config)
+    assert first.returncode == 0, first.stderr
+    assert "jump host [localhost]" in first.stderr and "run `kerneldev trust` again" in first.stderr
+    second = cli("trust", "--yes", config=config)
+    assert second.returncode == 0 and f"[127.0.0.1]:{fresh_sshd.port}" in second.stderr
+    names = [line.split()[0] for line in Path(host.known_hosts).read_text().splitlines()]
+    assert names == [f"[localhost]:{fresh_sshd.port}", f"[127.0.0.1]:{fresh_sshd.port}"]
+    with SSHTransport(host) as t:
+        assert t.run("echo ok").stdout == "ok\n"
+
+
+def test_trust_on_a_local_host_has_nothing_to_do(tmp_path):
+    config = tmp_path / "hosts.yaml"
+    config.write_text(
+        "hosts:\n  me:\n    transport: local\n    root: /x\n    files: [a]\n    workspace: w\n"
+    )
+    proc = cli("trust", "--json", config=config)
+    assert proc.returncode == 0 and '"status": "local"' in proc.stdout

@@ -45,12 +45,16 @@ def trust(
         check = transport.scan_host_key()
         if check.status in ("changed", "revoked"):
             raise hostkeys.refusal(check, host_config.name, transport.trust_path)
+        target = transport.target()
+        via_jump = check.name != hostkeys.known_hosts_name(target.hostname, target.port)
         status = "already-trusted" if check.status == "trusted" else None
         if status is None:
-            print_info(
-                f"host '{host_config.name}' ({check.name}) offers this key:\n"
-                f"  {check.key_type} {check.fingerprint}"
+            who = (
+                f"jump host {check.name} (on the way to '{host_config.name}')"
+                if via_jump
+                else (f"host '{host_config.name}' ({check.name})")
             )
+            print_info(f"{who} offers this key:\n  {check.key_type} {check.fingerprint}")
             if yes or _confirm(f"Add it to {transport.trust_path}?"):
                 transport.trust(check)
                 status = "added"
@@ -65,6 +69,8 @@ def trust(
             known_hosts=str(transport.trust_path),
         )
     _render(result, json_out)
+    if via_jump and status == "added":
+        print_info("run `kerneldev trust` again to check the key of the host behind it")
     if status == "declined":
         raise typer.Exit(int(ExitCode.FAILURE))
 
