@@ -425,3 +425,38 @@ def test_demo_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASSED" in proc.stdout
     assert not (tmp_path / "sb").exists()  # cleaned up without --keep
+
+
+def test_console_script_names_hostile_file_in_refusal(tmp_path, monkeypatch):
+    """Through the real entry point: a refusal is one readable line naming the file (rich
+    markup in a name like `[x]` is printed as it is), exit 1, no traceback."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    env = make_env(tmp_path, "local", files=["odd/*.py"])
+    name = "odd/ä ö [x].py"
+    (env.root / name).parent.mkdir(parents=True)
+    (env.root / name).write_text("v1\n")
+
+    def kerneldev(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "kerneldev", "--config", str(env.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert kerneldev("pull").returncode == 0
+    (env.root / name).write_text("hotfix\n")
+    (env.workspace / name).write_text("mine\n")
+    proc = kerneldev("push")
+    assert proc.returncode == 1
+    assert "ä ö [x].py (conflict)" in proc.stderr and "Traceback" not in proc.stderr
+    diff = kerneldev("diff")
+    assert diff.returncode == 1 and f"conflict  absent  {name}" in diff.stdout
+
+
+def test_push_restart_without_service_deploys_nothing(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"edited\n")
+    run = env.kd("push", "--restart")
+    assert run.exit_code == 2 and "no service" in run.stderr
+    assert (env.root / A).read_bytes() == ORIGINAL_A

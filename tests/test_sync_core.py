@@ -181,3 +181,12 @@ def test_restart_requires_config(transport):
         service.restart(transport, None)
     with pytest.raises(ServiceError, match="exited 2"):
         service.restart(transport, ServiceConfig(restart="exit 2"))
+
+
+def test_demo_refuses_a_folder_with_files(tmp_path):
+    from kerneldev.demo import run_demo
+
+    (tmp_path / "something").write_text("mine")
+    with pytest.raises(UsageError, match="not an empty folder"):
+        run_demo(tmp_path)
+    assert (tmp_path / "something").read_text() == "mine"

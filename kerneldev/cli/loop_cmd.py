@@ -14,6 +14,7 @@ from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import err_console, out_console, print_info, print_json, print_warning
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode
+from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 
 PATHS_ARGUMENT = typer.Argument(
@@ -185,6 +186,8 @@ def push_command(
     from kerneldev.cli.service_cmd import restart_with_progress
 
     host = load_host(ctx, host_name)
+    if restart and not dry_run:
+        require_service(host.service, host.name)  # fail before deploying, not after
     with _open(host) as transport:
         result = sync.push(
             transport,
@@ -244,6 +247,8 @@ def rollback_command(
     from kerneldev.cli.service_cmd import restart_with_progress
 
     host = load_host(ctx, host_name)
+    if restart:
+        require_service(host.service, host.name)
     with _open(host) as transport:
         result = sync.rollback(transport, host, force=force, on_progress=_progress("restoring"))
         if not as_json:
