@@ -330,7 +330,9 @@ def _local_git_commit(path: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() or None if done.returncode == 0 else None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def save_result(data: dict, results_dir: Path, host_name: str) -> Path:
@@ -385,7 +387,10 @@ def load_result(path: Path | str) -> dict:
         raise UsageError(f"cannot read result file {path}: {err}") from None
     if isinstance(data, dict) and "schema" not in data and isinstance(data.get("result"), dict):
         data = data["result"]
-    check_schema(data, str(path))
+    try:
+        check_schema(data, str(path))
+    except BenchError as err:  # the user named the wrong file: a usage error (exit 2)
+        raise UsageError(err.message, err.hint) from None
     return data
 
 
