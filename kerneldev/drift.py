@@ -36,7 +36,7 @@ from typing import Any
 
 from kerneldev.config import HostConfig
 from kerneldev.errors import UsageError
-from kerneldev.state import STATE_DIR, State, load_state
+from kerneldev.state import STATE_DIR, State, StateError, load_state, state_path
 from kerneldev.transport.base import RemoteFile, Transport
 
 IN_SYNC = "in-sync"
@@ -228,6 +228,7 @@ class Snapshot:
 
 def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None) -> Snapshot:
     state = load_state(host.workspace)
+    check_state_owner(state, host)
     live_files, unmatched = transport.hash_files(host.root, hash_patterns(host, selected))
     live = {f.path: f for f in live_files}
     if selected is not None:
@@ -246,6 +247,20 @@ def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None)
     ordered = sorted(paths)
     local = {p: local_file(host.workspace, p) for p in ordered}
     return Snapshot(ordered, live, local, state, unmatched)
+
+
+def check_state_owner(state: State, host: HostConfig) -> None:
+    """One workspace belongs to one host and root: bases recorded for another would make every
+    status (and push's drift check) meaningless."""
+    if state.host is None:
+        return
+    if (state.host, state.root) != (host.name, host.root):
+        raise StateError(
+            f"the workspace {host.workspace} belongs to host '{state.host}' (root {state.root}), "
+            f"not to '{host.name}' (root {host.root})",
+            hint="give each host its own `workspace:`; if you renamed the host or moved its "
+            f"root, edit 'host' and 'root' in {state_path(host.workspace)}",
+        )
 
 
 def classify(live: str | None, workspace: str | None, base: str | None) -> tuple[str, str | None]:

@@ -34,6 +34,7 @@ from kerneldev.drift import (
     MISSING_LIVE,
     NOT_PULLED,
     Snapshot,
+    check_state_owner,
     classify,
     glob_escape,
     resolve_paths,
@@ -431,6 +432,7 @@ def rollback(
 ) -> RollbackResult:
     """Restore the files of the last deploy from its host backups, as a new deploy."""
     state = load_state(host.workspace)
+    check_state_owner(state, host)
     if not state.deploys:
         raise KerneldevError(
             f"nothing to roll back: no deploy is recorded in {host.workspace}",

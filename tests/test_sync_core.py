@@ -190,3 +190,12 @@ def test_demo_refuses_a_folder_with_files(tmp_path):
     with pytest.raises(UsageError, match="not an empty folder"):
         run_demo(tmp_path)
     assert (tmp_path / "something").read_text() == "mine"
+
+
+def test_workspace_of_another_host_is_refused(host, transport):
+    from dataclasses import replace
+
+    sync.pull(transport, host)
+    other = replace(host, name="other")
+    with pytest.raises(StateError, match="belongs to host 'h'"):
+        drift.compute_drift(LocalTransport(other), other)
