@@ -42,6 +42,7 @@ from kerneldev.drift import (
     snapshot,
 )
 from kerneldev.errors import KerneldevError, RefusedError, TransferError
+from kerneldev.service import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
     DeployedFile,
@@ -198,7 +199,7 @@ class PushResult:
     deploy_id: str | None  # None when nothing was uploaded
     files: list[PlannedFile] = field(default_factory=list)
     deployed: list[str] = field(default_factory=list)
-    health: object | None = None  # ServiceHealth when --restart ran (filled by the CLI)
+    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
 
     @property
     def uploads(self) -> list[PlannedFile]:
@@ -413,7 +414,7 @@ class RollbackResult:
     deploy_id: str  # the rollback's own deploy id
     rolls_back: str  # the deploy it undid
     files: list[DeployedFile] = field(default_factory=list)
-    health: object | None = None  # ServiceHealth when --restart ran (filled by the CLI)
+    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
 
 
 @dataclass

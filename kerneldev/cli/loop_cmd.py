@@ -19,6 +19,7 @@ from kerneldev.transport import open_transport
 
 PATHS_ARGUMENT = typer.Argument(
     None,
+    metavar="PATHS",
     help="Files to act on: workspace paths or paths relative to the host's root "
     "(default: every configured file).",
     show_default=False,
