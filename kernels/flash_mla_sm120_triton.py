@@ -56,6 +56,9 @@ UE8M0_ZERO_BITS = tl.constexpr(0x00400000)  # float32 bits of 2^-127 (scale byte
 TOKEN_BYTES = 584
 HEAD_DIM = 512
 
+# Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 # `variant=None` follows this, read once at import as the deployed original does.
 _DEFAULT_VARIANT = "mma" if os.environ.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
 
@@ -641,7 +644,7 @@ def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_s
         raise ValueError(f"q must be bfloat16, got {q.dtype}")
     if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
         raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}], got {tuple(q.shape)}")
-    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+    if q.device.type != "cuda" and not _INTERPRET:
         raise ValueError(f"q must be on a CUDA device (or set TRITON_INTERPRET=1), got {q.device}")
     if head_dim_v != HEAD_DIM:
         raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v!r}")

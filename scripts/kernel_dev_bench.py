@@ -1,0 +1,223 @@
+"""Kernel developer's quick GPU loop for the DSv4 sparse-decode kernels (not the product harness).
+
+Imports only torch, triton and the files in `kernels/`. For each target shape of issue 4 it
+checks simt and mma (and a sweep of MMA configs) against the float64 reference, times each with
+CUDA-graph replay + triton.testing.do_bench (L2 flushed per call, rotating input sets), and
+reads the compiler's report (n_regs, n_spills, shared memory, wgmma or mma.sync in the PTX).
+
+    PYTHONUNBUFFERED=1 python3 scripts/kernel_dev_bench.py [--out DIR] [--sweep] [--simt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+import triton
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels"))
+
+import dsv4_reference as ref  # noqa: E402
+import flash_mla_sm120_triton as fl  # noqa: E402
+
+SHAPES = [
+    # name, B, H, topk, page, extra_topk, extra_page, target_us
+    ("B1_topk2048", 1, 64, 2048, 64, 0, 64, 30),
+    ("B1_main128+extra512", 1, 64, 128, 256, 512, 64, 25),
+    ("B64_topk2048", 64, 64, 2048, 64, 0, 64, 150),
+    ("B128_topk2048", 128, 64, 2048, 64, 0, 64, 250),
+    ("B64_main128+extra512", 64, 64, 128, 256, 512, 64, 80),
+    ("B128_main128+extra512", 128, 64, 128, 256, 512, 64, 100),
+    ("B64_H128_topk512", 64, 128, 512, 64, 0, 64, 70),
+]
+
+
+class _Capture:
+    """Wraps a JITFunction so the launcher's CompiledKernel (n_regs, n_spills, asm) is kept."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.last = None
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def call(*args, **kwargs):
+            self.last = launch(*args, **kwargs)
+            return self.last
+
+        return call
+
+
+def compile_report(ck) -> dict:
+    if ck is None:
+        return {}
+    ptx = ck.asm.get("ptx", "") if hasattr(ck, "asm") else ""
+    return {
+        "n_regs": getattr(ck, "n_regs", None),
+        "n_spills": getattr(ck, "n_spills", None),
+        "shared": getattr(ck.metadata, "shared", None),
+        "num_warps": getattr(ck.metadata, "num_warps", None),
+        "wgmma": ptx.count("wgmma.mma_async"),
+        "mma_sync": ptx.count("mma.sync"),
+    }
+
+
+def time_graph(fns) -> list[float]:
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graphs = []
+    for fn in fns:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        graphs.append(g)
+    torch.cuda.synchronize()
+    cyc = itertools.cycle(graphs)
+    return triton.testing.do_bench(
+        lambda: next(cyc).replay(), warmup=25, rep=200, quantiles=[0.5, 0.2, 0.8]
+    )
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=5, rep=100)
+    return 2 * x.numel() / (ms * 1e-3) / 1e9
+
+
+def configs_for(shape_inputs, B, H, topk, e_topk, sweep):
+    base = fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)
+    cfgs = [("default", base)]
+    if not sweep:
+        return cfgs
+    s = base.num_splits
+    cand = [
+        ("bn32", base._replace(block_n=32)),
+        ("bn32_w4", base._replace(block_n=32, num_warps=4)),
+        ("st2", base._replace(num_stages=2)),
+        ("bn32_st2", base._replace(block_n=32, num_stages=2)),
+        ("splits_x2", base._replace(num_splits=min(64, s * 2))),
+        ("splits_half", base._replace(num_splits=max(1, s // 2))),
+    ]
+    seen = {base}
+    for name, c in cand:
+        if c not in seen:
+            seen.add(c)
+            cfgs.append((name, c))
+    return cfgs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--simt", action="store_true", help="also time the SIMT baseline")
+    ap.add_argument("--shapes", default="")
+    ap.add_argument("--sets", type=int, default=2)
+    args = ap.parse_args()
+
+    cap = _Capture(fl._mma_split_kernel)
+    fl._mma_split_kernel = cap
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(dev)
+    info = {
+        "device": props.name,
+        "cc": list(torch.cuda.get_device_capability(dev)),
+        "sms": props.multi_processor_count,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    info["copy_GBps"] = copy_bandwidth()
+    print(json.dumps(info), flush=True)
+    bw = info["copy_GBps"]
+    rows = []
+    wanted = set(args.shapes.split(",")) if args.shapes else None
+    for name, B, H, topk, page, e_topk, e_page, target in SHAPES:
+        if wanted and name not in wanted:
+            continue
+        sets = [
+            ref.make_inputs(
+                B,
+                H,
+                topk,
+                page,
+                extra_topk=e_topk,
+                extra_page_size=e_page,
+                with_sink=True,
+                device="cuda",
+                seed=100 + i,
+            )  # fmt: skip
+            for i in range(args.sets)
+        ]
+        r_out, r_lse = ref.reference_sparse_decode(**sets[0])
+        tot = topk + e_topk
+        floor_bytes = ref.roofline_bytes(B, H, tot)
+        flops = ref.roofline_flops(B, H, tot)
+        variants = [
+            ("mma:" + n, "mma", c) for n, c in configs_for(sets, B, H, topk, e_topk, args.sweep)
+        ]
+        if args.simt:
+            variants.append(("simt", "simt", None))
+        for label, variant, cfg in variants:
+            try:
+                o, l = fl.flash_mla_sparse_decode_triton(**sets[0], variant=variant, _config=cfg)
+                acc = ref.check_accuracy(o, l, r_out, r_lse)
+                rep = compile_report(cap.last) if variant == "mma" else {}
+                fns = [
+                    (
+                        lambda s=s: fl.flash_mla_sparse_decode_triton(
+                            **s, variant=variant, _config=cfg
+                        )
+                    )
+                    for s in sets
+                ]
+                med, p20, p80 = time_graph(fns)
+                us = med * 1e3
+                row = {
+                    "shape": name, "variant": label, "cfg": cfg._asdict() if cfg else None,
+                    "us": us, "p20_us": p20 * 1e3, "p80_us": p80 * 1e3, "target_us": target,
+                    "GBps": floor_bytes / (us * 1e-6) / 1e9,
+                    "pct_copy_bw": 100 * floor_bytes / (us * 1e-6) / 1e9 / bw,
+                    "TFLOPs": flops / (us * 1e-6) / 1e12,
+                    "x_floor": us / (floor_bytes / (bw * 1e9) * 1e6),
+                    "ok": acc["ok"], "acc": acc, "compile": rep,
+                }  # fmt: skip
+            except Exception as e:  # keep going: one bad config must not lose the run
+                row = {"shape": name, "variant": label, "error": repr(e)[:500], "ok": False}
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k != "acc"}), flush=True)
+        del sets
+        torch.cuda.empty_cache()
+
+    with open(os.path.join(args.out, "kernel_dev_bench.json"), "w") as f:
+        json.dump({"info": info, "rows": rows}, f, indent=1, default=str)
+    print(f"\n{info['device']} torch {info['torch']} triton {info['triton']} "
+          f"copy {bw:.0f} GB/s")  # fmt: skip
+    print(f"{'shape':24s} {'variant':16s} {'us':>9s} {'p20-p80':>15s} {'tgt':>5s} {'%bw':>6s} "
+          f"{'TF/s':>6s} ok  regs spill smem  wgmma")  # fmt: skip
+    for r in rows:
+        if "error" in r:
+            print(f"{r['shape']:24s} {r['variant']:16s} ERROR {r['error'][:80]}")
+            continue
+        c = r["compile"] or {}
+        print(
+            f"{r['shape']:24s} {r['variant']:16s} {r['us']:9.1f} "
+            f"{r['p20_us']:7.1f}-{r['p80_us']:<7.1f} {r['target_us']:5d} {r['pct_copy_bw']:6.1f} "
+            f"{r['TFLOPs']:6.1f} {'Y' if r['ok'] else 'N'}  {c.get('n_regs', '')} "
+            f"{c.get('n_spills', '')} {c.get('shared', '')} {c.get('wgmma', '')}/{c.get('mma_sync', '')}"
+        )
+
+
+if __name__ == "__main__":
+    main()

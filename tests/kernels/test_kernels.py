@@ -1,0 +1,498 @@
+"""The bundled DSv4 sparse-decode kernels against the float64 reference.
+
+Without a GPU the Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set by
+`tests/kernels/conftest.py` before triton is first imported). The interpreter computes a bf16
+`tl.dot` on raw bits (triton-lang/triton#11584), so on CPU the kernels use float32 matrix
+operands. With a CUDA GPU the same cases run compiled with bf16 operands, plus large shapes
+(topk 2048, B 64).
+
+Run: `pytest tests/kernels` (CPU: a few minutes on 2 cores; also fine inside `pytest tests`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from . import conftest as kconf
+
+torch = pytest.importorskip("torch")
+
+KERNELS = Path(__file__).resolve().parents[2] / "kernels"
+ON_GPU = kconf.ON_GPU
+DEVICE = "cuda" if ON_GPU else "cpu"
+_CHILD_ENV = "KERNELDEV_KERNEL_TESTS_CHILD"
+
+if not kconf.KERNELS_RUNNABLE:
+    # triton was imported (by another test module) before TRITON_INTERPRET could be set: the
+    # cases below cannot run in this process; test_kernel_suite_in_own_process runs them.
+    pytestmark = pytest.mark.skipif(True, reason="triton imported without TRITON_INTERPRET")
+
+triton = pytest.importorskip("triton")
+
+
+def _load(name: str, file: str, env: dict[str, str] | None = None):
+    """Import kernels/<file> as a private module `name` (with `env` set during the import)."""
+    env = env or {}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        spec = importlib.util.spec_from_file_location(name, KERNELS / file)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+fl = _load("_kd_test_flash_mla_sm120_triton", "flash_mla_sm120_triton.py")
+ref = _load("_kd_test_dsv4_reference", "dsv4_reference.py")
+cache_mod = _load("_kd_test_dsv4_cache", "dsv4_cache.py")
+decode = fl.flash_mla_sparse_decode_triton
+MMAConfig = fl.MMAConfig
+
+
+def _seed(case_id: str) -> int:
+    return zlib.crc32(case_id.encode()) & 0x7FFFFFFF
+
+
+def _run_and_check(inputs, variant, config=None, expect_all_invalid=False):
+    """Run with poisoned preallocated outputs; every element must be written and accurate."""
+    B, _, H, _ = inputs["q"].shape
+    out = torch.full((B, 1, H, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.full((B, H, 1), float("nan"), dtype=torch.float32, device=DEVICE)
+    o, l = decode(**inputs, variant=variant, out=out, lse=lse, _config=config)
+    assert o is out and l is lse
+    assert not torch.isnan(out).any(), "some output element was never written"
+    assert not torch.isnan(lse).any(), "some lse element was never written"
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    acc = ref.check_accuracy(out, lse, r_out, r_lse)
+    assert acc["ok"], acc
+    if expect_all_invalid:
+        assert (out == 0).all()
+        if inputs["attn_sink"] is None:
+            assert torch.isneginf(lse).all()
+        else:
+            torch.testing.assert_close(lse[..., 0], inputs["attn_sink"][None, :].expand(B, H))
+    return out, lse
+
+
+# (id, make_inputs kwargs, variants, MMA configs: None = the table's choice)
+# MMAConfig(block_h, block_n, num_splits, num_warps, num_stages); on CPU the table gives
+# BLOCK_N = 16 so every case below spans several tiles.
+BN = 16 if not ON_GPU else 64
+CASES = [
+    ("page1", dict(B=2, H=64, topk=37, page_size=1), ("simt", "mma"), [None]),
+    (
+        "page64_split1",
+        dict(B=1, H=64, topk=80, page_size=64),
+        ("mma",),
+        [MMAConfig(64, BN, 1, 4 if not ON_GPU else 8, 1)],
+    ),
+    (
+        "page64_splits3",
+        dict(B=2, H=64, topk=80, page_size=64, with_sink=True),
+        ("mma",),
+        [MMAConfig(64, BN, 3, 4 if not ON_GPU else 8, 1)],
+    ),
+    (
+        "page256_padded_stride",
+        dict(B=2, H=64, topk=50, page_size=256, page_stride="pad576"),
+        ("simt", "mma"),
+        [None],
+    ),
+    (
+        "page48_partial_invalid_sink",
+        dict(
+            B=3,
+            H=64,
+            topk=45,
+            page_size=48,
+            topk_length="partial",
+            invalid_fraction=0.3,
+            with_sink=True,
+        ),
+        ("simt", "mma"),
+        [None, MMAConfig(64, BN, 2, 4, 1)],
+    ),
+    (
+        "page100_indices3d_no_len",
+        dict(B=2, H=64, topk=29, page_size=100, topk_length="none", indices_3d=True),
+        ("mma",),
+        [None],
+    ),
+    (
+        "extra_cache_sink_partial",
+        dict(
+            B=2,
+            H=64,
+            topk=24,
+            page_size=256,
+            extra_topk=40,
+            extra_page_size=64,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.2,
+        ),
+        ("simt", "mma"),
+        [MMAConfig(64, BN, 1, 4, 1), MMAConfig(64, BN, 3, 4, 1)],
+    ),
+    (
+        "extra_cache_padded_more_splits_than_tiles",
+        dict(
+            B=1,
+            H=64,
+            topk=20,
+            page_size=64,
+            extra_topk=17,
+            extra_page_size=32,
+            page_stride="pad576",
+        ),
+        ("mma",),
+        [MMAConfig(64, BN, 8, 4, 1)],
+    ),
+    (
+        "h128",
+        dict(B=1, H=128, topk=33, page_size=64, with_sink=True),
+        ("simt", "mma"),
+        [None, MMAConfig(64, BN, 2, 4, 1)],
+    ),
+    ("h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [None]),
+    (
+        "batch5_past_end",
+        dict(B=5, H=64, topk=19, page_size=64, invalid_fraction=0.5),
+        ("mma",),
+        [None],
+    ),
+]
+if ON_GPU:  # bf16 operands at production sizes
+    CASES += [
+        (
+            "gpu_B64_topk2048",
+            dict(B=64, H=64, topk=2048, page_size=64, with_sink=True),
+            ("simt", "mma"),
+            [None],
+        ),
+        (
+            "gpu_B64_main128_extra512",
+            dict(
+                B=64,
+                H=64,
+                topk=128,
+                page_size=256,
+                extra_topk=512,
+                extra_page_size=64,
+                with_sink=True,
+                topk_length="partial",
+                invalid_fraction=0.1,
+                page_stride="pad576",
+            ),
+            ("simt", "mma"),
+            [None],
+        ),
+        (
+            "gpu_B1_topk2048",
+            dict(B=1, H=64, topk=2048, page_size=64, with_sink=True),
+            ("mma",),
+            [None],
+        ),
+        ("gpu_B2_H128_topk2048", dict(B=2, H=128, topk=2048, page_size=64), ("mma",), [None]),
+        (
+            "gpu_B128_topk512_splits",
+            dict(B=128, H=64, topk=512, page_size=64),
+            ("mma",),
+            [None, MMAConfig(64, 64, 4, 8, 1)],
+        ),
+    ]
+
+PARAMS = [
+    pytest.param(cid, kw, v, cfg, id=f"{cid}-{v}-{'table' if cfg is None else cfg.num_splits}")
+    for cid, kw, variants, cfgs in CASES
+    for v in variants
+    for cfg in (cfgs if v == "mma" else [None])
+]
+
+
+@pytest.mark.parametrize("case_id,kwargs,variant,config", PARAMS)
+def test_matches_reference(case_id, kwargs, variant, config):
+    inputs = ref.make_inputs(**kwargs, device=DEVICE, seed=_seed(case_id + variant))
+    _run_and_check(inputs, variant, config)
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_all_indices_invalid(variant, with_sink):
+    inputs = ref.make_inputs(
+        B=2,
+        H=64,
+        topk=20,
+        page_size=64,
+        with_sink=with_sink,
+        invalid_fraction=1.0,
+        device=DEVICE,
+        seed=_seed(f"inv{with_sink}"),
+    )
+    _run_and_check(inputs, variant, expect_all_invalid=True)
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_topk_length_zero_with_extra_cache(variant):
+    inputs = ref.make_inputs(
+        B=2,
+        H=64,
+        topk=18,
+        page_size=64,
+        extra_topk=18,
+        topk_length="zero",
+        device=DEVICE,
+        seed=_seed("zero" + variant),
+    )
+    _run_and_check(inputs, variant, expect_all_invalid=True)
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_extreme_indices_are_masked(variant):
+    """Indices at the cache end, INT32_MAX, INT32_MIN: masked, never read out of bounds."""
+    inputs = ref.make_inputs(
+        B=1,
+        H=64,
+        topk=24,
+        page_size=64,
+        num_pages=2,
+        device=DEVICE,
+        seed=_seed("extreme" + variant),
+    )
+    idx = inputs["indices"]
+    idx[0, 0] = 128  # == num_tokens: one past the end
+    idx[0, 1] = 2**31 - 1
+    idx[0, 2] = -(2**31)
+    idx[0, 3] = 127  # last valid token
+    _run_and_check(inputs, variant)
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_noncontiguous_q_fp8_cache_default_scale(variant):
+    inputs = ref.make_inputs(
+        B=2, H=64, topk=21, page_size=64, device=DEVICE, seed=_seed("noncontig" + variant)
+    )
+    q = inputs["q"]
+    wide = torch.zeros(2, 64, 1, 1024, dtype=q.dtype, device=DEVICE)
+    wide[..., ::2] = q.transpose(1, 2)
+    inputs["q"] = wide[..., ::2].transpose(1, 2)  # [B, 1, H, 512], strides (.., 2) over dims
+    assert not inputs["q"].is_contiguous() and inputs["q"].stride(-1) == 2
+    inputs["k_cache"] = inputs["k_cache"].view(torch.float8_e4m3fn)
+    inputs["softmax_scale"] = None
+    _run_and_check(inputs, variant)
+
+
+def test_splits_agree_with_single_split():
+    inputs = ref.make_inputs(
+        B=2,
+        H=64,
+        topk=70,
+        page_size=64,
+        extra_topk=33,
+        with_sink=True,
+        device=DEVICE,
+        seed=_seed("splits-agree"),
+    )
+    a, la = _run_and_check(inputs, "mma", MMAConfig(64, BN, 1, 4, 1))
+    b, lb = _run_and_check(inputs, "mma", MMAConfig(64, BN, 5, 4, 1))
+    assert (a.float() - b.float()).abs().max() <= 2**-6 * max(1.0, a.float().abs().max())
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+
+
+def test_default_outputs_allocated_and_shapes():
+    inputs = ref.make_inputs(B=1, H=64, topk=16, page_size=64, device=DEVICE, seed=1)
+    out, lse = decode(**inputs, variant="mma")
+    assert out.shape == (1, 1, 64, 512) and out.dtype == torch.bfloat16
+    assert lse.shape == (1, 64, 1) and lse.dtype == torch.float32
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _valid_inputs():
+    return ref.make_inputs(
+        B=2, H=64, topk=8, page_size=64, extra_topk=8, num_pages=4, device=DEVICE, seed=7
+    )
+
+
+def _bad(**changes):
+    def apply(inp):
+        for k, v in changes.items():
+            inp[k] = v(inp) if callable(v) else v
+        return inp
+
+    return apply
+
+
+BAD_CASES = [
+    ("q", _bad(q=lambda i: i["q"].float())),
+    ("q", _bad(q=lambda i: i["q"][..., :448])),
+    ("q", _bad(q=lambda i: i["q"].expand(2, 2, 64, 512))),
+    ("head_dim_v", _bad(head_dim_v=576)),
+    ("k_cache", _bad(k_cache=lambda i: i["k_cache"].float())),
+    ("k_cache", _bad(k_cache=lambda i: i["k_cache"][..., :576])),
+    (
+        "k_cache",
+        _bad(
+            k_cache=lambda i: i["k_cache"].as_strided((2, 64, 1, 584), (64 * 584 - 2, 584, 584, 1))
+        ),
+    ),
+    (
+        "k_cache",
+        _bad(k_cache=lambda i: i["k_cache"].as_strided((2, 32, 1, 584), (64 * 584, 1168, 584, 1))),
+    ),
+    ("indices", _bad(indices=lambda i: i["indices"].long())),
+    ("indices", _bad(indices=lambda i: i["indices"][:1])),
+    ("indices", _bad(indices=lambda i: i["indices"][:, None, None, :])),
+    ("topk_length", _bad(topk_length=lambda i: i["topk_length"].long())),
+    ("topk_length", _bad(topk_length=lambda i: i["topk_length"][:1])),
+    ("attn_sink", _bad(attn_sink=lambda i: torch.zeros(63, device=DEVICE))),
+    ("attn_sink", _bad(attn_sink=lambda i: torch.zeros(64, dtype=torch.bfloat16, device=DEVICE))),
+    ("extra_indices", _bad(extra_indices=None)),
+    ("extra_k_cache", _bad(extra_k_cache=None, extra_topk_length=None)),
+    ("extra_indices", _bad(extra_indices=lambda i: i["extra_indices"].long())),
+    ("softmax_scale", _bad(softmax_scale=lambda i: torch.tensor(0.1))),
+]
+
+
+@pytest.mark.parametrize(
+    "argname,mutate", BAD_CASES, ids=[f"{n}-{k}" for k, (n, _) in enumerate(BAD_CASES)]
+)
+def test_invalid_input_raises_value_error_naming_the_argument(argname, mutate):
+    inputs = mutate(_valid_inputs())
+    with pytest.raises(ValueError, match=argname):
+        decode(**inputs, variant="mma")
+
+
+def test_invalid_variant_and_outputs():
+    inputs = _valid_inputs()
+    with pytest.raises(ValueError, match="variant"):
+        decode(**inputs, variant="tensorcore")
+    with pytest.raises(ValueError, match="out"):
+        decode(**inputs, variant="mma", out=torch.empty(2, 1, 64, 512, device=DEVICE))
+    with pytest.raises(ValueError, match="lse"):
+        decode(**inputs, variant="mma", lse=torch.empty(2, 64, device=DEVICE))
+
+
+# ----------------------------------------------------------------------------- packaging
+
+
+@pytest.mark.parametrize(
+    "env,expected",
+    [
+        ({"SGLANG_SM120_MMA_FLASHMLA": "1"}, "mma"),
+        ({"SGLANG_SM120_MMA_FLASHMLA": "0"}, "simt"),
+        ({"SGLANG_SM120_MMA_FLASHMLA": "true"}, "simt"),
+    ],
+)
+def test_variant_env_read_once_at_import(env, expected):
+    mod = _load(
+        f"_kd_env_probe_{expected}_{env['SGLANG_SM120_MMA_FLASHMLA']}",
+        "flash_mla_sm120_triton.py",
+        env,
+    )
+    assert mod._DEFAULT_VARIANT == expected
+    os.environ["SGLANG_SM120_MMA_FLASHMLA"] = "1" if expected == "simt" else "0"
+    try:
+        assert mod._DEFAULT_VARIANT == expected  # not re-read per call
+    finally:
+        os.environ.pop("SGLANG_SM120_MMA_FLASHMLA", None)
+
+
+def test_wrapper_imports_as_package_module_and_by_path():
+    try:
+        from kerneldev.kernels import flash_mla_sm120 as pkg_wrapper
+    except ImportError:  # e.g. a bare copy of the repo on a GPU host, kerneldev not installed
+        pytest.skip("kerneldev is not installed")
+
+    assert callable(pkg_wrapper.flash_mla_sparse_decode_triton)
+    by_path = _load("flash_mla_sm120", "flash_mla_sm120.py")
+    assert callable(by_path.flash_mla_sparse_decode_triton)
+    sys.modules.pop("flash_mla_sm120", None)
+
+
+def test_packer_round_trip_and_padded_stride():
+    kv = torch.randn(130, 512)
+    for page, stride in [(1, None), (64, None), (48, cache_mod.padded_page_stride(48))]:
+        kc = cache_mod.pack_paged_cache(kv, page, stride)
+        assert kc.shape[1:] == (page, 1, 584)
+        assert kc.stride(0) == (stride or page * 584)
+        back = cache_mod.unpack_paged_cache(kc)[:130]
+        assert (back[:, 448:] == kv[:, 448:].bfloat16().float()).all()
+        rel = (back[:, :448] - kv[:, :448]).abs() / kv[:, :448].abs().amax(1, keepdim=True)
+        assert float(rel.max()) < 2**-4  # e4m3: 3 mantissa bits, per-64 scale
+    assert cache_mod.padded_page_stride(64) == 37440
+
+
+def test_reference_against_naive_loop():
+    inputs = ref.make_inputs(
+        B=2,
+        H=3,
+        topk=10,
+        page_size=8,
+        extra_topk=6,
+        extra_page_size=4,
+        with_sink=True,
+        topk_length="partial",
+        invalid_fraction=0.3,
+        seed=5,
+    )
+    out, lse = ref.reference_sparse_decode(**inputs)
+    kv1 = cache_mod.unpack_paged_cache(inputs["k_cache"]).double()
+    kv2 = cache_mod.unpack_paged_cache(inputs["extra_k_cache"]).double()
+    q = inputs["q"].double()
+    for b in range(2):
+        for h in range(3):
+            ks = []
+            for kv, idx, n in (
+                (kv1, inputs["indices"], inputs["topk_length"]),
+                (kv2, inputs["extra_indices"], inputs["extra_topk_length"]),
+            ):
+                ks += [kv[int(i)] for i in idx[b, : int(n[b])] if 0 <= int(i) < kv.shape[0]]
+            s = [float(q[b, 0, h] @ k) * inputs["softmax_scale"] for k in ks]
+            s.append(float(inputs["attn_sink"][h]))
+            m = max(s)
+            l_ = m + math.log(sum(math.exp(x - m) for x in s))
+            o = sum((math.exp(x - l_) * k for x, k in zip(s, ks)), torch.zeros(512).double())
+            assert abs(l_ - float(lse[b, h, 0])) < 1e-9
+            assert float((o - out[b, 0, h]).abs().max()) < 1e-9
+
+
+@pytest.mark.skipif(
+    kconf.KERNELS_RUNNABLE or os.environ.get(_CHILD_ENV) == "1",
+    reason="the kernel cases run in this process",
+)
+def test_kernel_suite_in_own_process():
+    """Fallback when triton was imported before TRITON_INTERPRET could be set."""
+    env = dict(os.environ, TRITON_INTERPRET="1", **{_CHILD_ENV: "1"})
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(Path(__file__).parent),
+        ],
+        env=env,
+        cwd=str(KERNELS.parent),
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
