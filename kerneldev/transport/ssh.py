@@ -635,9 +635,7 @@ class SSHTransport(Transport):
                     _keep_owner(f, owner)
                 f.set_pipelined(True)
                 f.write(data)
-            # posix-rename@openssh.com replaces the target in one step (plain SFTP rename
-            # refuses to overwrite).
-            sftp.posix_rename(tmp, path)
+            self._rename_over(sftp, tmp, path)
         except BaseException as err:
             try:
                 sftp.remove(tmp)
@@ -646,6 +644,20 @@ class SSHTransport(Transport):
             if isinstance(err, (OSError, EOFError, paramiko.SSHException)):
                 raise self._file_error(err, path, "write") from None
             raise
+
+    def _rename_over(self, sftp: paramiko.SFTPClient, tmp: str, path: str) -> None:
+        # posix-rename@openssh.com replaces the target in one step (plain SFTP rename refuses
+        # to overwrite). Servers without that extension get `mv -f`, which is rename(2) too,
+        # as both names are in the same folder.
+        try:
+            sftp.posix_rename(tmp, path)
+            return
+        except OSError as err:
+            if err.errno is not None or "unsupported" not in str(err).lower():
+                raise
+        result = self.run(f"mv -f -- {shlex.quote(tmp)} {shlex.quote(path)}")
+        if not result.ok:
+            raise TransferError(f"cannot write {path} on {self.host_name}: {result.stderr.strip()}")
 
     def _follow_symlink(self, sftp: paramiko.SFTPClient, path: str) -> str:
         # Write through a symlink to its target (as hash_files reads through it), rather
