@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,7 +17,7 @@ import pytest
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
-from kerneldev.transport.ssh import SSHTransport
+from kerneldev.transport.ssh import SSHTransport, hash_command
 from tests.sshutil import isolate_home, ssh_host
 
 HOSTILE_NAMES = [
@@ -288,3 +290,18 @@ def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, monkeypat
         t.http_get(f"{http_server}/health")
         assert t._transport is connection and connection.is_active()
     assert t._transport is None
+
+
+def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, monkeypatch):
+    isolate_home(monkeypatch, tmp_path)
+    host = ssh_host(sshd_server, tmp_path)
+    (Path(host.root) / "a.py").write_text("a")
+    request = json.dumps({"root": host.root, "patterns": ["*.py"]}).encode()
+    no_path = "PATH=/nonexistent; export PATH; "
+    with SSHTransport(host) as t:
+        # No python3 on PATH: the configured interpreter (an absolute path) is used instead.
+        found = t.run(no_path + hash_command(["python3", sys.executable]), stdin=request)
+        assert found.ok and json.loads(found.stdout)["files"][0]["path"] == "a.py"
+        # Neither: a clear message and exit 127, which hash_files turns into TransferError.
+        missing = t.run(no_path + hash_command(["python3"]), stdin=request)
+        assert missing.exited == 127 and "no python3 on the host" in missing.stderr

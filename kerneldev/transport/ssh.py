@@ -538,16 +538,7 @@ class SSHTransport(Transport):
 
     # --- files --------------------------------------------------------------------------
     def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
-        pythons = ["python3"]
-        if self.host_config.python not in pythons:
-            pythons.append(self.host_config.python)
-        candidates = " ".join(shlex.quote(p) for p in pythons)
-        script = shlex.quote(_hash_script())
-        command = (
-            f"for p in {candidates}; do "
-            f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -c {script}; fi; '
-            f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
-        )
+        command = hash_command(["python3", self.host_config.python])
         request = json.dumps({"root": root, "patterns": list(patterns)}).encode("utf-8")
         result = self.run(command, stdin=request)
         if result.exited == 127 and "no python3" in result.stderr:
@@ -831,6 +822,18 @@ def _feed_channel(chan: paramiko.Channel, data: bytes) -> None:
         chan.shutdown_write()
     except (OSError, EOFError, paramiko.SSHException):
         pass  # the command closed its input or the connection went; run() reports the latter
+
+
+def hash_command(pythons: list[str]) -> str:
+    """The one shell command that hashes files on the host: the first interpreter of `pythons`
+    found runs `_hashfiles.py` (request as JSON on stdin); none found -> exit 127."""
+    candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
+    script = shlex.quote(_hash_script())
+    return (
+        f"for p in {candidates}; do "
+        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -c {script}; fi; '
+        f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
+    )
 
 
 _SCRIPT: str | None = None
