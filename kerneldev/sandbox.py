@@ -40,6 +40,7 @@ KERNEL_FILES = (
     f"{ATTENTION_DIR}/flash_mla_sm120.py",
 )
 HOST_NAME = "sandbox"
+SERVICE_TIMEOUT = 20.0  # seconds the sandbox's restart waits for health
 
 
 # --- a private sshd ---------------------------------------------------------------------
@@ -294,7 +295,6 @@ def create_sandbox(
     *,
     use_ssh: bool | None = None,
     warmup: float = 1.0,
-    timeout: float = 20.0,
 ) -> Sandbox:
     """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed."""
     folder = Path(os.path.abspath(folder))
@@ -335,6 +335,25 @@ def create_sandbox(
                     raise
                 notes.append(f"sshd did not start ({err}): the sandbox uses the local transport")
 
+    try:
+        return _finish(folder, root, mirror, workspace, service_dir, restart, port, sshd, notes)
+    except BaseException:
+        if sshd is not None:
+            sshd.stop()  # never leave a server running behind a failed set-up
+        raise
+
+
+def _finish(
+    folder: Path,
+    root: Path,
+    mirror: Path,
+    workspace: Path,
+    service_dir: Path,
+    restart: Path,
+    port: int,
+    sshd: SSHServer | None,
+    notes: list[str],
+) -> Sandbox:
     host: dict = {}
     if sshd is not None:
         known_hosts = folder / "ssh" / "known_hosts"
@@ -357,7 +376,7 @@ def create_sandbox(
         service={
             "restart": shlex.quote(str(restart)),
             "health": f"http://127.0.0.1:{port}/health",
-            "timeout": timeout,
+            "timeout": SERVICE_TIMEOUT,
             "logs": f"tail -n 20 {shlex.quote(str(service_dir / 'service.log'))}",
         },
     )
