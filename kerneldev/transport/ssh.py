@@ -233,7 +233,13 @@ class SSHTransport(Transport):
         if target.proxy_jump:
             via: paramiko.Transport | None = None
             for spec in target.proxy_jump.split(","):
-                host, user, port = parse_jump(spec)
+                try:
+                    host, user, port = parse_jump(spec)
+                except ValueError:
+                    raise HostConnectionError(
+                        f"bad ProxyJump entry {spec!r} for {target.alias}",
+                        hint="use [user@]host[:port], comma-separated",
+                    ) from None
                 hop = resolve_target(host, self._ssh_config, user=user, port=port)
                 # A hop's own ProxyJump is not followed: the chain is exactly what was written.
                 hop = SSHTarget(
@@ -244,13 +250,18 @@ class SSHTransport(Transport):
                     identity_files=hop.identity_files or target.identity_files,
                     explicit_identity=False,
                 )
-                sock = self._dial(hop) if via is None else self._channel_to(via, hop)
+                try:
+                    sock = self._dial(hop) if via is None else self._channel_to(via, hop)
+                except HostConnectionError as err:
+                    err.message = f"jump host {hop.alias}: {err.message}"
+                    raise
                 via = self._login(hop, sock, role=f"jump host {hop.alias}")
                 self._hops.append(via)
             return self._channel_to(via, target)
         if target.proxy_command:
             try:
-                sock = paramiko.ProxyCommand(target.proxy_command)
+                # Through sh, as OpenSSH does, so pipes and quoting in the command work.
+                sock = paramiko.ProxyCommand(f"sh -c {shlex.quote(target.proxy_command)}")
             except Exception as err:  # noqa: BLE001
                 raise HostConnectionError(
                     f"ProxyCommand for {target.alias} failed to start: {err}"
@@ -339,15 +350,19 @@ class SSHTransport(Transport):
         return t, hostkeys.check_key(files, name, t.get_remote_server_key())
 
     def _login(self, target: SSHTarget, sock, role: str | None = None) -> paramiko.Transport:
-        t, check = self._handshake(target, sock)
-        if check.status != "trusted":
-            t.close()
-            err = hostkeys.refusal(check, self.host_name, self.trust_path)
+        """Handshake, verify the host key, authenticate. `role` names a jump host in errors."""
+        try:
+            t, check = self._handshake(target, sock)
+            if check.status != "trusted":
+                t.close()
+                refused = hostkeys.refusal(check, self.host_name, self.trust_path)
+                refused.check = check  # lets `kerneldev trust` pick up the key it has to add
+                raise refused
+            self._authenticate(t, target)
+        except (HostConnectionError, HostKeyError) as err:
             if role:
                 err.message = f"{role}: {err.message}"
-            err.check = check  # lets `kerneldev trust` pick up the key it has to add
-            raise err
-        self._authenticate(t, target)
+            raise
         t.set_keepalive(15)
         return t
 
