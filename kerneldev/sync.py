@@ -135,7 +135,10 @@ def pull(
             target = workspace / path
             if local is not None and local.sha256 == live.sha256:
                 if local.mode != live.mode:
-                    os.chmod(target, live.mode)
+                    try:
+                        os.chmod(target, live.mode)
+                    except OSError as err:
+                        raise TransferError(f"cannot set the mode of {target}: {err}") from None
                 state.set_base(path, live.sha256, live.size, live.mode, "pull")
                 result.files.append(
                     PulledFile(path, "unchanged", live.sha256, live.size, live.mode)

@@ -176,6 +176,10 @@ def test_pull_edit_push_with_backup(env: Env):
     edited = env.kd("diff", "--patch")
     assert edited.exit_code == 1
     assert "+# tuned" in edited.stdout
+    patches = {
+        f["path"]: f.get("patch") for f in env.kd("diff", "--patch", "--json").json()["files"]
+    }
+    assert "+# tuned" in patches[A] and patches[B] is None
 
     push = env.kd("push", "--json")
     assert push.exit_code == 0, push.stderr
