@@ -104,6 +104,8 @@ def run_demo(
                     step = fn(ctx)
                 except KerneldevError as err:
                     step = DemoStep(fn.__name__, "no error", f"error: {err.message}", False)
+                except Exception as err:  # a broken step fails the demo, it does not crash it
+                    step = DemoStep(fn.__name__, "no error", f"{type(err).__name__}: {err}", False)
                 step.seconds = round(time.monotonic() - t0, 2)
                 result.steps.append(step)
                 if on_step:
