@@ -50,6 +50,7 @@ import subprocess
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +59,7 @@ HEAD_DIM = 512  # q/k/v row: 448 "nope" + 64 "rope"
 CACHE_TOKEN_BYTES = 584  # 448 fp8 + 64 bf16 + 8 scale bytes (spec: page layout)
 INDEX_BYTES = 4  # int32 token id
 QUANTILES = (0.5, 0.2, 0.8)  # median, p20, p80: the order do_bench returns them in
+CPU_WORK_WARN = 1 << 16  # B * H * topk above which the interpreter takes minutes
 COPY_BYTES = 1 << 30  # 1 GiB each way: far past L2, so the copy measures HBM
 ENTRY_POINT = "flash_mla_sparse_decode_triton"
 DISPATCH = "dispatch"  # pseudo-variant: call without `variant=`, i.e. what the file does by env
@@ -757,6 +759,11 @@ def _main(args, argv: list[str]) -> int:
     if cpu:
         # Must be set before triton is imported: the interpreter is chosen at import time.
         os.environ["TRITON_INTERPRET"] = "1"
+        # numpy's divide-by-zero notes from the interpreter (masked lanes) are not news.
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.")
+        big = [s.name for s in shapes if s.batch * s.heads * s.total_topk > CPU_WORK_WARN]
+        if big:
+            progress(f"warning: the interpreter will take very long on {', '.join(big)}")
     try:
         import torch
         import triton
