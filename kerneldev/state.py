@@ -93,8 +93,9 @@ def now_iso() -> str:
 
 def new_deploy_id() -> str:
     """Sortable by time (UTC timestamp first), unique enough with a short random suffix."""
-    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return f"{stamp}Z-{secrets.token_hex(3)}"
+    now = _dt.datetime.now(_dt.timezone.utc)
+    # Milliseconds keep a push and a quick rollback in the same second in order.
+    return f"{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
 
 
 def local_user() -> str:
