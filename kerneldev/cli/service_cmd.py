@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
 import typer
 from rich.markup import escape
+from rich.text import Text
 
 from kerneldev import service as service_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
@@ -11,6 +14,20 @@ from kerneldev.cli.output import err_console, print_info, print_json
 from kerneldev.config import HostConfig
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
+
+
+class _Elapsed:
+    """Spinner text whose elapsed seconds are recomputed at every refresh, not only when a
+    health check returns."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.last: str | None = None
+        self.start = time.monotonic()
+
+    def __rich__(self) -> Text:
+        text = f"{self.label}: {time.monotonic() - self.start:.0f}s"
+        return Text(text + (f", last check: {self.last}" if self.last else ""))
 
 
 def restart_with_progress(
@@ -22,13 +39,13 @@ def restart_with_progress(
     what = svc.health or "no health check"
     status = None
     if err_console.is_terminal:
-        status = err_console.status(escape(f"restarting {host.name}: {svc.restart}"))
+        progress = _Elapsed(f"restarting {host.name}: {svc.restart}")
+        status = err_console.status(progress)
         status.start()
 
         def on_tick(elapsed: float, last: str | None) -> None:
-            status.update(
-                escape(f"waiting for health of {host.name} ({what}): {elapsed:.0f}s, last: {last}")
-            )
+            progress.label = f"waiting for health of {host.name} ({what})"
+            progress.last = last
 
     else:
         on_tick = None
