@@ -367,3 +367,39 @@ def test_shape_specs_parse_and_deduplicate():
     assert (first.batch, first.heads, first.topk, first.page_size) == (2, 128, 64, 32)
     assert (first.extra_topk, first.extra_page_size, first.sink) == (16, 16, True)
     assert first.name == "B2 H128 main64/p32+extra16/p16 sink"
+
+
+# --- on a GPU (skipped in CI): the CUDA-graph timing path -----------------------------------
+
+
+@pytest.mark.gpu
+def test_cuda_graph_timing_on_a_gpu(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    out = tmp_path / "r.json"
+    proc = run_harness(
+        "--shapes",
+        "B=2,H=64,topk=256;B=2,H=64,topk=64,page=256,extra_topk=128,sink=1,lengths=partial",
+        "--variants",
+        "simt,mma,dispatch",
+        "--rotate",
+        "2",
+        "--rep",
+        "20",
+        "--out",
+        str(out),
+        timeout=600,
+    )
+    data = json.loads(out.read_text())
+    assert_valid_result(data)
+    assert proc.returncode == 0, proc.stderr
+    assert data["timing"] == "cuda-graph" and data["settings"]["l2_flush"] is True
+    assert data["device"]["type"] == "cuda" and data["device"]["sm_count"] > 0
+    assert data["copy_bandwidth"]["gbs"] > 100
+    for shape in data["shapes"]:
+        assert shape["floor_us"] > 0
+    for r in data["results"]:
+        assert r["timing_method"] == "cuda-graph", r["timing_note"]
+        assert r["median_us"] > 0 and r["p20_us"] <= r["median_us"] <= r["p80_us"]
+        assert r["gbs"] > 0 and r["pct_copy_bw"] > 0 and r["x_floor"] > 0 and r["tflops"] > 0
