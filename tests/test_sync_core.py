@@ -199,3 +199,13 @@ def test_workspace_of_another_host_is_refused(host, transport):
     other = replace(host, name="other")
     with pytest.raises(StateError, match="belongs to host 'h'"):
         drift.compute_drift(LocalTransport(other), other)
+
+
+def test_demo_on_the_local_transport(tmp_path):
+    """The fallback when sshd is not installed: the same steps, all passing."""
+    from kerneldev.demo import run_demo
+
+    result = run_demo(tmp_path / "sb", use_ssh=False)
+    assert result.transport == "local"
+    assert result.ok, [s for s in result.steps if not s.ok]
+    assert not (tmp_path / "sb").exists()
