@@ -172,6 +172,24 @@ def _to_out_dtype(x, O_ptr, RNE_BY_HAND: tl.constexpr):
 
 
 @triton.jit
+def _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK: tl.constexpr):
+    """(1 / l scaled for the sink, base-2 lse including the sink) per head.
+
+    A sink of +inf takes all the weight (out 0, lse +inf); -inf is no sink; empty set: out 0,
+    lse = sink (or -inf without one).
+    """
+    if HAS_SINK:
+        sink2 = tl.load(SINK_ptr + heads * stride_sink, mask=head_mask, other=0.0) * LOG2E
+        mx = tl.maximum(lse2, sink2)
+        mx = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
+        total2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
+    else:
+        total2 = lse2
+    coef = tl.where(l_i > 0, tl.exp2(lse2 - total2) / l_i, 0.0)
+    return coef, total2
+
+
+@triton.jit
 def _store_final(
     acc,
     l_i,
@@ -191,14 +209,7 @@ def _store_final(
     RNE_BY_HAND: tl.constexpr,
 ):
     """acc / l with the sink folded in -> bf16 out; base-2 lse (+ sink) -> natural-log lse."""
-    if HAS_SINK:
-        sink2 = tl.load(SINK_ptr + heads * stride_sink, mask=head_mask, other=0.0) * LOG2E
-        mx = tl.maximum(lse2, sink2)
-        mx = tl.where(mx == float("-inf"), 0.0, mx)
-        total2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
-    else:
-        total2 = lse2
-    coef = tl.where(l_i > 0, tl.exp2(lse2 - total2) / l_i, 0.0)
+    coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
     out = acc * coef[:, None]
     d = tl.arange(0, D_QK)
     o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
@@ -291,6 +302,117 @@ def _simt_decode_kernel(
 
 
 @triton.jit
+def _issue_tile_loads(
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, pos, end
+):  # fmt: skip
+    """Raw bytes of one tile: nope fp8 [BLOCK_N, 512] (cols >= 448 zero), rope bf16
+    [BLOCK_N, 64], scale exponents [BLOCK_N, 8] (col 7 zero), validity [BLOCK_N]."""
+    idx, valid = _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens)
+    page = idx // page_size
+    slot = idx - page * page_size
+    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
+    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
+    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    d = tl.arange(0, D_QK)
+    raw = tl.load(
+        KV_ptr + (row_off[:, None] + d[None, :]),
+        mask=valid[:, None] & (d < D_NOPE)[None, :],
+        other=0,
+    )
+    r = tl.arange(0, D_QK - D_NOPE)
+    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0.0)
+    g = tl.arange(0, NUM_GROUPS_POW2)
+    exps = tl.load(
+        KV_ptr + (scale_off[:, None] + g[None, :]),
+        mask=valid[:, None] & (g < NUM_GROUPS_POW2 - 1)[None, :],
+        other=0,
+    )
+    return raw, rope, exps, valid
+
+
+@triton.jit
+def _dequant_nope(raw, exps, BLOCK_N: tl.constexpr):
+    """fp8 [BLOCK_N, 512] * 2^(e - 127) per 64-dim group -> float32 (zero bytes stay 0)."""
+    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
+    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two, unlike a fast exp2
+    mult = tl.reshape(
+        tl.broadcast_to(mult[:, :, None], (BLOCK_N, NUM_GROUPS_POW2, GROUP)), (BLOCK_N, D_QK)
+    )
+    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult
+
+
+@triton.jit
+def _attend_cache_mma(
+    acc,
+    acc_r,
+    m_i,
+    l_i,
+    q_nope,
+    q_rope,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_row_ptr,
+    stride_it,
+    start,
+    end,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+):
+    """Online softmax (base 2) of BLOCK_H heads over tokens [start, end) of one cache.
+
+    Per tile: S = q_nope K_nope^T + q_rope K_rope^T and O_nope += P K_nope, O_rope += P K_rope,
+    all `tl.dot` on DOT_DTYPE operands with fp32 accumulation. The nope operand is 512 wide
+    with zero columns 448..511 (one power-of-two MMA; 12.5% of its work is wasted), the rope
+    bf16 tile is an operand as loaded. PREFETCH issues the next tile's gathers before this
+    tile's math; PV_SPLIT adds P's bf16 rounding residue as a second PV product.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        raw, rope, exps, valid = _issue_tile_loads(
+            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it,
+            start + offs_n, end,
+        )  # fmt: skip
+    for n0 in range(start, end, BLOCK_N):
+        if PREFETCH:
+            c_raw, c_rope, c_exps, c_valid = raw, rope, exps, valid
+            raw, rope, exps, valid = _issue_tile_loads(
+                KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it,
+                n0 + BLOCK_N + offs_n, end,
+            )  # fmt: skip
+        else:
+            c_raw, c_rope, c_exps, c_valid = _issue_tile_loads(
+                KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it,
+                n0 + offs_n, end,
+            )  # fmt: skip
+        # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
+        k = _dequant_nope(c_raw, c_exps, BLOCK_N).to(DOT_DTYPE)
+        k_r = c_rope.to(DOT_DTYPE)
+        s = tl.dot(q_nope, tl.trans(k))
+        s = tl.dot(q_rope, tl.trans(k_r), s)
+        s = tl.where(c_valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p_op = p.to(DOT_DTYPE)
+        acc = tl.dot(p_op, k, acc * alpha[:, None])
+        acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
+        if PV_SPLIT:
+            p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
+            acc = tl.dot(p_lo, k, acc)
+            acc_r = tl.dot(p_lo, k_r, acc_r)
+        m_i = m_new
+    return acc, acc_r, m_i, l_i
+
+
+@triton.jit
 def _mma_split_kernel(
     Q_ptr,
     stride_qb,
@@ -338,6 +460,8 @@ def _mma_split_kernel(
     HAS_ELEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
@@ -349,13 +473,19 @@ def _mma_split_kernel(
     heads = (pid_bh % num_head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = heads < H
     d = tl.arange(0, D_QK)
+    r = tl.arange(0, D_QK - D_NOPE)
 
     # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
-    q_ptrs = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    q = tl.load(q_ptrs + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
-    q = q.to(DOT_DTYPE)
+    q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q_nope = tl.load(
+        q_row + d[None, :] * stride_qd, mask=head_mask[:, None] & (d < D_NOPE)[None, :], other=0.0
+    ).to(DOT_DTYPE)
+    q_rope = tl.load(
+        q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
+    ).to(DOT_DTYPE)
 
-    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)  # columns >= 448 stay 0
+    acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
     m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
 
@@ -364,10 +494,10 @@ def _mma_split_kernel(
         length = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, length)
-    acc, m_i, l_i = _attend_cache(
-        acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
+    acc, acc_r, m_i, l_i = _attend_cache_mma(
+        acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
         IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end, qk_scale_log2,
-        BLOCK_N, True, DOT_DTYPE,
+        BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
     )  # fmt: skip
     if HAS_EXTRA:
         e_length = e_topk
@@ -375,24 +505,30 @@ def _mma_split_kernel(
             e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
         e_start = split * e_tokens_per_split
         e_end = tl.minimum(e_start + e_tokens_per_split, e_length)
-        acc, m_i, l_i = _attend_cache(
-            acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
-            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start, e_end, qk_scale_log2,
-            BLOCK_N, True, DOT_DTYPE,
+        acc, acc_r, m_i, l_i = _attend_cache_mma(
+            acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
+            e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start, e_end,
+            qk_scale_log2, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
         )  # fmt: skip
 
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     if NUM_SPLITS == 1:
-        _store_final(
-            acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink,
-            O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK, RNE_BY_HAND,
-        )  # fmt: skip
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
         # Partials [B, H, NUM_SPLITS, 512] fp32 (normalised) and [B, H, NUM_SPLITS] base-2 LSE.
         row = (b.to(tl.int64) * H + heads.to(tl.int64)) * NUM_SPLITS + split
-        part = acc * tl.where(l_i > 0, 1.0 / l_i, 0.0)[:, None]
-        tl.store(PO_ptr + row[:, None] * D_QK + d[None, :], part, mask=head_mask[:, None])
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        out_r = acc_r * inv_l[:, None]
         tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None] & (d < D_NOPE)[None, :])
+    tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=head_mask[:, None])
 
 
 @triton.jit
@@ -425,7 +561,7 @@ def _combine_kernel(
     if HAS_SINK:
         sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
         mx = tl.maximum(mx, sink2)
-    mx = tl.where(mx == float("-inf"), 0.0, mx)
+    mx = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
     w = tl.exp2(lse - mx)
     den = tl.sum(w, axis=0)
     if HAS_SINK:
@@ -452,40 +588,50 @@ class MMAConfig(NamedTuple):
     num_splits: int
     num_warps: int
     num_stages: int
+    prefetch: bool = False
+    pv_split: bool = False
 
 
-# Per compute capability: (BLOCK_N, num_warps, num_stages, waves of programs to aim for,
-# min tiles per split). BLOCK_H is 64 (one wgmma M tile / the DSv4 head count) everywhere.
-# Shared memory per program ~ Q (BLOCK_H x 512 x 2) + K tile (BLOCK_N x 512 x 2) per stage:
-#   sm_90  (227 KB / block): 64 KB + 64 KB x stages        -> BLOCK_N 64
-#   sm_120 ( 99 KB / block): 64 KB + 32 KB, one stage       -> BLOCK_N 32  (untested on hardware)
+# Per compute capability: BLOCK_N, num_warps, num_stages, resident programs per SM, minimum
+# tiles per split, prefetch, pv_split. BLOCK_H is 64 (one wgmma M tile; DSv4 has 64 or 128
+# heads). Shared memory per program ~ q (BLOCK_H x 576 x 2 = 72 KB) + one K tile
+# (BLOCK_N x 576 x 2) + the P operand, so:
+#   sm_90  (227 KB / block): BLOCK_N 64 -> ~150 KB: one program per SM (registers bind too:
+#           a 64 x 512 fp32 accumulator is 128 registers per thread at 8 warps).
+#   sm_120 ( 99 KB / block): BLOCK_H 64 with BLOCK_N 16 just fits; stated, untested on hardware.
 _MMA_TABLE = {
-    (9, 0): (64, 8, 1, 2, 1),
-    (12, 0): (32, 8, 1, 2, 1),  # sm_120 / sm_121: smaller tiles; untested on hardware
-    (10, 0): (64, 8, 1, 2, 1),
+    (9, 0): (64, 8, 1, 1, 1, False, False),
+    (10, 0): (64, 8, 1, 1, 1, False, False),  # sm_100: not measured, sm_90's choice
+    (12, 0): (16, 8, 1, 1, 1, False, False),  # sm_120 / sm_121: untested on hardware
 }
-_MMA_DEFAULT = (32, 8, 1, 2, 1)  # other GPUs (sm_80/sm_89: 100-164 KB / block)
-_INTERPRET_CFG = (16, 4, 1, 1, 1)  # CPU interpreter: small tiles exercise the multi-tile path
+_MMA_DEFAULT = (32, 8, 1, 1, 1, False, False)  # other GPUs (sm_80/sm_89: 100-164 KB / block)
+_INTERPRET_CFG = (16, 4, 1, 1, 1, False, False)  # CPU interpreter: small multi-tile cases
 MAX_SPLITS = 64
 
 
 def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) -> MMAConfig:
+    """Block sizes from the table; the split count from the SM count, B, H and topk.
+
+    One program per SM is resident (shared memory and registers), so the grid is sized to one
+    full wave: splits = floor(SMs / (B * head blocks)), at least 1, at most the tiles of the
+    longer cache (a split with no tile only costs its partial write). Fewer, fuller programs
+    beat a second partial wave: each split also writes a 64 x 512 fp32 partial and the
+    combine re-reads it.
+    """
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         key = (major, 0) if (major, 0) in _MMA_TABLE else (major, minor)
-        block_n, warps, stages, waves, min_tiles = _MMA_TABLE.get(key, _MMA_DEFAULT)
+        params = _MMA_TABLE.get(key, _MMA_DEFAULT)
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
-        block_n, warps, stages, waves, min_tiles = _INTERPRET_CFG
-        num_sms = 1
+        params = _INTERPRET_CFG
+        num_sms = 2
+    block_n, warps, stages, per_sm, min_tiles, prefetch, pv_split = params
     block_h = 64 if H > 32 else max(16, triton.next_power_of_2(H))
     programs = B * triton.cdiv(H, block_h)
     tiles = max(triton.cdiv(topk, block_n), triton.cdiv(e_topk, block_n), 1)
-    # Enough splits that B * head-blocks * splits covers `waves` programs per SM, but never so
-    # many that a split gets fewer than `min_tiles` tiles of its longer cache.
-    want = triton.cdiv(waves * num_sms, max(programs, 1))
-    splits = max(1, min(want, triton.cdiv(tiles, min_tiles), MAX_SPLITS))
-    return MMAConfig(block_h, block_n, splits, warps, stages)
+    splits = max(1, min((num_sms * per_sm) // max(programs, 1), tiles // min_tiles, MAX_SPLITS))
+    return MMAConfig(block_h, block_n, splits, warps, stages, prefetch, pv_split)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -554,7 +700,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         H, scale_log2,
         NUM_SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
-        HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, RNE_BY_HAND=not q.is_cuda,
+        HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
+        PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     if splits > 1:

@@ -101,10 +101,14 @@ def configs_for(shape_inputs, B, H, topk, e_topk, sweep):
         return cfgs
     s = base.num_splits
     cand = [
+        ("w16", base._replace(num_warps=16)),
         ("bn32", base._replace(block_n=32)),
-        ("bn32_w4", base._replace(block_n=32, num_warps=4)),
-        ("st2", base._replace(num_stages=2)),
-        ("bn32_st2", base._replace(block_n=32, num_stages=2)),
+        ("pf", base._replace(prefetch=True)),
+        ("w16_pf", base._replace(num_warps=16, prefetch=True)),
+        ("bn32_pf", base._replace(block_n=32, prefetch=True)),
+        ("pv2", base._replace(pv_split=True)),
+        ("w16_pv2", base._replace(num_warps=16, pv_split=True)),
+        ("w16_pf_pv2", base._replace(num_warps=16, prefetch=True, pv_split=True)),
         ("splits_x2", base._replace(num_splits=min(64, s * 2))),
         ("splits_half", base._replace(num_splits=max(1, s // 2))),
     ]

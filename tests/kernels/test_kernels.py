@@ -171,6 +171,26 @@ CASES = [
     ),
     ("h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [None]),
     (
+        "inf_sinks_prefetch_pvsplit",
+        dict(
+            B=2,
+            H=64,
+            topk=40,
+            page_size=16,
+            extra_topk=24,
+            extra_page_size=8,
+            with_sink="inf",
+            topk_length="partial",
+            invalid_fraction=0.2,
+        ),
+        ("simt", "mma"),
+        [
+            MMAConfig(64, BN, 1, 4, 1, True, True),
+            MMAConfig(64, BN, 3, 4, 1, True, False),
+            MMAConfig(64, BN, 2, 4, 1, False, True),
+        ],
+    ),
+    (
         "batch5_past_end",
         dict(B=5, H=64, topk=19, page_size=64, invalid_fraction=0.5),
         ("mma",),
