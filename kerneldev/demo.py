@@ -95,7 +95,9 @@ def run_demo(
         if on_start:
             on_start(sandbox)
         host = load_config(sandbox.config_path).host(sandbox.host_name)
-        with open_transport(host) as transport:
+        # The sandbox host is fully described by its hosts.yaml: the user's ~/.ssh/config
+        # (a `Host *` ProxyJump, say) must not change where the demo connects.
+        with open_transport(host, ssh_config="none") as transport:
             ctx = DemoContext(sandbox, host, transport)
             steps = list(LOOP_STEPS) + list(EXTRA_STEPS if extra_steps is None else extra_steps)
             for fn in steps:
