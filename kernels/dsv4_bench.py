@@ -755,6 +755,8 @@ def _main(args, argv: list[str]) -> int:
     kernel_paths = _parse_kernels(args.kernel, here)
     if args.rotate < 1 or args.warmup < 0 or args.rep < 1:
         raise HarnessError("--rotate and --rep must be >= 1, --warmup >= 0", EXIT_USAGE)
+    if args.out is not None and not args.out.resolve().parent.is_dir():
+        raise HarnessError(f"--out {args.out}: its folder does not exist", EXIT_USAGE)
 
     if cpu:
         # Must be set before triton is imported: the interpreter is chosen at import time.
