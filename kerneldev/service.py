@@ -14,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kerneldev.config import ServiceConfig
-from kerneldev.errors import HostConnectionError, RemoteCommandError, ServiceError, UsageError
+from kerneldev.errors import (
+    ConnectionLostError,
+    HostConnectionError,
+    RemoteCommandError,
+    ServiceError,
+    UsageError,
+)
 from kerneldev.transport.base import Transport
 
 DEFAULT_INTERVAL = 1.0  # seconds between health checks
@@ -59,6 +65,8 @@ def check_health(transport: Transport, health: str, timeout: float) -> tuple[boo
     if is_url(health):
         try:
             status = transport.http_get(health, timeout=max(0.5, min(5.0, timeout)))
+        except ConnectionLostError:
+            raise  # the SSH connection itself is gone: polling on would only wait out the timeout
         except HostConnectionError:
             return False, "no answer"
         return 200 <= status < 400, f"HTTP {status}"
