@@ -90,7 +90,7 @@ class Shape:
     page_size: int = 64
     extra_topk: int = 0  # 0 = no extra (compressed) cache
     extra_page_size: int = 64
-    sink: bool = False
+    sink: bool | str = False  # True: random finite sinks; "inf": some +inf / -inf (FlashMLA's test)
     lengths: str = "full"  # topk_length mode of make_inputs: full, partial, zero, none
     invalid: float = 0.0  # fraction of indices that are negative or past the cache's end
     pad: bool = False  # FlashMLA's padded page stride (multiple of 576 bytes)
@@ -119,7 +119,7 @@ def _shape_name(
     page: int,
     extra: int,
     extra_page: int,
-    sink: bool,
+    sink: bool | str,
     lengths: str,
     invalid: float,
     pad: bool,
@@ -132,7 +132,7 @@ def _shape_name(
     else:
         parts.append(f"topk{topk}" + (f"/p{page}" if page != 64 else ""))
     if sink:
-        parts.append("sink")
+        parts.append("sink-inf" if sink == "inf" else "sink")
     if lengths != "full":
         parts.append(f"len-{lengths}")
     if invalid:
@@ -149,7 +149,7 @@ def make_shape(
     page_size: int = 64,
     extra_topk: int = 0,
     extra_page_size: int = 64,
-    sink: bool = False,
+    sink: bool | str = False,
     lengths: str = "full",
     invalid: float = 0.0,
     pad: bool = False,
@@ -203,6 +203,7 @@ SHAPE_SETS["paths"] = [
         pad=True,
     ),
     make_shape(8, heads=128, topk=512, sink=True, lengths="zero"),
+    make_shape(16, topk=128, page_size=256, extra_topk=512, sink="inf"),
     make_shape(3, topk=300, lengths="none", invalid=0.5),
 ]
 
@@ -228,7 +229,7 @@ _BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no"
 _LENGTHS = ("full", "partial", "zero", "none")
 SPEC_HELP = (
     "a named set (" + ", ".join(SHAPE_SETS) + ") or B=..,H=..,topk=..[,page=..,extra_topk=..,"
-    "extra_page=..,sink=1,lengths=full|partial|zero|none,invalid=0.1,pad=1]; several "
+    "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none,invalid=0.1,pad=1]; several "
     "separated by ';'"
 )
 
@@ -275,9 +276,12 @@ def _parse_spec(spec: str) -> Shape:
         attr = _SPEC_KEYS[key]
         if attr in values:
             raise bad(f"{written} given twice")
-        if attr in ("sink", "pad"):
+        if attr == "sink" and raw.lower() == "inf":
+            values[attr] = "inf"
+        elif attr in ("sink", "pad"):
             if raw.lower() not in _BOOLS:
-                raise bad(f"{written} must be 0 or 1, got {raw!r}")
+                choices = "0, 1 or inf" if attr == "sink" else "0 or 1"
+                raise bad(f"{written} must be {choices}, got {raw!r}")
             values[attr] = _BOOLS[raw.lower()]
         elif attr == "lengths":
             if raw not in _LENGTHS:

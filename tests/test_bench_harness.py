@@ -81,7 +81,7 @@ SHAPE_KEYS = {
     "page_size": int,
     "extra_topk": int,
     "extra_page_size": int,
-    "sink": bool,
+    "sink": (bool, str),
     "lengths": str,
     "invalid": float,
     "pad": bool,
