@@ -199,7 +199,7 @@ def check_accuracy(
 
 
 def _make_cache_and_indices(
-    B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen
+    B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen, spread
 ):
     """One cache with random content plus its indices and topk_length."""
     if num_pages is None:
@@ -208,10 +208,10 @@ def _make_cache_and_indices(
     num_tokens = num_pages * page_size
     dev = gen.device
     kv = torch.randn(num_tokens, D_QK, generator=gen, dtype=torch.float32, device=dev)
-    # Vary the group magnitudes so the UE8M0 scales differ between groups and tokens.
-    kv[:, :448] *= torch.exp2(
-        torch.randint(-2, 2, (num_tokens, 7), generator=gen, device=dev).float()
-    ).repeat_interleave(64, dim=1)
+    if spread:  # vary the 64-dim group magnitudes by 2^[-spread, spread] (UE8M0 scales differ)
+        kv[:, :448] *= torch.exp2(
+            torch.randint(-spread, spread + 1, (num_tokens, 7), generator=gen, device=dev).float()
+        ).repeat_interleave(64, dim=1)
     if page_stride == "pad576":
         page_stride = padded_page_stride(page_size)
     k_cache = pack_paged_cache(kv, page_size, page_stride, num_pages=num_pages)
@@ -266,12 +266,16 @@ def make_inputs(
     topk_length: str = "full",
     invalid_fraction: float = 0.0,
     indices_3d: bool = False,
+    kv_scale_spread: int = 0,
     device: str | torch.device = "cpu",
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
 ) -> dict:
     """Random DSv4 decode inputs: exactly the keyword arguments of the kernel entry point.
 
+    Values are FlashMLA's test distribution: q standard normal clamped to [-1, 1], K/V rows
+    standard normal before quantization; `kv_scale_spread=s` multiplies each 64-dim nope group
+    by 2^k, k uniform in [-s, s] (peakier softmax: a bf16-P kernel can miss the out bounds).
     `with_sink`: False, True (random finite sinks) or "inf" (some +inf / -inf, as FlashMLA's
     test does). `page_stride`: None (P * 584), "pad576" (FlashMLA's padding, applied to both caches) or an
     int (main cache only). `topk_length`: "full", "partial" (random per request, entries past
@@ -287,7 +291,16 @@ def make_inputs(
     q = torch.randn(B, 1, H, D_QK, generator=gen, dtype=torch.float32, device=device)
     q = q.clamp_(-1.0, 1.0).to(dtype)
     k_cache, indices, lens = _make_cache_and_indices(
-        B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen
+        B,
+        topk,
+        page_size,
+        num_pages,
+        page_stride,
+        topk_length,
+        invalid_fraction,
+        device,
+        gen,
+        kv_scale_spread,
     )
     if indices_3d:
         indices = indices[:, None, :]
@@ -321,6 +334,7 @@ def make_inputs(
             invalid_fraction,
             device,
             gen,
+            kv_scale_spread,
         )
         inputs["extra_k_cache"] = e_cache
         inputs["extra_indices"] = e_idx[:, None, :] if indices_3d else e_idx

@@ -370,7 +370,7 @@ def _attend_cache_mma(
     all `tl.dot` on DOT_DTYPE operands with fp32 accumulation. The nope operand is 512 wide
     with zero columns 448..511 (one power-of-two MMA; 12.5% of its work is wasted), the rope
     bf16 tile is an operand as loaded. PREFETCH issues the next tile's gathers before this
-    tile's math; PV_SPLIT adds P's bf16 rounding residue as a second PV product.
+    tile's math; PV_SPLIT adds P's bf16 rounding residue to the PV product.
     """
     offs_n = tl.arange(0, BLOCK_N)
     if PREFETCH:
@@ -402,12 +402,20 @@ def _attend_cache_mma(
         p = tl.exp2(s - m_use[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         p_op = p.to(DOT_DTYPE)
-        acc = tl.dot(p_op, k, acc * alpha[:, None])
-        acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
         if PV_SPLIT:
+            # P = P_hi + P_lo with both halves bf16 (~16 significant bits): one product with
+            # the token axis doubled, [P_hi | P_lo] (interleaved) times [K; K], so there is a
+            # single accumulator. Costs 2x PV tensor work; P's bf16 rounding (2^-9 relative)
+            # otherwise exceeds FlashMLA's abs bound 1e-3 when a few tokens carry the weight.
             p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
-            acc = tl.dot(p_lo, k, acc)
-            acc_r = tl.dot(p_lo, k_r, acc_r)
+            p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
+            k2 = tl.reshape(tl.permute(tl.join(k, k), (0, 2, 1)), (2 * BLOCK_N, D_QK))
+            kr2 = tl.reshape(tl.permute(tl.join(k_r, k_r), (0, 2, 1)), (2 * BLOCK_N, D_QK - D_NOPE))
+            acc = tl.dot(p2, k2, acc * alpha[:, None])
+            acc_r = tl.dot(p2, kr2, acc_r * alpha[:, None])
+        else:
+            acc = tl.dot(p_op, k, acc * alpha[:, None])
+            acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
         m_i = m_new
     return acc, acc_r, m_i, l_i
 
@@ -452,7 +460,8 @@ def _mma_split_kernel(
     PLSE_ptr,
     H,
     qk_scale_log2,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
+    SINGLE_SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HAS_LEN: tl.constexpr,
@@ -512,7 +521,7 @@ def _mma_split_kernel(
         )  # fmt: skip
 
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if NUM_SPLITS == 1:
+    if SINGLE_SPLIT:
         coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
         o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
         out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
@@ -520,8 +529,8 @@ def _mma_split_kernel(
         lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
         tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
-        # Partials [B, H, NUM_SPLITS, 512] fp32 (normalised) and [B, H, NUM_SPLITS] base-2 LSE.
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * NUM_SPLITS + split
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
         inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
         o_row = PO_ptr + row[:, None] * D_QK
         out = acc * inv_l[:, None]
@@ -544,7 +553,7 @@ def _combine_kernel(
     stride_lb,
     stride_lh,
     H,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,
     SPLITS_POW2: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -555,8 +564,8 @@ def _combine_kernel(
     b = pid // H
     h = pid % H
     s = tl.arange(0, SPLITS_POW2)
-    row0 = pid.to(tl.int64) * NUM_SPLITS
-    lse = tl.load(PLSE_ptr + row0 + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    row0 = pid.to(tl.int64) * num_splits
+    lse = tl.load(PLSE_ptr + row0 + s, mask=s < num_splits, other=float("-inf"))
     mx = tl.max(lse, axis=0)
     if HAS_SINK:
         sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
@@ -570,7 +579,7 @@ def _combine_kernel(
 
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     parts = tl.load(
-        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0
+        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < num_splits)[:, None], other=0.0
     )
     out = tl.sum(parts * coef[:, None], axis=0)
     o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
@@ -697,8 +706,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         sink, stride_sink,
         out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
         part_o, part_lse,
-        H, scale_log2,
-        NUM_SPLITS=splits, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        H, scale_log2, splits,
+        SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
         HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
         PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda,
@@ -710,8 +719,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         _combine_kernel[(B * H, HEAD_DIM // block_d)](
             part_o, part_lse, sink, stride_sink,
             out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
-            H,
-            NUM_SPLITS=splits, SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
+            H, splits,
+            SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=attn_sink is not None, RNE_BY_HAND=not q.is_cuda, num_warps=4,
         )  # fmt: skip
 

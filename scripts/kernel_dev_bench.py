@@ -94,30 +94,73 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() / (ms * 1e-3) / 1e9
 
 
-def configs_for(shape_inputs, B, H, topk, e_topk, sweep):
+# Config variants tried on top of the table's choice: name -> MMAConfig field overrides.
+VARIANTS = [
+    ("default", {}),
+    ("pv2", {"pv_split": True}),
+    ("bn32", {"block_n": 32}),
+    ("bn32_pv2", {"block_n": 32, "pv_split": True}),
+    ("bh32_w4", {"block_h": 32, "num_warps": 4}),
+    ("bh32_w4_pv2", {"block_h": 32, "num_warps": 4, "pv_split": True}),
+    ("bh32_w4_bn32_pv2", {"block_h": 32, "num_warps": 4, "block_n": 32, "pv_split": True}),
+]
+
+
+def configs_for(B, H, topk, e_topk, sweep):
     base = fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)
-    cfgs = [("default", base)]
-    if not sweep:
-        return cfgs
-    s = base.num_splits
-    cand = [
-        ("w16", base._replace(num_warps=16)),
-        ("bn32", base._replace(block_n=32)),
-        ("pf", base._replace(prefetch=True)),
-        ("w16_pf", base._replace(num_warps=16, prefetch=True)),
-        ("bn32_pf", base._replace(block_n=32, prefetch=True)),
-        ("pv2", base._replace(pv_split=True)),
-        ("w16_pv2", base._replace(num_warps=16, pv_split=True)),
-        ("w16_pf_pv2", base._replace(num_warps=16, prefetch=True, pv_split=True)),
-        ("splits_x2", base._replace(num_splits=min(64, s * 2))),
-        ("splits_half", base._replace(num_splits=max(1, s // 2))),
-    ]
-    seen = {base}
-    for name, c in cand:
+    out, seen = [], set()
+    for name, over in VARIANTS if sweep else VARIANTS[:1]:
+        c = base._replace(**over)
         if c not in seen:
             seen.add(c)
-            cfgs.append((name, c))
-    return cfgs
+            out.append((name, c))
+    return out
+
+
+STRESS = [  # small valid sets, where P's bf16 rounding shows
+    dict(B=4, H=64, topk=8, page_size=1, with_sink=True),
+    dict(B=4, H=64, topk=37, page_size=64, topk_length="partial", invalid_fraction=0.2),
+    dict(
+        B=4,
+        H=64,
+        topk=128,
+        page_size=256,
+        extra_topk=64,
+        extra_page_size=64,
+        with_sink="inf",
+        topk_length="partial",
+    ),
+    dict(B=8, H=128, topk=300, page_size=48, page_stride="pad576", invalid_fraction=0.3),
+    dict(B=2, H=64, topk=2048, page_size=64, kv_scale_spread=2),
+]
+
+
+def accuracy_stress(sweep) -> list[dict]:
+    rows = []
+    for i, kw in enumerate(STRESS):
+        inp = ref.make_inputs(**kw, device="cuda", seed=1000 + i)
+        r_out, r_lse = ref.reference_sparse_decode(**inp)
+        cfgs = configs_for(kw["B"], kw["H"], kw["topk"], kw.get("extra_topk", 0), sweep)
+        for label, variant, cfg in [("simt", "simt", None)] + [
+            ("mma:" + n, "mma", c) for n, c in cfgs
+        ]:
+            try:
+                o, lse_k = fl.flash_mla_sparse_decode_triton(**inp, variant=variant, _config=cfg)
+                a = ref.check_accuracy(o, lse_k, r_out, r_lse)
+                row = {
+                    "case": i,
+                    "variant": label,
+                    "ok": a["ok"],
+                    "mismatched": a["out_mismatched"],
+                    "max_abs": a["out_max_abs_err"],
+                    "cos": a["out_cos_diff"],
+                    "lse_ok": a["lse_ok"],
+                }
+            except Exception as e:
+                row = {"case": i, "variant": label, "ok": False, "error": repr(e)[:300]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
 
 
 def main() -> None:
@@ -145,6 +188,7 @@ def main() -> None:
     info["copy_GBps"] = copy_bandwidth()
     print(json.dumps(info), flush=True)
     bw = info["copy_GBps"]
+    stress = accuracy_stress(args.sweep)
     rows = []
     wanted = set(args.shapes.split(",")) if args.shapes else None
     for name, B, H, topk, page, e_topk, e_page, target in SHAPES:
@@ -175,8 +219,10 @@ def main() -> None:
             variants.append(("simt", "simt", None))
         for label, variant, cfg in variants:
             try:
-                o, l = fl.flash_mla_sparse_decode_triton(**sets[0], variant=variant, _config=cfg)
-                acc = ref.check_accuracy(o, l, r_out, r_lse)
+                o, lse_k = fl.flash_mla_sparse_decode_triton(
+                    **sets[0], variant=variant, _config=cfg
+                )
+                acc = ref.check_accuracy(o, lse_k, r_out, r_lse)
                 rep = compile_report(cap.last) if variant == "mma" else {}
                 fns = [
                     (
@@ -205,7 +251,12 @@ def main() -> None:
         torch.cuda.empty_cache()
 
     with open(os.path.join(args.out, "kernel_dev_bench.json"), "w") as f:
-        json.dump({"info": info, "rows": rows}, f, indent=1, default=str)
+        json.dump({"info": info, "stress": stress, "rows": rows}, f, indent=1, default=str)
+    print("\naccuracy stress (small valid sets): failures by variant")
+    for v in sorted({r["variant"] for r in stress}):
+        rs = [r for r in stress if r["variant"] == v]
+        bad = [f"case{r['case']}:{r.get('mismatched', 'ERR')}" for r in rs if not r["ok"]]
+        print(f"  {v:24s} {len(rs) - len(bad)}/{len(rs)} ok  {' '.join(bad)}")
     print(f"\n{info['device']} torch {info['torch']} triton {info['triton']} "
           f"copy {bw:.0f} GB/s")  # fmt: skip
     print(f"{'shape':24s} {'variant':16s} {'us':>9s} {'p20-p80':>15s} {'tgt':>5s} {'%bw':>6s} "
