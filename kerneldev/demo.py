@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import drift, service, sync
+from kerneldev import bench, drift, service, sync
 from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import KerneldevError, RefusedError, UsageError
 from kerneldev.sandbox import Sandbox, create_sandbox
@@ -360,6 +360,42 @@ def step_diff_final(ctx: DemoContext) -> DemoStep:
     )
 
 
+def _kernel_stack_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in ("torch", "triton"))
+
+
+def step_bench(ctx: DemoContext) -> DemoStep:
+    """The last question of every round: is the deployed kernel still correct? On the sandbox
+    (no GPU) the harness runs both variants under the Triton interpreter on tiny shapes, so
+    the accuracy check is real and the times are not."""
+    name = "kerneldev bench --source live --cpu --variants simt,mma --shapes smoke"
+    expected = "both variants of the deployed kernel match the float64 reference"
+    if not _kernel_stack_available():
+        return DemoStep(name, expected, "skipped: torch/triton not installed here", True)
+    result = bench.run_bench(
+        ctx.transport,
+        ctx.host,
+        ["simt", "mma"],
+        ["smoke"],
+        source="live",
+        cpu_mode=True,
+        rotate=1,
+        results_dir=ctx.sandbox.dir / ".kerneldev" / "results",
+    )
+    entries = [(r["shape"], r["label"], r["status"]) for r in result.data["results"]]
+    passed = sum(status == "ok" for _, _, status in entries)
+    return DemoStep(
+        name,
+        expected,
+        f"{passed}/{len(entries)} shape x variant checks passed (CPU interpreter; times not "
+        "meaningful)",
+        result.ok and passed == len(entries) > 0,
+        details=[f"{status:6} {label:12} {shape}" for shape, label, status in entries],
+    )
+
+
 LOOP_STEPS: tuple[StepFn, ...] = (
     step_pull,
     step_diff_clean,
@@ -376,4 +412,5 @@ LOOP_STEPS: tuple[StepFn, ...] = (
     step_pull_drifted,
     step_redo,
     step_diff_final,
+    step_bench,
 )

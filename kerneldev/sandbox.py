@@ -373,6 +373,8 @@ def _finish(
         files=list(KERNEL_FILES),
         workspace="workspace",
         mirror="mirror",
+        # The sandbox "host" is this machine: bench there with the interpreter running kerneldev.
+        python=sys.executable,
         service={
             "restart": shlex.quote(str(restart)),
             "health": f"http://127.0.0.1:{port}/health",
