@@ -616,6 +616,12 @@ _MMA_TABLE = {
 _MMA_DEFAULT = (32, 8, 1, 1, 1, False, False)  # other GPUs (sm_80/sm_89: 100-164 KB / block)
 _INTERPRET_CFG = (16, 4, 1, 1, 1, False, False)  # CPU interpreter: small multi-tile cases
 MAX_SPLITS = 64
+# Up to this many selected tokens (topk + extra topk, known from shapes, no data read) the
+# kernel adds P's bf16 rounding residue to PV (pv_split): with only a few valid tokens each one
+# carries a large weight, and bf16 P (2^-9 relative, as in FlashMLA) can miss the 1e-3
+# absolute bound on near-zero outputs. At larger topk the residue averages out; pv_split
+# costs 2-3x there on sm_90 (measured), so it stays off.
+PV_SPLIT_MAX_TOKENS = 256
 
 
 def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) -> MMAConfig:
@@ -636,6 +642,8 @@ def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) ->
         params = _INTERPRET_CFG
         num_sms = 2
     block_n, warps, stages, per_sm, min_tiles, prefetch, pv_split = params
+    if device.type == "cuda" and topk + e_topk <= PV_SPLIT_MAX_TOKENS:
+        pv_split = True  # few tokens: P's bf16 rounding would show; the exact PV is cheap here
     block_h = 64 if H > 32 else max(16, triton.next_power_of_2(H))
     programs = B * triton.cdiv(H, block_h)
     tiles = max(triton.cdiv(topk, block_n), triton.cdiv(e_topk, block_n), 1)
