@@ -25,7 +25,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels"))
 
 import dsv4_reference as ref  # noqa: E402
-import flash_mla_sm120_triton as fl  # noqa: E402
+
+if "--kernel" in sys.argv:  # time another copy of the kernel file (A/B against an old version)
+    import importlib.util
+
+    _spec = importlib.util.spec_from_file_location(
+        "flash_mla_sm120_triton_ab", sys.argv[sys.argv.index("--kernel") + 1]
+    )
+    fl = importlib.util.module_from_spec(_spec)
+    sys.modules[_spec.name] = fl
+    _spec.loader.exec_module(fl)
+else:
+    import flash_mla_sm120_triton as fl  # noqa: E402
 
 SHAPES = [
     # name, B, H, topk, page, extra_topk, extra_page, target_us
@@ -170,6 +181,8 @@ def main() -> None:
     ap.add_argument("--no-stress", action="store_true", help="skip the small-set accuracy pass")
     ap.add_argument("--simt", action="store_true", help="also time the SIMT baseline")
     ap.add_argument("--shapes", default="")
+    ap.add_argument("--kernel", default="", help="path of another flash_mla_sm120_triton.py")
+    ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     ap.add_argument("--sets", type=int, default=2)
     args = ap.parse_args()
 
@@ -251,7 +264,7 @@ def main() -> None:
         del sets
         torch.cuda.empty_cache()
 
-    with open(os.path.join(args.out, "kernel_dev_bench.json"), "w") as f:
+    with open(os.path.join(args.out, f"kernel_dev_bench{args.tag}.json"), "w") as f:
         json.dump({"info": info, "stress": stress, "rows": rows}, f, indent=1, default=str)
     print("\naccuracy stress (small valid sets): failures by variant")
     for v in sorted({r["variant"] for r in stress}):
