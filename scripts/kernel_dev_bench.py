@@ -226,9 +226,7 @@ def main() -> None:
         tot = topk + e_topk
         floor_bytes = ref.roofline_bytes(B, H, tot)
         flops = ref.roofline_flops(B, H, tot)
-        variants = [
-            ("mma:" + n, "mma", c) for n, c in configs_for(B, H, topk, e_topk, args.sweep)
-        ]
+        variants = [("mma:" + n, "mma", c) for n, c in configs_for(B, H, topk, e_topk, args.sweep)]
         if args.simt:
             variants.append(("simt", "simt", None))
         for label, variant, cfg in variants:
@@ -240,8 +238,8 @@ def main() -> None:
                 rep = compile_report(cap.last) if variant == "mma" else {}
                 fns = [
                     (
-                        lambda s=s: fl.flash_mla_sparse_decode_triton(
-                            **s, variant=variant, _config=cfg
+                        lambda s=s, v=variant, c=cfg: fl.flash_mla_sparse_decode_triton(
+                            **s, variant=v, _config=c
                         )
                     )
                     for s in sets
@@ -284,7 +282,8 @@ def main() -> None:
             f"{r['shape']:24s} {r['variant']:16s} {r['us']:9.1f} "
             f"{r['p20_us']:7.1f}-{r['p80_us']:<7.1f} {r['target_us']:5d} {r['pct_copy_bw']:6.1f} "
             f"{r['TFLOPs']:6.1f} {'Y' if r['ok'] else 'N'}  {c.get('n_regs', '')} "
-            f"{c.get('n_spills', '')} {c.get('shared', '')} {c.get('wgmma', '')}/{c.get('mma_sync', '')}"
+            f"{c.get('n_spills', '')} {c.get('shared', '')} "
+            f"{c.get('wgmma', '')}/{c.get('mma_sync', '')}"
         )
 
 

@@ -73,8 +73,8 @@ def _run_and_check(inputs, variant, config=None, expect_all_invalid=False):
     B, _, H, _ = inputs["q"].shape
     out = torch.full((B, 1, H, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
     lse = torch.full((B, H, 1), float("nan"), dtype=torch.float32, device=DEVICE)
-    o, l = decode(**inputs, variant=variant, out=out, lse=lse, _config=config)
-    assert o is out and l is lse
+    o, lse_ret = decode(**inputs, variant=variant, out=out, lse=lse, _config=config)
+    assert o is out and lse_ret is lse
     assert not torch.isnan(out).any(), "some output element was never written"
     assert not torch.isnan(lse).any(), "some lse element was never written"
     r_out, r_lse = ref.reference_sparse_decode(**inputs)
@@ -512,7 +512,10 @@ def test_reference_against_naive_loop():
             s.append(float(inputs["attn_sink"][h]))
             m = max(s)
             l_ = m + math.log(sum(math.exp(x - m) for x in s))
-            o = sum((math.exp(x - l_) * k for x, k in zip(s, ks)), torch.zeros(512).double())
+            o = sum(
+                (math.exp(x - l_) * k for x, k in zip(s, ks, strict=False)),
+                torch.zeros(512).double(),
+            )
             assert abs(l_ - float(lse[b, h, 0])) < 1e-9
             assert float((o - out[b, 0, h]).abs().max()) < 1e-9
 
