@@ -278,8 +278,9 @@ def make_inputs(
     by 2^k, k uniform in [-s, s] (peakier softmax: a bf16-P kernel can miss the out bounds).
     `with_sink`: False, True (random finite sinks) or "inf" (some +inf / -inf, as FlashMLA's
     test does). `page_stride`: None (P * 584), "pad576" (FlashMLA's padding, applied to both
-    caches) or an int (main cache only). `topk_length`: "full", "partial" (random per request, entries past
-    the length hold garbage), "zero", or "none" (pass None). `invalid_fraction` of the indices
+    caches) or an int (main cache only). `topk_length`: "full", "partial" (random per request,
+    entries past the length hold garbage), "zero", or "none" (pass None). `invalid_fraction` of
+    the indices
     are negative or past the cache's end. The extra cache (when `extra_topk > 0`) uses the same
     topk_length mode with its own page size.
     """
