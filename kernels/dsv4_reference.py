@@ -280,9 +280,8 @@ def make_inputs(
     test does). `page_stride`: None (P * 584), "pad576" (FlashMLA's padding, applied to both
     caches) or an int (main cache only). `topk_length`: "full", "partial" (random per request,
     entries past the length hold garbage), "zero", or "none" (pass None). `invalid_fraction` of
-    the indices
-    are negative or past the cache's end. The extra cache (when `extra_topk > 0`) uses the same
-    topk_length mode with its own page size.
+    the indices are negative or past the cache's end. The extra cache (when `extra_topk > 0`)
+    uses the same topk_length mode with its own page size.
     """
     device = torch.device(device)
     # Random numbers are drawn on the target device (fast for big shapes); a seed gives the same
