@@ -23,13 +23,19 @@ Kernels:
   * `_simt_decode_kernel`, grid (B, H): one program per request and head walks the selected
     tokens of both caches in tiles of BLOCK_N, scores with multiply-reduce, online softmax,
     sink, and writes out/lse. Every program gathers and dequantizes every tile for its head.
-  * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), NUM_SPLITS): one program per request,
+  * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), num_splits): one program per request,
     block of heads and KV split. Split s takes a contiguous range of tiles of the main cache
-    and one of the extra cache; each tile (BLOCK_N tokens x 512) is gathered and dequantized
-    once into the matrix-operand dtype and shared by all BLOCK_H heads: S = Q K^T and
-    O += P V are `tl.dot` with fp32 accumulation. With one split it finishes in place (sink,
-    normalisation, bf16 store); otherwise it writes a normalised fp32 partial and its base-2
-    LSE, and `_combine_kernel`, grid (B * H, 512 / BLOCK_D), merges the splits and the sink.
+    and one of the extra cache; each tile (BLOCK_N tokens) is gathered and dequantized once
+    into the matrix-operand dtype and shared by all BLOCK_H heads. Operands are split into
+    nope (448 dims, zero-padded to a 512-wide operand) and rope (64 dims, bf16 as stored):
+    S = Qn Kn^T + Qr Kr^T, On += P Kn, Or += P Kr, all `tl.dot` with fp32 accumulation. With
+    one split it finishes in place (sink, normalisation, bf16 store); otherwise it writes a
+    normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
+    (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink.
+
+Launch parameters come from `_mma_config` (per-compute-capability table, SM count, B, H, topk;
+no autotuning, no host synchronisation: CUDA-graph capturable). Design notes and measurements:
+`docs/kernels.md`, `docs/benchmarks.md` in kerneldev.
 """
 
 from __future__ import annotations
