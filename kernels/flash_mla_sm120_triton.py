@@ -427,6 +427,125 @@ def _attend_cache_mma(
 
 
 @triton.jit
+def _issue_tile_loads_cs(
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, pos, end, own, oth,
+    g_own, g_oth,
+):  # fmt: skip
+    """Column-split tile: nope fp8 as two 256-wide halves (this program's output columns `own`
+    and the other program's `oth`; columns >= 448 zero), rope bf16 [BLOCK_N, 64], the 4 scale
+    exponents of each half (group 7 zero), validity [BLOCK_N]."""
+    idx, valid = _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens)
+    page = idx // page_size
+    slot = idx - page * page_size
+    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
+    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
+    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    raw_own = tl.load(
+        KV_ptr + (row_off[:, None] + own[None, :]),
+        mask=valid[:, None] & (own < D_NOPE)[None, :],
+        other=0,
+    )
+    raw_oth = tl.load(
+        KV_ptr + (row_off[:, None] + oth[None, :]),
+        mask=valid[:, None] & (oth < D_NOPE)[None, :],
+        other=0,
+    )
+    r = tl.arange(0, D_QK - D_NOPE)
+    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0.0)
+    exps_own = tl.load(
+        KV_ptr + (scale_off[:, None] + g_own[None, :]),
+        mask=valid[:, None] & (g_own < NUM_GROUPS_POW2 - 1)[None, :],
+        other=0,
+    )
+    exps_oth = tl.load(
+        KV_ptr + (scale_off[:, None] + g_oth[None, :]),
+        mask=valid[:, None] & (g_oth < NUM_GROUPS_POW2 - 1)[None, :],
+        other=0,
+    )
+    return raw_own, raw_oth, rope, exps_own, exps_oth, valid
+
+
+@triton.jit
+def _dequant_half(raw, exps, BLOCK_N: tl.constexpr):
+    """fp8 [BLOCK_N, 256] * 2^(e - 127) per 64-dim group (4 groups) -> float32."""
+    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
+    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two, unlike a fast exp2
+    mult = tl.reshape(
+        tl.broadcast_to(mult[:, :, None], (BLOCK_N, NUM_GROUPS_POW2 // 2, GROUP)),
+        (BLOCK_N, D_QK // 2),
+    )
+    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult
+
+
+@triton.jit
+def _attend_cache_mma_cs(
+    acc,
+    acc_r,
+    m_i,
+    l_i,
+    q_own,
+    q_oth,
+    q_rope,
+    col,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_row_ptr,
+    stride_it,
+    start,
+    end,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+):
+    """Column split (COL_SPLIT 2): as `_attend_cache_mma`, but the program accumulates only its
+    256 output columns. S is computed over all 576 dims (q_own K_own^T + q_oth K_oth^T +
+    q_rope K_rope^T, the same work as the full kernel), PV only with K_own (acc [BLOCK_H, 256])
+    and the rope (acc_r; used by the program of the second half only, the other discards it).
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    j = tl.arange(0, D_QK // 2)
+    own = col * (D_QK // 2) + j
+    oth = (1 - col) * (D_QK // 2) + j
+    g = tl.arange(0, NUM_GROUPS_POW2 // 2)
+    g_own = col * (NUM_GROUPS_POW2 // 2) + g
+    g_oth = (1 - col) * (NUM_GROUPS_POW2 // 2) + g
+    for n0 in range(start, end, BLOCK_N):
+        raw_own, raw_oth, rope, exps_own, exps_oth, valid = _issue_tile_loads_cs(
+            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it,
+            n0 + offs_n, end, own, oth, g_own, g_oth,
+        )  # fmt: skip
+        k_own = _dequant_half(raw_own, exps_own, BLOCK_N).to(DOT_DTYPE)
+        k_oth = _dequant_half(raw_oth, exps_oth, BLOCK_N).to(DOT_DTYPE)
+        k_r = rope.to(DOT_DTYPE)
+        s = tl.dot(q_own, tl.trans(k_own))
+        s = tl.dot(q_oth, tl.trans(k_oth), s)
+        s = tl.dot(q_rope, tl.trans(k_r), s)
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p_op = p.to(DOT_DTYPE)
+        if PV_SPLIT:  # as in _attend_cache_mma: [P_hi | P_lo] @ [K; K]
+            p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
+            p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
+            k2 = tl.reshape(tl.permute(tl.join(k_own, k_own), (0, 2, 1)), (2 * BLOCK_N, D_QK // 2))
+            kr2 = tl.reshape(tl.permute(tl.join(k_r, k_r), (0, 2, 1)), (2 * BLOCK_N, D_QK - D_NOPE))
+            acc = tl.dot(p2, k2, acc * alpha[:, None])
+            acc_r = tl.dot(p2, kr2, acc_r * alpha[:, None])
+        else:
+            acc = tl.dot(p_op, k_own, acc * alpha[:, None])
+            acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
+        m_i = m_new
+    return acc, acc_r, m_i, l_i
+
+
+@triton.jit
 def _mma_split_kernel(
     Q_ptr,
     stride_qb,
@@ -478,10 +597,18 @@ def _mma_split_kernel(
     PREFETCH: tl.constexpr,
     PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    COL_SPLIT: tl.constexpr = 1,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
-    pid_bh = tl.program_id(0)
+    tl.static_assert(COL_SPLIT == 1 or COL_SPLIT == 2, "COL_SPLIT is 1 or 2")
+    if COL_SPLIT == 1:
+        pid_bh = tl.program_id(0)
+    else:
+        # Column split: the two programs of a head block are adjacent in the grid, so they run
+        # at the same time and the second gather of each tile mostly hits L2.
+        pid_bh = tl.program_id(0) // COL_SPLIT
+        col = tl.program_id(0) % COL_SPLIT
     split = tl.program_id(1)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
@@ -490,60 +617,124 @@ def _mma_split_kernel(
     d = tl.arange(0, D_QK)
     r = tl.arange(0, D_QK - D_NOPE)
 
-    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
     q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    q_nope = tl.load(
-        q_row + d[None, :] * stride_qd, mask=head_mask[:, None] & (d < D_NOPE)[None, :], other=0.0
-    ).to(DOT_DTYPE)
-    q_rope = tl.load(
-        q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
-    ).to(DOT_DTYPE)
-
-    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)  # columns >= 448 stay 0
-    acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-
     length = topk
     if HAS_LEN:
         length = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, length)
-    acc, acc_r, m_i, l_i = _attend_cache_mma(
-        acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
-        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end, qk_scale_log2,
-        BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
-    )  # fmt: skip
+    e_start = 0
+    e_end = 0
     if HAS_EXTRA:
         e_length = e_topk
         if HAS_ELEN:
             e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
         e_start = split * e_tokens_per_split
         e_end = tl.minimum(e_start + e_tokens_per_split, e_length)
-        acc, acc_r, m_i, l_i = _attend_cache_mma(
-            acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
-            e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start, e_end,
-            qk_scale_log2, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
-        )  # fmt: skip
+    if COL_SPLIT == 1:
+        # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
+        q_nope = tl.load(
+            q_row + d[None, :] * stride_qd,
+            mask=head_mask[:, None] & (d < D_NOPE)[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        q_rope = tl.load(
+            q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
+        ).to(DOT_DTYPE)
 
-    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if SINGLE_SPLIT:
-        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-        out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
-        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+        acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)  # columns >= 448 stay 0
+        acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+
+        acc, acc_r, m_i, l_i = _attend_cache_mma(
+            acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
+            IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end, qk_scale_log2,
+            BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
+        )  # fmt: skip
+        if HAS_EXTRA:
+            acc, acc_r, m_i, l_i = _attend_cache_mma(
+                acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
+                e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start,
+                e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
+            )  # fmt: skip
+        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+        if SINGLE_SPLIT:
+            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+            out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+        else:
+            # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            o_row = PO_ptr + row[:, None] * D_QK
+            out = acc * inv_l[:, None]
+            out_r = acc_r * inv_l[:, None]
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+        tl.store(o_row + d[None, :], out, mask=head_mask[:, None] & (d < D_NOPE)[None, :])
+        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=head_mask[:, None])
     else:
-        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-        o_row = PO_ptr + row[:, None] * D_QK
-        out = acc * inv_l[:, None]
-        out_r = acc_r * inv_l[:, None]
-        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    tl.store(o_row + d[None, :], out, mask=head_mask[:, None] & (d < D_NOPE)[None, :])
-    tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=head_mask[:, None])
+        # Column split: this program owns output columns [col * 256, col * 256 + 256) of the
+        # nope part (columns >= 448 do not exist) and, for col 1, the rope columns 448..511.
+        # q is loaded as the same two halves (own, other) plus the rope.
+        jh = tl.arange(0, D_QK // 2)
+        own = col * (D_QK // 2) + jh
+        oth = (1 - col) * (D_QK // 2) + jh
+        q_own = tl.load(
+            q_row + own[None, :] * stride_qd,
+            mask=head_mask[:, None] & (own < D_NOPE)[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        q_oth = tl.load(
+            q_row + oth[None, :] * stride_qd,
+            mask=head_mask[:, None] & (oth < D_NOPE)[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        q_rope = tl.load(
+            q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
+        ).to(DOT_DTYPE)
+        acc = tl.zeros([BLOCK_H, D_QK // 2], dtype=tl.float32)
+        acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+            acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page, page_size,
+            num_tokens, IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end,
+            qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+        )  # fmt: skip
+        if HAS_EXTRA:
+            acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
+                e_page_size, e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit,
+                e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+            )  # fmt: skip
+        # Both programs compute the same S (up to the fp32 summation order of the two halves,
+        # ~1e-7 relative), hence the same m, l and lse: only col 0 writes the lse; each
+        # program normalises its own columns by its own l.
+        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+        own_mask = head_mask[:, None] & (own < D_NOPE)[None, :]
+        col_h = tl.zeros([BLOCK_H], dtype=tl.int32) + col  # per-row copy: a tensor mask
+        rope_mask = (head_mask & (col_h == COL_SPLIT - 1))[:, None]
+        lse_mask = head_mask & (col_h == 0)
+        if SINGLE_SPLIT:
+            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+            out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=lse_mask)
+        else:
+            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            o_row = PO_ptr + row[:, None] * D_QK
+            out = acc * inv_l[:, None]
+            out_r = acc_r * inv_l[:, None]
+            tl.store(PLSE_ptr + row, lse2, mask=lse_mask)
+        tl.store(o_row + own[None, :], out, mask=own_mask)
+        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=rope_mask)
 
 
 @triton.jit
@@ -605,22 +796,49 @@ class MMAConfig(NamedTuple):
     num_stages: int
     prefetch: bool = False
     pv_split: bool = False
+    # v4 candidate: 2 = split the 512 output columns over two programs per head block (each
+    # recomputes S, accumulates 256 columns). maxnreg: ptxas register cap (0 = its choice).
+    col_split: int = 1
+    maxnreg: int = 0
 
 
 # Per compute capability: BLOCK_N, num_warps, num_stages, resident programs per SM, minimum
-# tiles per split, prefetch, pv_split. BLOCK_H is 64 (one wgmma M tile; DSv4 has 64 or 128
-# heads). Shared memory per program ~ q (BLOCK_H x 576 x 2 = 72 KB) + one K tile
+# tiles per split, prefetch, pv_split, col_split, maxnreg. BLOCK_H is 64 (one wgmma M tile;
+# DSv4 has 64 or 128 heads). Shared memory per program ~ q (BLOCK_H x 576 x 2 = 72 KB) + one K tile
 # (BLOCK_N x 576 x 2) + the P operand, so:
 #   sm_90  (227 KB / block): BLOCK_N 64 -> ~150 KB: one program per SM (registers bind too:
 #           a 64 x 512 fp32 accumulator is 128 registers per thread at 8 warps).
 #   sm_120 ( 99 KB / block): BLOCK_H 64 with BLOCK_N 16 just fits; stated, untested on hardware.
 _MMA_TABLE = {
-    (9, 0): (64, 8, 1, 1, 1, False, False),
-    (10, 0): (64, 8, 1, 1, 1, False, False),  # sm_100: not measured, sm_90's choice
-    (12, 0): (16, 8, 1, 1, 1, False, False),  # sm_120 / sm_121: untested on hardware
+    (9, 0): (64, 8, 1, 1, 1, False, False, 1, 0),
+    (10, 0): (64, 8, 1, 1, 1, False, False, 1, 0),  # sm_100: not measured, sm_90's choice
+    (12, 0): (16, 8, 1, 1, 1, False, False, 1, 0),  # sm_120 / sm_121: untested on hardware
 }
-_MMA_DEFAULT = (32, 8, 1, 1, 1, False, False)  # other GPUs (sm_80/sm_89: 100-164 KB / block)
-_INTERPRET_CFG = (16, 4, 1, 1, 1, False, False)  # CPU interpreter: small multi-tile cases
+_MMA_DEFAULT = (32, 8, 1, 1, 1, False, False, 1, 0)  # other GPUs (sm_80/sm_89: 100-164 KB)
+_INTERPRET_CFG = (16, 4, 1, 1, 1, False, False, 1, 0)  # CPU interpreter: multi-tile cases
+
+# v4 candidate, OFF by default: the sm_90 table row used instead of the one above. The two
+# programs of a column split each hold a 64 x 256 fp32 accumulator (64 registers per thread at
+# 8 warps, instead of 128) plus the 64 x 64 rope accumulator, and recompute S in full.
+#   "off"   the table above (one program per SM, full 512-column accumulator).
+#   "n64"   BLOCK_N 64, one program per SM, no register cap: the same shared memory
+#           (q 72 KB + K tile 72 KB = 144 KB) and twice the programs (B 64: 128 programs,
+#           1 KV split instead of 2, so no partials and no combine).
+#   "n32x2" BLOCK_N 32, two programs per SM (q 72 KB + K tile 36 KB = 108 KB each, 216 KB of
+#           228 KB per SM), ptxas capped at 128 registers per thread so that two 8-warp
+#           programs fit the register file: gather of one program overlaps MMA of the other.
+#   "auto"  "n64" only where the doubled grid still fits in one wave of idle SMs, i.e. where
+#           the KV split count is capped by the tile count (B 1: 32 -> 64 programs; B 1 dual
+#           cache: 8 -> 16), else the default row. Large batches keep the default: there the
+#           split doubles the gather and S work per SM (see docs/benchmarks.md).
+# Flip for an A/B without editing the file: sed -i 's/^_SM90_COLSPLIT_MODE = "off"/
+# _SM90_COLSPLIT_MODE = "n64"/' (see docs/benchmarks.md, v4 candidate).
+_SM90_COLSPLIT_MODE = "off"
+_SM90_COLSPLIT_ROWS = {
+    "n64": (64, 8, 1, 1, 1, False, False, 2, 0),
+    "n32x2": (32, 8, 1, 2, 1, False, False, 2, 128),
+    "auto": (64, 8, 1, 1, 1, False, False, 0, 0),  # col_split 0: 2 where it fits, else 1
+}
 MAX_SPLITS = 64
 # Up to this many selected tokens (topk + extra topk, known from shapes, no data read) the
 # kernel adds P's bf16 rounding residue to PV (pv_split): with only a few valid tokens each one
@@ -643,18 +861,26 @@ def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) ->
         major, minor = torch.cuda.get_device_capability(device)
         key = (major, 0) if (major, 0) in _MMA_TABLE else (major, minor)
         params = _MMA_TABLE.get(key, _MMA_DEFAULT)
+        if key == (9, 0) and _SM90_COLSPLIT_MODE != "off":
+            params = _SM90_COLSPLIT_ROWS[_SM90_COLSPLIT_MODE]
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         params = _INTERPRET_CFG
         num_sms = 2
-    block_n, warps, stages, per_sm, min_tiles, prefetch, pv_split = params
+    block_n, warps, stages, per_sm, min_tiles, prefetch, pv_split, col_split, maxnreg = params
     if device.type == "cuda" and topk + e_topk <= PV_SPLIT_MAX_TOKENS:
         pv_split = True  # few tokens: P's bf16 rounding would show; the exact PV is cheap here
     block_h = 64 if H > 32 else max(16, triton.next_power_of_2(H))
-    programs = B * triton.cdiv(H, block_h)
     tiles = max(triton.cdiv(topk, block_n), triton.cdiv(e_topk, block_n), 1)
+    programs = B * triton.cdiv(H, block_h)
+    if col_split == 0:  # "auto": split the columns only into SMs that would idle otherwise
+        splits = max(1, min((num_sms * per_sm) // programs, tiles // min_tiles, MAX_SPLITS))
+        col_split = 2 if 2 * programs * splits <= num_sms * per_sm else 1
+    programs *= col_split
     splits = max(1, min((num_sms * per_sm) // max(programs, 1), tiles // min_tiles, MAX_SPLITS))
-    return MMAConfig(block_h, block_n, splits, warps, stages, prefetch, pv_split)
+    return MMAConfig(
+        block_h, block_n, splits, warps, stages, prefetch, pv_split, col_split, maxnreg
+    )
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -712,7 +938,10 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
     # unsupported interpreter limitation), so on CPU the operands are float32 instead.
     dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
-    grid = (B * triton.cdiv(H, cfg.block_h), splits)
+    if cfg.col_split not in (1, 2):
+        raise ValueError(f"MMAConfig.col_split must be 1 or 2, got {cfg.col_split}")
+    grid = (B * triton.cdiv(H, cfg.block_h) * cfg.col_split, splits)
+    extra_opts = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and q.is_cuda else {}
     _mma_split_kernel[grid](
         q, q.stride(0), q.stride(2), q.stride(3),
         *main, tps,
@@ -724,8 +953,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
         HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
-        PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
     )  # fmt: skip
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)

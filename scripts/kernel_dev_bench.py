@@ -6,6 +6,11 @@ CUDA-graph replay + triton.testing.do_bench (L2 flushed per call, rotating input
 reads the compiler's report (n_regs, n_spills, shared memory, wgmma or mma.sync in the PTX).
 
     PYTHONUNBUFFERED=1 python3 scripts/kernel_dev_bench.py [--out DIR] [--sweep] [--simt]
+        [--colsplit]
+
+--colsplit also runs the v4 candidate rows of the kernel file (`_SM90_COLSPLIT_ROWS`: column
+split over two programs per head block) next to the default table config, on the same inputs,
+each with the split count the table rule gives that row.
 """
 
 from __future__ import annotations
@@ -117,6 +122,24 @@ VARIANTS = [
 ]
 
 
+COLSPLIT = "--colsplit" in sys.argv  # also run the v4 candidate rows (see module docstring)
+
+
+def candidate_configs(B, H, topk, e_topk):
+    """(name, MMAConfig) of each `_SM90_COLSPLIT_ROWS` mode, as the table rule would pick it."""
+    rows = getattr(fl, "_SM90_COLSPLIT_ROWS", {})
+    saved = fl._SM90_COLSPLIT_MODE if rows else None
+    out = []
+    try:
+        for mode in rows:
+            fl._SM90_COLSPLIT_MODE = mode
+            out.append(("cs_" + mode, fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)))
+    finally:
+        if rows:
+            fl._SM90_COLSPLIT_MODE = saved
+    return out
+
+
 def configs_for(B, H, topk, e_topk, sweep):
     base = fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)
     out, seen = [], set()
@@ -125,6 +148,11 @@ def configs_for(B, H, topk, e_topk, sweep):
         if c not in seen:
             seen.add(c)
             out.append((name, c))
+    if COLSPLIT:
+        for name, c in candidate_configs(B, H, topk, e_topk):
+            if c not in seen:
+                seen.add(c)
+                out.append((name, c))
     return out
 
 
@@ -184,6 +212,7 @@ def main() -> None:
     ap.add_argument("--kernel", default="", help="path of another flash_mla_sm120_triton.py")
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     ap.add_argument("--sets", type=int, default=2)
+    ap.add_argument("--colsplit", action="store_true", help="also run the v4 candidate rows")
     args = ap.parse_args()
 
     cap = _Capture(fl._mma_split_kernel)

@@ -103,6 +103,11 @@ def C(splits: int, prefetch: bool = False, pv_split: bool | None = None) -> MMAC
     return MMAConfig(64, BN, splits, W, 1, prefetch, ON_GPU if pv_split is None else pv_split)
 
 
+def CS(splits: int, pv_split: bool | None = None, **over) -> MMAConfig:
+    """C() with the v4 candidate's column split forced on (two programs per head block)."""
+    return C(splits, pv_split=pv_split)._replace(col_split=2, **over)
+
+
 CASES = [
     ("page1", dict(B=2, H=64, topk=37, page_size=1), ("simt", "mma"), [None]),
     (
@@ -207,6 +212,61 @@ CASES = [
         [None],
     ),
 ]
+# The v4 column-split candidate (MMAConfig.col_split 2): single cache, dual cache + sink,
+# partial lengths, invalid indices, split count 1 and > 1, more splits than tiles, exact PV.
+CASES += [
+    (
+        "cs_single_partial_invalid",
+        dict(B=3, H=64, topk=45, page_size=48, topk_length="partial", invalid_fraction=0.3),
+        ("mma",),
+        [CS(1), CS(3)],
+    ),
+    (
+        "cs_single_sink_padded",
+        dict(B=2, H=64, topk=80, page_size=64, with_sink=True, page_stride="pad576"),
+        ("mma",),
+        [CS(1), CS(2)],
+    ),
+    (
+        "cs_dual_sink_partial",
+        dict(
+            B=2,
+            H=64,
+            topk=24,
+            page_size=256,
+            extra_topk=40,
+            extra_page_size=64,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.2,
+        ),
+        ("mma",),
+        [CS(1), CS(3), CS(8)],
+    ),
+    (
+        "cs_inf_sinks_pvsplit",
+        dict(
+            B=2,
+            H=64,
+            topk=40,
+            page_size=16,
+            extra_topk=24,
+            extra_page_size=8,
+            with_sink="inf",
+            topk_length="partial",
+            invalid_fraction=0.2,
+        ),
+        ("mma",),
+        [CS(1, pv_split=True), CS(2, pv_split=True)],
+    ),
+    ("cs_h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [CS(1), CS(2)]),
+    (
+        "cs_h128",
+        dict(B=1, H=128, topk=33, page_size=64, with_sink=True),
+        ("mma",),
+        [CS(2, maxnreg=128)],
+    ),
+]
 if ON_GPU:  # bf16 operands at production sizes
     CASES += [
         (
@@ -252,13 +312,55 @@ if ON_GPU:  # bf16 operands at production sizes
             ("mma",),
             [None, MMAConfig(64, 64, 4, 8, 1)],
         ),
+        # v4 candidate rows ("n64", "n32x2") at production sizes
+        (
+            "gpu_cs_B64_topk2048",
+            dict(B=64, H=64, topk=2048, page_size=64, with_sink=True),
+            ("mma",),
+            [
+                MMAConfig(64, 64, 1, 8, 1, False, False, 2, 0),
+                MMAConfig(64, 32, 2, 8, 1, False, False, 2, 128),
+            ],
+        ),
+        (
+            "gpu_cs_B64_main128_extra512",
+            dict(
+                B=64,
+                H=64,
+                topk=128,
+                page_size=256,
+                extra_topk=512,
+                extra_page_size=64,
+                with_sink=True,
+                topk_length="partial",
+                invalid_fraction=0.1,
+                page_stride="pad576",
+            ),
+            ("mma",),
+            [
+                MMAConfig(64, 64, 1, 8, 1, False, True, 2, 0),
+                MMAConfig(64, 32, 2, 8, 1, False, True, 2, 128),
+            ],
+        ),
+        (
+            "gpu_cs_B1_topk2048",
+            dict(B=1, H=64, topk=2048, page_size=64, with_sink=True),
+            ("mma",),
+            [MMAConfig(64, 64, 32, 8, 1, False, False, 2, 0)],
+        ),
     ]
 
 
 def _cfg_id(cfg):
     if cfg is None:
         return "table"
-    return f"s{cfg.num_splits}" + ("-pf" if cfg.prefetch else "") + ("-pv2" if cfg.pv_split else "")
+    return (
+        f"s{cfg.num_splits}-n{cfg.block_n}"
+        + ("-pf" if cfg.prefetch else "")
+        + ("-pv2" if cfg.pv_split else "")
+        + (f"-cs{cfg.col_split}" if cfg.col_split != 1 else "")
+        + (f"-r{cfg.maxnreg}" if cfg.maxnreg else "")
+    )
 
 
 PARAMS = [
@@ -339,6 +441,76 @@ def test_noncontiguous_q_fp8_cache_default_scale(variant):
     inputs["k_cache"] = inputs["k_cache"].view(torch.float8_e4m3fn)
     inputs["softmax_scale"] = None
     _run_and_check(inputs, variant)
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("splits", [1, 2])
+def test_col_split_all_indices_invalid(with_sink, splits):
+    inputs = ref.make_inputs(
+        B=2,
+        H=64,
+        topk=20,
+        page_size=64,
+        extra_topk=12,
+        with_sink=with_sink,
+        invalid_fraction=1.0,
+        device=DEVICE,
+        seed=_seed(f"cs-inv{with_sink}{splits}"),
+    )
+    _run_and_check(inputs, "mma", CS(splits), expect_all_invalid=True)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_col_split_agrees_with_full_columns(splits):
+    """Same inputs, same split count: the column split changes only which program accumulates
+    which output columns (S and the lse are recomputed identically up to fp32 order)."""
+    inputs = ref.make_inputs(
+        B=2,
+        H=64,
+        topk=70,
+        page_size=64,
+        extra_topk=33,
+        with_sink=True,
+        topk_length="partial",
+        device=DEVICE,
+        seed=_seed(f"cs-agree{splits}"),
+    )
+    a, la = _run_and_check(inputs, "mma", C(splits))
+    b, lb = _run_and_check(inputs, "mma", CS(splits))
+    assert (a.float() - b.float()).abs().max() <= 2**-7 * max(1.0, a.float().abs().max())
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+
+
+def test_col_split_table_switch(monkeypatch):
+    """_SM90_COLSPLIT_MODE selects the candidate row on sm_90 only; splits count both halves."""
+    assert fl._SM90_COLSPLIT_MODE == "off"
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+
+    class _Props:
+        multi_processor_count = 132
+
+    monkeypatch.setattr(fl.torch.cuda, "get_device_properties", lambda d=None: _Props())
+    dev = torch.device("cuda")
+    base = fl._mma_config(dev, 64, 2048, 0, 64)
+    assert (base.col_split, base.block_n, base.num_splits, base.maxnreg) == (1, 64, 2, 0)
+    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "n64")
+    c = fl._mma_config(dev, 64, 2048, 0, 64)
+    assert (c.col_split, c.block_n, c.num_splits, c.maxnreg) == (2, 64, 1, 0)
+    assert fl._mma_config(dev, 64, 2048, 0, 1).num_splits == 32  # B 1: 64 programs
+    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "n32x2")
+    c = fl._mma_config(dev, 64, 2048, 0, 64)
+    assert (c.col_split, c.block_n, c.num_splits, c.maxnreg) == (2, 32, 2, 128)
+    assert fl._mma_config(dev, 64, 2048, 0, 128).num_splits == 1  # 256 programs, 2 per SM
+    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "auto")
+    c = fl._mma_config(dev, 64, 2048, 0, 64)  # B 64: 128 programs already, default row
+    assert (c.col_split, c.block_n, c.num_splits) == (1, 64, 2)
+    c = fl._mma_config(dev, 64, 2048, 0, 1)  # B 1: 32 splits, tile-capped: 64 programs
+    assert (c.col_split, c.num_splits) == (2, 32)
+    c = fl._mma_config(dev, 64, 128, 512, 1)  # B 1 dual cache: 8 splits -> 16 programs
+    assert (c.col_split, c.num_splits) == (2, 8)
+    assert fl._mma_config(dev, 64, 2048, 0, 4).col_split == 1  # 128 programs: no room
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (12, 0))
+    assert fl._mma_config(dev, 64, 2048, 0, 64).col_split == 1  # sm_90 only
 
 
 def test_splits_agree_with_single_split():
