@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from kerneldev.errors import ExitCode, KerneldevError
+from kerneldev.errors import KerneldevError
 
 app = typer.Typer(
     name="kerneldev",
@@ -48,22 +48,16 @@ def _register_commands() -> None:
 
 def run() -> None:
     """Console-script entry: run the app, turning expected errors into one-line messages."""
-    import click
-
     from kerneldev.cli.output import print_error
 
     _register_commands()
     try:
-        # standalone_mode=False: click returns the exit code of typer.Exit instead of exiting,
-        # and lets our own errors reach the handler below.
-        rc = app(standalone_mode=False)
+        # Standalone mode: typer itself reports usage errors (exit 2), --help and typer.Exit
+        # codes; only our own errors (and bugs, which keep their traceback) come out here.
+        app()
     except KerneldevError as err:
         print_error(err.message, err.hint)
         sys.exit(int(err.exit_code))
-    except click.exceptions.Abort:
+    except KeyboardInterrupt:
         print_error("interrupted")
         sys.exit(130)
-    except click.ClickException as err:  # usage errors: unknown option, bad value
-        err.show()
-        sys.exit(int(ExitCode.USAGE))
-    sys.exit(rc if isinstance(rc, int) else 0)

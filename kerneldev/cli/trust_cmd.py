@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import click
 import typer
 
 from kerneldev import hostkeys
@@ -79,7 +78,7 @@ def _confirm(question: str) -> bool:
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
         return typer.confirm(question, default=False, err=True)
-    except click.exceptions.Abort:  # EOF on stdin: nobody said yes
+    except typer.Abort:  # EOF on stdin: nobody said yes
         return False
 
 
