@@ -81,6 +81,17 @@ def _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens):
 
 
 @triton.jit
+def _count_valid(IDX_row_ptr, stride_it, end, num_tokens, COUNT_BLOCK: tl.constexpr):
+    """How many of the first `end` indices select a token (same masking as the attention)."""
+    offs = tl.arange(0, COUNT_BLOCK)
+    n = 0
+    for p0 in range(0, end, COUNT_BLOCK):
+        _, valid = _gather_indices(IDX_row_ptr, stride_it, p0 + offs, end, num_tokens)
+        n += tl.sum(valid.to(tl.int32))
+    return n
+
+
+@triton.jit
 def _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
     """Gather and dequantize BLOCK_N cache rows -> [BLOCK_N, 512] float32 (0 for invalid rows)."""
     page = idx // page_size
@@ -546,6 +557,37 @@ def _attend_cache_mma_cs(
 
 
 @triton.jit
+def _attend_request_mma(
+    acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length, tokens_per_split,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_length,
+    e_tokens_per_split,
+    qk_scale_log2,
+    HAS_EXTRA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+):  # fmt: skip
+    """This split's token ranges of the main cache, then of the extra cache."""
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, length)
+    acc, acc_r, m_i, l_i = _attend_cache_mma(
+        acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
+        idx_row, stride_it, start, end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
+    )  # fmt: skip
+    if HAS_EXTRA:
+        e_start = split * e_tokens_per_split
+        e_end = tl.minimum(e_start + e_tokens_per_split, e_length)
+        acc, acc_r, m_i, l_i = _attend_cache_mma(
+            acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
+            e_num_tokens, e_idx_row, stride_eit, e_start, e_end, qk_scale_log2, BLOCK_N,
+            DOT_DTYPE, PREFETCH, PV_SPLIT,
+        )  # fmt: skip
+    return acc, acc_r, m_i, l_i
+
+
+@triton.jit
 def _mma_split_kernel(
     Q_ptr,
     stride_qb,
@@ -598,6 +640,7 @@ def _mma_split_kernel(
     PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
     COL_SPLIT: tl.constexpr = 1,
+    PV_SPLIT_BELOW: tl.constexpr = 0,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -625,8 +668,8 @@ def _mma_split_kernel(
     end = tl.minimum(start + tokens_per_split, length)
     e_start = 0
     e_end = 0
+    e_length = e_topk
     if HAS_EXTRA:
-        e_length = e_topk
         if HAS_ELEN:
             e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
         e_start = split * e_tokens_per_split
@@ -647,17 +690,42 @@ def _mma_split_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
 
-        acc, acc_r, m_i, l_i = _attend_cache_mma(
-            acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
-            IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end, qk_scale_log2,
-            BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
-        )  # fmt: skip
-        if HAS_EXTRA:
-            acc, acc_r, m_i, l_i = _attend_cache_mma(
-                acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
-                e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_start,
-                e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
+        idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
+        e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
+        if PV_SPLIT or PV_SPLIT_BELOW == 0:
+            acc, acc_r, m_i, l_i = _attend_request_mma(
+                acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                tokens_per_split,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_length, e_tokens_per_split,
+                qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
             )  # fmt: skip
+        else:
+            # Decided per request, on the device (no host sync): a request with few valid
+            # tokens takes the exact PV, since with few tokens P's bf16 rounding does not
+            # average out; the others keep the plain bf16 PV. Counting reads only index rows.
+            n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 512)
+            if HAS_EXTRA:
+                n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 512)
+            if n_valid <= PV_SPLIT_BELOW:
+                acc, acc_r, m_i, l_i = _attend_request_mma(
+                    acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                    tokens_per_split,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_length, e_tokens_per_split,
+                    qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, True,
+                )  # fmt: skip
+            else:
+                acc, acc_r, m_i, l_i = _attend_request_mma(
+                    acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                    tokens_per_split,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_length, e_tokens_per_split,
+                    qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, False,
+                )  # fmt: skip
         lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
         if SINGLE_SPLIT:
             coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
@@ -700,17 +768,38 @@ def _mma_split_kernel(
         acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-            acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page, page_size,
-            num_tokens, IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, start, end,
-            qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
-        )  # fmt: skip
-        if HAS_EXTRA:
+        idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
+        e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
+        exact = PV_SPLIT
+        if not PV_SPLIT and PV_SPLIT_BELOW > 0:  # as in the COL_SPLIT 1 path
+            n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 512)
+            if HAS_EXTRA:
+                n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 512)
+            exact = n_valid <= PV_SPLIT_BELOW
+        if exact:
             acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
-                e_page_size, e_num_tokens, EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit,
-                e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
+                page_size, num_tokens, idx_row, stride_it, start, end,
+                qk_scale_log2, BLOCK_N, DOT_DTYPE, True,
             )  # fmt: skip
+            if HAS_EXTRA:
+                acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                    acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
+                    e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, True,
+                )  # fmt: skip
+        else:
+            acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
+                page_size, num_tokens, idx_row, stride_it, start, end,
+                qk_scale_log2, BLOCK_N, DOT_DTYPE, False,
+            )  # fmt: skip
+            if HAS_EXTRA:
+                acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                    acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
+                    e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, False,
+                )  # fmt: skip
         # Both programs compute the same S (up to the fp32 summation order of the two halves,
         # ~1e-7 relative), hence the same m, l and lse: only col 0 writes the lse; each
         # program normalises its own columns by its own l.
@@ -800,6 +889,9 @@ class MMAConfig(NamedTuple):
     # recomputes S, accumulates 256 columns). maxnreg: ptxas register cap (0 = its choice).
     col_split: int = 1
     maxnreg: int = 0
+    # Exact PV only for requests with at most this many valid tokens (after topk_length and
+    # invalid indices), decided inside the kernel; 0: never. Ignored when pv_split is on.
+    pv_split_below: int = 0
 
 
 # Per compute capability: BLOCK_N, num_warps, num_stages, resident programs per SM, minimum
@@ -878,8 +970,11 @@ def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) ->
         col_split = 2 if 2 * programs * splits <= num_sms * per_sm else 1
     programs *= col_split
     splits = max(1, min((num_sms * per_sm) // max(programs, 1), tiles // min_tiles, MAX_SPLITS))
+    # Larger shapes: the kernel still takes the exact PV for any request whose valid tokens
+    # are few (the interpreter computes in fp32, so it needs none).
+    below = PV_SPLIT_MAX_TOKENS if device.type == "cuda" else 0
     return MMAConfig(
-        block_h, block_n, splits, warps, stages, prefetch, pv_split, col_split, maxnreg
+        block_h, block_n, splits, warps, stages, prefetch, pv_split, col_split, maxnreg, below
     )
 
 
@@ -954,6 +1049,7 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
         HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
         PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
+        PV_SPLIT_BELOW=0 if cfg.pv_split else cfg.pv_split_below,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
     )  # fmt: skip
     if splits > 1:

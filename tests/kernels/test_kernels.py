@@ -206,6 +206,28 @@ CASES = [
         ],
     ),
     (
+        # Exact PV chosen per request in the kernel: with partial lengths and invalid indices
+        # some requests fall under the threshold and some above, in one launch.
+        "per_request_exact_pv",
+        dict(
+            B=4,
+            H=64,
+            topk=40,
+            page_size=64,
+            extra_topk=24,
+            extra_page_size=32,
+            topk_length="partial",
+            invalid_fraction=0.2,
+            with_sink=True,
+        ),
+        ("mma",),
+        [
+            MMAConfig(64, BN, 1, W, 1, pv_split_below=30),
+            MMAConfig(64, BN, 3, W, 1, pv_split_below=30),
+            MMAConfig(64, BN, 2, W, 1, col_split=2, pv_split_below=30),
+        ],
+    ),
+    (
         "batch5_past_end",
         dict(B=5, H=64, topk=19, page_size=64, invalid_fraction=0.5),
         ("mma",),
@@ -290,8 +312,24 @@ if ON_GPU:  # bf16 operands at production sizes
                 page_stride="pad576",
             ),
             ("simt", "mma"),
-            # partial lengths leave some requests a handful of tokens: exact PV (see C())
-            [MMAConfig(64, 64, 2, 8, 1, False, True)],
+            # partial lengths leave some requests a handful of tokens: the table's config
+            # takes the exact PV for those requests by itself; the second forces it for all
+            [None, MMAConfig(64, 64, 2, 8, 1, False, True)],
+        ),
+        (
+            "gpu_B64_topk2048_partial_invalid_padded",
+            dict(
+                B=64,
+                H=64,
+                topk=2048,
+                page_size=64,
+                with_sink=True,
+                topk_length="partial",
+                invalid_fraction=0.1,
+                page_stride="pad576",
+            ),
+            ("mma",),
+            [None],
         ),
         (
             "gpu_B64_main128_extra512_full",
@@ -360,6 +398,7 @@ def _cfg_id(cfg):
         + ("-pv2" if cfg.pv_split else "")
         + (f"-cs{cfg.col_split}" if cfg.col_split != 1 else "")
         + (f"-r{cfg.maxnreg}" if cfg.maxnreg else "")
+        + (f"-pv2below{cfg.pv_split_below}" if cfg.pv_split_below else "")
     )
 
 
