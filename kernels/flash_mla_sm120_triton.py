@@ -84,7 +84,7 @@ def _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens):
 def _count_valid(IDX_row_ptr, stride_it, end, num_tokens, COUNT_BLOCK: tl.constexpr):
     """How many of the first `end` indices select a token (same masking as the attention)."""
     offs = tl.arange(0, COUNT_BLOCK)
-    n = tl.full([], 0, tl.int32)  # a tensor even when the loop runs zero times
+    n = 0
     for p0 in range(0, end, COUNT_BLOCK):
         _, valid = _gather_indices(IDX_row_ptr, stride_it, p0 + offs, end, num_tokens)
         n += tl.sum(valid.to(tl.int32))
@@ -640,7 +640,6 @@ def _mma_split_kernel(
     PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
     COL_SPLIT: tl.constexpr = 1,
-    REQUEST_FILTER: tl.constexpr = 0,
     PV_SPLIT_BELOW: tl.constexpr = 0,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
@@ -675,24 +674,6 @@ def _mma_split_kernel(
             e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
         e_start = split * e_tokens_per_split
         e_end = tl.minimum(e_start + e_tokens_per_split, e_length)
-    idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
-    e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
-    store_mask = head_mask
-    if REQUEST_FILTER != 0:
-        # Two launches share the requests (no host sync): REQUEST_FILTER 1 (bf16 PV) takes
-        # the requests with more than PV_SPLIT_BELOW valid tokens, 2 (exact PV) the others.
-        # A request that is not this launch's walks no token and stores nothing.
-        n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 512)
-        if HAS_EXTRA:
-            n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 512)
-        if REQUEST_FILTER == 1:
-            mine = n_valid > PV_SPLIT_BELOW
-        else:
-            mine = n_valid <= PV_SPLIT_BELOW
-        end = tl.where(mine, end, start)
-        e_end = tl.where(mine, e_end, e_start)
-        # per-row copy: the interpreter rejects a mask built from a scalar and a vector
-        store_mask = head_mask & ((tl.zeros([BLOCK_H], dtype=tl.int32) + mine.to(tl.int32)) != 0)
     if COL_SPLIT == 1:
         # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
         q_nope = tl.load(
@@ -709,14 +690,42 @@ def _mma_split_kernel(
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
 
-        acc, acc_r, m_i, l_i = _attend_request_mma(
-            acc, acc_r, m_i, l_i, q_nope, q_rope, split,
-            KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
-            tokens_per_split,
-            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-            e_length, e_tokens_per_split,
-            qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
-        )  # fmt: skip
+        idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
+        e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
+        if PV_SPLIT or PV_SPLIT_BELOW == 0:
+            acc, acc_r, m_i, l_i = _attend_request_mma(
+                acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                tokens_per_split,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_length, e_tokens_per_split,
+                qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, PV_SPLIT,
+            )  # fmt: skip
+        else:
+            # Decided per request, on the device (no host sync): a request with few valid
+            # tokens takes the exact PV, since with few tokens P's bf16 rounding does not
+            # average out; the others keep the plain bf16 PV. Counting reads only index rows.
+            n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 512)
+            if HAS_EXTRA:
+                n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 512)
+            if n_valid <= PV_SPLIT_BELOW:
+                acc, acc_r, m_i, l_i = _attend_request_mma(
+                    acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                    tokens_per_split,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_length, e_tokens_per_split,
+                    qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, True,
+                )  # fmt: skip
+            else:
+                acc, acc_r, m_i, l_i = _attend_request_mma(
+                    acc, acc_r, m_i, l_i, q_nope, q_rope, split,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, length,
+                    tokens_per_split,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_length, e_tokens_per_split,
+                    qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PREFETCH, False,
+                )  # fmt: skip
         lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
         if SINGLE_SPLIT:
             coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
@@ -724,7 +733,7 @@ def _mma_split_kernel(
             out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
             out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
             lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=store_mask)
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
         else:
             # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
             row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
@@ -732,9 +741,9 @@ def _mma_split_kernel(
             o_row = PO_ptr + row[:, None] * D_QK
             out = acc * inv_l[:, None]
             out_r = acc_r * inv_l[:, None]
-            tl.store(PLSE_ptr + row, lse2, mask=store_mask)
-        tl.store(o_row + d[None, :], out, mask=store_mask[:, None] & (d < D_NOPE)[None, :])
-        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=store_mask[:, None])
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+        tl.store(o_row + d[None, :], out, mask=head_mask[:, None] & (d < D_NOPE)[None, :])
+        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=head_mask[:, None])
     else:
         # Column split: this program owns output columns [col * 256, col * 256 + 256) of the
         # nope part (columns >= 448 do not exist) and, for col 1, the rope columns 448..511.
@@ -759,25 +768,46 @@ def _mma_split_kernel(
         acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-            acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
-            page_size, num_tokens, idx_row, stride_it, start, end,
-            qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
-        )  # fmt: skip
-        if HAS_EXTRA:
+        idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
+        e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
+        exact = PV_SPLIT
+        if not PV_SPLIT and PV_SPLIT_BELOW > 0:  # as in the COL_SPLIT 1 path
+            n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 512)
+            if HAS_EXTRA:
+                n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 512)
+            exact = n_valid <= PV_SPLIT_BELOW
+        if exact:
             acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
-                e_page_size, e_num_tokens, e_idx_row, stride_eit,
-                e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
+                page_size, num_tokens, idx_row, stride_it, start, end,
+                qk_scale_log2, BLOCK_N, DOT_DTYPE, True,
             )  # fmt: skip
+            if HAS_EXTRA:
+                acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                    acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
+                    e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, True,
+                )  # fmt: skip
+        else:
+            acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
+                page_size, num_tokens, idx_row, stride_it, start, end,
+                qk_scale_log2, BLOCK_N, DOT_DTYPE, False,
+            )  # fmt: skip
+            if HAS_EXTRA:
+                acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
+                    acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
+                    e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, False,
+                )  # fmt: skip
         # Both programs compute the same S (up to the fp32 summation order of the two halves,
         # ~1e-7 relative), hence the same m, l and lse: only col 0 writes the lse; each
         # program normalises its own columns by its own l.
         lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-        own_mask = store_mask[:, None] & (own < D_NOPE)[None, :]
+        own_mask = head_mask[:, None] & (own < D_NOPE)[None, :]
         col_h = tl.zeros([BLOCK_H], dtype=tl.int32) + col  # per-row copy: a tensor mask
-        rope_mask = (store_mask & (col_h == COL_SPLIT - 1))[:, None]
-        lse_mask = store_mask & (col_h == 0)
+        rope_mask = (head_mask & (col_h == COL_SPLIT - 1))[:, None]
+        lse_mask = head_mask & (col_h == 0)
         if SINGLE_SPLIT:
             coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
             o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
@@ -860,8 +890,7 @@ class MMAConfig(NamedTuple):
     col_split: int = 1
     maxnreg: int = 0
     # Exact PV only for requests with at most this many valid tokens (after topk_length and
-    # invalid indices), decided on the device: a second launch takes those requests, the
-    # first skips them; 0: one launch, bf16 PV for all. Ignored when pv_split is on.
+    # invalid indices), decided inside the kernel; 0: never. Ignored when pv_split is on.
     pv_split_below: int = 0
 
 
@@ -895,8 +924,9 @@ _INTERPRET_CFG = (16, 4, 1, 1, 1, False, False, 1, 0)  # CPU interpreter: multi-
 #           cache: 8 -> 16), else the default row. Large batches keep the default: there the
 #           split doubles the gather and S work per SM (see docs/benchmarks.md).
 # Flip for an A/B without editing the file: sed -i 's/^_SM90_COLSPLIT_MODE = "auto"/
-# _SM90_COLSPLIT_MODE = "off"/' (see docs/benchmarks.md, v4 candidate and v5).
-_SM90_COLSPLIT_MODE = "auto"  # measured: B1 shapes 20% faster, others the same config
+# _SM90_COLSPLIT_MODE = "off"/' (see docs/benchmarks.md, v4). "auto" is measured: B1 shapes
+# 20% faster than "off", every other benchmark shape gets the same config.
+_SM90_COLSPLIT_MODE = "auto"
 _SM90_COLSPLIT_ROWS = {
     "n64": (64, 8, 1, 1, 1, False, False, 2, 0),
     "n32x2": (32, 8, 1, 2, 1, False, False, 2, 128),
@@ -1008,28 +1038,21 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         raise ValueError(f"MMAConfig.col_split must be 1 or 2, got {cfg.col_split}")
     grid = (B * triton.cdiv(H, cfg.block_h) * cfg.col_split, splits)
     extra_opts = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and q.is_cuda else {}
-    # (request filter, exact PV) per launch: with pv_split_below the requests are shared by a
-    # bf16-PV launch and an exact-PV launch, each deciding per request on the device.
-    if cfg.pv_split or cfg.pv_split_below <= 0:
-        launches = [(0, cfg.pv_split)]
-    else:
-        launches = [(1, False), (2, True)]
-    for request_filter, pv_split in launches:
-        _mma_split_kernel[grid](
-            q, q.stride(0), q.stride(2), q.stride(3),
-            *main, tps,
-            *ex, e_tps,
-            sink, stride_sink,
-            out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
-            part_o, part_lse,
-            H, scale_log2, splits,
-            SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-            HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
-            HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
-            PV_SPLIT=pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
-            REQUEST_FILTER=request_filter, PV_SPLIT_BELOW=cfg.pv_split_below,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
-        )  # fmt: skip
+    _mma_split_kernel[grid](
+        q, q.stride(0), q.stride(2), q.stride(3),
+        *main, tps,
+        *ex, e_tps,
+        sink, stride_sink,
+        out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
+        part_o, part_lse,
+        H, scale_log2, splits,
+        SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
+        HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype, PREFETCH=cfg.prefetch,
+        PV_SPLIT=cfg.pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
+        PV_SPLIT_BELOW=0 if cfg.pv_split else cfg.pv_split_below,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
+    )  # fmt: skip
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
