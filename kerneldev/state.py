@@ -18,11 +18,11 @@ import getpass
 import json
 import os
 import secrets
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.errors import KerneldevError
 
 STATE_DIR = ".kerneldev"
@@ -129,20 +129,7 @@ def save_state(workspace: Path, state: State) -> None:
     path = state_path(workspace)
     data = json.dumps(_to_dict(state), indent=2, ensure_ascii=False) + "\n"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_bytes_atomic(path, data.encode("utf-8"))
     except OSError as err:
         raise StateError(f"cannot write the state file {path}: {err}") from None
 

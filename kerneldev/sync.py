@@ -20,11 +20,11 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import posixpath
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.drift import (
     CONFLICT,
@@ -165,19 +165,7 @@ def pull(
 
 def _write_local_atomic(path: Path, data: bytes, mode: int) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.kerneldev-tmp-", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                os.fchmod(f.fileno(), mode)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        write_bytes_atomic(path, data, mode)
     except OSError as err:
         raise TransferError(f"cannot write {path}: {err}") from None
 
