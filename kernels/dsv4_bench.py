@@ -523,24 +523,8 @@ def _synchronize(torch, device: str) -> None:
 def run_entry(ctx: dict, shape: Shape, kernel: dict, variant: str, inputs, refs) -> dict:
     torch, triton, device = ctx["torch"], ctx["triton"], ctx["device"]
     args = ctx["args"]
-    result = {
-        "shape": shape.name,
-        "kernel": kernel["name"],
-        "variant": variant,
-        "label": ctx["label"](kernel["name"], variant),
-        "status": "error",
-        "error": None,
-        "accuracy": None,
-        "timing_method": None,
-        "timing_note": None,
-        "median_us": None,
-        "p20_us": None,
-        "p80_us": None,
-        "gbs": None,
-        "pct_copy_bw": None,
-        "tflops": None,
-        "x_floor": None,
-    }
+    # Starts as an error entry; filled in as the checks and timings succeed.
+    result = _error_entry(shape, kernel, variant, ctx["label"], None)
     calls = make_calls(kernel["entry"], inputs, variant)
     wall: list[float] = []
     try:
@@ -918,7 +902,7 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
     return inputs, refs
 
 
-def _error_entry(shape: Shape, kern: dict, variant: str, label, message: str) -> dict:
+def _error_entry(shape: Shape, kern: dict, variant: str, label, message: str | None) -> dict:
     return {
         "shape": shape.name,
         "kernel": kern["name"],

@@ -49,6 +49,19 @@ def ssh_host(server: SSHServer, tmp_path: Path, *, trusted: bool = True, **overr
     return replace(host, **overrides)
 
 
+def ssh_entry(server: SSHServer, tmp_path: Path) -> dict:
+    """The hosts.yaml keys that reach `server` with its host key already trusted."""
+    known = tmp_path / "known_hosts"
+    known.write_text(server.host_key_line)
+    return {
+        "hostname": "127.0.0.1",
+        "port": server.port,
+        "user": server.user,
+        "identity_file": str(server.client_key),
+        "known_hosts": str(known),
+    }
+
+
 def write_hosts_yaml(path: Path, host: HostConfig) -> Path:
     """The hosts.yaml a user would write for `host` (for tests that go through the CLI)."""
     lines = ["hosts:", f"  {host.name}:", f"    transport: {host.transport}"]

@@ -22,6 +22,7 @@ import yaml
 
 from kerneldev import bench
 from kerneldev.sandbox import find_sshd
+from tests.sshutil import ssh_entry
 from tests.test_bench_harness import FAKE_KERNEL, TINY, assert_valid_result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,15 +35,7 @@ def write_config(tmp_path: Path, transport: str = "local", server=None, **host) 
     (root / KERNEL).parent.mkdir(parents=True, exist_ok=True)
     entry: dict = {"transport": transport}
     if transport == "ssh":
-        known = tmp_path / "known_hosts"
-        known.write_text(server.host_key_line)
-        entry.update(
-            hostname="127.0.0.1",
-            port=server.port,
-            user=server.user,
-            identity_file=str(server.client_key),
-            known_hosts=str(known),
-        )
+        entry.update(ssh_entry(server, tmp_path))
     entry.update(root=str(root), files=[KERNEL], workspace="ws", python=sys.executable)
     entry.update(host)
     config = tmp_path / "cfg" / "hosts.yaml"

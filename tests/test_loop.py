@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from kerneldev.cli import main
 from kerneldev.errors import KerneldevError
 from kerneldev.sandbox import find_sshd
+from tests.sshutil import ssh_entry
 
 A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
 B = "python/sglang/srt/layers/attention/flash_mla_sm120.py"
@@ -100,15 +101,7 @@ def make_env(tmp_path: Path, transport: str, server=None, files=(A, B), **host) 
     subprocess.run([*git, "commit", "-qm", "m"], cwd=mirror, check=True)
     entry: dict = {"transport": transport}
     if transport == "ssh":
-        known = tmp_path / "known_hosts"
-        known.write_text(server.host_key_line)
-        entry.update(
-            hostname="127.0.0.1",
-            port=server.port,
-            user=server.user,
-            identity_file=str(server.client_key),
-            known_hosts=str(known),
-        )
+        entry.update(ssh_entry(server, tmp_path))
     entry.update(root=str(root), files=list(files), workspace="ws", mirror="mirror")
     entry.update(host)
     config = tmp_path / "hosts.yaml"
