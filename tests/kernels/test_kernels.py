@@ -289,6 +289,20 @@ CASES += [
         [CS(2, maxnreg=128)],
     ),
 ]
+# The production dual-cache shape with every awkward path on: partial lengths, invalid
+# indices, sink, padded page stride.
+GPU_DUAL_PARTIAL = dict(
+    B=64,
+    H=64,
+    topk=128,
+    page_size=256,
+    extra_topk=512,
+    extra_page_size=64,
+    with_sink=True,
+    topk_length="partial",
+    invalid_fraction=0.1,
+    page_stride="pad576",
+)
 if ON_GPU:  # bf16 operands at production sizes
     CASES += [
         (
@@ -299,18 +313,7 @@ if ON_GPU:  # bf16 operands at production sizes
         ),
         (
             "gpu_B64_main128_extra512",
-            dict(
-                B=64,
-                H=64,
-                topk=128,
-                page_size=256,
-                extra_topk=512,
-                extra_page_size=64,
-                with_sink=True,
-                topk_length="partial",
-                invalid_fraction=0.1,
-                page_stride="pad576",
-            ),
+            GPU_DUAL_PARTIAL,
             ("simt", "mma"),
             # partial lengths leave some requests a handful of tokens: the table's config
             # takes the exact PV for those requests by itself; the second forces it for all
@@ -362,18 +365,7 @@ if ON_GPU:  # bf16 operands at production sizes
         ),
         (
             "gpu_cs_B64_main128_extra512",
-            dict(
-                B=64,
-                H=64,
-                topk=128,
-                page_size=256,
-                extra_topk=512,
-                extra_page_size=64,
-                with_sink=True,
-                topk_length="partial",
-                invalid_fraction=0.1,
-                page_stride="pad576",
-            ),
+            GPU_DUAL_PARTIAL,
             ("mma",),
             [
                 MMAConfig(64, 64, 1, 8, 1, False, True, 2, 0),
