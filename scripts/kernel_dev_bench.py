@@ -56,20 +56,67 @@ SHAPES = [
 
 
 class _Capture:
-    """Wraps a JITFunction so the launcher's CompiledKernel (n_regs, n_spills, asm) is kept."""
+    """Wraps a JITFunction so the launcher's CompiledKernels (n_regs, n_spills, asm) are kept:
+    `first` is the first launch since `reset()` (the bf16-P pass when there are two)."""
 
     def __init__(self, fn):
         self.fn = fn
         self.last = None
+        self.first = None
+
+    only_exact_pass = False  # drop the first (bf16-P) launch: times the exact pass alone
+
+    def reset(self):
+        self.first = self.last = None
 
     def __getitem__(self, grid):
         launch = self.fn[grid]
 
         def call(*args, **kwargs):
+            if self.only_exact_pass and not kwargs.get("EXACT_PASS_BELOW", 0):
+                return None
             self.last = launch(*args, **kwargs)
+            if self.first is None:
+                self.first = self.last
             return self.last
 
         return call
+
+
+_PTXAS_SEEN: dict = {}
+
+
+def ptxas_report(ck) -> list[str]:
+    """ptxas's own verdict on the kernel's PTX (-v, sm_90a): register use, spills and the
+    performance warnings (e.g. wgmma serialisation) that Triton does not surface."""
+    import subprocess
+    import tempfile
+
+    ptx = ck.asm.get("ptx", "") if ck is not None and hasattr(ck, "asm") else ""
+    if not ptx:
+        return []
+    key = hash(ptx)
+    if key in _PTXAS_SEEN:
+        return _PTXAS_SEEN[key]
+    import triton.backends.nvidia as nv
+
+    ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
+    major, minor = torch.cuda.get_device_capability()
+    arch = f"sm_{major}{minor}a"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        try:
+            res = subprocess.run(
+                [ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(tmp, "k.cubin")],
+                capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            lines = [ln for ln in (res.stderr + res.stdout).splitlines() if ln.strip()]
+        except Exception as e:  # a diagnostic only: never lose the run over it
+            lines = [f"ptxas failed: {e!r}"]
+    _PTXAS_SEEN[key] = lines
+    return lines
 
 
 def compile_report(ck) -> dict:
@@ -83,6 +130,10 @@ def compile_report(ck) -> dict:
         "num_warps": getattr(ck.metadata, "num_warps", None),
         "wgmma": ptx.count("wgmma.mma_async"),
         "mma_sync": ptx.count("mma.sync"),
+        "cp_async": ptx.count("cp.async"),
+        "ttgir_convert_layout": ck.asm.get("ttgir", "").count("ttg.convert_layout"),
+        "ttgir_local_alloc": ck.asm.get("ttgir", "").count("ttg.local_alloc"),
+        "ptxas": ptxas_report(ck) if PTXAS else [],
     }
 
 
@@ -123,6 +174,24 @@ VARIANTS = [
 
 
 COLSPLIT = "--colsplit" in sys.argv  # also run the v4 candidate rows (see module docstring)
+PTXAS = "--ptxas" in sys.argv  # also run ptxas -v on each kernel's PTX (warnings, spills)
+EXTRA_VARIANTS: list = []  # --variant NAME=field:value,field:value (repeatable)
+
+
+CS_ROWS = {0: "off", 1: "n64", 2: "n32x2", 3: "auto"}  # variant key cs:N
+# Variants (key exact_pass_only:1) timed without the first launch: the exact pass + combine
+# alone (their accuracy fails by construction).
+EXACT_ONLY: set = set()
+
+
+def parse_variant(text: str):
+    """'n128=block_n:128,num_stages:2' -> ('n128', {'block_n': 128, 'num_stages': 2})."""
+    name, _, spec = text.partition("=")
+    over = {}
+    for item in filter(None, spec.split(",")):
+        k, _, v = item.partition(":")
+        over[k] = int(v)
+    return name, over
 
 
 def candidate_configs(B, H, topk, e_topk):
@@ -143,8 +212,20 @@ def candidate_configs(B, H, topk, e_topk):
 def configs_for(B, H, topk, e_topk, sweep):
     base = fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)
     out, seen = [], set()
-    for name, over in VARIANTS if sweep else VARIANTS[:1]:
-        c = base._replace(**over)
+    for name, over in (VARIANTS if sweep else VARIANTS[:1]) + EXTRA_VARIANTS:
+        over = dict(over)
+        if over.pop("exact_pass_only", 0):
+            EXACT_ONLY.add(name)
+        row = CS_ROWS.get(over.pop("cs", -1))
+        c = base
+        if row is not None:  # the table rule's config for that `_SM90_COLSPLIT_ROWS` row
+            saved = fl._SM90_COLSPLIT_MODE
+            try:
+                fl._SM90_COLSPLIT_MODE = row
+                c = fl._mma_config(torch.device("cuda"), H, topk, e_topk, B)
+            finally:
+                fl._SM90_COLSPLIT_MODE = saved
+        c = c._replace(**over)
         if c not in seen:
             seen.add(c)
             out.append((name, c))
@@ -213,7 +294,14 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the JSON file name")
     ap.add_argument("--sets", type=int, default=2)
     ap.add_argument("--colsplit", action="store_true", help="also run the v4 candidate rows")
+    ap.add_argument("--ptxas", action="store_true", help="ptxas -v report of each kernel")
+    ap.add_argument(
+        "--variant", action="append", default=[],
+        help="NAME=field:int,... MMAConfig overrides on the table's config (cs:0-3 = the "
+        "off/n64/n32x2/auto column-split row); repeatable",
+    )  # fmt: skip
     args = ap.parse_args()
+    EXTRA_VARIANTS.extend(parse_variant(v) for v in args.variant)
 
     cap = _Capture(fl._mma_split_kernel)
     fl._mma_split_kernel = cap
@@ -260,11 +348,19 @@ def main() -> None:
             variants.append(("simt", "simt", None))
         for label, variant, cfg in variants:
             try:
+                cap.reset()
+                cap.only_exact_pass = label.split(":", 1)[-1] in EXACT_ONLY
                 o, lse_k = fl.flash_mla_sparse_decode_triton(
                     **sets[0], variant=variant, _config=cfg
                 )
                 acc = ref.check_accuracy(o, lse_k, r_out, r_lse)
-                rep = compile_report(cap.last) if variant == "mma" else {}
+                rep = compile_report(cap.first) if variant == "mma" else {}
+                safe = "".join(ch if ch.isalnum() else "_" for ch in name)
+                ttgir_path = os.path.join(args.out, f"ttgir_{safe}.mlir")
+                keep_ir = name in ("B64_topk2048", "B64_main128+extra512")
+                if keep_ir and cap.first is not None and not os.path.exists(ttgir_path):
+                    with open(ttgir_path, "w") as f:  # the IR of the shape's first variant
+                        f.write(cap.first.asm.get("ttgir", ""))
                 fns = [
                     (
                         lambda s=s, v=variant, c=cfg: fl.flash_mla_sparse_decode_triton(
@@ -293,6 +389,15 @@ def main() -> None:
 
     with open(os.path.join(args.out, f"kernel_dev_bench{args.tag}.json"), "w") as f:
         json.dump({"info": info, "stress": stress, "rows": rows}, f, indent=1, default=str)
+    if PTXAS:
+        print("\nptxas -v (first launch of each variant; warnings and resource lines)")
+        for r in rows:
+            lines = (r.get("compile") or {}).get("ptxas") or []
+            keep = [ln.strip() for ln in lines if "arning" in ln or "Used" in ln or "spill" in ln]
+            if keep:
+                print(f"  {r['shape']} {r['variant']}:")
+                for ln in keep[:8]:
+                    print(f"    {ln[:160]}")
     print("\naccuracy stress (small valid sets): failures by variant")
     for v in sorted({r["variant"] for r in stress}):
         rs = [r for r in stress if r["variant"] == v]
@@ -301,7 +406,7 @@ def main() -> None:
     print(f"\n{info['device']} torch {info['torch']} triton {info['triton']} "
           f"copy {bw:.0f} GB/s")  # fmt: skip
     print(f"{'shape':24s} {'variant':16s} {'us':>9s} {'p20-p80':>15s} {'tgt':>5s} {'%bw':>6s} "
-          f"{'TF/s':>6s} ok  regs spill smem  wgmma")  # fmt: skip
+          f"{'TF/s':>6s} ok  regs spill smem  wgmma/mma.sync cp.async")  # fmt: skip
     for r in rows:
         if "error" in r:
             print(f"{r['shape']:24s} {r['variant']:16s} ERROR {r['error'][:80]}")
@@ -312,7 +417,7 @@ def main() -> None:
             f"{r['p20_us']:7.1f}-{r['p80_us']:<7.1f} {r['target_us']:5d} {r['pct_copy_bw']:6.1f} "
             f"{r['TFLOPs']:6.1f} {'Y' if r['ok'] else 'N'}  {c.get('n_regs', '')} "
             f"{c.get('n_spills', '')} {c.get('shared', '')} "
-            f"{c.get('wgmma', '')}/{c.get('mma_sync', '')}"
+            f"{c.get('wgmma', '')}/{c.get('mma_sync', '')} {c.get('cp_async', '')}"
         )
 
 

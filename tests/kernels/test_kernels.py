@@ -96,11 +96,11 @@ BN = 16 if not ON_GPU else 64
 W = 4 if not ON_GPU else 8
 
 
-def C(splits: int, prefetch: bool = False, pv_split: bool | None = None) -> MMAConfig:
+def C(splits: int, pv_split: bool | None = None) -> MMAConfig:
     """An explicit MMA config for the small cases. On the GPU these force pv_split (exact PV):
     with a few dozen tokens bf16 P can miss the 1e-3 bound, as FlashMLA's own bf16 P would;
     the table turns it on by itself for topk + extra topk <= PV_SPLIT_MAX_TOKENS."""
-    return MMAConfig(64, BN, splits, W, 1, prefetch, ON_GPU if pv_split is None else pv_split)
+    return MMAConfig(64, BN, splits, W, 1, ON_GPU if pv_split is None else pv_split)
 
 
 def CS(splits: int, pv_split: bool | None = None, **over) -> MMAConfig:
@@ -186,7 +186,7 @@ CASES = [
     ),
     ("h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [None]),
     (
-        "inf_sinks_prefetch_pvsplit",
+        "inf_sinks_pvsplit",
         dict(
             B=2,
             H=64,
@@ -200,8 +200,8 @@ CASES = [
         ),
         ("simt", "mma"),
         [
-            C(1, prefetch=True, pv_split=True),
-            C(3, prefetch=True),
+            C(1, pv_split=True),
+            C(3),
             C(2, pv_split=True),
         ],
     ),
@@ -317,7 +317,7 @@ if ON_GPU:  # bf16 operands at production sizes
             ("simt", "mma"),
             # partial lengths leave some requests a handful of tokens: the table's config
             # takes the exact PV for those requests by itself; the second forces it for all
-            [None, MMAConfig(64, 64, 2, 8, 1, False, True)],
+            [None, MMAConfig(64, 64, 2, 8, 1, True)],
         ),
         (
             "gpu_B64_topk2048_partial_invalid_padded",
@@ -359,8 +359,8 @@ if ON_GPU:  # bf16 operands at production sizes
             dict(B=64, H=64, topk=2048, page_size=64, with_sink=True),
             ("mma",),
             [
-                MMAConfig(64, 64, 1, 8, 1, False, False, 2, 0),
-                MMAConfig(64, 32, 2, 8, 1, False, False, 2, 128),
+                MMAConfig(64, 64, 1, 8, 1, False, 2, 0),
+                MMAConfig(64, 32, 2, 8, 1, False, 2, 128),
             ],
         ),
         (
@@ -368,15 +368,15 @@ if ON_GPU:  # bf16 operands at production sizes
             GPU_DUAL_PARTIAL,
             ("mma",),
             [
-                MMAConfig(64, 64, 1, 8, 1, False, True, 2, 0),
-                MMAConfig(64, 32, 2, 8, 1, False, True, 2, 128),
+                MMAConfig(64, 64, 1, 8, 1, True, 2, 0),
+                MMAConfig(64, 32, 2, 8, 1, True, 2, 128),
             ],
         ),
         (
             "gpu_cs_B1_topk2048",
             dict(B=1, H=64, topk=2048, page_size=64, with_sink=True),
             ("mma",),
-            [MMAConfig(64, 64, 32, 8, 1, False, False, 2, 0)],
+            [MMAConfig(64, 64, 32, 8, 1, False, 2, 0)],
         ),
     ]
 
@@ -386,7 +386,6 @@ def _cfg_id(cfg):
         return "table"
     return (
         f"s{cfg.num_splits}-n{cfg.block_n}"
-        + ("-pf" if cfg.prefetch else "")
         + ("-pv2" if cfg.pv_split else "")
         + (f"-cs{cfg.col_split}" if cfg.col_split != 1 else "")
         + (f"-r{cfg.maxnreg}" if cfg.maxnreg else "")
@@ -538,8 +537,8 @@ def test_col_split_table_switch(monkeypatch):
     assert (c.col_split, c.block_n, c.num_splits) == (1, 64, 2)
     c = fl._mma_config(dev, 64, 2048, 0, 1)  # B 1: 32 splits, tile-capped: 64 programs
     assert (c.col_split, c.num_splits) == (2, 32)
-    c = fl._mma_config(dev, 64, 128, 512, 1)  # B 1 dual cache: 8 splits -> 16 programs
-    assert (c.col_split, c.num_splits) == (2, 8)
+    c = fl._mma_config(dev, 64, 128, 512, 1)  # B 1 dual cache: 2 + 8 tiles, one per split
+    assert (c.col_split, c.num_splits) == (2, 10)
     assert fl._mma_config(dev, 64, 2048, 0, 4).col_split == 1  # 128 programs: no room
     monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (12, 0))
     assert fl._mma_config(dev, 64, 2048, 0, 64).col_split == 1  # sm_90 only
