@@ -81,12 +81,26 @@ def _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens):
 
 
 @triton.jit
-def _count_valid(IDX_row_ptr, stride_it, end, num_tokens, COUNT_BLOCK: tl.constexpr):
-    """How many of the first `end` indices select a token (same masking as the attention)."""
+def _count_valid(
+    IDX_row_ptr, stride_it, length, topk, num_tokens, COUNT_BLOCK: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """How many of the first `length` indices select a token (same masking as the attention).
+
+    The index loads are bounded by `topk` (an argument), not by `length` (a load), so they do
+    not wait for it; ONE_BLOCK (COUNT_BLOCK >= topk): one load, no loop, so the two caches'
+    counts are in flight together (this count is the whole cost of the exact pass for the
+    requests it skips)."""
     offs = tl.arange(0, COUNT_BLOCK)
-    n = 0
-    for p0 in range(0, end, COUNT_BLOCK):
-        _, valid = _gather_indices(IDX_row_ptr, stride_it, p0 + offs, end, num_tokens)
+    if ONE_BLOCK:
+        idx = tl.load(IDX_row_ptr + offs * stride_it, mask=offs < topk, other=-1)
+        valid = (offs < length) & (idx >= 0) & (idx < num_tokens)
+        return tl.sum(valid.to(tl.int32))
+    n = tl.full([], 0, tl.int32)
+    for p0 in range(0, topk, COUNT_BLOCK):
+        pos = p0 + offs
+        idx = tl.load(IDX_row_ptr + pos * stride_it, mask=pos < topk, other=-1)
+        valid = (pos < length) & (idx >= 0) & (idx < num_tokens)
         n += tl.sum(valid.to(tl.int32))
     return n
 
@@ -319,12 +333,11 @@ def _simt_decode_kernel(
 
 
 @triton.jit
-def _tile_dequant_3d(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
-    """Gather and dequantize the cache rows `idx` (zero where not `valid`): nope as float32
-    [BLOCK_N, 512] (cols >= 448 zero) and rope bf16 [BLOCK_N, 64]. The nope bytes are loaded
-    as [BLOCK_N, 8, 64] (scale group, dim in group) so that each exponent broadcasts along the
-    last axis in registers (a 2D load with a reshaped [BLOCK_N, 512] scale cost a layout
-    conversion per tile: 3-10% at B >= 64, measured)."""
+def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
+    `valid`): dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
+    [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
+    axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
     page = idx // page_size
     slot = idx - page * page_size
     page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
@@ -332,34 +345,32 @@ def _tile_dequant_3d(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.
     scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
     g = tl.arange(0, NUM_GROUPS_POW2)
     c = tl.arange(0, GROUP)
-    has_group = g < NUM_GROUPS_POW2 - 1
+    is_nope = g < NUM_GROUPS_POW2 - 1
     raw = tl.load(
         KV_ptr + (row_off[:, None, None] + (g[None, :, None] * GROUP + c[None, None, :])),
-        mask=valid[:, None, None] & has_group[None, :, None],
+        mask=valid[:, None, None] & is_nope[None, :, None],
         other=0,
     )
     exps = tl.load(
         KV_ptr + (scale_off[:, None] + g[None, :]),
-        mask=valid[:, None] & has_group[None, :],
+        mask=valid[:, None] & is_nope[None, :],
         other=0,
     )
     bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
-    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two
+    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two, unlike a fast exp2
     nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult[:, :, None]
-    r = tl.arange(0, D_QK - D_NOPE)
     rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0.0)
-    return tl.reshape(nope, (BLOCK_N, D_QK)), rope
+    rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
+    k = tl.where(is_nope[None, :, None], nope, rope.to(tl.float32)[:, None, :])
+    return tl.reshape(k, (BLOCK_N, D_QK))
 
 
 @triton.jit
 def _attend_cache_mma(
     acc,
-    acc_r,
     m_i,
     l_i,
-    q_nope,
-    q_rope,
+    q,
     KV_ptr,
     stride_kv_page,
     page_size,
@@ -375,22 +386,17 @@ def _attend_cache_mma(
 ):
     """Online softmax (base 2) of BLOCK_H heads over tokens [start, end) of one cache.
 
-    Per tile: S = q_nope K_nope^T + q_rope K_rope^T and O_nope += P K_nope, O_rope += P K_rope,
-    all `tl.dot` on DOT_DTYPE operands with fp32 accumulation. The nope operand is 512 wide
-    with zero columns 448..511 (one power-of-two MMA; 12.5% of its work is wasted), the rope
-    bf16 tile is an operand as loaded. PV_SPLIT adds P's bf16 rounding residue to the PV
-    product.
+    Per tile: S = q K^T and O += P K, `tl.dot` on DOT_DTYPE operands with fp32 accumulation,
+    K the whole 512-wide row (nope and rope in one operand: one MMA chain each, no padding).
+    PV_SPLIT adds P's bf16 rounding residue to the PV product.
     """
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in range(start, end, BLOCK_N):
-        idx, c_valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
+        idx, valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
         # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
-        k, c_rope = _tile_dequant_3d(KV_ptr, stride_kv_page, page_size, idx, c_valid, BLOCK_N)
-        k = k.to(DOT_DTYPE)
-        k_r = c_rope.to(DOT_DTYPE)
-        s = tl.dot(q_nope, tl.trans(k))
-        s = tl.dot(q_rope, tl.trans(k_r), s)
-        s = tl.where(c_valid[None, :], s * qk_scale_log2, float("-inf"))
+        k = _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N).to(DOT_DTYPE)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
         alpha = tl.exp2(m_i - m_use)
@@ -405,14 +411,11 @@ def _attend_cache_mma(
             p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
             p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
             k2 = tl.reshape(tl.permute(tl.join(k, k), (0, 2, 1)), (2 * BLOCK_N, D_QK))
-            kr2 = tl.reshape(tl.permute(tl.join(k_r, k_r), (0, 2, 1)), (2 * BLOCK_N, D_QK - D_NOPE))
             acc = tl.dot(p2, k2, acc * alpha[:, None])
-            acc_r = tl.dot(p2, kr2, acc_r * alpha[:, None])
         else:
             acc = tl.dot(p_op, k, acc * alpha[:, None])
-            acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
         m_i = m_new
-    return acc, acc_r, m_i, l_i
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -586,6 +589,8 @@ def _mma_split_kernel(
     RNE_BY_HAND: tl.constexpr,
     COL_SPLIT: tl.constexpr = 1,
     EXACT_PASS_BELOW: tl.constexpr = 0,
+    COUNT_BLOCK: tl.constexpr = 1024,
+    COUNT_ONE_BLOCK: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -632,43 +637,38 @@ def _mma_split_kernel(
         # at most EXACT_PASS_BELOW valid tokens, overwriting what the bf16-P pass wrote for
         # them (counted here from the index rows: no host sync); return for the others. The
         # first pass stays the plain kernel, and few-token requests cost it little.
-        n_valid = _count_valid(idx_row, stride_it, length, num_tokens, 1024)
+        n_valid = _count_valid(
+            idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK, COUNT_ONE_BLOCK
+        )
         if HAS_EXTRA:
-            n_valid += _count_valid(e_idx_row, stride_eit, e_length, e_num_tokens, 1024)
+            n_valid += _count_valid(
+                e_idx_row, stride_eit, e_length, e_topk, e_num_tokens, COUNT_BLOCK,
+                COUNT_ONE_BLOCK,
+            )  # fmt: skip
         if n_valid > EXACT_PASS_BELOW:
             return
     if COL_SPLIT == 1:
         # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
-        q_nope = tl.load(
-            q_row + d[None, :] * stride_qd,
-            mask=head_mask[:, None] & (d < D_NOPE)[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
-        q_rope = tl.load(
-            q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
-        ).to(DOT_DTYPE)
-
-        acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)  # columns >= 448 stay 0
-        acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
+        q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
+        q = q.to(DOT_DTYPE)
+        acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-
-        acc, acc_r, m_i, l_i = _attend_cache_mma(
-            acc, acc_r, m_i, l_i, q_nope, q_rope, KV_ptr, stride_kv_page, page_size, num_tokens,
+        acc, m_i, l_i = _attend_cache_mma(
+            acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
             idx_row, stride_it, start, end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
         )  # fmt: skip
         if HAS_EXTRA:
-            acc, acc_r, m_i, l_i = _attend_cache_mma(
-                acc, acc_r, m_i, l_i, q_nope, q_rope, EKV_ptr, stride_ekv_page, e_page_size,
-                e_num_tokens, e_idx_row, stride_eit, e_start, e_end, qk_scale_log2, BLOCK_N,
-                DOT_DTYPE, PV_SPLIT,
+            acc, m_i, l_i = _attend_cache_mma(
+                acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+                e_idx_row, stride_eit, e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE,
+                PV_SPLIT,
             )  # fmt: skip
         lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
         if SINGLE_SPLIT:
             coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
             o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
             out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-            out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
             lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
             tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
         else:
@@ -677,10 +677,8 @@ def _mma_split_kernel(
             inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
             o_row = PO_ptr + row[:, None] * D_QK
             out = acc * inv_l[:, None]
-            out_r = acc_r * inv_l[:, None]
             tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-        tl.store(o_row + d[None, :], out, mask=head_mask[:, None] & (d < D_NOPE)[None, :])
-        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=head_mask[:, None])
+        tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
     else:
         # Column split: this program owns output columns [col * 256, col * 256 + 256) of the
         # nope part (columns >= 448 do not exist) and, for col 1, the rope columns 448..511.
@@ -855,6 +853,8 @@ MAX_SPLITS = 64
 # absolute bound on near-zero outputs. At larger topk the residue averages out; pv_split
 # costs 2-3x there on sm_90 (measured), so it stays off.
 PV_SPLIT_MAX_TOKENS = 256
+# Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
+COUNT_BLOCK_MAX = 4096
 
 
 def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) -> MMAConfig:
@@ -959,6 +959,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
     passes = [(cfg.pv_split, 0)]
     if not cfg.pv_split and cfg.pv_split_below > 0:
         passes.append((True, cfg.pv_split_below))
+    # The exact pass counts each request's valid indices in one block up to COUNT_BLOCK_MAX.
+    count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
     for pv_split, exact_below in passes:
         _mma_split_kernel[grid](
             q, q.stride(0), q.stride(2), q.stride(3),
@@ -972,7 +974,8 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
             HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
             HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype,
             PV_SPLIT=pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
-            EXACT_PASS_BELOW=exact_below,
+            EXACT_PASS_BELOW=exact_below, COUNT_BLOCK=count_block,
+            COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
         )  # fmt: skip
     if splits > 1:

@@ -226,8 +226,9 @@ def configs_for(B, H, topk, e_topk, sweep):
             finally:
                 fl._SM90_COLSPLIT_MODE = saved
         c = c._replace(**over)
-        if c not in seen:
-            seen.add(c)
+        key = (c, name in EXACT_ONLY)
+        if key not in seen:
+            seen.add(key)
             out.append((name, c))
     if COLSPLIT:
         for name, c in candidate_configs(B, H, topk, e_topk):

@@ -544,6 +544,20 @@ def test_col_split_table_switch(monkeypatch):
     assert fl._mma_config(dev, 64, 2048, 0, 64).col_split == 1  # sm_90 only
 
 
+@pytest.mark.parametrize("count_block_max", [16, 4096])
+def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max):
+    """The exact pass's per-request count of valid indices, in one block (index rows up to
+    COUNT_BLOCK_MAX) and in a loop (longer rows; forced here with a 16-entry block): the
+    few-token requests must be redone exactly once and the others left as the first pass
+    wrote them, so every output is written and accurate."""
+    monkeypatch.setattr(fl, "COUNT_BLOCK_MAX", count_block_max)
+    inputs = ref.make_inputs(
+        B=4, H=64, topk=40, page_size=64, extra_topk=24, extra_page_size=32,
+        topk_length="partial", invalid_fraction=0.2, with_sink=True, device=DEVICE, seed=77,
+    )  # fmt: skip
+    _run_and_check(inputs, "mma", MMAConfig(64, BN, 2, W, 1, pv_split_below=30))
+
+
 def test_splits_agree_with_single_split():
     inputs = ref.make_inputs(
         B=2,
