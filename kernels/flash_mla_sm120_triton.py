@@ -809,17 +809,21 @@ class MMAConfig(NamedTuple):
 
 
 # Per compute capability: BLOCK_N, num_warps, num_stages, resident programs per SM, minimum
-# tiles per split, pv_split, col_split, maxnreg. BLOCK_H is 64 (one wgmma M tile;
-# DSv4 has 64 or 128 heads). Shared memory per program ~ q (BLOCK_H x 576 x 2 = 72 KB) + one K tile
-# (BLOCK_N x 576 x 2) + the P operand, so:
-#   sm_90  (227 KB / block): BLOCK_N 64 -> ~150 KB: one program per SM (registers bind too:
-#           a 64 x 512 fp32 accumulator is 128 registers per thread at 8 warps).
-#   sm_120 ( 99 KB / block): BLOCK_H 64 with BLOCK_N 16 just fits; stated, untested on hardware.
+# tiles per split, pv_split, col_split, maxnreg; BLOCK_H (heads per program) is up to
+# _MMA_MAX_BLOCK_H (64: one wgmma M tile; DSv4 has 64 or 128 heads). Shared memory per program
+# ~ q (BLOCK_H x 512 x 2) + one K tile (BLOCK_N x 512 x 2) (+ 2x the tile for the exact PV):
+#   sm_90  (227 KB / block): BLOCK_H 64, BLOCK_N 64 -> 128 KB (192 KB exact pass), measured:
+#           one program per SM (registers bind too: a 64 x 512 fp32 accumulator is 128
+#           registers per thread at 8 warps).
+#   sm_120 ( 99 KB / block, no wgmma: mma.sync): BLOCK_H 64 with BLOCK_N 16 needs 96 KB and
+#           100 KB for the exact pass (over the limit), so BLOCK_H 32: 64 KB / 66 KB. Compiled
+#           for sm_120 (triton 3.9, ptxas 13.4) without a GPU; untested on hardware.
 _MMA_TABLE = {
     (9, 0): (64, 8, 1, 1, 1, False, 1, 0),
     (10, 0): (64, 8, 1, 1, 1, False, 1, 0),  # sm_100: not measured, sm_90's choice
     (12, 0): (16, 8, 1, 1, 1, False, 1, 0),  # sm_120 / sm_121: untested on hardware
 }
+_MMA_MAX_BLOCK_H = {(12, 0): 32}  # others: 64
 _MMA_DEFAULT = (32, 8, 1, 1, 1, False, 1, 0)  # other GPUs (sm_80/sm_89: 100-164 KB)
 _INTERPRET_CFG = (16, 4, 1, 1, 1, False, 1, 0)  # CPU interpreter: multi-tile cases
 
@@ -870,16 +874,18 @@ def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) ->
         major, minor = torch.cuda.get_device_capability(device)
         key = (major, 0) if (major, 0) in _MMA_TABLE else (major, minor)
         params = _MMA_TABLE.get(key, _MMA_DEFAULT)
+        max_block_h = _MMA_MAX_BLOCK_H.get(key, 64)
         if key == (9, 0) and _SM90_COLSPLIT_MODE != "off":
             params = _SM90_COLSPLIT_ROWS[_SM90_COLSPLIT_MODE]
         num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     else:
         params = _INTERPRET_CFG
+        max_block_h = 64
         num_sms = 2
     block_n, warps, stages, per_sm, min_tiles, pv_split, col_split, maxnreg = params
     if device.type == "cuda" and topk + e_topk <= PV_SPLIT_MAX_TOKENS:
         pv_split = True  # few tokens: P's bf16 rounding would show; the exact PV is cheap here
-    block_h = 64 if H > 32 else max(16, triton.next_power_of_2(H))
+    block_h = min(max_block_h, max(16, triton.next_power_of_2(H)))
     tiles = max(triton.cdiv(topk, block_n) + triton.cdiv(e_topk, block_n), 1)
     programs = B * triton.cdiv(H, block_h)
     if col_split == 0:  # "auto": split the columns only into SMs that would idle otherwise

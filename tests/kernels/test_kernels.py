@@ -542,6 +542,11 @@ def test_col_split_table_switch(monkeypatch):
     assert fl._mma_config(dev, 64, 2048, 0, 4).col_split == 1  # 128 programs: no room
     monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (12, 0))
     assert fl._mma_config(dev, 64, 2048, 0, 64).col_split == 1  # sm_90 only
+    # sm_120's 99 KB per block: 32 heads per program (64 would need 100 KB for the exact pass)
+    assert fl._mma_config(dev, 64, 2048, 0, 64).block_h == 32
+    assert fl._mma_config(dev, 20, 2048, 0, 64).block_h == 32
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    assert fl._mma_config(dev, 128, 512, 0, 64).block_h == 64
 
 
 @pytest.mark.parametrize("count_block_max", [16, 4096])
