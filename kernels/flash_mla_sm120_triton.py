@@ -830,9 +830,12 @@ _MMA_TABLE = {
     (9, 0): (64, 8, 1, 1, 1, False, 1, 0),
     (10, 0): (64, 8, 1, 1, 1, False, 1, 0),  # sm_100: not measured, sm_90's choice
     (12, 0): (16, 8, 1, 1, 1, False, 1, 0),  # sm_120 / sm_121: untested on hardware
+    (8, 9): (16, 8, 1, 1, 1, False, 1, 0),  # sm_89 (99 KB, like sm_120): not measured
 }
-_MMA_MAX_BLOCK_H = {(12, 0): 32}  # others: 64
-_MMA_DEFAULT = (32, 8, 1, 1, 1, False, 1, 0)  # other GPUs (sm_80/sm_89: 100-164 KB)
+# sm_120 and sm_89 (99 KB per block): 32 heads per program; others: 64. (sm_80 and older:
+# Triton has no float8e4nv there, so neither kernel compiles.)
+_MMA_MAX_BLOCK_H = {(12, 0): 32, (8, 9): 32}
+_MMA_DEFAULT = (32, 8, 1, 1, 1, False, 1, 0)  # other GPUs: not measured
 _INTERPRET_CFG = (16, 4, 1, 1, 1, False, 1, 0)  # CPU interpreter: multi-tile cases
 
 # v4 candidate, OFF by default: the sm_90 table row used instead of the one above. The two

@@ -545,6 +545,11 @@ def test_col_split_table_switch(monkeypatch):
     # sm_120's 99 KB per block: 32 heads per program (64 would need 100 KB for the exact pass)
     assert fl._mma_config(dev, 64, 2048, 0, 64).block_h == 32
     assert fl._mma_config(dev, 20, 2048, 0, 64).block_h == 32
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (8, 9))
+    assert (
+        fl._mma_config(dev, 64, 2048, 0, 64).block_h,
+        fl._mma_config(dev, 64, 2048, 0, 64).block_n,
+    ) == (32, 16)
     monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (9, 0))
     assert fl._mma_config(dev, 128, 512, 0, 64).block_h == 64
 
