@@ -1,0 +1,153 @@
+"""Compile the MMA kernel for a GPU architecture without the GPU, and report its resources.
+
+Triton lowers a kernel to PTX with no device present (its CUDA backend and ptxas ship in the
+pip wheel), so the per-architecture table can be checked where there is no such GPU: the shared
+memory each table row needs (both launches: the bf16-P pass and the exact-PV pass, with and
+without the extra cache) against the architecture's per-block limit, and, when a ptxas is
+found, registers and spills. Used for sm_120 / sm_89, which we have no hardware for.
+
+    python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json]
+
+Exit status 1 when a row does not fit its limit. Must run without TRITON_INTERPRET (the
+interpreter replaces the compiled kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "kernels"))
+
+# Largest shared memory one block may use (bytes, opt-in limit), per compute capability.
+SMEM_LIMIT = {90: 232_448, 100: 232_448, 120: 101_376, 89: 101_376}
+
+_PTR_TYPES = {
+    "Q_ptr": "*bf16", "KV_ptr": "*u8", "IDX_ptr": "*i32", "LEN_ptr": "*i32", "EKV_ptr": "*u8",
+    "EIDX_ptr": "*i32", "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16",
+    "LSE_ptr": "*fp32", "PO_ptr": "*fp32", "PLSE_ptr": "*fp32",
+}  # fmt: skip
+# Integer arguments the launcher's values make multiples of 16 (Triton specialises those).
+_DIV16 = {"stride_kv_page", "stride_ekv_page", "stride_qb", "stride_ob", "stride_ib",
+          "stride_eib", "stride_qh", "stride_oh"}  # fmt: skip
+
+
+def table_row(fl, cc: int, H: int = 64) -> dict:
+    """The launch parameters `_mma_config` takes for this compute capability (H heads)."""
+    major, minor = divmod(cc, 10)
+    key = (major, 0) if (major, 0) in fl._MMA_TABLE else (major, minor)
+    block_n, warps, stages = fl._MMA_TABLE.get(key, fl._MMA_DEFAULT)[:3]
+    block_h = min(fl._MMA_MAX_BLOCK_H.get(key, 64), max(16, 1 << (H - 1).bit_length()))
+    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+
+
+def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_pass: bool):
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = fl._mma_split_kernel
+    const = dict(
+        SINGLE_SPLIT=False, BLOCK_H=row["BLOCK_H"], BLOCK_N=row["BLOCK_N"], HAS_LEN=True,
+        HAS_EXTRA=has_extra, HAS_ELEN=has_extra, HAS_SINK=True, DOT_DTYPE=tl.bfloat16,
+        PV_SPLIT=pv_split, RNE_BY_HAND=False,
+        EXACT_PASS_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_pass else 0,
+    )  # fmt: skip
+    sig, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        param = fn.params[i]
+        if param.is_constexpr:
+            sig[name] = "constexpr"
+            constexprs[name] = const.get(name, param.default)
+        elif name in _PTR_TYPES:
+            sig[name] = _PTR_TYPES[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "qk_scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name in _DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    options = {"num_warps": row["num_warps"], "num_stages": row["num_stages"]}
+    return triton.compile(
+        ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32), options=options
+    )
+
+
+def ptxas_report(ptx: str, cc: int) -> str:
+    """ptxas -v's resource lines ('' when no ptxas that takes this PTX is found)."""
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"  # wgmma / setmaxnreg need the "a" target
+    for exe in ("ptxas-blackwell", "ptxas"):
+        path = os.path.join(bin_dir, exe)
+        if not os.path.exists(path):
+            continue
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "k.ptx")
+            with open(src, "w") as f:
+                f.write(ptx)
+            res = subprocess.run(
+                [path, "-v", f"-arch={arch}", src, "-o", os.path.join(tmp, "k.cubin")],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+        if res.returncode == 0:
+            lines = [ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()]
+            return "; ".join(ln for ln in lines if "Used" in ln or "spill" in ln)
+    return ""
+
+
+def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
+    import flash_mla_sm120_triton as fl
+
+    rows = []
+    for cc in ccs:
+        row = table_row(fl, cc)
+        # (pass, extra cache, pv_split): the bf16-P pass, the exact pass, and the whole-call
+        # exact PV the table takes for topk + extra topk <= 256.
+        for label, exact_pass, pv_split in (("bf16-P", False, False), ("exact", True, True),
+                                            ("exact-all", False, True)):  # fmt: skip
+            for has_extra in (False, True):
+                ck = compile_kernel(fl, cc, row, has_extra, pv_split, exact_pass)
+                shared = ck.metadata.shared
+                limit = SMEM_LIMIT.get(cc)
+                rows.append({
+                    "cc": cc, **row, "pass": label, "extra_cache": has_extra,
+                    "shared_bytes": shared, "limit_bytes": limit,
+                    "fits": limit is None or shared <= limit,
+                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
+                })  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cc", type=int, action="append", help="compute capability x10, e.g. 120")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-ptxas", action="store_true")
+    args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("compile_check: unset TRITON_INTERPRET (the interpreter compiles nothing)")
+        return 2
+    rows = check(args.cc or [120, 89, 90], with_ptxas=not args.no_ptxas)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        for r in rows:
+            print(
+                f"sm_{r['cc']:<4d} H/N/w {r['BLOCK_H']}/{r['BLOCK_N']}/{r['num_warps']} "
+                f"{r['pass']:9s} extra={int(r['extra_cache'])} smem {r['shared_bytes']:>7d} / "
+                f"{r['limit_bytes']} {'ok' if r['fits'] else 'OVER'}  {r['ptxas']}"
+            )
+    return 0 if all(r["fits"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

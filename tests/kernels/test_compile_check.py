@@ -1,0 +1,59 @@
+"""The per-architecture table fits each architecture's shared memory, checked by compiling the
+MMA kernel for GPUs this machine does not have (`scripts/compile_check.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "compile_check.py"
+
+
+def _run(args: list[str], code: str | None = None) -> subprocess.CompletedProcess:
+    # Its own process: the kernel tests set TRITON_INTERPRET, which replaces compiled kernels.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
+
+
+def test_sm120_and_sm89_rows_fit_99_kb():
+    res = _run(["--cc", "120", "--cc", "89", "--no-ptxas", "--json"])
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = json.loads(res.stdout)
+    assert {(r["cc"], r["pass"], r["extra_cache"]) for r in rows} == {
+        (cc, p, e) for cc in (120, 89) for p in ("bf16-P", "exact", "exact-all") for e in (0, 1)
+    }
+    for r in rows:
+        assert (r["BLOCK_H"], r["BLOCK_N"]) == (32, 16)
+        assert 0 < r["shared_bytes"] <= 101_376, r
+
+
+def test_checker_catches_a_row_that_does_not_fit():
+    """64 heads per program on sm_120 (the table before this check existed) overflows 99 KB
+    in the exact pass: the checker must say so, or it proves nothing."""
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'kernels')\n"
+        "import compile_check as cc, flash_mla_sm120_triton as fl\n"
+        "row = dict(cc.table_row(fl, 120), BLOCK_H=64)\n"
+        "ck = cc.compile_kernel(fl, 120, row, True, True, True)\n"
+        "print(ck.metadata.shared)\n"
+    )
+    res = _run([], code)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert int(res.stdout.split()[-1]) > 101_376
+
+
+def test_refuses_to_run_under_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cc", "120"], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 2 and "TRITON_INTERPRET" in res.stdout
