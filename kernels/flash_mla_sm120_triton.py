@@ -24,14 +24,19 @@ Kernels:
     tokens of both caches in tiles of BLOCK_N, scores with multiply-reduce, online softmax,
     sink, and writes out/lse. Every program gathers and dequantizes every tile for its head.
   * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), num_splits): one program per request,
-    block of heads and KV split. Split s takes a contiguous range of tiles of the main cache
-    and one of the extra cache; each tile (BLOCK_N tokens) is gathered and dequantized once
-    into the matrix-operand dtype and shared by all BLOCK_H heads. Operands are split into
-    nope (448 dims, zero-padded to a 512-wide operand) and rope (64 dims, bf16 as stored):
-    S = Qn Kn^T + Qr Kr^T, On += P Kn, Or += P Kr, all `tl.dot` with fp32 accumulation. With
-    one split it finishes in place (sink, normalisation, bf16 store); otherwise it writes a
+    block of heads and KV split. The two caches' tile lists (BLOCK_N tokens each) are laid end
+    to end and cut into equal runs, one per split; one loop walks the split's tiles, each
+    picking its cache. Each tile is gathered and dequantized once into the matrix-operand
+    dtype as the spec's 512-wide K rows (nope in columns 0..447, rope in 448..511) and shared
+    by all BLOCK_H heads: S = q K^T, O += P K, `tl.dot` with fp32 accumulation. With one
+    split it finishes in place (sink, normalisation, bf16 store); otherwise it writes a
     normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
-    (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink.
+    (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink. For accuracy on
+    requests with few valid tokens a second launch of the same kernel (exact PV: P's bf16
+    rounding residue added) redoes those requests; it counts each request's valid tokens on
+    the device and returns at once for the others.
+  * With COL_SPLIT 2 (sm_90, B1 shapes) two programs share a head block, each accumulating
+    256 output columns (nope and rope operands kept apart there).
 
 Launch parameters come from `_mma_config` (per-compute-capability table, SM count, B, H, topk;
 no autotuning, no host synchronisation: CUDA-graph capturable). Design notes and measurements:
