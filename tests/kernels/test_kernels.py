@@ -165,6 +165,26 @@ CASES = [
         [C(1), C(3)],
     ),
     (
+        # One split holds tiles of both caches (main 2 tiles, extra 3, 2 splits of 3 tiles on
+        # CPU): each tile must take its own cache's pointer, page size and page stride; here
+        # only the main cache's pages are padded (an odd stride), the extra cache's are not.
+        "split_spans_both_caches_main_stride_only",
+        dict(
+            B=2,
+            H=64,
+            topk=24,
+            page_size=256,
+            page_stride=256 * 584 + 96,
+            extra_topk=40,
+            extra_page_size=8,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.1,
+        ),
+        ("mma",),
+        [C(1), C(2)],
+    ),
+    (
         "extra_cache_padded_more_splits_than_tiles",
         dict(
             B=1,
