@@ -111,13 +111,52 @@ def _count_valid(
 
 
 @triton.jit
-def _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
-    """Gather and dequantize BLOCK_N cache rows -> [BLOCK_N, 512] float32 (0 for invalid rows)."""
+def _row_offsets(stride_kv_page, page_size, idx):
+    """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
+    cache slots `idx` (int64: page * stride can pass 2^31)."""
     page = idx // page_size
     slot = idx - page * page_size
-    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
+    page_off = page.to(tl.int64) * stride_kv_page
     row_off = page_off + slot.to(tl.int64) * DATA_BYTES
     scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    return row_off, scale_off
+
+
+@triton.jit
+def _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2):
+    """Fold one tile's raw scores s [rows, BLOCK_N] into the running max m_i and sum l_i
+    (base 2). Returns p = exp2(scaled s - new max) (0 where not `valid`), alpha (the factor
+    for what was accumulated so far), the new max and the new sum."""
+    s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _exact_pv_operands(p, p_op, k, BLOCK_N: tl.constexpr):
+    """The exact PV as one product with the token axis doubled: P = P_hi + P_lo, both halves
+    in the operand dtype (~16 significant bits for bf16), as [P_hi | P_lo] (interleaved) and
+    [K; K] (each row twice), so there is a single accumulator. Costs 2x PV tensor work; P's
+    bf16 rounding (2^-9 relative) otherwise exceeds FlashMLA's abs bound 1e-3 when a few
+    tokens carry the weight. Returns (P2 [rows, 2 BLOCK_N], K2 [2 BLOCK_N, k columns])."""
+    p_lo = (p - p_op.to(tl.float32)).to(p_op.dtype)
+    p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
+    return p2, _rows_twice(k, BLOCK_N)
+
+
+@triton.jit
+def _rows_twice(k, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, W] -> [2 BLOCK_N, W] with each row repeated (matches `_exact_pv_operands`' P)."""
+    return tl.reshape(tl.permute(tl.join(k, k), (0, 2, 1)), (2 * BLOCK_N, k.shape[1]))
+
+
+@triton.jit
+def _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """Gather and dequantize BLOCK_N cache rows -> [BLOCK_N, 512] float32 (0 for invalid rows)."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
 
     d = tl.arange(0, D_QK)
     is_nope = d < D_NOPE
@@ -182,12 +221,7 @@ def _attend_cache(
             s = tl.dot(q, tl.trans(k))
         else:
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         if USE_DOT:
             acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k)
         else:
@@ -343,11 +377,7 @@ def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr
     `valid`): dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
     [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
     axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
-    page = idx // page_size
-    slot = idx - page * page_size
-    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
-    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
-    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
     g = tl.arange(0, NUM_GROUPS_POW2)
     c = tl.arange(0, GROUP)
     is_nope = g < NUM_GROUPS_POW2 - 1
@@ -387,7 +417,7 @@ def _attend_split_mma(
 
     Per tile: S = q K^T and O += P K, `tl.dot` on DOT_DTYPE operands with fp32 accumulation,
     K the whole 512-wide row (nope and rope in one operand: one MMA chain each, no padding).
-    PV_SPLIT adds P's bf16 rounding residue to the PV product.
+    PV_SPLIT adds P's bf16 rounding residue to the PV product (`_exact_pv_operands`).
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -412,21 +442,10 @@ def _attend_split_mma(
         # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
         k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N).to(DOT_DTYPE)
         s = tl.dot(q, tl.trans(k))
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         p_op = p.to(DOT_DTYPE)
         if PV_SPLIT:
-            # P = P_hi + P_lo with both halves bf16 (~16 significant bits): one product with
-            # the token axis doubled, [P_hi | P_lo] (interleaved) times [K; K], so there is a
-            # single accumulator. Costs 2x PV tensor work; P's bf16 rounding (2^-9 relative)
-            # otherwise exceeds FlashMLA's abs bound 1e-3 when a few tokens carry the weight.
-            p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
-            p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
-            k2 = tl.reshape(tl.permute(tl.join(k, k), (0, 2, 1)), (2 * BLOCK_N, D_QK))
+            p2, k2 = _exact_pv_operands(p, p_op, k, BLOCK_N)
             acc = tl.dot(p2, k2, acc * alpha[:, None])
         else:
             acc = tl.dot(p_op, k, acc * alpha[:, None])
@@ -443,11 +462,7 @@ def _issue_tile_loads_cs(
     and the other program's `oth`; columns >= 448 zero), rope bf16 [BLOCK_N, 64], the 4 scale
     exponents of each half (group 7 zero), validity [BLOCK_N]."""
     idx, valid = _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens)
-    page = idx // page_size
-    slot = idx - page * page_size
-    page_off = page.to(tl.int64) * stride_kv_page  # int64: page * stride can pass 2^31
-    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
-    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
     raw_own = tl.load(
         KV_ptr + (row_off[:, None] + own[None, :]),
         mask=valid[:, None] & (own < D_NOPE)[None, :],
@@ -509,10 +524,11 @@ def _attend_cache_mma_cs(
     DOT_DTYPE: tl.constexpr,
     PV_SPLIT: tl.constexpr,
 ):
-    """Column split (COL_SPLIT 2): as `_attend_cache_mma`, but the program accumulates only its
-    256 output columns. S is computed over all 576 dims (q_own K_own^T + q_oth K_oth^T +
-    q_rope K_rope^T, the same work as the full kernel), PV only with K_own (acc [BLOCK_H, 256])
-    and the rope (acc_r; used by the program of the second half only, the other discards it).
+    """Column split (COL_SPLIT 2): as `_attend_split_mma` (but one cache per call), except that
+    the program accumulates only its 256 output columns. S is computed over all 576 dims
+    (q_own K_own^T + q_oth K_oth^T + q_rope K_rope^T, the same work as the full kernel), PV
+    only with K_own (acc [BLOCK_H, 256]) and the rope (acc_r; used by the program of the
+    second half only, the other discards it).
     """
     offs_n = tl.arange(0, BLOCK_N)
     j = tl.arange(0, D_QK // 2)
@@ -532,18 +548,11 @@ def _attend_cache_mma_cs(
         s = tl.dot(q_own, tl.trans(k_own))
         s = tl.dot(q_oth, tl.trans(k_oth), s)
         s = tl.dot(q_rope, tl.trans(k_r), s)
-        s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
-        alpha = tl.exp2(m_i - m_use)
-        p = tl.exp2(s - m_use[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         p_op = p.to(DOT_DTYPE)
-        if PV_SPLIT:  # as in _attend_cache_mma: [P_hi | P_lo] @ [K; K]
-            p_lo = (p - p_op.to(tl.float32)).to(DOT_DTYPE)
-            p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
-            k2 = tl.reshape(tl.permute(tl.join(k_own, k_own), (0, 2, 1)), (2 * BLOCK_N, D_QK // 2))
-            kr2 = tl.reshape(tl.permute(tl.join(k_r, k_r), (0, 2, 1)), (2 * BLOCK_N, D_QK - D_NOPE))
+        if PV_SPLIT:
+            p2, k2 = _exact_pv_operands(p, p_op, k_own, BLOCK_N)
+            kr2 = _rows_twice(k_r, BLOCK_N)
             acc = tl.dot(p2, k2, acc * alpha[:, None])
             acc_r = tl.dot(p2, kr2, acc_r * alpha[:, None])
         else:
