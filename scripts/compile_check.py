@@ -80,13 +80,14 @@ def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exac
     )
 
 
-def ptxas_report(ptx: str, cc: int) -> str:
-    """ptxas -v's resource lines ('' when no ptxas that takes this PTX is found)."""
+def ptxas_lines(ptx: str, cc: int) -> list[str]:
+    """ptxas -v's output for this PTX from the first bundled ptxas that accepts it (Triton may
+    emit a PTX version newer than its plain `ptxas` takes); [] when none does."""
     import triton
 
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     arch = f"sm_{cc}a" if cc >= 90 else f"sm_{cc}"  # wgmma / setmaxnreg need the "a" target
-    for exe in ("ptxas-blackwell", "ptxas"):
+    for exe in ("ptxas", "ptxas-blackwell"):
         path = os.path.join(bin_dir, exe)
         if not os.path.exists(path):
             continue
@@ -99,9 +100,14 @@ def ptxas_report(ptx: str, cc: int) -> str:
                 capture_output=True, text=True, timeout=600,
             )  # fmt: skip
         if res.returncode == 0:
-            lines = [ln.split(":", 1)[-1].strip() for ln in res.stderr.splitlines()]
-            return "; ".join(ln for ln in lines if "Used" in ln or "spill" in ln)
-    return ""
+            return [ln.strip() for ln in (res.stderr + res.stdout).splitlines() if ln.strip()]
+    return []
+
+
+def ptxas_report(ptx: str, cc: int) -> str:
+    """ptxas -v's register and spill lines, joined ('' when no ptxas accepts the PTX)."""
+    lines = [ln.split(":", 1)[-1].strip() for ln in ptxas_lines(ptx, cc)]
+    return "; ".join(ln for ln in lines if "Used" in ln or "spill" in ln)
 
 
 def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:

@@ -28,7 +28,9 @@ import triton
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "kernels"))
+sys.path.insert(0, HERE)  # compile_check
 
+import compile_check  # noqa: E402  (this folder: the ptxas report)
 import dsv4_reference as ref  # noqa: E402
 
 if "--kernel" in sys.argv:  # time another copy of the kernel file (A/B against an old version)
@@ -87,36 +89,21 @@ _PTXAS_SEEN: dict = {}
 
 
 def ptxas_report(ck) -> list[str]:
-    """ptxas's own verdict on the kernel's PTX (-v, sm_90a): register use, spills and the
-    performance warnings (e.g. wgmma serialisation) that Triton does not surface."""
-    import subprocess
-    import tempfile
-
+    """ptxas's own verdict on the kernel's PTX (-v): register use, spills and the performance
+    warnings (e.g. wgmma serialisation) that Triton does not surface."""
     ptx = ck.asm.get("ptx", "") if ck is not None and hasattr(ck, "asm") else ""
     if not ptx:
         return []
     key = hash(ptx)
-    if key in _PTXAS_SEEN:
-        return _PTXAS_SEEN[key]
-    import triton.backends.nvidia as nv
-
-    ptxas = os.path.join(os.path.dirname(nv.__file__), "bin", "ptxas")
-    major, minor = torch.cuda.get_device_capability()
-    arch = f"sm_{major}{minor}a"
-    with tempfile.TemporaryDirectory() as tmp:
-        src = os.path.join(tmp, "k.ptx")
-        with open(src, "w") as f:
-            f.write(ptx)
+    if key not in _PTXAS_SEEN:
+        major, minor = torch.cuda.get_device_capability()
         try:
-            res = subprocess.run(
-                [ptxas, "-v", f"-arch={arch}", src, "-o", os.path.join(tmp, "k.cubin")],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            lines = [ln for ln in (res.stderr + res.stdout).splitlines() if ln.strip()]
+            lines = compile_check.ptxas_lines(ptx, 10 * major + minor)
+            lines = lines or ["ptxas: no bundled ptxas accepted this PTX"]
         except Exception as e:  # a diagnostic only: never lose the run over it
             lines = [f"ptxas failed: {e!r}"]
-    _PTXAS_SEEN[key] = lines
-    return lines
+        _PTXAS_SEEN[key] = lines
+    return _PTXAS_SEEN[key]
 
 
 def compile_report(ck) -> dict:
