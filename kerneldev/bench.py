@@ -36,7 +36,6 @@ import posixpath
 import re
 import shlex
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -45,7 +44,7 @@ from typing import Any
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.kernels import dsv4_bench as harness  # stdlib-only at import time
-from kerneldev.transport.base import Transport
+from kerneldev.transport.base import OutputCallback, Transport
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
@@ -59,8 +58,6 @@ RESULTS_DIR = Path(".kerneldev") / "results"
 # Verdicts of `compare`, per shape and variant.
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change"
 FAILED, BASELINE_FAILED, NEW = "failed", "baseline failed", "new"
-
-OutputCallback = Callable[[str], None]
 
 
 # --- results ------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ optional `hint` (what to do next). The CLI's single handler prints them and exit
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # only for the annotation: hostkeys imports this module
+    from kerneldev.hostkeys import HostKeyCheck
 
 
 class ExitCode(IntEnum):
@@ -38,12 +42,38 @@ class ConfigError(UsageError):
     """hosts.yaml is missing, unreadable or invalid. The message names file, key path and line."""
 
 
+def _on_jump_host(message: str, jump_host: str | None) -> str:
+    return f"jump host {jump_host}: {message}" if jump_host else message
+
+
 class HostConnectionError(KerneldevError):
-    """Could not reach or log in to the host (DNS, refused, timeout, auth)."""
+    """Could not reach or log in to the host (DNS, refused, timeout, auth). `jump_host` names the
+    ProxyJump hop where it failed (None: the host itself); the message starts with it."""
+
+    def __init__(
+        self, message: str, hint: str | None = None, *, jump_host: str | None = None
+    ) -> None:
+        super().__init__(_on_jump_host(message, jump_host), hint)
+        self.jump_host = jump_host
 
 
 class HostKeyError(KerneldevError):
-    """The host key is unknown or differs from the recorded one. Never bypassed silently."""
+    """The host key is unknown or differs from the recorded one. Never bypassed silently.
+
+    `check` is the comparison that was refused (None when known_hosts itself could not be read),
+    so `kerneldev trust` can offer the key; `jump_host` as for `HostConnectionError`."""
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        check: HostKeyCheck | None = None,
+        jump_host: str | None = None,
+    ) -> None:
+        super().__init__(_on_jump_host(message, jump_host), hint)
+        self.check = check
+        self.jump_host = jump_host
 
 
 class RemoteCommandError(KerneldevError):

@@ -172,20 +172,26 @@ def preferred_key_types(files: list[Path], name: str) -> list[str]:
     return types
 
 
-def refusal(check: HostKeyCheck, host_name: str, trust_path: Path) -> HostKeyError:
-    """The error for a key that is not trusted; the caller raises it."""
+def refusal(
+    check: HostKeyCheck, host_name: str, trust_path: Path, *, jump_host: str | None = None
+) -> HostKeyError:
+    """The error for a key that is not trusted, carrying `check`; the caller raises it."""
     if check.status == "unknown":
         return HostKeyError(
             f"the host key of {check.name} (host '{host_name}') is not known: "
             f"{check.key_type} {check.fingerprint}",
             hint=f"check the fingerprint with the host's admin, then run "
             f"`kerneldev trust --host {host_name}` to add it to {trust_path}",
+            check=check,
+            jump_host=jump_host,
         )
     if check.status == "revoked":
         return HostKeyError(
             f"the host key of {check.name} (host '{host_name}') is marked @revoked: "
             f"{check.key_type} {check.fingerprint}",
             hint="do not connect; ask the host's admin",
+            check=check,
+            jump_host=jump_host,
         )
     old = "; ".join(f"{r.fingerprint} at {r.file}:{r.line}" for r in check.recorded)
     return HostKeyError(
@@ -196,6 +202,8 @@ def refusal(check: HostKeyCheck, host_name: str, trust_path: Path) -> HostKeyErr
         hint=f"if the change is expected, remove the old key with "
         f"`ssh-keygen -R '{check.name}' -f {check.recorded[0].file}` and run "
         f"`kerneldev trust --host {host_name}`",
+        check=check,
+        jump_host=jump_host,
     )
 
 

@@ -11,7 +11,11 @@ All paths given to a transport are absolute POSIX paths on the host.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
+
+# Receives a command's output as it arrives (decoded text chunks), for streaming progress.
+OutputCallback = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class Transport(abc.ABC):
         *,
         timeout: float | None = None,
         stdin: bytes | None = None,
-        on_output=None,
+        on_output: OutputCallback | None = None,
     ) -> CommandResult:
         """Run a shell command on the host (via `sh -c`), return its result; never raises for a
         non-zero exit. `on_output(text)` is called with stdout chunks as they arrive (streaming

@@ -16,13 +16,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 
+from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.transport._hashfiles import hash_tree
-from kerneldev.transport.base import CommandResult, RemoteFile, Transport
-
-OutputCallback = Callable[[str], None]
+from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
 
 
 def temp_name_prefix(target_name: str) -> str:
@@ -31,7 +29,7 @@ def temp_name_prefix(target_name: str) -> str:
 
 
 class LocalTransport(Transport):
-    def __init__(self, host_config=None, **_ignored) -> None:
+    def __init__(self, host_config: HostConfig | None = None) -> None:
         self.host_config = host_config
         self.host_name = getattr(host_config, "name", None) or "local"
 

@@ -31,13 +31,13 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import paramiko
 
 from kerneldev import hostkeys
+from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ConnectionLostError,
     HostConnectionError,
@@ -46,7 +46,7 @@ from kerneldev.errors import (
     TransferError,
 )
 from kerneldev.transport import _hashfiles
-from kerneldev.transport.base import CommandResult, RemoteFile, Transport
+from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
 
 # paramiko logs refused channels etc. as warnings; with no handler Python would print them to
 # stderr next to our own messages, so they are dropped (the errors we raise say it better).
@@ -57,8 +57,6 @@ CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, key exchange and each
 IO_TIMEOUT = 120.0  # seconds of silence on an SFTP transfer before the host counts as gone
 EXIT_GRACE = 2.0  # seconds to keep reading output after a command exited (see run())
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
-
-OutputCallback = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -174,17 +172,18 @@ def parse_jump(spec: str) -> tuple[str, str | None, int | None]:
 class SSHTransport(Transport):
     def __init__(
         self,
-        host_config,
+        host_config: HostConfig,
         *,
         ssh_config: str | Path | None = None,
-        connect_timeout: float = CONNECT_TIMEOUT,
-        **_ignored,
+        connect_timeout: float | None = None,
     ) -> None:
+        """`ssh_config`: the ssh_config file to honour (see `ssh_config_path`);
+        `connect_timeout`: seconds per connection step, None for `CONNECT_TIMEOUT`."""
         if not host_config.hostname:
             raise HostConnectionError(f"host '{host_config.name}' has no hostname")
         self.host_config = host_config
         self.host_name = host_config.name
-        self.connect_timeout = connect_timeout
+        self.connect_timeout = CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
         self._ssh_config_path = ssh_config_path(ssh_config)
         self._ssh_config: paramiko.SSHConfig | None = None
         self._transport: paramiko.Transport | None = None
@@ -250,12 +249,11 @@ class SSHTransport(Transport):
                     identity_files=hop.identity_files or target.identity_files,
                     explicit_identity=False,
                 )
-                try:
-                    sock = self._dial(hop) if via is None else self._channel_to(via, hop)
-                except HostConnectionError as err:
-                    err.message = f"jump host {hop.alias}: {err.message}"
-                    raise
-                via = self._login(hop, sock, role=f"jump host {hop.alias}")
+                if via is None:
+                    sock = self._dial(hop, jump_host=hop.alias)
+                else:
+                    sock = self._channel_to(via, hop, jump_host=hop.alias)
+                via = self._login(hop, sock, jump_host=hop.alias)
                 self._hops.append(via)
             return self._channel_to(via, target)
         if target.proxy_command:
@@ -270,7 +268,7 @@ class SSHTransport(Transport):
             return sock
         return self._dial(target)
 
-    def _dial(self, target: SSHTarget) -> socket.socket:
+    def _dial(self, target: SSHTarget, jump_host: str | None = None) -> socket.socket:
         where = f"{target.hostname}:{target.port}"
         try:
             return socket.create_connection(
@@ -281,24 +279,28 @@ class SSHTransport(Transport):
                 f"cannot resolve host name '{target.hostname}' (host '{self.host_name}'): "
                 f"{err.strerror}",
                 hint="check `hostname` in the config (or HostName in ~/.ssh/config) and DNS",
+                jump_host=jump_host,
             ) from None
         except ConnectionRefusedError:
             raise HostConnectionError(
                 f"connection refused by {where} (host '{self.host_name}'): no SSH server there",
                 hint="check `port` in the config and that sshd runs on the host",
+                jump_host=jump_host,
             ) from None
         except TimeoutError:
             raise HostConnectionError(
                 f"timed out after {self.connect_timeout:g}s connecting to {where} "
                 f"(host '{self.host_name}')",
                 hint="check the address, VPN and firewall",
+                jump_host=jump_host,
             ) from None
         except OSError as err:
             raise HostConnectionError(
-                f"cannot connect to {where} (host '{self.host_name}'): {err.strerror or err}"
+                f"cannot connect to {where} (host '{self.host_name}'): {err.strerror or err}",
+                jump_host=jump_host,
             ) from None
 
-    def _channel_to(self, via: paramiko.Transport, target: SSHTarget):
+    def _channel_to(self, via: paramiko.Transport, target: SSHTarget, jump_host: str | None = None):
         try:
             return via.open_channel(
                 "direct-tcpip",
@@ -310,12 +312,15 @@ class SSHTransport(Transport):
             raise HostConnectionError(
                 f"the jump host could not reach {target.hostname}:{target.port} "
                 f"(host '{self.host_name}'): {err.text}",
+                jump_host=jump_host,
             ) from None
         except (paramiko.SSHException, EOFError, OSError) as err:
-            raise self._dropped(err, "opening a channel through the jump host") from None
+            raise self._dropped(
+                err, "opening a channel through the jump host", jump_host=jump_host
+            ) from None
 
     def _handshake(
-        self, target: SSHTarget, sock
+        self, target: SSHTarget, sock, jump_host: str | None = None
     ) -> tuple[paramiko.Transport, hostkeys.HostKeyCheck]:
         """Key exchange only (no authentication): the transport and how its key compares."""
         files = self.known_hosts_files
@@ -338,6 +343,7 @@ class SSHTransport(Transport):
                 f"SSH handshake with {target.hostname}:{target.port} failed "
                 f"(host '{self.host_name}'): {_describe(err)}",
                 hint="is this an SSH server? check the port, ProxyCommand and the network",
+                jump_host=jump_host,
             ) from None
         if not (t.is_active() and t.initial_kex_done):
             # start_client returns quietly when its timeout passes mid-negotiation.
@@ -346,27 +352,24 @@ class SSHTransport(Transport):
                 f"SSH handshake with {target.hostname}:{target.port} timed out after "
                 f"{self.connect_timeout:g}s (host '{self.host_name}')",
                 hint="is this an SSH server? check the port, ProxyCommand and the network",
+                jump_host=jump_host,
             )
         return t, hostkeys.check_key(files, name, t.get_remote_server_key())
 
-    def _login(self, target: SSHTarget, sock, role: str | None = None) -> paramiko.Transport:
-        """Handshake, verify the host key, authenticate. `role` names a jump host in errors."""
-        try:
-            t, check = self._handshake(target, sock)
-            if check.status != "trusted":
-                t.close()
-                refused = hostkeys.refusal(check, self.host_name, self.trust_path)
-                refused.check = check  # lets `kerneldev trust` pick up the key it has to add
-                raise refused
-            self._authenticate(t, target)
-        except (HostConnectionError, HostKeyError) as err:
-            if role:
-                err.message = f"{role}: {err.message}"
-            raise
+    def _login(self, target: SSHTarget, sock, jump_host: str | None = None) -> paramiko.Transport:
+        """Handshake, verify the host key, authenticate. `jump_host` names a ProxyJump hop."""
+        t, check = self._handshake(target, sock, jump_host)
+        if check.status != "trusted":
+            t.close()
+            # The refusal carries `check`, so `kerneldev trust` can offer this key.
+            raise hostkeys.refusal(check, self.host_name, self.trust_path, jump_host=jump_host)
+        self._authenticate(t, target, jump_host)
         t.set_keepalive(15)
         return t
 
-    def _authenticate(self, t: paramiko.Transport, target: SSHTarget) -> None:
+    def _authenticate(
+        self, t: paramiko.Transport, target: SSHTarget, jump_host: str | None = None
+    ) -> None:
         keys: list[tuple[str, paramiko.PKey]] = []
         notes: list[str] = []
         seen: set[Path] = set()
@@ -378,6 +381,7 @@ class SSHTransport(Transport):
                     raise HostConnectionError(
                         f"identity_file {path} does not exist (host '{self.host_name}')",
                         hint="fix `identity_file` in the config",
+                        jump_host=jump_host,
                     )
                 return
             try:
@@ -411,6 +415,7 @@ class SSHTransport(Transport):
                             f"{target.address} does not accept public keys "
                             f"(allowed: {', '.join(err.allowed_types)})",
                             hint="kerneldev logs in with keys only; set up key login for this user",
+                            jump_host=jump_host,
                         ) from None
                     tried.append(label)
                 except paramiko.AuthenticationException:
@@ -433,6 +438,7 @@ class SSHTransport(Transport):
             f"authentication failed for {target.address} (host '{self.host_name}'): {detail}",
             hint="check `user` and `identity_file` in the config, or load the key into "
             "ssh-agent; `ssh -i KEY user@host` should work",
+            jump_host=jump_host,
         )
 
     def scan_host_key(self) -> hostkeys.HostKeyCheck:
@@ -443,11 +449,10 @@ class SSHTransport(Transport):
         try:
             sock = self._open_socket(target)
         except HostKeyError as err:
-            check = getattr(err, "check", None)
             self.close()
-            if check is None:
+            if err.check is None:
                 raise
-            return check
+            return err.check
         try:
             t, check = self._handshake(target, sock)
             t.close()
@@ -475,11 +480,14 @@ class SSHTransport(Transport):
         self._hops = []
         self._socks = []
 
-    def _dropped(self, err: BaseException, doing: str) -> ConnectionLostError:
+    def _dropped(
+        self, err: BaseException, doing: str, jump_host: str | None = None
+    ) -> ConnectionLostError:
         return ConnectionLostError(
             f"the connection to host '{self.host_name}' was lost while {doing}: {_describe(err)}",
             hint="check that the host is up and the network is stable, then run the command "
             "again (file writes are atomic: a target is either old or new)",
+            jump_host=jump_host,
         )
 
     # --- commands -----------------------------------------------------------------------
