@@ -1,26 +1,14 @@
-"""`kerneldev trust`: show the host's key and, once the user confirms, record it in known_hosts."""
+"""`kerneldev trust`: show the host's key and, once the user confirms, record it in known_hosts.
+The workflow is `kerneldev.trust`; this module asks the question and renders the result."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import typer
 
-from kerneldev import hostkeys
+from kerneldev import trust as trust_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import print_info, print_json
 from kerneldev.errors import ExitCode
-from kerneldev.transport.ssh import SSHTransport
-
-
-@dataclass(frozen=True)
-class TrustResult:
-    host: str
-    known_hosts_name: str | None  # `host` or `[host]:port`, as written in known_hosts
-    key_type: str | None
-    fingerprint: str | None
-    status: str  # "already-trusted", "added", "declined" or "local"
-    known_hosts: str | None  # the file that was read/written
 
 
 def register(app: typer.Typer) -> None:
@@ -35,46 +23,25 @@ def trust(
 ) -> None:
     """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""
     host_config = load_host(ctx, host)
-    if host_config.transport == "local":
-        result = TrustResult(host_config.name, None, None, None, "local", None)
-        _render(result, json_out)
-        return
-    with SSHTransport(host_config) as transport:
-        # An unknown key comes back for confirmation; a changed or revoked one raises.
-        check = transport.scan_host_key()
-        if check.status in ("changed", "revoked"):
-            raise hostkeys.refusal(check, host_config.name, transport.trust_path)
-        target = transport.target()
-        via_jump = check.name != hostkeys.known_hosts_name(target.hostname, target.port)
-        status = "already-trusted" if check.status == "trusted" else None
-        if status is None:
-            who = (
-                f"jump host {check.name} (on the way to '{host_config.name}')"
-                if via_jump
-                else (f"host '{host_config.name}' ({check.name})")
-            )
-            print_info(f"{who} offers this key:\n  {check.key_type} {check.fingerprint}")
-            if yes or _confirm(f"Add it to {transport.trust_path}?"):
-                transport.trust(check)
-                status = "added"
-            else:
-                status = "declined"
-        result = TrustResult(
-            host=host_config.name,
-            known_hosts_name=check.name,
-            key_type=check.key_type,
-            fingerprint=check.fingerprint,
-            status=status,
-            known_hosts=str(transport.trust_path),
+
+    def confirm(offer: trust_core.KeyOffer) -> bool:
+        who = (
+            f"jump host {offer.known_hosts_name} (on the way to '{offer.host}')"
+            if offer.jump_host
+            else f"host '{offer.host}' ({offer.known_hosts_name})"
         )
+        print_info(f"{who} offers this key:\n  {offer.key_type} {offer.fingerprint}")
+        return yes or _ask(f"Add it to {offer.known_hosts}?")
+
+    result = trust_core.trust_host(host_config, confirm)
     _render(result, json_out)
-    if via_jump and status == "added":
+    if result.jump_host and result.status == trust_core.ADDED:
         print_info("run `kerneldev trust` again to check the key of the host behind it")
-    if status == "declined":
+    if result.status == trust_core.DECLINED:
         raise typer.Exit(int(ExitCode.FAILURE))
 
 
-def _confirm(question: str) -> bool:
+def _ask(question: str) -> bool:
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
         return typer.confirm(question, default=False, err=True)
@@ -82,16 +49,17 @@ def _confirm(question: str) -> bool:
         return False
 
 
-def _render(result: TrustResult, json_out: bool) -> None:
+def _render(result: trust_core.TrustResult, json_out: bool) -> None:
     if json_out:
         print_json(result)
         return
     messages = {
-        "local": f"host '{result.host}' is this machine (transport: local): no key to trust",
-        "already-trusted": f"host '{result.host}' ({result.known_hosts_name}) is already "
+        trust_core.LOCAL: f"host '{result.host}' is this machine (transport: local): "
+        "no key to trust",
+        trust_core.ALREADY_TRUSTED: f"host '{result.host}' ({result.known_hosts_name}) is already "
         f"trusted: {result.key_type} {result.fingerprint} (in {result.known_hosts})",
-        "added": f"added {result.key_type} {result.fingerprint} for {result.known_hosts_name} "
-        f"to {result.known_hosts}",
-        "declined": "not added: the key stays untrusted",
+        trust_core.ADDED: f"added {result.key_type} {result.fingerprint} for "
+        f"{result.known_hosts_name} to {result.known_hosts}",
+        trust_core.DECLINED: "not added: the key stays untrusted",
     }
     print_info(messages[result.status])

@@ -1,0 +1,82 @@
+"""The trust workflow as the core runs it (`kerneldev.trust`), against a real sshd: what the user
+is asked, what is recorded, and what is refused. The CLI's wording is tested in
+test_hostkeys.py; here the answer comes from a plain function instead of a terminal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kerneldev import trust
+from kerneldev.config import HostConfig
+from kerneldev.errors import HostKeyError
+from kerneldev.transport.ssh import SSHTransport
+from tests.sshutil import isolate_home, ssh_host
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    return isolate_home(monkeypatch, tmp_path)
+
+
+def test_unknown_key_is_offered_and_recorded_only_after_a_yes(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    offers: list[trust.KeyOffer] = []
+
+    declined = trust.trust_host(host, lambda offer: offers.append(offer) or False)
+    assert declined.status == trust.DECLINED
+    assert not Path(host.known_hosts).exists()
+    name, kind, _ = sshd_server.host_key_line.split()
+    (offer,) = offers
+    assert (offer.host, offer.known_hosts_name, offer.key_type) == ("testhost", name, kind)
+    assert offer.fingerprint.startswith("SHA256:") and not offer.jump_host
+    assert offer.known_hosts == str(host.known_hosts)
+
+    added = trust.trust_host(host, lambda offer: True)
+    assert added.status == trust.ADDED and added.fingerprint == offer.fingerprint
+    assert Path(host.known_hosts).read_text() == sshd_server.host_key_line
+    with SSHTransport(host) as t:
+        assert t.run("echo in").stdout == "in\n"
+
+    def must_not_ask(offer):
+        raise AssertionError("a trusted key must not be offered again")
+
+    again = trust.trust_host(host, must_not_ask)
+    assert again.status == trust.ALREADY_TRUSTED
+    assert Path(host.known_hosts).read_text() == sshd_server.host_key_line
+
+
+def test_changed_key_is_refused_and_the_error_carries_the_check(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path)
+    fresh_sshd.rotate_host_key()
+    before = Path(host.known_hosts).read_text()
+    with pytest.raises(HostKeyError) as caught:
+        trust.trust_host(host, lambda offer: True)
+    err = caught.value
+    assert err.check is not None and err.check.status == "changed"
+    assert err.jump_host is None and "CHANGED" in err.message
+    assert Path(host.known_hosts).read_text() == before
+
+
+def test_a_jump_hosts_refusal_names_the_hop_in_typed_fields(fresh_sshd, tmp_path, monkeypatch):
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host target\n  HostName 127.0.0.1\n  ProxyJump localhost:{fresh_sshd.port}\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    host = ssh_host(fresh_sshd, tmp_path, hostname="target")
+    with pytest.raises(HostKeyError) as caught, SSHTransport(host) as t:
+        t.run("true")
+    err = caught.value
+    assert err.jump_host == "localhost" and err.message.startswith("jump host localhost: ")
+    assert err.check is not None and err.check.name == f"[localhost]:{fresh_sshd.port}"
+    offers = []
+    result = trust.trust_host(host, lambda offer: offers.append(offer) or False)
+    assert result.status == trust.DECLINED and result.jump_host and offers[0].jump_host
+
+
+def test_a_local_host_has_no_key():
+    host = HostConfig(name="me", root="/x", files=("a",), workspace=Path("/w"), transport="local")
+    result = trust.trust_host(host, lambda offer: pytest.fail("nothing to ask"))
+    assert result == trust.TrustResult("me", None, None, None, trust.LOCAL, None)
