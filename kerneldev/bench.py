@@ -1,9 +1,9 @@
 """`kerneldev bench`: run the DSv4 benchmark harness on the host's GPU and compare results.
 
-`run_bench` copies `kernels/dsv4_bench.py` (the harness: torch + triton + stdlib only),
-`dsv4_cache.py`, `dsv4_reference.py` and the chosen kernel file into a fresh temporary folder
-on the host (`mktemp -d`), runs it there with the host's configured `python` on the configured
-GPU, streams its progress, reads the JSON it writes (schema `kerneldev.bench/1`,
+`run_bench` copies the harness (`kernels/dsv4_bench.py` and the files it imports; what kerneldev
+relies on from it is in `kerneldev.harness`) and the chosen kernel file into a fresh temporary
+folder on the host (`mktemp -d`), runs it there with the host's configured `python` on the
+configured GPU, streams its progress, reads the JSON it writes (schema `kerneldev.bench/1`,
 `docs/bench-json.md`), removes the folder (also on failure or Ctrl-C), saves the JSON locally
 and returns it.
 
@@ -37,13 +37,12 @@ import re
 import shlex
 import subprocess
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from kerneldev import harness
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
-from kerneldev.kernels import dsv4_bench as harness  # stdlib-only at import time
 from kerneldev.transport.base import OutputCallback, Transport
 
 SCHEMA = harness.SCHEMA
@@ -51,7 +50,6 @@ SOURCES = ("bundled", "workspace", "live")
 KERNEL_FILE = "flash_mla_sm120_triton.py"
 # Where SGLang keeps it, used when no configured `files` entry names the kernel file.
 DEFAULT_KERNEL_PATH = f"python/sglang/srt/layers/attention/{KERNEL_FILE}"
-SUPPORT_FILES = ("dsv4_bench.py", "dsv4_cache.py", "dsv4_reference.py")
 RESULT_NAME = "result.json"
 RESULTS_DIR = Path(".kerneldev") / "results"
 
@@ -123,8 +121,8 @@ class Comparison:
 def check_request(variants: list[str], shapes: list[str]) -> None:
     """Validate variants and shape specs here, before connecting; UsageError (exit 2)."""
     try:
-        harness._parse_variants(",".join(variants))
-        harness.parse_shapes(list(shapes))
+        harness.parse_variants(variants)
+        harness.parse_shapes(shapes)
     except harness.HarnessError as err:
         raise UsageError(str(err)) from None
 
@@ -159,7 +157,7 @@ def run_bench(
         local = _workspace_kernel_path(host)
         kernel_upload, kernel_origin = local.read_bytes(), str(local)
     else:
-        local = bundled_file(KERNEL_FILE)
+        local = harness.bundled_file(KERNEL_FILE)
         kernel_upload, kernel_origin = local.read_bytes(), str(local)
 
     made = transport.run('mktemp -d "${TMPDIR:-/tmp}/kerneldev-bench.XXXXXX"', timeout=60)
@@ -170,8 +168,9 @@ def run_bench(
             f"{(made.stderr or made.stdout).strip() or f'exit {made.exited}'}"
         )
     try:
-        for name in SUPPORT_FILES:
-            transport.write_atomic(posixpath.join(tmp, name), bundled_file(name).read_bytes())
+        for name in harness.SUPPORT_FILES:
+            data = harness.bundled_file(name).read_bytes()
+            transport.write_atomic(posixpath.join(tmp, name), data)
         if kernel_upload is not None:
             kernel_path = posixpath.join(tmp, KERNEL_FILE)
             transport.write_atomic(kernel_path, kernel_upload)
@@ -226,21 +225,18 @@ def harness_command(
     command such as `conda run -n sglang python`); stderr joins stdout so that the progress
     lines stream through the transport as they come."""
     q = shlex.quote
-    args = [
-        f"--kernel {q(f'{source}={kernel_path}')}",
-        f"--variants {q(','.join(variants))}",
-        *(f"--shapes {q(s)}" for s in shapes),
-        f"--out {q(posixpath.join(tmp, RESULT_NAME))}",
-        "--no-table",
-    ]
-    if rotate is not None:
-        args.append(f"--rotate {int(rotate)}")
+    args = harness.arguments(
+        f"{source}={kernel_path}",
+        variants,
+        shapes,
+        posixpath.join(tmp, RESULT_NAME),
+        rotate=rotate,
+        cpu_mode=cpu_mode,
+    )
     env = "PYTHONUNBUFFERED=1"
-    if cpu_mode:
-        args.append("--cpu-mode")
-    elif gpu is not None:
+    if gpu is not None and not cpu_mode:
         env = f"CUDA_VISIBLE_DEVICES={q(str(gpu))} {env}"
-    script = q(posixpath.join(tmp, "dsv4_bench.py"))
+    script = q(posixpath.join(tmp, harness.SCRIPT))
     return f"cd {q(tmp)} && {env} {host.python} {script} {' '.join(args)} 2>&1"
 
 
@@ -272,14 +268,6 @@ def _harness_failure(host: HostConfig, exited: int, output: str) -> BenchError:
 
 def _tail(text: str, lines: int = 15) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def bundled_file(name: str) -> Path:
-    """A file of the bundled `kernels/` folder (the `kerneldev.kernels` package)."""
-    path = Path(str(resources.files("kerneldev.kernels") / name))
-    if not path.is_file():
-        raise BenchError(f"the bundled kernels folder has no {name} ({path})")
-    return path
 
 
 def _kernel_patterns(host: HostConfig) -> list[str]:
