@@ -3,9 +3,8 @@
 Each step does what a user would do (through the same core functions the commands call) and
 checks that kerneldev behaved as promised; the demo passes when every step did.
 
-Extending it (the bench issue): append a callable to `EXTRA_STEPS` (or pass `extra_steps`).
-Each receives the `DemoContext` and returns a `DemoStep`; it runs after the loop, while the
-sandbox host, its transport and its fake service are still up.
+A step is a function of the `DemoContext` that returns a `DemoStep`; `STEPS` lists them in
+order. They run while the sandbox host, its transport and its fake service are up.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +60,6 @@ class DemoContext:
 
 
 StepFn = Callable[[DemoContext], DemoStep]
-EXTRA_STEPS: list[StepFn] = []  # hook: later issues (bench) append steps here
 
 HEALTH_INTERVAL = 0.2  # the fake service warms up in ~1 s; poll faster than the default
 
@@ -73,7 +71,6 @@ def run_demo(
     use_ssh: bool | None = None,
     on_step: Callable[[DemoStep], None] | None = None,
     on_start: Callable[[Sandbox], None] | None = None,
-    extra_steps: Sequence[StepFn] | None = None,
 ) -> DemoResult:
     """Create the sandbox, run every step, clean up (processes always; files unless `keep`)."""
     started = time.monotonic()
@@ -99,8 +96,7 @@ def run_demo(
         # (a `Host *` ProxyJump, say) must not change where the demo connects.
         with open_transport(host, ssh_config="none") as transport:
             ctx = DemoContext(sandbox, host, transport)
-            steps = list(LOOP_STEPS) + list(EXTRA_STEPS if extra_steps is None else extra_steps)
-            for fn in steps:
+            for fn in STEPS:
                 t0 = time.monotonic()
                 try:
                     step = fn(ctx)
@@ -396,7 +392,7 @@ def step_bench(ctx: DemoContext) -> DemoStep:
     )
 
 
-LOOP_STEPS: tuple[StepFn, ...] = (
+STEPS: tuple[StepFn, ...] = (
     step_pull,
     step_diff_clean,
     step_edit,

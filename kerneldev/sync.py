@@ -201,16 +201,10 @@ class PushResult:
         return [f for f in self.files if f.action == "refused"]
 
 
-def plan_push(
-    transport: Transport, host: HostConfig, paths: list[str] | None = None, force: bool = False
-) -> PushResult:
-    """Decide per file what a push would do; changes nothing."""
-    return _plan(transport, host, paths, force)[0]
-
-
 def _plan(
     transport: Transport, host: HostConfig, paths: list[str] | None, force: bool
 ) -> tuple[PushResult, Snapshot]:
+    """Decide per file what a push would do (the dry run's answer); changes nothing."""
     selected = resolve_paths(host, paths)
     snap = snapshot(transport, host, selected)
     plan = PushResult(host=host.name, dry_run=True, deploy_id=None)

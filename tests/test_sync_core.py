@@ -109,7 +109,7 @@ def test_created_file_is_removed_by_rollback_and_back_on_redo(host, transport):
 def test_file_deleted_on_host_is_refused(host, transport):
     sync.pull(transport, host)
     (Path(host.root) / "k" / "c.py").unlink()
-    plan = sync.plan_push(transport, host)
+    plan = sync.push(transport, host, dry_run=True)
     assert [f.path for f in plan.refused] == ["k/c.py"]
     with pytest.raises(RefusedError, match="k/c.py"):
         sync.push(transport, host)
