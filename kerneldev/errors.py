@@ -42,7 +42,8 @@ class ConfigError(UsageError):
     """hosts.yaml is missing, unreadable or invalid. The message names file, key path and line."""
 
 
-def _on_jump_host(message: str, jump_host: str | None) -> str:
+def on_jump_host(message: str, jump_host: str | None) -> str:
+    """A connection error's message, led by the ProxyJump hop it happened on (if any)."""
     return f"jump host {jump_host}: {message}" if jump_host else message
 
 
@@ -53,7 +54,7 @@ class HostConnectionError(KerneldevError):
     def __init__(
         self, message: str, hint: str | None = None, *, jump_host: str | None = None
     ) -> None:
-        super().__init__(_on_jump_host(message, jump_host), hint)
+        super().__init__(on_jump_host(message, jump_host), hint)
         self.jump_host = jump_host
 
 
@@ -61,19 +62,14 @@ class HostKeyError(KerneldevError):
     """The host key is unknown or differs from the recorded one. Never bypassed silently.
 
     `check` is the comparison that was refused (None when known_hosts itself could not be read),
-    so `kerneldev trust` can offer the key; `jump_host` as for `HostConnectionError`."""
+    so `kerneldev trust` can offer the key; `check.name` says whose key it is (the host's, or a
+    ProxyJump hop's on the way)."""
 
     def __init__(
-        self,
-        message: str,
-        hint: str | None = None,
-        *,
-        check: HostKeyCheck | None = None,
-        jump_host: str | None = None,
+        self, message: str, hint: str | None = None, *, check: HostKeyCheck | None = None
     ) -> None:
-        super().__init__(_on_jump_host(message, jump_host), hint)
+        super().__init__(message, hint)
         self.check = check
-        self.jump_host = jump_host
 
 
 class RemoteCommandError(KerneldevError):

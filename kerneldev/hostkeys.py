@@ -24,7 +24,7 @@ from pathlib import Path
 import paramiko
 from paramiko.hostkeys import HostKeyEntry, HostKeys
 
-from kerneldev.errors import HostKeyError, TransferError
+from kerneldev.errors import HostKeyError, TransferError, on_jump_host
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -175,36 +175,37 @@ def preferred_key_types(files: list[Path], name: str) -> list[str]:
 def refusal(
     check: HostKeyCheck, host_name: str, trust_path: Path, *, jump_host: str | None = None
 ) -> HostKeyError:
-    """The error for a key that is not trusted, carrying `check`; the caller raises it."""
+    """The error for a key that is not trusted, carrying `check`; the caller raises it.
+    `jump_host` names the ProxyJump hop that offered the key, if it was not the host."""
     if check.status == "unknown":
-        return HostKeyError(
+        message = (
             f"the host key of {check.name} (host '{host_name}') is not known: "
-            f"{check.key_type} {check.fingerprint}",
-            hint=f"check the fingerprint with the host's admin, then run "
-            f"`kerneldev trust --host {host_name}` to add it to {trust_path}",
-            check=check,
-            jump_host=jump_host,
+            f"{check.key_type} {check.fingerprint}"
         )
-    if check.status == "revoked":
-        return HostKeyError(
+        hint = (
+            f"check the fingerprint with the host's admin, then run "
+            f"`kerneldev trust --host {host_name}` to add it to {trust_path}"
+        )
+    elif check.status == "revoked":
+        message = (
             f"the host key of {check.name} (host '{host_name}') is marked @revoked: "
-            f"{check.key_type} {check.fingerprint}",
-            hint="do not connect; ask the host's admin",
-            check=check,
-            jump_host=jump_host,
+            f"{check.key_type} {check.fingerprint}"
         )
-    old = "; ".join(f"{r.fingerprint} at {r.file}:{r.line}" for r in check.recorded)
-    return HostKeyError(
-        f"WARNING: THE HOST KEY OF {check.name} (host '{host_name}') HAS CHANGED - someone may be "
-        f"intercepting the connection (man-in-the-middle), or the host was reinstalled. "
-        f"Server now offers {check.key_type} {check.fingerprint}; recorded: {old}. "
-        f"Refusing to connect.",
-        hint=f"if the change is expected, remove the old key with "
-        f"`ssh-keygen -R '{check.name}' -f {check.recorded[0].file}` and run "
-        f"`kerneldev trust --host {host_name}`",
-        check=check,
-        jump_host=jump_host,
-    )
+        hint = "do not connect; ask the host's admin"
+    else:
+        old = "; ".join(f"{r.fingerprint} at {r.file}:{r.line}" for r in check.recorded)
+        message = (
+            f"WARNING: THE HOST KEY OF {check.name} (host '{host_name}') HAS CHANGED - someone "
+            f"may be intercepting the connection (man-in-the-middle), or the host was "
+            f"reinstalled. Server now offers {check.key_type} {check.fingerprint}; recorded: "
+            f"{old}. Refusing to connect."
+        )
+        hint = (
+            f"if the change is expected, remove the old key with "
+            f"`ssh-keygen -R '{check.name}' -f {check.recorded[0].file}` and run "
+            f"`kerneldev trust --host {host_name}`"
+        )
+    return HostKeyError(on_jump_host(message, jump_host), hint, check=check)
 
 
 def add_known_host(path: Path, name: str, key: paramiko.PKey) -> None:

@@ -61,16 +61,16 @@ def trust_host(
         return TrustResult(host.name, None, None, None, LOCAL, None)
     # Imported here: paramiko loads only when a key is really scanned.
     from kerneldev import hostkeys
-    from kerneldev.transport.ssh import SSHTransport
+    from kerneldev.transport.ssh_connection import SSHConnection
 
-    with SSHTransport(host, ssh_config=ssh_config) as transport:
-        check = transport.scan_host_key()
+    with SSHConnection(host, ssh_config=ssh_config) as connection:
+        check = connection.scan_host_key()
         if check.status not in ("trusted", "unknown"):
             # changed or revoked: the refusal says what happened and how to fix it
-            raise hostkeys.refusal(check, host.name, transport.trust_path)
-        target = transport.target()
+            raise hostkeys.refusal(check, host.name, connection.trust_path)
+        target = connection.target()
         via_jump = check.name != hostkeys.known_hosts_name(target.hostname, target.port)
-        known_hosts = str(transport.trust_path)
+        known_hosts = str(connection.trust_path)
         if check.status == "trusted":
             status = ALREADY_TRUSTED
         else:
@@ -78,7 +78,7 @@ def trust_host(
                 host.name, check.name, check.key_type, check.fingerprint, known_hosts, via_jump
             )
             if confirm(offer):
-                transport.trust(check)
+                connection.trust(check)
                 status = ADDED
             else:
                 status = DECLINED

@@ -17,6 +17,7 @@ from paramiko.hostkeys import HostKeys
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
 from kerneldev.sandbox import free_port, keygen
 from kerneldev.transport.ssh import SSHTransport, parse_jump
+from kerneldev.transport.ssh_connection import SSHConnection
 from tests.sshutil import (
     cli_missing,
     isolate_home,
@@ -164,7 +165,7 @@ def test_server_that_never_speaks_ssh_times_out(tmp_path, sshd_server):
         host = ssh_host(sshd_server, tmp_path, port=silent.getsockname()[1])
         start = time.monotonic()
         with pytest.raises(HostConnectionError, match="handshake"):
-            SSHTransport(host, connect_timeout=1).run("true")
+            SSHTransport(SSHConnection(host, connect_timeout=1)).run("true")
         assert time.monotonic() - start < 8
 
 
@@ -237,7 +238,7 @@ def test_ssh_config_alias_and_proxyjump_through_the_sshd_to_itself(
     host = ssh_host(sshd_server, tmp_path, hostname="target", port=None, user=None)
     with SSHTransport(host) as t:
         assert t.run("echo through").stdout == "through\n"
-        assert len(t._hops) == 1  # really went through the jump host's channel
+        assert len(t.connection.hops) == 1  # really went through the jump host's channel
         (Path(host.root) / "k.py").write_text("k")
         assert t.read_bytes(str(Path(host.root) / "k.py")) == b"k"
 
@@ -254,8 +255,10 @@ def test_proxyjump_host_key_is_checked_too(fresh_sshd, tmp_path, monkeypatch):
         t.run("true")
     assert "jump host localhost" in caught.value.message
     assert f"[localhost]:{fresh_sshd.port}" in caught.value.message
+    assert caught.value.message.startswith("jump host localhost: ")  # said once, up front
+    assert caught.value.check.name == f"[localhost]:{fresh_sshd.port}"  # the key to trust
     # `trust` offers the jump host's key first.
-    check = SSHTransport(host).scan_host_key()
+    check = SSHConnection(host).scan_host_key()
     assert check.status == "unknown" and check.name == f"[localhost]:{fresh_sshd.port}"
 
 
@@ -274,7 +277,7 @@ def test_proxycommand(sshd_server, tmp_path, monkeypatch):
     host = ssh_host(sshd_server, tmp_path, hostname="viaproxy", port=None)
     with SSHTransport(host) as t:
         assert t.run("echo proxied").stdout == "proxied\n"
-        assert t._socks  # the ProxyCommand process carried the connection
+        assert t.connection.proxy_commands  # the ProxyCommand process carried the connection
 
 
 def test_explicit_config_wins_over_ssh_config(sshd_server, tmp_path, monkeypatch):
@@ -282,9 +285,9 @@ def test_explicit_config_wins_over_ssh_config(sshd_server, tmp_path, monkeypatch
     ssh_config.write_text("Host *\n  Port 1\n  User nobody-here\n")
     monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
     host = ssh_host(sshd_server, tmp_path)
-    target = SSHTransport(host).target()
+    target = SSHConnection(host).target()
     assert (target.port, target.user) == (sshd_server.port, sshd_server.user)
-    bare = SSHTransport(replace(host, port=None, user=None)).target()
+    bare = SSHConnection(replace(host, port=None, user=None)).target()
     assert (bare.port, bare.user) == (1, "nobody-here")
 
 

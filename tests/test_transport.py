@@ -281,15 +281,15 @@ def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, monkeypat
     root = Path(host.root)
     (root / "a.py").write_text("a")
     with SSHTransport(host) as t:
-        assert t._transport is None  # lazy: nothing happens until first use
+        assert t.connection._transport is None  # lazy: nothing happens until first use
         t.run("true")
-        connection = t._transport
+        connection = t.connection._transport
         t.hash_files(str(root), ["*.py"])
         t.read_bytes(str(root / "a.py"))
         t.write_atomic(str(root / "a.py"), b"b")
         t.http_get(f"{http_server}/health")
-        assert t._transport is connection and connection.is_active()
-    assert t._transport is None
+        assert t.connection._transport is connection and connection.is_active()
+    assert t.connection._transport is None
 
 
 def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, monkeypatch):

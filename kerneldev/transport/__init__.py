@@ -30,6 +30,6 @@ def open_transport(
 
         return LocalTransport(host)
     # Imported here so that commands that never connect do not load paramiko.
-    from kerneldev.transport.ssh import SSHTransport
+    from kerneldev.transport.ssh import SSHConnection, SSHTransport
 
-    return SSHTransport(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
+    return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))
