@@ -31,7 +31,12 @@ from pathlib import Path
 import paramiko
 
 from kerneldev.config import HostConfig
-from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
+from kerneldev.errors import (
+    ConnectionLostError,
+    HostConnectionError,
+    RemoteCommandError,
+    TransferError,
+)
 from kerneldev.transport import _hashfiles
 from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
 from kerneldev.transport.ssh_connection import (
@@ -78,6 +83,16 @@ class SSHTransport(Transport):
     def close(self) -> None:
         self.connection.close()
 
+    # The connection's parts as this class uses them (opened on first use).
+    def _connection(self) -> paramiko.Transport:
+        return self.connection.transport()
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        return self.connection.sftp()
+
+    def _dropped(self, err: BaseException, doing: str) -> ConnectionLostError:
+        return self.connection.dropped(err, doing)
+
     # --- commands -----------------------------------------------------------------------
     def run(
         self,
@@ -87,14 +102,14 @@ class SSHTransport(Transport):
         stdin: bytes | None = None,
         on_output: OutputCallback | None = None,
     ) -> CommandResult:
-        t = self.connection.transport()
+        t = self._connection()
         try:
             chan = t.open_session(timeout=self.connection.connect_timeout)
             # The login shell gets `sh -c '<command>'`, so the command means the same whatever
             # the user's shell is.
             chan.exec_command(f"sh -c {shlex.quote(command)}")
         except (paramiko.SSHException, EOFError, OSError) as err:
-            raise self.connection.dropped(err, f"starting `{command}`") from None
+            raise self._dropped(err, f"starting `{command}`") from None
         if stdin is None:
             chan.shutdown_write()
         else:
@@ -140,13 +155,13 @@ class SSHTransport(Transport):
                 if time.monotonic() - exited_at > EXIT_GRACE:
                     break
         except (paramiko.SSHException, EOFError, OSError) as err:
-            raise self.connection.dropped(err, f"running `{command}`") from None
+            raise self._dropped(err, f"running `{command}`") from None
         status = chan.exit_status
         chan.close()
         if status == -1:
             if not t.is_active():
                 lost = t.get_exception() or EOFError()
-                raise self.connection.dropped(lost, f"running `{command}`")
+                raise self._dropped(lost, f"running `{command}`")
             status = 255  # killed by a signal (paramiko does not report exit-signal), as ssh does
         return CommandResult(command, status, out.text(), errs.text())
 
@@ -183,13 +198,13 @@ class SSHTransport(Transport):
             or isinstance(err, (EOFError, paramiko.SSHException, socket.timeout))
             or not isinstance(err, OSError)
         ):
-            return self.connection.dropped(err, f"{doing} {path}")
+            return self._dropped(err, f"{doing} {path}")
         if err.errno == errno.ENOENT:
             return TransferError(f"{path}: no such file on {self.host_name}")
         return TransferError(f"cannot {doing} {path} on {self.host_name}: {describe_error(err)}")
 
     def read_bytes(self, path: str) -> bytes:
-        sftp = self.connection.sftp()
+        sftp = self._sftp_client()
         try:
             with sftp.open(path, "rb") as f:
                 st = f.stat()
@@ -203,7 +218,7 @@ class SSHTransport(Transport):
             raise self._file_error(err, path, "read") from None
 
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
-        sftp = self.connection.sftp()
+        sftp = self._sftp_client()
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
         self.mkdirs(folder)
@@ -264,7 +279,7 @@ class SSHTransport(Transport):
         return path
 
     def exists(self, path: str) -> bool:
-        sftp = self.connection.sftp()
+        sftp = self._sftp_client()
         try:
             sftp.lstat(path)
             return True
@@ -274,7 +289,7 @@ class SSHTransport(Transport):
             raise self._file_error(err, path, "stat") from None
 
     def mkdirs(self, path: str) -> None:
-        sftp = self.connection.sftp()
+        sftp = self._sftp_client()
         try:
             if stat.S_ISDIR(sftp.stat(path).st_mode or 0):
                 return
@@ -317,7 +332,7 @@ class SSHTransport(Transport):
             raise HostConnectionError(f"cannot GET {url}: only http:// and https:// URLs work")
         port = parts.port or 80
         target = f"{parts.hostname}:{port}"
-        t = self.connection.transport()
+        t = self._connection()
         try:
             chan = t.open_channel(
                 "direct-tcpip", (parts.hostname, port), ("127.0.0.1", 0), timeout=timeout
@@ -328,7 +343,7 @@ class SSHTransport(Transport):
             ) from None
         except (paramiko.SSHException, EOFError, OSError) as err:
             if not t.is_active():
-                raise self.connection.dropped(err, f"opening a channel for GET {url}") from None
+                raise self._dropped(err, f"opening a channel for GET {url}") from None
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         try:
             chan.settimeout(timeout)
