@@ -23,30 +23,39 @@ def trust(
 ) -> None:
     """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""
     host_config = load_host(ctx, host)
+    unanswered = False
 
     def confirm(offer: trust_core.KeyOffer) -> bool:
+        nonlocal unanswered
         who = (
             f"jump host {offer.known_hosts_name} (on the way to '{offer.host}')"
             if offer.jump_host
             else f"host '{offer.host}' ({offer.known_hosts_name})"
         )
         print_info(f"{who} offers this key:\n  {offer.key_type} {offer.fingerprint}")
-        return yes or _ask(f"Add it to {offer.known_hosts}?")
+        if yes:
+            return True
+        answer = _ask(f"Add it to {offer.known_hosts}?")
+        unanswered = answer is None
+        return bool(answer)
 
     result = trust_core.trust_host(host_config, confirm)
     _render(result, json_out)
     if result.jump_host and result.status == trust_core.ADDED:
         print_info("run `kerneldev trust` again to check the key of the host behind it")
     if result.status == trust_core.DECLINED:
+        if unanswered:
+            print_info("nobody answered (no terminal on stdin): `kerneldev trust --yes` adds it")
         raise typer.Exit(int(ExitCode.FAILURE))
 
 
-def _ask(question: str) -> bool:
+def _ask(question: str) -> bool | None:
+    """The user's answer; None when stdin ended without one (a script, no terminal)."""
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
         return typer.confirm(question, default=False, err=True)
     except typer.Abort:  # EOF on stdin: nobody said yes
-        return False
+        return None
 
 
 def _render(result: trust_core.TrustResult, json_out: bool) -> None:
