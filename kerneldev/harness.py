@@ -8,7 +8,7 @@ module of this package: setuptools installs the `kernels/` folder as `kerneldev.
 triton load inside its `main`), which is what lets a laptop without torch import it here.
 
 What kerneldev relies on, and nothing more (a change to any of it in the harness is a change
-here; tests/test_bench_cli.py runs both sides together):
+here; tests/test_bench.py runs both sides together):
 - `SCHEMA`, the schema id of the result JSON it writes (docs/bench-json.md);
 - its exit statuses `EXIT_OK` (ran, all passed), `EXIT_FAILED` (ran, a variant failed accuracy)
   and `EXIT_ENV` (torch, triton or the GPU is missing);

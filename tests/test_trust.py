@@ -1,6 +1,6 @@
 """The trust workflow as the core runs it (`kerneldev.trust`), against a real sshd: what the user
 is asked, what is recorded, and what is refused. The CLI's wording is tested in
-test_hostkeys.py; here the answer comes from a plain function instead of a terminal."""
+test_ssh_connection.py; here the answer comes from a plain function instead of a terminal."""
 
 from __future__ import annotations
 
