@@ -3,8 +3,8 @@
 Each step does what a user would do (through the same core functions the commands call) and
 checks that kerneldev behaved as promised; the demo passes when every step did.
 
-A step is a function of the `DemoContext` that returns a `DemoStep`; `STEPS` lists them in
-order. They run while the sandbox host, its transport and its fake service are up.
+A step is a function of the `DemoContext` that returns a `DemoStep`; `LOOP_STEPS` lists them
+in order. They run while the sandbox host, its transport and its fake service are up.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run_demo(
         # (a `Host *` ProxyJump, say) must not change where the demo connects.
         with open_transport(host, ssh_config="none") as transport:
             ctx = DemoContext(sandbox, host, transport)
-            for fn in STEPS:
+            for fn in LOOP_STEPS:
                 t0 = time.monotonic()
                 try:
                     step = fn(ctx)
@@ -392,7 +392,7 @@ def step_bench(ctx: DemoContext) -> DemoStep:
     )
 
 
-STEPS: tuple[StepFn, ...] = (
+LOOP_STEPS: tuple[StepFn, ...] = (
     step_pull,
     step_diff_clean,
     step_edit,
