@@ -118,6 +118,7 @@ def pull(
             "not pulled, the workspace has unpushed edits in: " + ", ".join(refused),
             hint="push them first, see them with `kerneldev diff --patch`, or discard them with "
             "`kerneldev pull --force` (their bytes are kept under .kerneldev/discarded/)",
+            report={"host": host.name, "workspace": str(workspace), "refused": refused},
         )
 
     state = snap.state

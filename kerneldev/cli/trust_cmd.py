@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import typer
 
-from kerneldev import hostkeys
+from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import print_info, print_json
 from kerneldev.errors import ExitCode
-from kerneldev.transport.ssh import SSHTransport
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,9 @@ def trust(
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""
+    from kerneldev import hostkeys
+    from kerneldev.transport.ssh import SSHTransport  # paramiko: only when trust runs
+
     host_config = load_host(ctx, host)
     if host_config.transport == "local":
         result = TrustResult(host_config.name, None, None, None, "local", None)
@@ -71,6 +73,8 @@ def trust(
     if via_jump and status == "added":
         print_info("run `kerneldev trust` again to check the key of the host behind it")
     if status == "declined":
+        if not environment.current().stdin_isatty:
+            print_info("no terminal to confirm on: run `kerneldev trust --yes` to add the key")
         raise typer.Exit(int(ExitCode.FAILURE))
 
 
