@@ -123,8 +123,6 @@ def _wants_json(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
     """Run kerneldev with `argv` (default: sys.argv[1:]) in `env` (default: this process's
     streams) and return the exit status; never calls sys.exit."""
-    import click
-
     from kerneldev.cli import environment
     from kerneldev.cli.output import error_json, print_error, print_json
 
@@ -144,15 +142,17 @@ def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
             status = app(args=args, prog_name="kerneldev", standalone_mode=False)
         except KerneldevError as err:
             return fail(err.exit_code, type(err).__name__, err.message, err.hint, err.report)
-        except click.exceptions.NoArgsIsHelpError as err:
-            err.show(file=env.stderr)  # the help text, as `kerneldev` alone prints it
-            return ExitCode.USAGE
-        except click.ClickException as err:
+        except typer.TyperException as err:  # usage errors, as typer reports them
+            code = getattr(err, "exit_code", ExitCode.USAGE)
             if wants_json:
-                print_json(error_json(ExitCode.USAGE, "UsageError", err.format_message()))
-            err.show(file=env.stderr)
-            return ExitCode.USAGE
-        except click.exceptions.Abort:
+                print_json(error_json(code, "UsageError", err.format_message()))
+            show = getattr(err, "show", None)
+            if show is not None:
+                show(file=env.stderr)
+            else:
+                print_error(err.format_message())
+            return ExitCode(code) if code in iter(ExitCode) else code
+        except typer.Abort:
             return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")
         except KeyboardInterrupt:
             return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")

@@ -112,6 +112,7 @@ HASH_CHARS = 12  # in a pipe and on wide terminals
 HASH_CHARS_NARROW = 8  # on terminals narrower than WIDE
 WIDE = 100
 MIN_PATH_WIDTH = 16
+GAP = 3  # characters between two columns of a box.SIMPLE_HEAD table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +206,11 @@ def print_table(
     from rich.text import Text
 
     # Columns other than paths keep their natural width; paths get what is left and are
-    # wrapped at `/` (2 = the padding between two columns).
+    # wrapped at `/` (GAP: padding, divider, padding between two columns).
     natural = [max([len(c.name)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
     fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind != PATH)
     paths = sum(1 for c in cols if c.kind == PATH)
-    path_width = max(MIN_PATH_WIDTH, (width - fixed - 2 * (len(cols) - 1)) // max(paths, 1))
+    path_width = max(MIN_PATH_WIDTH, (width - fixed - GAP * (len(cols) - 1)) // max(paths, 1))
     table = Table(
         title=Text(title) if title else None,
         title_justify="left",

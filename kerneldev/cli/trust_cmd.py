@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import typer
 
-from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import print_info, print_json
 from kerneldev.errors import ExitCode
@@ -41,6 +40,7 @@ def trust(
         result = TrustResult(host_config.name, None, None, None, "local", None)
         _render(result, json_out)
         return
+    unanswered = False
     with SSHTransport(host_config) as transport:
         # An unknown key comes back for confirmation; a changed or revoked one raises.
         check = transport.scan_host_key()
@@ -56,11 +56,13 @@ def trust(
                 else (f"host '{host_config.name}' ({check.name})")
             )
             print_info(f"{who} offers this key:\n  {check.key_type} {check.fingerprint}")
-            if yes or _confirm(f"Add it to {transport.trust_path}?"):
+            answer = True if yes else _confirm(f"Add it to {transport.trust_path}?")
+            if answer:
                 transport.trust(check)
                 status = "added"
             else:
                 status = "declined"
+                unanswered = answer is None
         result = TrustResult(
             host=host_config.name,
             known_hosts_name=check.name,
@@ -73,17 +75,18 @@ def trust(
     if via_jump and status == "added":
         print_info("run `kerneldev trust` again to check the key of the host behind it")
     if status == "declined":
-        if not environment.current().stdin_isatty:
-            print_info("no terminal to confirm on: run `kerneldev trust --yes` to add the key")
+        if unanswered:
+            print_info("nobody answered (no terminal on stdin): `kerneldev trust --yes` adds it")
         raise typer.Exit(int(ExitCode.FAILURE))
 
 
-def _confirm(question: str) -> bool:
+def _confirm(question: str) -> bool | None:
+    """The user's answer; None when stdin ended without one (a script, no terminal)."""
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
         return typer.confirm(question, default=False, err=True)
     except typer.Abort:  # EOF on stdin: nobody said yes
-        return False
+        return None
 
 
 def _render(result: TrustResult, json_out: bool) -> None:
