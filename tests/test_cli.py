@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kerneldev import bench
 from kerneldev.cli.main import hoist_global_options
 from kerneldev.cli.output import wrap_path
+from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
 from kerneldev.sandbox import free_port
-from tests.sshutil import isolate_home
+from tests.sshutil import isolate_home, run_cli, ssh_host, write_hosts_yaml
 from tests.test_loop import A, B, Env, kd, make_env
 
 
@@ -263,3 +265,22 @@ def test_unhealthy_hint_when_logs_print_nothing(tmp_path):
     run = env.kd("restart")
     assert run.exit_code == 1
     assert "printed nothing" in run.stderr and "configure `service.logs`" not in run.stderr
+
+
+def test_trust_without_an_answer_suggests_yes(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    proc = run_cli("trust", config=write_hosts_yaml(tmp_path / "hosts.yaml", host), input="")
+    assert proc.returncode == 1 and "kerneldev trust --yes" in proc.stderr
+    assert not Path(host.known_hosts).exists()
+
+
+def test_bench_without_a_gpu_names_kerneldevs_flag(tmp_path):
+    config = load_config(make_env(tmp_path, "local").config).host(None)
+    output = (
+        "dsv4_bench.py: error: no CUDA device visible to torch 2.13.0+cpu "
+        "(CUDA_VISIBLE_DEVICES=None); use --cpu-mode for the interpreter\n"
+    )
+    err = bench._harness_failure(config, bench.harness.EXIT_ENV, output)
+    text = f"{err.message}\n{err.hint}"
+    assert "--cpu-mode" not in text and "kerneldev bench --cpu" in text
+    assert "needs torch and triton" not in text

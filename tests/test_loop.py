@@ -27,6 +27,7 @@ B = "python/sglang/srt/layers/attention/flash_mla_sm120.py"
 ORIGINAL_A = b'"""triton kernel"""\nBLOCK_N = 64\n'
 ORIGINAL_B = b'"""wrapper"""\nNUM_SPLITS = 8\n'
 
+
 @dataclass
 class Run:
     exit_code: int

@@ -158,6 +158,9 @@ def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
             return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")
     if status in (None, 0):
         return ExitCode.OK
+    if status == ExitCode.INTERRUPTED:  # typer turns Ctrl-C into a plain exit 130
+        with environment.use(env):
+            print_error("interrupted")
     try:
         return ExitCode(status)
     except ValueError:
