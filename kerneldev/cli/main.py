@@ -7,12 +7,16 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 import typer.core as _typer_core
 
 from kerneldev import __version__
 from kerneldev.errors import ExitCode, KerneldevError
+
+if TYPE_CHECKING:
+    from kerneldev.cli.environment import Environment
 
 app = typer.Typer(
     name="kerneldev",
@@ -120,7 +124,7 @@ def _wants_json(argv: Sequence[str]) -> bool:
     return "--json" in (args[: args.index("--")] if "--" in args else args)
 
 
-def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
+def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> ExitCode | int:
     """Run kerneldev with `argv` (default: sys.argv[1:]) in `env` (default: this process's
     streams) and return the exit status; never calls sys.exit."""
     from kerneldev.cli import environment
@@ -151,9 +155,9 @@ def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
                 show(file=env.stderr)
             else:
                 print_error(err.format_message())
-            return ExitCode(code) if code in iter(ExitCode) else code
-        except typer.Abort:
-            return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")
+            return _status(code)
+        except typer.Abort:  # a prompt got Ctrl-C
+            return fail(ExitCode.INTERRUPTED, "Interrupted", "aborted")
         except KeyboardInterrupt:
             return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")
     if status in (None, 0):
@@ -161,14 +165,18 @@ def main(argv: Sequence[str] | None = None, env=None) -> ExitCode:
     if status == ExitCode.INTERRUPTED:  # typer turns Ctrl-C into a plain exit 130
         with environment.use(env):
             print_error("interrupted")
+    return _status(status)
+
+
+def _status(code: int) -> ExitCode | int:
     try:
-        return ExitCode(status)
+        return ExitCode(code)
     except ValueError:
-        return status  # a code a command chose itself
+        return code  # a code a command chose itself
 
 
 @contextlib.contextmanager
-def _redirect(env):
+def _redirect(env: Environment):
     """click and typer write help and prompts to sys.stdout/sys.stderr: point those at the
     environment's streams while a command runs."""
     with contextlib.redirect_stdout(env.stdout), contextlib.redirect_stderr(env.stderr):
