@@ -177,10 +177,15 @@ def _status(code: int) -> ExitCode | int:
 
 @contextlib.contextmanager
 def _redirect(env: Environment):
-    """click and typer write help and prompts to sys.stdout/sys.stderr: point those at the
-    environment's streams while a command runs."""
-    with contextlib.redirect_stdout(env.stdout), contextlib.redirect_stderr(env.stderr):
-        yield
+    """click and typer write help and prompts to sys.stdout/sys.stderr and read answers from
+    sys.stdin: point those at the environment's streams while a command runs."""
+    stdin = sys.stdin
+    sys.stdin = env.stdin
+    try:
+        with contextlib.redirect_stdout(env.stdout), contextlib.redirect_stderr(env.stderr):
+            yield
+    finally:
+        sys.stdin = stdin
 
 
 def run() -> None:
