@@ -91,7 +91,10 @@ def pull_command(
     with _open(host) as transport:
         result = sync.pull(transport, host, paths, force=force, on_progress=_progress("pulling"))
     # The workspace now knows its config: kerneldev run inside it finds both.
-    remember_config(host.workspace, config.path, host.name)
+    try:
+        remember_config(host.workspace, config.path, host.name)
+    except OSError as err:  # a convenience: the pull itself succeeded
+        print_warning(f"could not note the config in the workspace: {err}")
     if as_json:
         print_json(result)
     else:
