@@ -5,6 +5,7 @@ listens on for "unreachable")."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -15,8 +16,9 @@ import pytest
 import yaml
 
 from kerneldev import bench
+from kerneldev.cli import environment
 from kerneldev.cli.main import hoist_global_options
-from kerneldev.cli.output import wrap_path
+from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
 from kerneldev.sandbox import free_port
@@ -284,3 +286,23 @@ def test_bench_without_a_gpu_names_kerneldevs_flag(tmp_path):
     text = f"{err.message}\n{err.hint}"
     assert "--cpu-mode" not in text and "kerneldev bench --cpu" in text
     assert "needs torch and triton" not in text
+
+
+def test_wide_tables_give_up_their_secondary_columns_at_80():
+    columns = [Column("shape"), Column("µs", NUMBER)] + [
+        Column(f"extra{i}", NUMBER, drop_order=i) for i in (1, 2, 3)
+    ]
+    rows = [["decode_b64_h128_topk2048", "20.7", "1" * 20, "2" * 20, "3" * 20]]
+
+    def render(**terminal) -> str:
+        out = io.StringIO()
+        with environment.use(environment.Environment(stdout=out, **terminal)):
+            print_table("t", columns, rows)
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+
+    narrow = render(stdout_isatty=True, width=80)
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    assert "20.7" in narrow and "3" * 20 in narrow and "1" * 20 not in narrow
+    assert "hidden at 80 columns: extra1" in narrow
+    assert "1" * 20 in render(stdout_isatty=True, width=200)
+    assert "1" * 20 in render(stdout_isatty=False)  # a pipe keeps every column

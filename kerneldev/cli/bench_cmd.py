@@ -160,9 +160,17 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
         else {"ok": Cell("ok"), "failed": Cell("FAILED")}
     )
     marks["error"] = Cell("✗ error", "bold red") if terminal else Cell("ERROR")
-    columns = [Column("shape"), Column("variant")] + [
-        Column(name, NUMBER)
-        for name in ("µs", "p20-p80", "GB/s", "% BW", "TFLOP/s", "x floor", "acc")
+    # On a narrow terminal the secondary numbers give way first (a pipe and --json keep them).
+    columns = [
+        Column("shape"),
+        Column("variant"),
+        Column("µs", NUMBER),
+        Column("p20-p80", NUMBER, drop_order=1),
+        Column("GB/s", NUMBER, drop_order=4),
+        Column("% BW", NUMBER),
+        Column("TFLOP/s", NUMBER, drop_order=3),
+        Column("x floor", NUMBER, drop_order=2),
+        Column("acc"),
     ]
     if ab.baseline_label and ab.ratios:
         columns.append(Column(f"vs {ab.baseline_label}", NUMBER))

@@ -118,10 +118,13 @@ GAP = 3  # characters between two columns of a box.SIMPLE_HEAD table
 @dataclasses.dataclass(frozen=True)
 class Column:
     """`kind`: text, status and number cells are never wrapped; a path may be wrapped at `/`
-    to fit the terminal; a hash is shortened (12 characters, 8 on a narrow terminal)."""
+    to fit the terminal; a hash is shortened (12 characters, 8 on a narrow terminal).
+    Columns with a `drop_order` are left out, 1 first, where the terminal is too narrow for
+    the table (a note under it names them); pipes and --json always have them."""
 
     name: str
     kind: str = TEXT
+    drop_order: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,12 +205,36 @@ def print_table(
         return
 
     from rich import box
+    from rich.cells import cell_len
     from rich.table import Table
     from rich.text import Text
 
+    natural = [
+        max([cell_len(c.name)] + [cell_len(r[i]) for r in cells]) for i, c in enumerate(cols)
+    ]
+
+    # Too wide for the terminal: leave out the columns that may go, in their drop order.
+    def needed(keep: list[int]) -> int:
+        least = [
+            min(natural[i], MIN_PATH_WIDTH) if cols[i].kind == PATH else natural[i] for i in keep
+        ]
+        return sum(least) + GAP * (len(keep) - 1)
+
+    keep = list(range(len(cols)))
+    hidden: list[str] = []
+    droppable = sorted((c.drop_order, i) for i, c in enumerate(cols) if c.drop_order is not None)
+    for _, i in droppable:
+        if needed(keep) <= width:
+            break
+        keep.remove(i)
+        hidden.append(cols[i].name)
+    cols = [cols[i] for i in keep]
+    natural = [natural[i] for i in keep]
+    cells = [[row[i] for i in keep] for row in cells]
+    rows = [[row[i] for i in keep] for row in rows]
+
     # Columns other than paths keep their natural width; paths get what is left and are
     # wrapped at `/` (GAP: padding, divider, padding between two columns).
-    natural = [max([len(c.name)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
     fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind != PATH)
     paths = sum(1 for c in cols if c.kind == PATH)
     path_width = max(MIN_PATH_WIDTH, (width - fixed - GAP * (len(cols) - 1)) // max(paths, 1))
@@ -233,3 +260,10 @@ def print_table(
             rendered.append(Text(text, style=style or ""))
         table.add_row(*rendered)
     console.print(table)
+    if hidden:
+        console.print(
+            f"(hidden at {width} columns: {', '.join(hidden)}; --json or a pipe has them)",
+            style="dim",
+            markup=False,
+            highlight=False,
+        )
