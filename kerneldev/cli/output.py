@@ -153,8 +153,9 @@ def wrap_path(path: str, width: int) -> str:
     width = max(width, 1)
     lines: list[str] = []
     line = ""
-    for i, part in enumerate(path.split("/")):
-        piece = part if i == len(path.split("/")) - 1 else part + "/"
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        piece = part if i == len(parts) - 1 else part + "/"
         if line and len(line) + len(piece) > width:
             lines.append(line)
             line = ""
