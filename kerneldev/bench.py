@@ -48,6 +48,8 @@ from kerneldev.transport.base import OutputCallback, Transport
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
 KERNEL_FILE = "flash_mla_sm120_triton.py"
+# The kernel file's `variant=` values, plus the harness's "call it without variant=".
+KNOWN_VARIANTS = ("simt", "mma", harness.DISPATCH)
 # Where SGLang keeps it, used when no configured `files` entry names the kernel file.
 DEFAULT_KERNEL_PATH = f"python/sglang/srt/layers/attention/{KERNEL_FILE}"
 RESULT_NAME = "result.json"
@@ -125,6 +127,13 @@ def check_request(variants: list[str], shapes: list[str]) -> None:
         harness.parse_shapes(shapes)
     except harness.HarnessError as err:
         raise UsageError(str(err)) from None
+    unknown = [v for v in variants if v not in KNOWN_VARIANTS]
+    if unknown:
+        raise UsageError(
+            f"unknown variant(s) {', '.join(map(repr, unknown))} in --variants: "
+            f"expected {', '.join(KNOWN_VARIANTS)}",
+            hint="e.g. --variants simt,mma",
+        )
 
 
 def run_bench(
@@ -251,11 +260,19 @@ def _harness_failure(host: HostConfig, exited: int, output: str) -> BenchError:
             hint=f"set `python:` for host '{host.name}' in hosts.yaml to an interpreter "
             "with torch and triton (e.g. /opt/venv/bin/python)",
         )
-    if exited == harness.EXIT_ENV:
+    if exited == harness.EXIT_ENV and message and "no CUDA device" in message:
+        # torch and triton imported fine: the host has no GPU torch can use. The harness's
+        # own flag is --cpu-mode; kerneldev's is --cpu.
+        message = message.split("; use --cpu-mode", 1)[0]
+        hint = (
+            f"run `kerneldev bench --cpu` to check correctness under the Triton interpreter "
+            f"(times are meaningless), or pick a visible GPU with --gpu / `gpu:` for host "
+            f"'{host.name}'"
+        )
+    elif exited == harness.EXIT_ENV:
         hint = (
             f"the harness needs torch and triton in `{host.python}` on {host.name}; set "
-            "`python:` in hosts.yaml to the interpreter that runs SGLang, or use --cpu "
-            "without a GPU"
+            "`python:` in hosts.yaml to the interpreter that runs SGLang"
         )
     else:
         hint = "the harness's output:\n" + _tail(output)

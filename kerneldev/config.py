@@ -1,6 +1,8 @@
 """hosts.yaml: where the hosts are, which files to track, how to restart the service.
 
-Lookup order for the file: `--config PATH`, then `$KERNELDEV_CONFIG`, then `./hosts.yaml`.
+Lookup order for the file: `--config PATH`, then `$KERNELDEV_CONFIG`, then, like git, the
+current folder and each folder above it: `hosts.yaml` there, or a workspace's pointer
+`.kerneldev/config.json` (written by `kerneldev pull`) naming its config and host.
 Relative local paths in the file (workspace, mirror, identity_file, known_hosts) are resolved
 against the file's folder; `~` is expanded. See hosts.example.yaml for every key.
 
@@ -13,6 +15,8 @@ rather than the plain Python objects.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import posixpath
 from collections.abc import Callable
@@ -27,6 +31,7 @@ from kerneldev.errors import ConfigError
 DEFAULT_CONFIG_NAME = "hosts.yaml"
 CONFIG_ENV = "KERNELDEV_CONFIG"
 HOST_ENV = "KERNELDEV_HOST"
+WORKSPACE_POINTER = ".kerneldev/config.json"  # in a workspace: {"config": path, "host": name}
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,13 @@ class Config:
     path: Path
     default: str | None
     hosts: dict[str, HostConfig] = field(default_factory=dict)
+    workspace_host: str | None = None  # the host whose workspace pointer led to this file
 
     def host(self, name: str | None = None) -> HostConfig:
-        """The named host, else $KERNELDEV_HOST, else `default`, else the only host."""
-        chosen = name or os.environ.get(HOST_ENV) or self.default
+        """The named host, else $KERNELDEV_HOST, else the host of the workspace we are in, else
+        `default`, else the only host."""
+        from_env = os.environ.get(HOST_ENV) if not name else None
+        chosen = name or from_env or self.workspace_host or self.default
         if chosen is None:
             if len(self.hosts) == 1:
                 return next(iter(self.hosts.values()))
@@ -75,42 +83,105 @@ class Config:
         try:
             return self.hosts[chosen]
         except KeyError:
+            where = f" (from ${HOST_ENV})" if from_env else ""
             raise ConfigError(
-                f"{self.path}: no host named '{chosen}' "
+                f"{self.path}: no host named '{chosen}'{where} "
                 f"(known hosts: {', '.join(sorted(self.hosts)) or 'none'})",
-                hint="use one of the known hosts with --host NAME, or add it under `hosts:`",
+                hint=f"fix or unset ${HOST_ENV}, or pass --host NAME"
+                if from_env
+                else "use one of the known hosts with --host NAME, or add it under `hosts:`",
             ) from None
 
 
 # --- loading ----------------------------------------------------------------------------
 
 
-def find_config(path: Path | str | None = None) -> Path:
-    """The config file to use: `path`, else $KERNELDEV_CONFIG, else ./hosts.yaml."""
+@dataclass(frozen=True)
+class ConfigLocation:
+    path: Path
+    found_by: str  # "option", "environment", "search" (hosts.yaml above) or "workspace"
+    host: str | None = None  # with "workspace": the host that workspace belongs to
+
+
+def locate_config(path: Path | str | None = None, cwd: Path | None = None) -> ConfigLocation:
+    """The config file to use: `path`, else $KERNELDEV_CONFIG, else the nearest hosts.yaml or
+    workspace pointer in the current folder or above it (as git finds `.git`)."""
     if path:
-        return Path(os.path.expanduser(str(path)))
+        return ConfigLocation(Path(os.path.expanduser(str(path))), "option")
     env = os.environ.get(CONFIG_ENV)
     if env:
-        return Path(os.path.expanduser(env))
-    return Path(DEFAULT_CONFIG_NAME)
+        return ConfigLocation(Path(os.path.expanduser(env)), "environment")
+    start = Path(os.path.abspath(cwd or os.getcwd()))
+    for folder in (start, *start.parents):
+        if (folder / DEFAULT_CONFIG_NAME).is_file():
+            return ConfigLocation(folder / DEFAULT_CONFIG_NAME, "search")
+        pointer = _read_pointer(folder / WORKSPACE_POINTER)
+        if pointer is not None:
+            return pointer
+    # Not found: name the file the user would create here.
+    return ConfigLocation(Path(DEFAULT_CONFIG_NAME), "search")
+
+
+def _read_pointer(pointer: Path) -> ConfigLocation | None:
+    """A workspace's note of its config; ignored when unreadable or when the file moved."""
+    try:
+        data = json.loads(pointer.read_text(encoding="utf-8"))
+        target = Path(data["config"])
+        host = data.get("host")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not target.is_file():
+        return None
+    return ConfigLocation(target, "workspace", host if isinstance(host, str) else None)
+
+
+def remember_config(workspace: Path, config_path: Path, host_name: str) -> None:
+    """Write the workspace's pointer to its config, so kerneldev run inside it finds both."""
+    from kerneldev.atomic_file import write_bytes_atomic
+
+    data = {"config": str(Path(os.path.abspath(config_path))), "host": host_name}
+    pointer = Path(workspace) / WORKSPACE_POINTER
+    try:
+        if json.loads(pointer.read_text(encoding="utf-8")) == data:
+            return
+    except (OSError, ValueError):
+        pass
+    write_bytes_atomic(pointer, (json.dumps(data, indent=2) + "\n").encode(), mode=0o644)
+
+
+def find_config(path: Path | str | None = None) -> Path:
+    """The config file to use (see `locate_config`)."""
+    return locate_config(path).path
 
 
 def load_config(path: Path | str | None = None) -> Config:
     """Read and validate the config file; raise `ConfigError` naming file, key path and line."""
-    config_path = find_config(path)
+    location = locate_config(path)
+    config_path = location.path
     try:
         text = config_path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if location.found_by == "search":
+            raise ConfigError(
+                f"config file not found: no {DEFAULT_CONFIG_NAME} in {os.getcwd()} or any folder "
+                "above it, and no kerneldev workspace here",
+                hint="pass --config PATH (or set KERNELDEV_CONFIG), run kerneldev from the "
+                "folder of your hosts.yaml or inside a pulled workspace, or copy "
+                "hosts.example.yaml to hosts.yaml and edit it",
+            ) from None
         raise ConfigError(
             f"config file not found: {config_path}",
-            hint="copy hosts.example.yaml to hosts.yaml and edit it, or pass --config PATH "
-            "(or set KERNELDEV_CONFIG)",
+            hint="check the path given with "
+            + ("--config" if location.found_by == "option" else "$KERNELDEV_CONFIG"),
         ) from None
     except IsADirectoryError:
         raise ConfigError(f"config path is a folder, not a file: {config_path}") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {config_path}: {err}") from None
-    return _Validator(config_path, text).config()
+    config = _Validator(config_path, text).config()
+    if location.host in config.hosts:
+        config = dataclasses.replace(config, workspace_host=location.host)
+    return config
 
 
 class _Validator:

@@ -1,32 +1,41 @@
 """Errors a user can act on, and the exit codes they map to.
 
 Every expected failure raises a `KerneldevError` subclass carrying a one-line `message` and an
-optional `hint` (what to do next). The CLI's single handler prints them and exits with
-`exit_code`; anything else is a bug and keeps its traceback.
+optional `hint` (what to do next). The CLI's single handler (`kerneldev.cli.main.main`) prints
+them and returns `exit_code`; anything else is a bug and keeps its traceback. Every error class
+of the project lives here; the modules that raise them re-export the ones they used to define.
 """
 
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # only for the annotation: hostkeys imports this module
+if TYPE_CHECKING:  # only for annotations: hostkeys and service import this module
     from kerneldev.hostkeys import HostKeyCheck
+    from kerneldev.service import ServiceHealth
 
 
 class ExitCode(IntEnum):
     OK = 0
     FAILURE = 1  # the operation ran and found a problem (drift, refused push, unhealthy service)
     USAGE = 2  # bad command line or bad config
+    UNREACHABLE = 3  # could not reach or authenticate the host (connection, host key)
+    INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2
+    TERMINATED = 143  # SIGTERM: 128 + 15
 
 
 class KerneldevError(Exception):
+    """`report`: the partial result a `--json` caller still gets on stdout (a refused plan, an
+    unhealthy health result), or None."""
+
     exit_code: ExitCode = ExitCode.FAILURE
 
-    def __init__(self, message: str, hint: str | None = None) -> None:
+    def __init__(self, message: str, hint: str | None = None, *, report: Any = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.report = report
 
     def __str__(self) -> str:
         return self.message
@@ -51,6 +60,8 @@ class HostConnectionError(KerneldevError):
     """Could not reach or log in to the host (DNS, refused, timeout, auth). `jump_host` names the
     ProxyJump hop where it failed (None: the host itself); the message starts with it."""
 
+    exit_code = ExitCode.UNREACHABLE
+
     def __init__(
         self, message: str, hint: str | None = None, *, jump_host: str | None = None
     ) -> None:
@@ -64,6 +75,8 @@ class HostKeyError(KerneldevError):
     `check` is the comparison that was refused (None when known_hosts itself could not be read),
     so `kerneldev trust` can offer the key; `check.name` says whose key it is (the host's, or a
     ProxyJump hop's on the way)."""
+
+    exit_code = ExitCode.UNREACHABLE
 
     def __init__(
         self, message: str, hint: str | None = None, *, check: HostKeyCheck | None = None
@@ -84,12 +97,48 @@ class TransferError(KerneldevError):
     """Reading or writing a file on the host failed."""
 
 
+class PartialDeployError(TransferError):
+    """An upload failed after others had landed; the record lists what was deployed."""
+
+    def __init__(self, message: str, deployed: list[str], not_deployed: list[str], hint: str):
+        super().__init__(
+            message, hint, report={"deployed": list(deployed), "not_deployed": list(not_deployed)}
+        )
+        self.deployed = deployed
+        self.not_deployed = not_deployed
+
+
 class RefusedError(KerneldevError):
-    """A safety check refused the operation (unpushed edits, drift, conflict); --force overrides."""
+    """A safety check refused the operation (unpushed edits, drift, conflict); --force overrides.
+    `report` holds the refused plan when there is one."""
+
+
+class NothingToRollBackError(KerneldevError):
+    """`rollback` found no deploy (or an empty one) to undo."""
+
+
+class StateError(KerneldevError):
+    """The workspace's state file is unreadable or corrupt."""
 
 
 class ServiceError(KerneldevError):
     """Restart failed or health never came."""
+
+
+class UnhealthyError(ServiceError):
+    """Health never came after a restart; `logs` holds the output of `service.logs`, `health`
+    (also the `report`) the failed health result."""
+
+    def __init__(
+        self,
+        message: str,
+        logs: str | None,
+        hint: str | None = None,
+        health: ServiceHealth | None = None,
+    ) -> None:
+        super().__init__(message, hint, report=health)
+        self.logs = logs
+        self.health = health
 
 
 class BenchError(KerneldevError):

@@ -12,6 +12,7 @@ here; tests/test_bench.py runs both sides together):
 - `SCHEMA`, the schema id of the result JSON it writes (docs/bench-json.md);
 - its exit statuses `EXIT_OK` (ran, all passed), `EXIT_FAILED` (ran, a variant failed accuracy)
   and `EXIT_ENV` (torch, triton or the GPU is missing);
+- `DISPATCH`, its pseudo-variant name for "call without `variant=`";
 - its parsers of variant lists and shape specs, so bad input is refused before connecting;
 - its command line: `--kernel NAME=PATH --variants A,B --shapes SPEC... --out FILE --no-table
   [--rotate N] [--cpu-mode]`.
@@ -33,6 +34,8 @@ EXIT_OK: int = _harness.EXIT_OK
 EXIT_FAILED: int = _harness.EXIT_FAILED
 EXIT_ENV: int = _harness.EXIT_ENV
 HarnessError = _harness.HarnessError  # what the parsers raise; `str(err)` is the message
+# The pseudo-variant "call the entry without `variant=`" (the file then picks by environment).
+DISPATCH: str = _harness.DISPATCH
 
 SCRIPT = "dsv4_bench.py"
 # The harness and what it imports, copied next to each other on the host.

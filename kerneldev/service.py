@@ -19,6 +19,7 @@ from kerneldev.errors import (
     HostConnectionError,
     RemoteCommandError,
     ServiceError,
+    UnhealthyError,
     UsageError,
 )
 from kerneldev.transport.base import Transport
@@ -36,14 +37,6 @@ class ServiceHealth:
     checks: int  # health checks made
     health: str | None  # the URL or command that was polled
     last_check: str | None  # e.g. "HTTP 200", "exit 0", "no answer"
-
-
-class UnhealthyError(ServiceError):
-    """Health never came after a restart; `logs` holds the output of `service.logs`."""
-
-    def __init__(self, message: str, logs: str | None, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.logs = logs
 
 
 def is_url(health: str) -> bool:
@@ -127,11 +120,16 @@ def restart(
             logs = out.stdout + (out.stderr if out.stderr else "")
         except RemoteCommandError as err:
             logs = f"(could not fetch logs: {err.message})"
+    if logs and logs.strip():
+        hint = "the service logs are shown above"
+    elif service.logs:
+        hint = f"`service.logs` ({service.logs}) printed nothing; check it on the host"
+    else:
+        hint = "configure `service.logs` to see the service's output here"
     raise UnhealthyError(
         f"service on {host} not healthy after {service.timeout:g}s "
         f"({checks} checks of {service.health}, last: {last})",
         logs,
-        hint="the service logs are shown above"
-        if logs
-        else "configure `service.logs` to see the service's output here",
+        hint=hint,
+        health=ServiceHealth(host, False, time.monotonic() - start, checks, service.health, last),
     )

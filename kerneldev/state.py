@@ -23,15 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from kerneldev.atomic_file import write_bytes_atomic
-from kerneldev.errors import KerneldevError
+from kerneldev.errors import StateError
 
 STATE_DIR = ".kerneldev"
 STATE_FILE = "state.json"
 STATE_VERSION = 1
-
-
-class StateError(KerneldevError):
-    """The workspace's state file is unreadable or corrupt."""
 
 
 @dataclass

@@ -41,7 +41,13 @@ from kerneldev.drift import (
     sha256_bytes,
     snapshot,
 )
-from kerneldev.errors import KerneldevError, RefusedError, TransferError
+from kerneldev.errors import (
+    KerneldevError,
+    NothingToRollBackError,
+    PartialDeployError,
+    RefusedError,
+    TransferError,
+)
 from kerneldev.service import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
@@ -59,15 +65,6 @@ from kerneldev.transport.base import RemoteFile, Transport
 BACKUP_DIR = ".kerneldev/backups"  # under the host's root
 
 ProgressCallback = Callable[[str], None]
-
-
-class PartialDeployError(TransferError):
-    """An upload failed after others had landed; the record lists what was deployed."""
-
-    def __init__(self, message: str, deployed: list[str], not_deployed: list[str], hint: str):
-        super().__init__(message, hint)
-        self.deployed = deployed
-        self.not_deployed = not_deployed
 
 
 # --- pull -------------------------------------------------------------------------------
@@ -121,6 +118,7 @@ def pull(
             "not pulled, the workspace has unpushed edits in: " + ", ".join(refused),
             hint="push them first, see them with `kerneldev diff --patch`, or discard them with "
             "`kerneldev pull --force` (their bytes are kept under .kerneldev/discarded/)",
+            report={"host": host.name, "workspace": str(workspace), "refused": refused},
         )
 
     state = snap.state
@@ -270,6 +268,7 @@ def push(
             + ", ".join(f"{f.path} ({f.status})" for f in refused),
             hint="see the changes with `kerneldev diff --patch`; pull them and merge your edits, "
             "or overwrite with `kerneldev push --force`",
+            report=plan,
         )
     state: State = snap.state
     state.host, state.root = host.name, host.root
@@ -420,13 +419,15 @@ def rollback(
     state = load_state(host.workspace)
     check_state_owner(state, host)
     if not state.deploys:
-        raise KerneldevError(
+        raise NothingToRollBackError(
             f"nothing to roll back: no deploy is recorded in {host.workspace}",
             hint="rollback undoes the last `kerneldev push` made from this workspace",
         )
     last = state.deploys[-1]
     if not last.files:
-        raise KerneldevError(f"the last deploy {last.id} changed no files; nothing to roll back")
+        raise NothingToRollBackError(
+            f"the last deploy {last.id} changed no files; nothing to roll back"
+        )
 
     paths = [f.path for f in last.files]
     live_files, _ = transport.hash_files(host.root, [glob_escape(p) for p in paths])

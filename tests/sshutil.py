@@ -92,11 +92,6 @@ def run_cli(*args: str, config: Path | None = None, input: str | None = None):
     )
 
 
-def cli_missing(proc) -> bool:
-    """True when the CLI could not start because a command module is not written yet."""
-    return "ModuleNotFoundError: No module named 'kerneldev.cli." in proc.stderr
-
-
 def _children(pid: int) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

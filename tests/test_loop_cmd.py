@@ -4,6 +4,7 @@ real sshd on 127.0.0.1 and against the local transport (every scenario runs on b
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import shutil
@@ -15,10 +16,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
-from kerneldev.cli import main
-from kerneldev.errors import KerneldevError
+from kerneldev.cli.environment import Environment
+from kerneldev.cli.main import main
 from kerneldev.sandbox import find_sshd
 from tests.sshutil import ssh_entry
 
@@ -26,16 +26,6 @@ A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
 B = "python/sglang/srt/layers/attention/flash_mla_sm120.py"
 ORIGINAL_A = b'"""triton kernel"""\nBLOCK_N = 64\n'
 ORIGINAL_B = b'"""wrapper"""\nNUM_SPLITS = 8\n'
-
-_registered = False
-
-
-def _app():
-    global _registered
-    if not _registered:
-        main._register_commands()
-        _registered = True
-    return main.app
 
 
 @dataclass
@@ -59,19 +49,8 @@ class Env:
     transport: str
 
     def kd(self, *args: str) -> Run:
-        """Run `kerneldev --config <this> ARGS`, mapping errors to exit codes as main.run does."""
-        result = CliRunner().invoke(_app(), ["--config", str(self.config), *args])
-        stderr = result.stderr
-        code = result.exit_code
-        if isinstance(result.exception, KerneldevError):
-            err = result.exception
-            code = int(err.exit_code)
-            stderr += f"kerneldev: error: {err.message}\n"
-            if err.hint:
-                stderr += f"hint: {err.hint}\n"
-        elif result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        return Run(code, result.stdout, stderr)
+        """Run `kerneldev --config <this> ARGS` through the real entry, in a pipe."""
+        return kd("--config", str(self.config), *args)
 
     def statuses(self, *paths: str) -> dict[str, tuple[str, str | None]]:
         run = self.kd("diff", "--json", *paths)
@@ -85,6 +64,15 @@ class Env:
         data = yaml.safe_load(self.config.read_text())
         data["hosts"]["h"].update(changes)
         self.config.write_text(yaml.safe_dump(data))
+
+
+def kd(*args: str, **terminal) -> Run:
+    """`kerneldev ARGS` through `main`, with captured streams (a pipe unless `terminal` says
+    otherwise, e.g. stdout_isatty=True, width=80)."""
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(stdout=out, stderr=err, stdin=io.StringIO(), **terminal)
+    code = main(list(args), env=env)
+    return Run(int(code), out.getvalue(), err.getvalue())
 
 
 def make_env(tmp_path: Path, transport: str, server=None, files=(A, B), **host) -> Env:

@@ -10,7 +10,13 @@ import pytest
 
 from kerneldev import drift, service, sync
 from kerneldev.config import HostConfig, ServiceConfig
-from kerneldev.errors import RefusedError, ServiceError, TransferError, UsageError
+from kerneldev.errors import (
+    NothingToRollBackError,
+    RefusedError,
+    ServiceError,
+    TransferError,
+    UsageError,
+)
 from kerneldev.state import StateError, load_state, state_path
 from kerneldev.transport.local import LocalTransport
 
@@ -128,7 +134,7 @@ def test_rollback_refuses_when_host_changed_since(host, transport):
 
 def test_nothing_to_roll_back(host, transport):
     sync.pull(transport, host)
-    with pytest.raises(Exception, match="nothing to roll back"):
+    with pytest.raises(NothingToRollBackError, match="nothing to roll back"):
         sync.rollback(transport, host)
 
 

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
-from rich.table import Table
 
 from kerneldev import bench
+from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
 from kerneldev.cli.output import (
-    err_console,
-    out_console,
+    NUMBER,
+    Cell,
+    Column,
     print_info,
     print_json,
+    print_line,
+    print_table,
     print_warning,
 )
 from kerneldev.config import load_config
@@ -35,14 +37,16 @@ VERDICT_STYLE = {
 SHAPES_OPTION = typer.Option(
     None,
     "--shapes",
-    help="A named set (issue4, paths, smoke) or B=..,H=..,topk=..[,page=..,extra_topk=..,"
-    "extra_page=..,sink=1,lengths=..,invalid=..,pad=1]; repeatable, or ';'-separated. "
-    "Default: issue4 (smoke with --cpu).",
+    metavar="SHAPES",
+    help="A named set (issue4, paths, smoke) or one shape such as B=1,H=64,topk=512 (keys: "
+    "B H topk page extra_topk extra_page sink lengths invalid pad; see docs/usage.md); "
+    "repeatable, or ';'-separated. Default: issue4 (smoke with --cpu).",
     show_default=False,
 )
 COMPARE_OPTION = typer.Option(
     None,
     "--compare",
+    metavar="FILE",
     help="An earlier result (saved JSON or --json output): mark each shape faster / slower / "
     "no change (no change = the p20-p80 intervals overlap).",
     show_default=False,
@@ -54,6 +58,7 @@ def bench_command(
     variants: str = typer.Option(
         "simt,mma",
         "--variants",
+        metavar="LIST",
         help="Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
         "file's own choice by environment). The first is the A of the A/B ratios.",
     ),
@@ -61,12 +66,16 @@ def bench_command(
     source: str = typer.Option(
         "bundled",
         "--source",
+        metavar="SOURCE",
         help="Kernel file to run: bundled (this kerneldev's), workspace (your edited copy), "
         "or live (the file the server runs, benchmarked where it lies).",
     ),
     compare_to: Path = COMPARE_OPTION,
     gpu: str = typer.Option(
-        None, "--gpu", help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`)."
+        None,
+        "--gpu",
+        metavar="IDS",
+        help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`).",
     ),
     cpu: bool = typer.Option(
         False,
@@ -75,7 +84,12 @@ def bench_command(
         "correctness, times are meaningless).",
     ),
     rotate: int = typer.Option(
-        None, "--rotate", min=1, help="Input sets per shape (default 3).", show_default=False
+        None,
+        "--rotate",
+        min=1,
+        metavar="N",
+        help="Input sets per shape (default 3).",
+        show_default=False,
     ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
@@ -120,12 +134,13 @@ def bench_command(
 
 def _stream():
     """The harness's progress lines on stderr, only on a terminal."""
-    if not err_console.is_terminal:
+    env = environment.current()
+    if not env.stderr_isatty:
         return None
 
     def write(text: str) -> None:
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        env.stderr.write(text)
+        env.stderr.flush()
 
     return write
 
@@ -138,17 +153,29 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
     data = result.data
     ab = result.ab
     ratio_by_key = {(r.shape, r.label): r.speedup for r in ab.ratios}
-    terminal = out_console.is_terminal
+    terminal = bool(environment.current().stdout_isatty)
     marks = (
-        {"ok": "[green]✓[/]", "failed": "[bold red]✗ failed[/]", "error": "[bold red]✗ error[/]"}
+        {"ok": Cell("✓", "green"), "failed": Cell("✗ failed", "bold red")}
         if terminal
-        else {"ok": "ok", "failed": "FAILED", "error": "ERROR"}
+        else {"ok": Cell("ok"), "failed": Cell("FAILED")}
     )
-    columns = ["shape", "variant", "µs", "p20-p80", "GB/s", "% BW", "TFLOP/s", "x floor", "acc"]
+    marks["error"] = Cell("✗ error", "bold red") if terminal else Cell("ERROR")
+    # On a narrow terminal the secondary numbers give way first (a pipe and --json keep them).
+    columns = [
+        Column("shape"),
+        Column("variant"),
+        Column("µs", NUMBER),
+        Column("p20-p80", NUMBER, drop_order=1),
+        Column("GB/s", NUMBER, drop_order=4),
+        Column("% BW", NUMBER),
+        Column("TFLOP/s", NUMBER, drop_order=3),
+        Column("x floor", NUMBER, drop_order=2),
+        Column("acc"),
+    ]
     if ab.baseline_label and ab.ratios:
-        columns.append(f"vs {ab.baseline_label}")
+        columns.append(Column(f"vs {ab.baseline_label}", NUMBER))
     if comparison:
-        columns.append("vs baseline")
+        columns.append(Column("vs baseline"))
     rows = []
     for r in data["results"]:
         timed = r["median_us"] is not None
@@ -161,13 +188,13 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
             _fmt(r["pct_copy_bw"], ".1f"),
             _fmt(r["tflops"], ".1f"),
             _fmt(r["x_floor"], ".1f"),
-            marks.get(r["status"], r["status"]),
+            marks.get(r["status"], Cell(str(r["status"]))),
         ]
         if ab.baseline_label and ab.ratios:
             speedup = ratio_by_key.get((r["shape"], r["label"]))
             row.append(f"{speedup:.2f}x" if speedup else "-")
         if comparison:
-            row.append(_verdict_cell(comparison, r, terminal))
+            row.append(_verdict_cell(comparison, r))
         rows.append(row)
 
     device = data.get("device") or {}
@@ -177,19 +204,7 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
         title += f" (copy {copy['gbs']:.0f} GB/s)"
     if data.get("timing") == "cpu-wallclock":
         title += " - CPU interpreter, times meaningless"
-    if terminal:
-        table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-        for i, name in enumerate(columns):
-            table.add_column(name, justify="left" if i < 2 else "right", no_wrap=True)
-        for row in rows:
-            table.add_row(*row)
-        out_console.print(table)
-    else:
-        widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(columns)]
-        lines = [title]
-        for row in [columns, *rows]:
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        print("\n".join(lines), flush=True)
+    print_table(title, columns, rows, title_in_pipe=True)
 
     for label, mean in ab.geomean.items():
         shapes = sum(1 for r in ab.ratios if r.label == label and r.speedup)
@@ -201,7 +216,7 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
             out_line(f"geomean {label} vs baseline {comparison.baseline}: {text}")
 
 
-def _verdict_cell(comparison: bench.Comparison, r: dict, terminal: bool) -> str:
+def _verdict_cell(comparison: bench.Comparison, r: dict) -> Cell | str:
     change = next(
         (c for c in comparison.changes if c.shape == r["shape"] and c.label == r["label"]), None
     )
@@ -210,16 +225,11 @@ def _verdict_cell(comparison: bench.Comparison, r: dict, terminal: bool) -> str:
     text = change.verdict
     if change.speedup:
         text += f" {change.speedup:.2f}x"
-    if terminal:
-        return f"[{VERDICT_STYLE.get(change.verdict, 'white')}]{text}[/]"
-    return text
+    return Cell(text, VERDICT_STYLE.get(change.verdict))
 
 
 def out_line(text: str) -> None:
-    if out_console.is_terminal:
-        out_console.print(text, highlight=False)
-    else:
-        print(text, flush=True)
+    print_line(text)
 
 
 def register(app: typer.Typer) -> None:

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import typer
 
-from kerneldev.config import HostConfig, load_config
+from kerneldev.config import Config, HostConfig, load_config
 
 HOST_OPTION = typer.Option(
     None,
     "--host",
-    envvar="KERNELDEV_HOST",
-    help="Host name from the config (default: the config's `default`, or its only host).",
-    show_envvar=True,
+    metavar="NAME",
+    # $KERNELDEV_HOST is read by Config.host (not by typer), so a typo in it is reported as
+    # coming from the environment.
+    help="Host name from the config (default: $KERNELDEV_HOST, then the host of the workspace "
+    "you are in, then the config's `default`, or its only host). May precede the subcommand.",
+    show_default=False,
 )
-JSON_OPTION = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+JSON_OPTION = typer.Option(
+    False, "--json", help="Print the result as JSON on stdout (also on failure)."
+)
 
 
 def config_path(ctx: typer.Context) -> str | None:
@@ -23,6 +28,12 @@ def config_path(ctx: typer.Context) -> str | None:
     return obj.get("config_path") if isinstance(obj, dict) else None
 
 
+def load(ctx: typer.Context, host_name: str | None) -> tuple[Config, HostConfig]:
+    """The config (found as `load_config` says; ConfigError exits 2) and the chosen host."""
+    config = load_config(config_path(ctx))
+    return config, config.host(host_name)
+
+
 def load_host(ctx: typer.Context, host_name: str | None) -> HostConfig:
     """Load the config (raises ConfigError, exit 2) and pick the host to work on."""
-    return load_config(config_path(ctx)).host(host_name)
+    return load(ctx, host_name)[1]

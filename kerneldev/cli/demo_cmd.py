@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
-from kerneldev import demo
 from kerneldev.cli.common import JSON_OPTION
 from kerneldev.cli.output import out_console, print_info, print_json, print_warning
 from kerneldev.errors import ExitCode
@@ -27,6 +25,10 @@ def demo_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run pull, diff, edit, push, restart, drift detection and rollback on a sandbox host."""
+    from rich.markup import escape
+
+    from kerneldev import demo  # the sandbox and paramiko: only when the demo runs
+
     # A plain `kill` must still stop the sandbox's sshd and fake service: turn SIGTERM into
     # SystemExit so the demo's clean-up (a `finally`) runs.
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(128 + signal.SIGTERM)))
@@ -44,7 +46,7 @@ def demo_command(
         for note in sandbox.notes:
             print_warning(note)
 
-    def on_step(step: demo.DemoStep) -> None:
+    def on_step(step) -> None:
         if not show:
             return
         mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"

@@ -6,14 +6,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-from rich.syntax import Syntax
-from rich.table import Table
 
 from kerneldev import drift, sync
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
-from kerneldev.cli.output import err_console, out_console, print_info, print_json, print_warning
-from kerneldev.config import HostConfig
-from kerneldev.errors import ExitCode
+from kerneldev.cli import environment, output
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
+from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
+from kerneldev.config import HostConfig, remember_config
+from kerneldev.errors import ExitCode, UnhealthyError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 
@@ -43,30 +42,20 @@ STATUS_STYLE = {
 }
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on a terminal; aligned plain columns in a pipe (no wrapping, no colour), so
-    `grep` and `awk` see one file per line."""
-    cells = [["-" if v is None else str(v) for v in row] for row in rows]
-    if out_console.is_terminal:
-        table = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-        for i, name in enumerate(columns):
-            table.add_column(name, no_wrap=(i == len(columns) - 1), overflow="fold")
-        for row in cells:
-            table.add_row(*(f"[{STATUS_STYLE[c]}]{c}[/]" if c in STATUS_STYLE else c for c in row))
-        out_console.print(table)
-        return
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip()]
-    for row in cells:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    print("\n".join(lines), flush=True)
+def print_table(title: str | None, columns: Sequence[Any], rows: Sequence[Sequence[Any]]) -> None:
+    """The loop's tables: `output.print_table` with the status words coloured."""
+    output.print_table(title, columns, rows, styles=STATUS_STYLE)
 
 
 def print_patch(text: str) -> None:
-    if out_console.is_terminal:
-        out_console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False))
+    env = environment.current()
+    if env.stdout_isatty:
+        from rich.syntax import Syntax
+
+        env.out_console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False))
     else:
-        print(text, end="", flush=True)
+        env.stdout.write(text)
+        env.stdout.flush()
 
 
 def _short(sha: str | None) -> str | None:
@@ -75,9 +64,10 @@ def _short(sha: str | None) -> str | None:
 
 def _progress(verb: str):
     """Per-file progress on stderr, only on a terminal."""
-    if not err_console.is_terminal:
+    env = environment.current()
+    if not env.stderr_isatty:
         return None
-    return lambda path: err_console.print(f"{verb} {path}", style="dim", markup=False)
+    return lambda path: env.err_console.print(f"{verb} {path}", style="dim", markup=False)
 
 
 def _open(host: HostConfig):
@@ -97,16 +87,26 @@ def pull_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy the live files from the host into the workspace (only what changed)."""
-    host = load_host(ctx, host_name)
+    config, host = load(ctx, host_name)
     with _open(host) as transport:
         result = sync.pull(transport, host, paths, force=force, on_progress=_progress("pulling"))
+    # The workspace now knows its config: kerneldev run inside it finds both.
+    try:
+        remember_config(host.workspace, config.path, host.name)
+    except OSError as err:  # a convenience: the pull itself succeeded
+        print_warning(f"could not note the config in the workspace: {err}")
     if as_json:
         print_json(result)
     else:
         print_table(
             f"pull from {host.name} into {result.workspace}",
-            ["action", "size", "sha256", "path"],
-            [(f.action, f.size, _short(f.sha256), f.path) for f in result.files],
+            [
+                Column("action", STATUS),
+                Column("size", output.NUMBER),
+                Column("sha256", HASH),
+                Column("path", PATH),
+            ],
+            [(f.action, f.size, f.sha256, f.path) for f in result.files],
         )
         print_info(
             f"{result.transferred} transferred, "
@@ -157,7 +157,7 @@ def render_drift(report: drift.DriftReport) -> None:
     mirror = f"mirror at {report.mirror_commit[:12]}" if report.mirror_commit else "mirror"
     print_table(
         f"{report.host}: live vs workspace, {mirror}",
-        ["status", "mirror", "path"],
+        [Column("status", STATUS), Column("mirror", STATUS), Column("path", PATH)],
         [(f.status, f.mirror, f.path) for f in report.files],
     )
     for f in report.files:
@@ -184,8 +184,6 @@ def push_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload the workspace files that differ from live: atomic, backed up, recorded."""
-    from kerneldev.cli.service_cmd import restart_with_progress
-
     host = load_host(ctx, host_name)
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
@@ -201,22 +199,39 @@ def push_command(
         if not as_json:
             render_push(result)
         if restart and not dry_run:
-            result.health = restart_with_progress(transport, host, quiet=as_json)
+            result.health = _restart_or_report(transport, host, result, as_json)
     if as_json:
         print_json(result)
     if dry_run and result.refused:
         raise typer.Exit(int(ExitCode.FAILURE))
 
 
+def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
+    """Restart after a push/rollback; when health never comes, `--json` still gets the deploy
+    with the failed health result in it."""
+    from kerneldev.cli.service_cmd import restart_with_progress
+
+    try:
+        return restart_with_progress(transport, host, quiet=as_json)
+    except UnhealthyError as err:
+        result.health = err.health
+        again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
+        again.report = result  # the deploy did happen: --json shows it with the failed health
+        raise again from None
+
+
 def render_push(result: sync.PushResult) -> None:
     title = f"push to {result.host}" + (" (dry run: nothing changed)" if result.dry_run else "")
     print_table(
         title,
-        ["action", "status", "live", "workspace", "path"],
         [
-            (f.action, f.status, _short(f.old_sha256), _short(f.new_sha256), f.path)
-            for f in result.files
+            Column("action", STATUS),
+            Column("status", STATUS),
+            Column("live", HASH),
+            Column("workspace", HASH),
+            Column("path", PATH),
         ],
+        [(f.action, f.status, f.old_sha256, f.new_sha256, f.path) for f in result.files],
     )
     n = len(result.uploads)
     if result.dry_run:
@@ -227,7 +242,23 @@ def render_push(result: sync.PushResult) -> None:
     elif result.deploy_id:
         print_info(f"deployed {len(result.deployed)} file(s) as {result.deploy_id}")
     else:
-        print_info("nothing to push: live already has the workspace's bytes")
+        print_info(_nothing_to_push(result))
+
+
+def _nothing_to_push(result: sync.PushResult) -> str:
+    """Why a push uploaded nothing, without claiming the workspace matches when it is empty."""
+    absent = [f for f in result.files if f.status == drift.NOT_PULLED]
+    if not result.files:
+        return "nothing to push: no configured file exists on the host or in the workspace"
+    if len(absent) == len(result.files):
+        return "nothing to push: the workspace has none of these files; run `kerneldev pull` first"
+    if absent:
+        return (
+            f"nothing to push: live already has the workspace's bytes for "
+            f"{len(result.files) - len(absent)} file(s); {len(absent)} not in the workspace "
+            "(`kerneldev pull` them)"
+        )
+    return "nothing to push: live already has the workspace's bytes"
 
 
 # --- rollback ---------------------------------------------------------------------------
@@ -245,8 +276,6 @@ def rollback_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Put back the files replaced by the last deploy (a second rollback re-applies it)."""
-    from kerneldev.cli.service_cmd import restart_with_progress
-
     host = load_host(ctx, host_name)
     if restart:
         require_service(host.service, host.name)
@@ -255,15 +284,12 @@ def rollback_command(
         if not as_json:
             print_table(
                 f"rollback of {result.rolls_back} on {result.host}",
-                ["restored", "replaced", "path"],
-                [
-                    (_short(f.new_sha256) or "(removed)", _short(f.old_sha256), f.path)
-                    for f in result.files
-                ],
+                [Column("restored", HASH), Column("replaced", HASH), Column("path", PATH)],
+                [(f.new_sha256 or "(removed)", f.old_sha256, f.path) for f in result.files],
             )
             print_info(f"recorded as deploy {result.deploy_id}")
         if restart:
-            result.health = restart_with_progress(transport, host, quiet=as_json)
+            result.health = _restart_or_report(transport, host, result, as_json)
     if as_json:
         print_json(result)
 

@@ -1,13 +1,22 @@
-"""Entry point: builds the typer app from one module per command group and maps errors to exit
-codes in one place."""
+"""Entry point: `main(argv, env) -> ExitCode` builds the typer app from one module per command
+group, runs it inside an `Environment` and turns every expected error into a one-line message
+(and, with `--json`, a JSON error object on stdout) and a named exit code, in one place."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
+import typer.core as _typer_core
 
-from kerneldev.errors import KerneldevError
+from kerneldev import __version__
+from kerneldev.errors import ExitCode, KerneldevError
+
+if TYPE_CHECKING:
+    from kerneldev.cli.environment import Environment
 
 app = typer.Typer(
     name="kerneldev",
@@ -15,7 +24,23 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: no `<bool>` type tags, and `--help` loads no rich tables.
+    rich_markup_mode=None,
 )
+
+# typer 0.29 appends a Python type tag to every argument's help line (`PATHS <list[str]>`);
+# the metavar and the help text already say what to pass (options get their metavar instead).
+_typer_core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
+# Options of the whole program that may also follow the subcommand (`kerneldev diff --config
+# x.yaml`): main() moves them in front of it before typer parses.
+GLOBAL_VALUE_OPTIONS = ("--config",)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kerneldev {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -25,15 +50,31 @@ def _global_options(
         None,
         "--config",
         envvar="KERNELDEV_CONFIG",
-        help="Path of hosts.yaml (default: ./hosts.yaml).",
+        metavar="PATH",
+        help="Path of hosts.yaml (default: hosts.yaml in this folder or the nearest one above "
+        "it, or the config of the workspace you are in). May follow the subcommand.",
         show_envvar=True,
+    ),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print kerneldev's version and exit.",
     ),
 ) -> None:
     ctx.obj = {"config_path": config}
 
 
+_registered = False
+
+
 def _register_commands() -> None:
     # Each module adds its own commands; importing them here keeps `kerneldev --help` complete.
+    # The modules import their heavy dependencies (paramiko, rich tables) inside the commands.
+    global _registered
+    if _registered:
+        return
     from kerneldev.cli import (  # noqa: F401
         bench_cmd,
         demo_cmd,
@@ -44,20 +85,109 @@ def _register_commands() -> None:
 
     for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd):
         module.register(app)
+    _registered = True
+
+
+def hoist_global_options(argv: Sequence[str]) -> list[str]:
+    """Let the program-wide options stand anywhere: `--config PATH` given after the subcommand
+    moves in front of it, and `--host NAME` given before the subcommand moves after it (every
+    command that talks to a host takes --host). Nothing moves past a `--`."""
+    args = list(argv)
+    end = args.index("--") if "--" in args else len(args)
+    args, tail = args[:end], args[end:]
+    config: list[str] = []
+    host: list[str] = []
+    rest: list[str] = []
+    seen_command = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name = arg.split("=", 1)[0]
+        takes_value = "=" not in arg and i + 1 < len(args)
+        if name in GLOBAL_VALUE_OPTIONS:
+            config += args[i : i + 2] if takes_value else [arg]
+            i += 2 if takes_value else 1
+            continue
+        if name == "--host" and not seen_command:
+            host += args[i : i + 2] if takes_value else [arg]
+            i += 2 if takes_value else 1
+            continue
+        if not arg.startswith("-"):
+            seen_command = True
+        rest.append(arg)
+        i += 1
+    return config + rest + host + tail
+
+
+def _wants_json(argv: Sequence[str]) -> bool:
+    args = list(argv)
+    return "--json" in (args[: args.index("--")] if "--" in args else args)
+
+
+def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> ExitCode | int:
+    """Run kerneldev with `argv` (default: sys.argv[1:]) in `env` (default: this process's
+    streams) and return the exit status; never calls sys.exit."""
+    from kerneldev.cli import environment
+    from kerneldev.cli.output import error_json, print_error, print_json
+
+    env = env if env is not None else environment.Environment()
+    args = hoist_global_options(sys.argv[1:] if argv is None else argv)
+    wants_json = _wants_json(args)
+    _register_commands()
+
+    def fail(code: ExitCode, kind: str, message: str, hint=None, report=None) -> ExitCode:
+        if wants_json:
+            print_json(error_json(code, kind, message, hint, report))
+        print_error(message, hint)
+        return code
+
+    with environment.use(env), _redirect(env):
+        try:
+            status = app(args=args, prog_name="kerneldev", standalone_mode=False)
+        except KerneldevError as err:
+            return fail(err.exit_code, type(err).__name__, err.message, err.hint, err.report)
+        except typer.TyperException as err:  # usage errors, as typer reports them
+            code = getattr(err, "exit_code", ExitCode.USAGE)
+            if wants_json:
+                print_json(error_json(code, "UsageError", err.format_message()))
+            show = getattr(err, "show", None)
+            if show is not None:
+                show(file=env.stderr)
+            else:
+                print_error(err.format_message())
+            return _status(code)
+        except typer.Abort:  # a prompt got Ctrl-C
+            return fail(ExitCode.INTERRUPTED, "Interrupted", "aborted")
+        except KeyboardInterrupt:
+            return fail(ExitCode.INTERRUPTED, "Interrupted", "interrupted")
+    if status in (None, 0):
+        return ExitCode.OK
+    if status == ExitCode.INTERRUPTED:  # typer turns Ctrl-C into a plain exit 130
+        with environment.use(env):
+            print_error("interrupted")
+    return _status(status)
+
+
+def _status(code: int) -> ExitCode | int:
+    try:
+        return ExitCode(code)
+    except ValueError:
+        return code  # a code a command chose itself
+
+
+@contextlib.contextmanager
+def _redirect(env: Environment):
+    """click and typer write help and prompts to sys.stdout/sys.stderr and read answers from
+    sys.stdin: point those at the environment's streams while a command runs."""
+    stdin = sys.stdin
+    sys.stdin = env.stdin
+    try:
+        with contextlib.redirect_stdout(env.stdout), contextlib.redirect_stderr(env.stderr):
+            yield
+    finally:
+        sys.stdin = stdin
 
 
 def run() -> None:
-    """Console-script entry: run the app, turning expected errors into one-line messages."""
-    from kerneldev.cli.output import print_error
-
-    _register_commands()
-    try:
-        # Standalone mode: typer itself reports usage errors (exit 2), --help and typer.Exit
-        # codes; only our own errors (and bugs, which keep their traceback) come out here.
-        app()
-    except KerneldevError as err:
-        print_error(err.message, err.hint)
-        sys.exit(int(err.exit_code))
-    except KeyboardInterrupt:
-        print_error("interrupted")
-        sys.exit(130)
+    """Console-script entry."""
+    sys.exit(main())

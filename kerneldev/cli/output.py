@@ -1,37 +1,78 @@
-"""Where output goes: data to stdout, messages and progress to stderr; colour and spinners only
-on a terminal. `--json` prints the same result object a table is drawn from."""
+"""Where output goes: data to stdout, messages and progress to stderr; colour, tables and
+spinners only on a terminal. `--json` prints the same result object a table is drawn from.
+
+Everything prints through the running command's `Environment` (`environment.current()`), so
+tests can pass their own streams and a forced terminal. `out_console` / `err_console` are thin
+proxies to that environment's consoles, kept for the modules that print directly.
+
+The one table renderer is `print_table`: every cell is data (escaped, never rich markup); on a
+terminal it fits the width (status words whole, hashes shortened, paths wrapped at `/`), in a
+pipe it prints plain aligned columns, one row per line, for `grep` and `awk`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
+from kerneldev.cli import environment
 
-# stderr carries messages and progress; stdout carries data (tables, JSON, patches).
-err_console = Console(stderr=True, highlight=False)
-out_console = Console(highlight=False)
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-# Messages are plain text: escape() so a file name like `[x].py` or `[/tmp]` is printed as it
-# is instead of being read as rich markup (which drops it or raises MarkupError).
+class _ConsoleProxy:
+    """Looks like a rich Console; forwards to the current environment's stdout or stderr one."""
+
+    def __init__(self, which: str) -> None:
+        self._which = which
+
+    def _target(self) -> Console:
+        env = environment.current()
+        return env.err_console if self._which == "err" else env.out_console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target(), name)
+
+
+out_console: Any = _ConsoleProxy("out")
+err_console: Any = _ConsoleProxy("err")
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+# Messages are plain text: escaped so a file name like `[x].py` or `[/tmp]` is printed as it is
+# instead of being read as rich markup (which drops it or raises MarkupError).
 def print_error(message: str, hint: str | None = None) -> None:
-    err_console.print(
-        f"[bold red]kerneldev: error:[/] {escape(message)}", markup=True, soft_wrap=True
-    )
+    console = environment.current().err_console
+    console.print(f"[bold red]kerneldev: error:[/] {_escape(message)}", soft_wrap=True)
     if hint:
-        err_console.print(f"[dim]hint:[/] {escape(hint)}", soft_wrap=True)
+        console.print(f"[dim]hint:[/] {_escape(hint)}", soft_wrap=True)
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]kerneldev: warning:[/] {escape(message)}", soft_wrap=True)
+    console = environment.current().err_console
+    console.print(f"[yellow]kerneldev: warning:[/] {_escape(message)}", soft_wrap=True)
 
 
 def print_info(message: str) -> None:
-    err_console.print(message, soft_wrap=True, markup=False)
+    environment.current().err_console.print(message, soft_wrap=True, markup=False)
+
+
+def print_line(message: str) -> None:
+    """One line of data on stdout (plain in a pipe, never read as markup)."""
+    env = environment.current()
+    if env.stdout_isatty:
+        env.out_console.print(message, soft_wrap=True, markup=False)
+    else:
+        env.stdout.write(message + "\n")
+        env.stdout.flush()
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -47,5 +88,183 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
-    sys.stdout.flush()
+    out = environment.current().stdout
+    out.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+    out.flush()
+
+
+def error_json(
+    code: int, kind: str, message: str, hint: str | None = None, report: Any = None
+) -> dict:
+    """What `--json` prints on failure: the partial result when there is one (a refused plan,
+    an unhealthy health result) with an `error` key added, else just `{"error": {...}}`."""
+    data = to_jsonable(report) if report is not None else {}
+    if not isinstance(data, dict):
+        data = {"result": data}
+    data["error"] = {"code": int(code), "type": kind, "message": message, "hint": hint}
+    return data
+
+
+# --- tables ---------------------------------------------------------------------------------
+
+TEXT, PATH, HASH, STATUS, NUMBER = "text", "path", "hash", "status", "number"
+HASH_CHARS = 12  # in a pipe and on wide terminals
+HASH_CHARS_NARROW = 8  # on terminals narrower than WIDE
+WIDE = 100
+MIN_PATH_WIDTH = 16
+GAP = 3  # characters between two columns of a box.SIMPLE_HEAD table
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """`kind`: text, status and number cells are never wrapped; a path may be wrapped at `/`
+    to fit the terminal; a hash is shortened (12 characters, 8 on a narrow terminal).
+    Columns with a `drop_order` are left out, 1 first, where the terminal is too narrow for
+    the table (a note under it names them); pipes and --json always have them."""
+
+    name: str
+    kind: str = TEXT
+    drop_order: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """A cell with a style for the terminal (`"bold red"`); the text is never markup."""
+
+    text: str
+    style: str | None = None
+
+
+def _column(spec: str | Column) -> Column:
+    if isinstance(spec, Column):
+        return spec
+    return Column(spec, PATH if spec == "path" else TEXT)  # old callers passed bare names
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, Cell):
+        return value.text
+    return "-" if value is None else str(value)
+
+
+def wrap_path(path: str, width: int) -> str:
+    """`path` in lines of at most `width` characters, broken after a `/` where possible (a
+    part longer than the width is cut inside)."""
+    width = max(width, 1)
+    lines: list[str] = []
+    line = ""
+    parts = path.split("/")
+    for i, part in enumerate(parts):
+        piece = part if i == len(parts) - 1 else part + "/"
+        if line and len(line) + len(piece) > width:
+            lines.append(line)
+            line = ""
+        while len(piece) > width:
+            room = width - len(line)
+            lines.append(line + piece[:room])
+            line, piece = "", piece[room:]
+        line += piece
+    if line or not lines:
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[str | Column],
+    rows: Sequence[Sequence[Any]],
+    *,
+    styles: Mapping[str, str] | None = None,
+    title_in_pipe: bool = False,
+) -> None:
+    """Render `rows` under `columns` on stdout. A cell is a value (None prints `-`) or a `Cell`;
+    `styles` colours cells whose whole text is a key (status words) on a terminal."""
+    env = environment.current()
+    cols = [_column(c) for c in columns]
+    styles = styles or {}
+    terminal = bool(env.stdout_isatty)
+    console = env.out_console if terminal else None
+    width = console.width if console is not None else 0
+    hash_chars = HASH_CHARS if not terminal or width >= WIDE else HASH_CHARS_NARROW
+    cells: list[list[str]] = []
+    for row in rows:
+        line = []
+        for col, value in zip(cols, row, strict=True):
+            text = _text(value)
+            if col.kind == HASH and all(c in "0123456789abcdef" for c in text):
+                text = text[:hash_chars]
+            line.append(text)
+        cells.append(line)
+
+    if not terminal:
+        widths = [max([len(c.name)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+        lines = [title] if (title and title_in_pipe) else []
+        for row in [[c.name for c in cols], *cells]:
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        env.stdout.write("\n".join(lines) + "\n")
+        env.stdout.flush()
+        return
+
+    from rich import box
+    from rich.cells import cell_len
+    from rich.table import Table
+    from rich.text import Text
+
+    natural = [
+        max([cell_len(c.name)] + [cell_len(r[i]) for r in cells]) for i, c in enumerate(cols)
+    ]
+
+    # Too wide for the terminal: leave out the columns that may go, in their drop order.
+    def needed(keep: list[int]) -> int:
+        least = [
+            min(natural[i], MIN_PATH_WIDTH) if cols[i].kind == PATH else natural[i] for i in keep
+        ]
+        return sum(least) + GAP * (len(keep) - 1)
+
+    keep = list(range(len(cols)))
+    hidden: list[str] = []
+    droppable = sorted((c.drop_order, i) for i, c in enumerate(cols) if c.drop_order is not None)
+    for _, i in droppable:
+        if needed(keep) <= width:
+            break
+        keep.remove(i)
+        hidden.append(cols[i].name)
+    cols = [cols[i] for i in keep]
+    natural = [natural[i] for i in keep]
+    cells = [[row[i] for i in keep] for row in cells]
+    rows = [[row[i] for i in keep] for row in rows]
+
+    # Columns other than paths keep their natural width; paths get what is left and are
+    # wrapped at `/` (GAP: padding, divider, padding between two columns).
+    fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind != PATH)
+    paths = sum(1 for c in cols if c.kind == PATH)
+    path_width = max(MIN_PATH_WIDTH, (width - fixed - GAP * (len(cols) - 1)) // max(paths, 1))
+    table = Table(
+        title=Text(title) if title else None,
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        show_edge=False,
+        pad_edge=False,
+    )
+    for col, natural_width in zip(cols, natural, strict=True):
+        if col.kind == PATH:
+            table.add_column(Text(col.name), overflow="fold", min_width=MIN_PATH_WIDTH)
+        else:
+            justify = "right" if col.kind == NUMBER else "left"
+            table.add_column(Text(col.name), no_wrap=True, min_width=natural_width, justify=justify)
+    for raw, row in zip(rows, cells, strict=True):
+        rendered = []
+        for col, value, text in zip(cols, raw, row, strict=True):
+            style = value.style if isinstance(value, Cell) else styles.get(text)
+            if col.kind == PATH and len(text) > path_width:
+                text = wrap_path(text, path_width)
+            rendered.append(Text(text, style=style or ""))
+        table.add_row(*rendered)
+    console.print(table)
+    if hidden:
+        console.print(
+            f"(hidden at {width} columns: {', '.join(hidden)}; --json or a pipe has them)",
+            style="dim",
+            markup=False,
+            highlight=False,
+        )

@@ -5,13 +5,12 @@ from __future__ import annotations
 import time
 
 import typer
-from rich.markup import escape
-from rich.text import Text
 
 from kerneldev import service as service_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import err_console, print_info, print_json
 from kerneldev.config import HostConfig
+from kerneldev.errors import RemoteCommandError
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
 
@@ -25,7 +24,9 @@ class _Elapsed:
         self.last: str | None = None
         self.start = time.monotonic()
 
-    def __rich__(self) -> Text:
+    def __rich__(self):
+        from rich.text import Text
+
         text = f"{self.label}: {time.monotonic() - self.start:.0f}s"
         return Text(text + (f", last check: {self.last}" if self.last else ""))
 
@@ -58,6 +59,8 @@ def restart_with_progress(
             status.stop()
             status = None
         if err.logs:
+            from rich.markup import escape
+
             err_console.rule(escape(f"service logs ({svc.logs})"))
             err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
             err_console.rule()
@@ -83,9 +86,19 @@ def restart_command(
     host = load_host(ctx, host_name)
     service_core.require_service(host.service, host.name)
     with open_transport(host) as transport:
+        _connect(transport)  # say "restarting" only once the host answered
         health = restart_with_progress(transport, host, quiet=as_json)
     if as_json:
         print_json(health)
+
+
+def _connect(transport: Transport) -> None:
+    """Open the connection now (transports connect on first use): a host that cannot be
+    reached fails here, before any "restarting" line."""
+    try:
+        transport.run("true", timeout=30)
+    except RemoteCommandError:
+        pass  # reached, but `true` timed out: the restart itself will say more
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,308 @@
+"""The command line itself, through `main(argv, env)`: exit codes, what a terminal of 80
+columns shows, JSON on failure, where the config is found, help and honest messages. The loop's
+behaviour is in test_loop_cmd.py; these run on the local transport (plus an SSH port nobody
+listens on for "unreachable")."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kerneldev import bench
+from kerneldev.cli import environment
+from kerneldev.cli.main import hoist_global_options
+from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
+from kerneldev.config import load_config
+from kerneldev.errors import ExitCode
+from kerneldev.sandbox import free_port
+from tests.sshutil import isolate_home, run_cli, ssh_host, write_hosts_yaml
+from tests.test_loop_cmd import A, B, Env, kd, make_env
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+    return isolate_home(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def env(tmp_path) -> Env:
+    return make_env(tmp_path, "local")
+
+
+def unreachable(env: Env, **extra) -> None:
+    """Point the host at an SSH port on 127.0.0.1 where nothing listens."""
+    data = yaml.safe_load(env.config.read_text())
+    entry = data["hosts"]["h"]
+    entry.update(transport="ssh", hostname="127.0.0.1", port=free_port(), user="nobody")
+    entry.update(extra)
+    env.config.write_text(yaml.safe_dump(data))
+
+
+# --- exit codes -------------------------------------------------------------------------
+
+
+def test_main_returns_named_exit_codes(env: Env):
+    assert env.kd("pull").exit_code == ExitCode.OK
+    (env.workspace / A).write_bytes(b"edited\n")
+    assert env.kd("diff").exit_code == ExitCode.FAILURE  # a difference, not an error
+    assert env.kd("diff", "nope.py").exit_code == ExitCode.USAGE
+    assert env.kd("diff", "--no-such-option").exit_code == ExitCode.USAGE
+
+
+def test_unreachable_host_is_3_not_drift(env: Env):
+    unreachable(env)
+    run = env.kd("diff")
+    assert run.exit_code == ExitCode.UNREACHABLE == 3
+    assert "kerneldev: error:" in run.stderr and "Traceback" not in run.stderr
+
+
+# --- tables -------------------------------------------------------------------------------
+
+
+def test_table_cells_are_not_markup_on_a_terminal(tmp_path):
+    env = make_env(tmp_path, "local", files=["odd/*.py"])
+    name = "odd/[x].py"
+    (env.root / name).parent.mkdir(parents=True)
+    (env.root / name).write_text("v1\n")
+    assert env.kd("pull").exit_code == 0
+    run = kd("--config", str(env.config), "diff", stdout_isatty=True, width=120)
+    assert run.exit_code == 0, run.stderr
+    assert name in run.stdout  # rich markup would have shown `odd/.py`
+    assert "in-sync" in run.stdout
+
+
+def test_tables_fit_80_columns_on_a_terminal(tmp_path):
+    deep = "python/sglang/srt/layers/attention/very_long_kernel_directory_name/"
+    files = [deep + "flash_mla_sm120_triton_extra.py", A]
+    env = make_env(tmp_path, "local", files=files)
+    (env.root / files[0]).parent.mkdir(parents=True, exist_ok=True)
+    (env.root / files[0]).write_bytes(b"k\n")
+    env.kd("pull")
+    (env.workspace / files[0]).write_bytes(b"edited\n")
+    (env.workspace / A).write_bytes(b"edited too\n")
+
+    for args in (("push", "--dry-run"), ("diff",)):
+        run = kd("--config", str(env.config), *args, stdout_isatty=True, width=80)
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)  # what the eye sees
+        lines = shown.splitlines()
+        assert lines and all(len(line) <= 80 for line in lines), shown
+        words = shown.split()
+        # Status words whole, not `upl`/`oad`; every path segment readable.
+        assert ("upload" in words) if args[0] == "push" else ("edited" in words)
+        for segment in files[0].split("/"):
+            assert segment in shown
+    # Hashes are shortened on a narrow terminal; a pipe keeps 12 characters, one row a line.
+    plan = kd("--config", str(env.config), "push", "--dry-run", stdout_isatty=True, width=80)
+    piped = env.kd("push", "--dry-run")
+    live_sha = env.kd("push", "--dry-run", "--json").json()["files"][0]["old_sha256"]
+    assert live_sha[:8] in plan.stdout and live_sha[:12] not in plan.stdout
+    assert live_sha[:12] in piped.stdout
+    assert any(line.endswith(files[0]) for line in piped.stdout.splitlines())
+
+
+def test_wrap_path_breaks_after_slashes():
+    assert wrap_path("abc/def/ghi.py", 8) == "abc/def/\nghi.py"
+    assert wrap_path("short.py", 20) == "short.py"
+    assert all(len(line) <= 4 for line in wrap_path("abcdefghij/k", 4).splitlines())
+
+
+# --- JSON on failure ------------------------------------------------------------------------
+
+
+def test_json_on_a_refused_push_is_the_plan_with_the_error(env: Env):
+    env.kd("pull")
+    (env.root / B).write_bytes(b"hotfix on the host\n")
+    run = env.kd("push", "--json")
+    assert run.exit_code == 1
+    data = run.json()
+    assert data["error"]["code"] == 1 and "refused" in data["error"]["message"]
+    actions = {f["path"]: f["action"] for f in data["files"]}
+    assert actions[B] == "refused"
+
+
+def test_json_on_a_refused_pull(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"mine\n")
+    (env.root / A).write_bytes(b"theirs\n")
+    data = env.kd("pull", "--json").json()
+    assert data["refused"] == [A] and data["error"]["code"] == 1
+
+
+def test_json_on_an_unhealthy_restart(tmp_path):
+    env = make_env(tmp_path, "local", service={"restart": "true", "health": "false", "timeout": 1})
+    run = env.kd("restart", "--json")
+    assert run.exit_code == 1
+    data = run.json()
+    assert data["healthy"] is False and data["checks"] >= 1 and data["error"]["code"] == 1
+    # After a push that landed, the push is reported with the failed health in it.
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"edited\n")
+    pushed = env.kd("push", "--restart", "--json").json()
+    assert pushed["deployed"] == [A] and pushed["health"]["healthy"] is False
+    assert pushed["error"]["type"] == "UnhealthyError"
+
+
+def test_json_on_errors_carries_the_code(env: Env):
+    usage = env.kd("diff", "nope.py", "--json")
+    assert usage.exit_code == 2 and usage.json()["error"]["code"] == 2
+    bad_option = env.kd("diff", "--json", "--bogus")
+    assert bad_option.exit_code == 2 and bad_option.json()["error"]["code"] == 2
+    unreachable(env)
+    down = env.kd("pull", "--json")
+    assert down.exit_code == 3 and down.json()["error"]["code"] == 3
+    assert down.json()["error"]["hint"]
+
+
+# --- finding the config -----------------------------------------------------------------------
+
+
+def test_config_and_host_on_either_side_of_the_subcommand(env: Env):
+    assert env.kd("pull").exit_code == 0
+    after = kd("diff", "--config", str(env.config), "--json")
+    assert after.exit_code == 0, after.stderr and after.json()["host"] == "h"
+    equals = kd("diff", f"--config={env.config}", "--host", "h")
+    assert equals.exit_code == 0, equals.stderr
+    before = kd("--config", str(env.config), "--host", "h", "diff")
+    assert before.exit_code == 0, before.stderr
+    typo = kd("--host", "nope", "diff", "--config", str(env.config))
+    assert typo.exit_code == 2 and "no host named 'nope'" in typo.stderr
+
+
+def test_hoisting_stops_at_double_dash():
+    assert hoist_global_options(["push", "--", "--config", "x"]) == ["push", "--", "--config", "x"]
+
+
+def test_config_found_upward_and_from_the_workspace(tmp_path, monkeypatch):
+    env = make_env(tmp_path, "local")
+    sub = tmp_path / "deep" / "er"
+    sub.mkdir(parents=True)
+    monkeypatch.chdir(sub)
+    assert kd("pull").exit_code == 0  # hosts.yaml two folders up
+
+    # A config kept elsewhere: the pulled workspace remembers it.
+    elsewhere = tmp_path / "configs"
+    elsewhere.mkdir()
+    moved = elsewhere / "hosts.yaml"
+    data = yaml.safe_load(env.config.read_text())
+    data["hosts"]["h"]["workspace"] = str(env.workspace)
+    data["hosts"]["h"]["mirror"] = str(env.mirror)
+    moved.write_text(yaml.safe_dump(data))
+    env.config.unlink()
+    assert kd("--config", str(moved), "pull").exit_code == 0
+    pointer = json.loads((env.workspace / ".kerneldev" / "config.json").read_text())
+    assert pointer == {"config": str(moved), "host": "h"}
+    monkeypatch.chdir(env.workspace / Path(A).parent)
+    run = kd("diff", "--json")
+    assert run.exit_code == 0, run.stderr
+    assert run.json()["host"] == "h"
+
+    monkeypatch.chdir(tmp_path / "deep")
+    lost = kd("diff")
+    assert lost.exit_code == 2 and "not found" in lost.stderr and "--config" in lost.stderr
+
+
+def test_host_typo_from_the_environment_says_so(env: Env, monkeypatch):
+    monkeypatch.setenv("KERNELDEV_HOST", "hh")
+    run = env.kd("diff")
+    assert run.exit_code == 2
+    assert "no host named 'hh' (from $KERNELDEV_HOST)" in run.stderr
+
+
+# --- help, version, messages ----------------------------------------------------------------
+
+
+def test_help_has_no_type_tags_and_version():
+    for args in (["--help"], ["pull", "--help"], ["push", "--help"], ["bench", "--help"]):
+        run = kd(*args)
+        assert run.exit_code == 0 and "Usage: kerneldev" in run.stdout
+        assert "<bool>" not in run.stdout and "<str>" not in run.stdout
+        assert "list[str]" not in run.stdout
+    version = kd("--version")
+    assert version.exit_code == 0 and version.stdout.startswith("kerneldev 0.")
+
+
+def test_help_imports_no_paramiko_rich_tables_or_torch():
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "kerneldev", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
+    for heavy in ("paramiko", "rich.table", "rich.syntax", "torch", "triton"):
+        assert heavy not in modules, heavy
+
+
+def test_bench_bad_variants_and_shapes_exit_2_before_connecting(env: Env):
+    unreachable(env)  # connecting would exit 3
+    run = env.kd("bench", "--variants", "simt,foo")
+    assert run.exit_code == 2 and "'foo'" in run.stderr
+    shapes = env.kd("bench", "--shapes", "B=0,H=x")
+    assert shapes.exit_code == 2, shapes.stderr
+
+
+def test_push_from_an_empty_workspace_does_not_claim_it_matches(env: Env):
+    run = env.kd("push")
+    assert run.exit_code == 0, run.stderr
+    assert "live already has" not in run.stderr and "kerneldev pull" in run.stderr
+
+
+def test_restart_says_nothing_before_the_host_answers(env: Env):
+    unreachable(env, service={"restart": "true", "health": "true"})
+    run = env.kd("restart")
+    assert run.exit_code == 3 and "restarting" not in run.stderr
+
+
+def test_unhealthy_hint_when_logs_print_nothing(tmp_path):
+    service = {"restart": "true", "health": "false", "timeout": 1, "logs": "true"}
+    env = make_env(tmp_path, "local", service=service)
+    run = env.kd("restart")
+    assert run.exit_code == 1
+    assert "printed nothing" in run.stderr and "configure `service.logs`" not in run.stderr
+
+
+def test_trust_without_an_answer_suggests_yes(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    proc = run_cli("trust", config=write_hosts_yaml(tmp_path / "hosts.yaml", host), input="")
+    assert proc.returncode == 1 and "kerneldev trust --yes" in proc.stderr
+    assert not Path(host.known_hosts).exists()
+
+
+def test_bench_without_a_gpu_names_kerneldevs_flag(tmp_path):
+    config = load_config(make_env(tmp_path, "local").config).host(None)
+    output = (
+        "dsv4_bench.py: error: no CUDA device visible to torch 2.13.0+cpu "
+        "(CUDA_VISIBLE_DEVICES=None); use --cpu-mode for the interpreter\n"
+    )
+    err = bench._harness_failure(config, bench.harness.EXIT_ENV, output)
+    text = f"{err.message}\n{err.hint}"
+    assert "--cpu-mode" not in text and "kerneldev bench --cpu" in text
+    assert "needs torch and triton" not in text
+
+
+def test_wide_tables_give_up_their_secondary_columns_at_80():
+    columns = [Column("shape"), Column("µs", NUMBER)] + [
+        Column(f"extra{i}", NUMBER, drop_order=i) for i in (1, 2, 3)
+    ]
+    rows = [["decode_b64_h128_topk2048", "20.7", "1" * 20, "2" * 20, "3" * 20]]
+
+    def render(**terminal) -> str:
+        out = io.StringIO()
+        with environment.use(environment.Environment(stdout=out, **terminal)):
+            print_table("t", columns, rows)
+        return re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+
+    narrow = render(stdout_isatty=True, width=80)
+    assert all(len(line) <= 80 for line in narrow.splitlines()), narrow
+    assert "20.7" in narrow and "3" * 20 in narrow and "1" * 20 not in narrow
+    assert "hidden at 80 columns: extra1" in narrow
+    assert "1" * 20 in render(stdout_isatty=True, width=200)
+    assert "1" * 20 in render(stdout_isatty=False)  # a pipe keeps every column
