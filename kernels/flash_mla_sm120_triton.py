@@ -1188,3 +1188,68 @@ def flash_mla_sparse_decode_triton(
     else:
         _launch_simt(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen)
     return out, lse
+
+
+# ============================================================================ compatibility names
+# Names that live code imports from SGLang's and vLLM's copies of this module (SGLang's sm_120
+# tests import `_merge_partial_attn` and `_apply_attn_sink`; benchmark scripts import
+# `_run_triton_sparse_decode`; the wrapper's tests read the layout constants). They keep the
+# callers' signatures and conventions: outputs [B, 1, H, 512] bf16, LSEs [B, 1, H] float32 with
+# -inf for "no valid token". Built only on the public entry above and plain torch, so the kernel
+# internals can change freely. Documented in kerneldev's docs/kernels.md; keep this block last.
+
+_NOPE_DIM = 448  # fp8-quantized dims of a K/V row
+_ROPE_DIM = 64  # bf16 dims of a K/V row
+_D = _NOPE_DIM + _ROPE_DIM  # 512
+_TOKEN_DATA_STRIDE = 576  # data bytes per token slot (nope fp8 + rope bf16)
+_SCALE_STRIDE = 8  # scale bytes per token slot (7 UE8M0 exponents + 1 pad)
+
+
+def _run_triton_sparse_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    softmax_scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over one paged cache without a sink: (out [B, 1, H, 512] bf16,
+    lse [B, 1, H] float32, -inf where no token is valid)."""
+    out, lse = flash_mla_sparse_decode_triton(
+        q, k_cache, indices, topk_length, None, HEAD_DIM, softmax_scale
+    )
+    return out, lse.permute(0, 2, 1)
+
+
+_run_triton_sparse_decode_legacy = _run_triton_sparse_decode  # an older name of the same call
+
+
+def _merge_partial_attn(
+    out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attentions by their LSEs (out [B, 1, H, D], lse [B, 1, H]); a part
+    whose LSE is -inf contributes nothing. Returns (bf16 out, float32 lse)."""
+    lse1, lse2 = lse1.float(), lse2.float()
+    top = torch.maximum(lse1, lse2)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # both empty: no NaN
+    w1 = torch.exp(lse1 - top)  # exp(-inf) = 0 for an empty part
+    w2 = torch.exp(lse2 - top)
+    total = w1 + w2
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    merged = (w1.unsqueeze(-1) * out1.float() + w2.unsqueeze(-1) * out2.float()) / safe.unsqueeze(
+        -1
+    )
+    merged_lse = torch.where(total > 0, top + torch.log(safe), torch.full_like(top, float("-inf")))
+    return merged.to(torch.bfloat16), merged_lse
+
+
+def _apply_attn_sink(
+    out: torch.Tensor, lse: torch.Tensor, attn_sink: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add the per-head sink logit (attn_sink [H]) to the softmax denominator: out scaled by
+    exp(lse - lse'), lse' = logaddexp(lse, sink). Returns (bf16 out, float32 lse')."""
+    lse = lse.float()
+    sink = attn_sink.float().view(*([1] * (lse.dim() - 1)), -1).expand_as(lse)
+    combined = torch.logaddexp(lse, sink)
+    weight = torch.exp(lse - combined)
+    weight = torch.where(torch.isnan(weight), torch.zeros_like(weight), weight)  # -inf - -inf
+    return (out.float() * weight.unsqueeze(-1)).to(torch.bfloat16), combined
