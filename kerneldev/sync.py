@@ -48,6 +48,7 @@ from kerneldev.errors import (
     RefusedError,
     TransferError,
 )
+from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.service import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
@@ -189,6 +190,7 @@ class PushResult:
     files: list[PlannedFile] = field(default_factory=list)
     deployed: list[str] = field(default_factory=list)
     health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    import_check: ImportCheckReport | None = None  # None: not run (dry run, --no-import-check)
 
     @property
     def uploads(self) -> list[PlannedFile]:
@@ -251,10 +253,13 @@ def push(
     force: bool = False,
     dry_run: bool = False,
     on_progress: ProgressCallback | None = None,
+    import_check: bool = False,
 ) -> PushResult:
     """Upload workspace files that differ from live, with host backups and a deploy record.
 
     With `dry_run` the plan is returned and nothing changes anywhere (host, workspace, state).
+    `import_check` (the CLI's default) scans the live tree's imports before the upload and
+    imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
     Refused files (drifted/conflict without `force`) raise `RefusedError` before any upload;
     a dry run returns them in the plan instead, so the user sees the whole picture.
     """
@@ -301,8 +306,15 @@ def push(
         state.set_base(f.path, new_sha, len(data), deployed.new_mode or 0, "push")
         return deployed
 
-    _run_deploy(transport, host, state, record, uploads, one, on_progress, plan.deployed)
+    new = {f.path: (Path(host.workspace) / f.path).read_bytes() for f in uploads}
+    with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
+        _run_deploy(transport, host, state, record, uploads, one, on_progress, plan.deployed)
     return plan
+
+
+def _undo(transport: Transport, host: HostConfig) -> str:
+    """Roll back the deploy just made (its files failed to import); returns the rollback's id."""
+    return rollback(transport, host, force=True, import_check=False).deploy_id
 
 
 def _replace_on_host(
@@ -399,6 +411,7 @@ class RollbackResult:
     rolls_back: str  # the deploy it undid
     files: list[DeployedFile] = field(default_factory=list)
     health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    import_check: ImportCheckReport | None = None  # None: not run (--no-import-check)
 
 
 @dataclass
@@ -414,6 +427,7 @@ def rollback(
     host: HostConfig,
     force: bool = False,
     on_progress: ProgressCallback | None = None,
+    import_check: bool = False,
 ) -> RollbackResult:
     """Restore the files of the last deploy from its host backups, as a new deploy."""
     state = load_state(host.workspace)
@@ -480,6 +494,8 @@ def rollback(
             state.set_base(r.path, sha256_bytes(r.data), len(r.data), mode, "rollback")
         return deployed
 
-    _run_deploy(transport, host, state, record, todo, one, on_progress, [])
-    result.files = record.files
+    new = {r.path: r.data for r in todo}
+    with check_deploy(transport, host, result, new, import_check, None):
+        _run_deploy(transport, host, state, record, todo, one, on_progress, [])
+        result.files = record.files
     return result

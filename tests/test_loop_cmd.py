@@ -241,8 +241,8 @@ def test_dry_run_changes_nothing(env: Env):
 
 def test_rollback_restores_exact_bytes(env: Env):
     env.kd("pull")
-    (env.workspace / A).write_bytes(b"new kernel\n")
-    (env.workspace / B).write_bytes(b"new wrapper\n")
+    (env.workspace / A).write_bytes(b"kernel = 'new'\n")  # pushes are import-checked
+    (env.workspace / B).write_bytes(b"wrapper = 'new'\n")
     assert env.kd("push").exit_code == 0
     run = env.kd("rollback", "--json")
     assert run.exit_code == 0, run.stderr
@@ -255,7 +255,7 @@ def test_rollback_restores_exact_bytes(env: Env):
 
     # Rolling back the rollback re-applies the push.
     assert env.kd("rollback").exit_code == 0
-    assert (env.root / A).read_bytes() == b"new kernel\n"
+    assert (env.root / A).read_bytes() == b"kernel = 'new'\n"
     assert env.statuses()[A] == ("in-sync", "differs")
 
 
@@ -281,8 +281,8 @@ def test_pull_refuses_unpushed_edits(env: Env):
 
 def test_paths_workspace_or_root_relative_and_unknown(env: Env):
     env.kd("pull")
-    (env.workspace / A).write_bytes(b"x\n")
-    (env.workspace / B).write_bytes(b"y\n")
+    (env.workspace / A).write_bytes(b"x = 1\n")  # pushes are import-checked
+    (env.workspace / B).write_bytes(b"y = 2\n")
     # A workspace path selects just that file.
     run = env.kd("push", str(env.workspace / B), "--json")
     assert run.exit_code == 0 and run.json()["deployed"] == [B]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -13,6 +14,7 @@ from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, UnhealthyError
+from kerneldev.import_check import ImportFailedError, ImportRefusedError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 
@@ -22,6 +24,13 @@ PATHS_ARGUMENT = typer.Argument(
     help="Files to act on: workspace paths or paths relative to the host's root "
     "(default: every configured file).",
     show_default=False,
+)
+
+NO_IMPORT_CHECK_OPTION = typer.Option(
+    False,
+    "--no-import-check",
+    help="Skip the import checks: the scan of the live tree's imports before the upload and "
+    "the import of the pushed modules after it.",
 )
 
 STATUS_STYLE = {
@@ -180,6 +189,7 @@ def push_command(
     restart: bool = typer.Option(
         False, "--restart", help="Restart the service after a successful push."
     ),
+    no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -187,7 +197,7 @@ def push_command(
     host = load_host(ctx, host_name)
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
-    with _open(host) as transport:
+    with _open(host) as transport, _json_on_import_error(as_json):
         result = sync.push(
             transport,
             host,
@@ -195,6 +205,7 @@ def push_command(
             force=force,
             dry_run=dry_run,
             on_progress=_progress("uploading"),
+            import_check=not no_import_check,
         )
         if not as_json:
             render_push(result)
@@ -272,6 +283,7 @@ def rollback_command(
     restart: bool = typer.Option(
         False, "--restart", help="Restart the service after the rollback."
     ),
+    no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -279,8 +291,14 @@ def rollback_command(
     host = load_host(ctx, host_name)
     if restart:
         require_service(host.service, host.name)
-    with _open(host) as transport:
-        result = sync.rollback(transport, host, force=force, on_progress=_progress("restoring"))
+    with _open(host) as transport, _json_on_import_error(as_json):
+        result = sync.rollback(
+            transport,
+            host,
+            force=force,
+            on_progress=_progress("restoring"),
+            import_check=not no_import_check,
+        )
         if not as_json:
             print_table(
                 f"rollback of {result.rolls_back} on {result.host}",
@@ -292,6 +310,17 @@ def rollback_command(
             result.health = _restart_or_report(transport, host, result, as_json)
     if as_json:
         print_json(result)
+
+
+@contextmanager
+def _json_on_import_error(as_json: bool):
+    """A refused or rolled-back deploy still prints its result (import_check) with --json."""
+    try:
+        yield
+    except (ImportRefusedError, ImportFailedError) as err:
+        if as_json and err.result is not None:
+            print_json(err.result)
+        raise
 
 
 def register(app: typer.Typer) -> None:
