@@ -40,6 +40,8 @@ class ServiceConfig:
     health: str | None = None  # http(s):// URL as seen from the host, or a shell command
     timeout: float = 900.0  # seconds to wait for health after a restart
     logs: str | None = None  # shell command whose output is shown when health never comes
+    env_file: str | None = None  # absolute path on the host of the KEY=VALUE file restart reads
+    check: str | None = None  # import-check command after a push (default: import the modules)
 
 
 @dataclass(frozen=True)
@@ -397,11 +399,18 @@ class _Validator:
 
     def _service(self, node: yaml.Node, kp: str) -> ServiceConfig:
         items = self.mapping(node, kp)
-        self.check_keys(node, items, kp, ("restart", "health", "timeout", "logs"))
+        allowed = ("restart", "health", "timeout", "logs", "env_file", "check")
+        self.check_keys(node, items, kp, allowed)
         kwargs: dict[str, Any] = {}
-        for key in ("restart", "health", "logs"):
+        for key in ("restart", "health", "logs", "env_file", "check"):
             if key in items:
                 kwargs[key] = self.string(items[key][1], f"{kp}.{key}")
+        if "env_file" in kwargs and not kwargs["env_file"].startswith("/"):
+            raise self.fail(
+                items["env_file"][1],
+                f"{kp}.env_file",
+                f"must be an absolute path on the host, got {kwargs['env_file']!r}",
+            )
         if "timeout" in items:
             n = items["timeout"][1]
             v = self.value(n)

@@ -3,8 +3,9 @@
 `create_sandbox(folder)` builds, under `folder`:
 
     host/sglang/     the "live" SGLang repo root, with the two kernel files at
-                     python/sglang/srt/layers/attention/flash_mla_sm120{_triton,}.py
-                     (the bundled kernels when present, small placeholders otherwise)
+                     python/sglang/srt/layers/attention/flash_mla_sm120{_triton,}.py: the
+                     bundled kernel (a placeholder when absent) and an SGLang-shaped wrapper,
+                     plus a DSv4 backend and a test module that import them (fake_sglang.py)
     mirror/          a git clone of the same tree (git init + one commit)
     workspace/       empty; `kerneldev pull` fills it
     service/         a fake SGLang: restart.sh starts a tiny HTTP server on a free loopback
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from kerneldev import fake_sglang
 
 ATTENTION_DIR = "python/sglang/srt/layers/attention"
 KERNEL_FILES = (
@@ -306,11 +309,9 @@ def create_sandbox(
         d.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
 
-    for path in KERNEL_FILES:
-        data = kernel_source(path)
-        for tree in (root, mirror):
-            (tree / path).parent.mkdir(parents=True, exist_ok=True)
-            (tree / path).write_bytes(data)
+    for tree in (root, mirror):
+        # SGLang's import structure (wrapper, DSv4 backend, a test module), the bundled kernel.
+        fake_sglang.write_tree(tree, "srt", kernel=kernel_source(KERNEL_FILES[0]))
     (root / "README.md").write_text("Fake SGLang checkout made by kerneldev's sandbox.\n")
     (mirror / "README.md").write_text("Fake SGLang checkout made by kerneldev's sandbox.\n")
     notes.extend(_git_commit(mirror))

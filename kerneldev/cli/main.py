@@ -78,12 +78,13 @@ def _register_commands() -> None:
     from kerneldev.cli import (  # noqa: F401
         bench_cmd,
         demo_cmd,
+        kernels_cmd,
         loop_cmd,
         service_cmd,
         trust_cmd,
     )
 
-    for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd):
+    for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd, kernels_cmd):
         module.register(app)
     _registered = True
 
