@@ -162,9 +162,11 @@ def install(
         )
 
     result = InstallResult(host=host.name, workspace=str(workspace))
-    for path, name, role in targets:
-        old = (workspace / path).read_bytes()
-        new = bundled_bytes(name)
+    contents = {
+        path: ((workspace / path).read_bytes(), bundled_bytes(name)) for path, name, _ in targets
+    }
+    for path, _, role in targets:  # every check before the first write
+        old, new = contents[path]
         if role == "wrapper":
             _check_wrapper_interface(path, old, new)
             if b"flashinfer" in old.lower():
@@ -172,6 +174,8 @@ def install(
                     f"{path}: the live wrapper can use FlashInfer; the bundled one cannot "
                     "(SGLANG_SM120_FLASHMLA_BACKEND=flashinfer falls back to Triton there)"
                 )
+    for path, _, role in targets:
+        old, new = contents[path]
         live_sha = live[path].sha256
         new_sha = hashlib.sha256(new).hexdigest()
         action = "unchanged" if old == new else "installed"
