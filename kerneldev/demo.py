@@ -356,6 +356,31 @@ def step_diff_final(ctx: DemoContext) -> DemoStep:
     )
 
 
+def step_import_check_refuses(ctx: DemoContext) -> DemoStep:
+    """A wrapper that only re-exports the kernel entry (what kerneldev once bundled): SGLang's
+    DSv4 backend imports `flash_mla_with_kvcache_sm120` from it, so the push is refused before
+    anything is uploaded."""
+    from kerneldev import fake_sglang
+    from kerneldev.import_check import ImportRefusedError
+
+    wrapper = _other_file(ctx)
+    local = ctx.host.workspace / wrapper
+    kept = local.read_bytes()
+    local.write_text("from .flash_mla_sm120_triton import flash_mla_sparse_decode_triton\n")
+    before = _fingerprint(ctx)
+    name = "kerneldev push (a wrapper without flash_mla_with_kvcache_sm120)"
+    expected = f"refused before upload (exit 1), naming {_short(fake_sglang.BACKEND_PATH)}"
+    try:
+        sync.push(ctx.transport, ctx.host, [wrapper], import_check=True)
+    except ImportRefusedError as err:
+        unchanged = before == _fingerprint(ctx)
+        named = fake_sglang.BACKEND_PATH in err.message
+        return DemoStep(name, expected, err.message, named and unchanged)
+    finally:
+        local.write_bytes(kept)
+    return DemoStep(name, expected, "the push went through", False)
+
+
 def _kernel_stack_available() -> bool:
     import importlib.util
 
@@ -408,5 +433,6 @@ LOOP_STEPS: tuple[StepFn, ...] = (
     step_pull_drifted,
     step_redo,
     step_diff_final,
+    step_import_check_refuses,
     step_bench,
 )

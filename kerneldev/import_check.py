@@ -153,17 +153,23 @@ def scan_before_upload(
 
 
 def refuse_gaps(scan: ImportScan) -> None:
-    """Raise `ImportRefusedError` naming importer, module and name for each gap."""
+    """Raise `ImportRefusedError` naming, per replaced module, each missing name and who
+    imports it."""
     refusals = list(scan.unparsable)
+    by_module: dict[str, dict[str | None, list[str]]] = {}
     for m in scan.missing:
-        what = f"{m.name} from {m.module}" if m.name else f"the module {m.module}"
-        path = next(p for p, mod in scan.modules.items() if mod == m.module)
-        lacks = "would remove it" if m.name is None else "does not define it"
-        refusals.append(f"{m.importer}:{m.line} imports {what}, and the new {path} {lacks}")
+        by_module.setdefault(m.module, {}).setdefault(m.name, []).append(f"{m.importer}:{m.line}")
+    for module, names in by_module.items():
+        path = next(p for p, mod in scan.modules.items() if mod == module)
+        gaps = [
+            f"{name or 'the module itself'} (imported by {', '.join(where)})"
+            for name, where in names.items()
+        ]
+        verb = "would remove" if path in scan.removed else "lacks"
+        refusals.append(f"the new {path} ({module}) {verb} " + "; ".join(gaps))
     if refusals:
-        shown = refusals[:5] + ([f"... and {len(refusals) - 5} more"] if len(refusals) > 5 else [])
         raise ImportRefusedError(
-            "refused before upload, the live tree would not import: " + "; ".join(shown),
+            "refused before upload, the live tree would not import: " + ". ".join(refusals),
             hint="keep those names in the new file (docs/kernels.md lists the compatibility "
             "names), or skip this check with --no-import-check",
         )

@@ -148,11 +148,13 @@ def install(
     ]
     if stale:
         sync.pull(transport, host, stale, force=force)  # refuses unpushed edits unless force
+    bundled = {p: hashlib.sha256(bundled_bytes(name)).hexdigest() for p, name, _ in targets}
     edited = [
         p
         for p in paths
         if p not in stale
-        and hashlib.sha256((workspace / p).read_bytes()).hexdigest() != live[p].sha256
+        and hashlib.sha256((workspace / p).read_bytes()).hexdigest()
+        not in (live[p].sha256, bundled[p])  # an earlier install is no edit to protect
     ]
     if edited and not force:
         raise RefusedError(

@@ -209,6 +209,7 @@ def push_command(
         )
         if not as_json:
             render_push(result)
+            render_import_check(result.import_check)
         if restart and not dry_run:
             result.health = _restart_or_report(transport, host, result, as_json)
     if as_json:
@@ -306,10 +307,26 @@ def rollback_command(
                 [(f.new_sha256 or "(removed)", f.old_sha256, f.path) for f in result.files],
             )
             print_info(f"recorded as deploy {result.deploy_id}")
+            render_import_check(result.import_check)
         if restart:
             result.health = _restart_or_report(transport, host, result, as_json)
     if as_json:
         print_json(result)
+
+
+def render_import_check(report) -> None:
+    """One line per import check that ran (the details are in --json)."""
+    if report is None or report.scan is None or not report.scan.modules:
+        return
+    scan = report.scan
+    print_info(
+        f"import scan: {scan.scanned} live file(s) read, {len(scan.importers)} import the "
+        f"pushed module(s), no name missing"
+    )
+    for note in scan.notes:
+        print_info(f"import scan: {note}")
+    if report.after_upload is not None:
+        print_info(f"import check: {report.after_upload.command}: ok")
 
 
 @contextmanager
