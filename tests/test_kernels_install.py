@@ -263,3 +263,18 @@ def test_backend_rules_of_the_known_wrappers():
         "B": "x y",
         "C": "3=4",
     }
+
+
+def test_service_check_command_replaces_the_default_import(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    data = yaml.safe_load(tree.config.read_text())
+    seen = tmp_path / "checked"
+    data["hosts"]["h"]["service"]["check"] = f"echo \"$KERNELDEV_MODULES\" > '{seen}'; exit 3"
+    tree.config.write_text(yaml.safe_dump(data))
+    assert tree.kd("pull")[0] == 0
+    before = tree.live(tree.kernel)
+    (tree.workspace / tree.kernel).write_bytes(before + b"\nTUNED = True\n")
+    code, out, err = tree.kd("push", "--json")
+    assert code == 1 and "exit 3" in err
+    assert seen.read_text().strip() == "sglang.srt.layers.attention.flash_mla_sm120_triton"
+    assert tree.live(tree.kernel) == before  # rolled back
