@@ -278,3 +278,13 @@ def test_service_check_command_replaces_the_default_import(tmp_path, monkeypatch
     assert code == 1 and "exit 3" in err
     assert seen.read_text().strip() == "sglang.srt.layers.attention.flash_mla_sm120_triton"
     assert tree.live(tree.kernel) == before  # rolled back
+
+
+def test_install_without_a_configured_kernel_file_is_a_usage_error(tmp_path, monkeypatch):
+    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["files"] = [tree.wrapper]
+    tree.config.write_text(yaml.safe_dump(data))
+    code, _, err = tree.kd("kernels", "install")
+    assert code == 2 and "flash_mla_sm120_triton.py" in err and "known layout" in err
+    assert not tree.workspace.exists() or not any(tree.workspace.rglob("*.py"))
