@@ -9,7 +9,8 @@ defined by the new file refuses the push (`ImportRefusedError`, exit 1), naming 
 module and name; so does a new file that does not parse.
 
 After the upload: the pushed modules are imported on the host with its configured `python`
-(or `service.check`, a shell command, runs instead; exit 0 = pass). On failure the push is
+and the variables of `service.env_file` (or `service.check`, a shell command, runs instead;
+exit 0 = pass). On failure the push is
 rolled back at once (always: a file that cannot import never stays live) and no restart
 follows (`ImportFailedError`, exit 1).
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneldev.config import HostConfig
+from kerneldev.envfile import export_prefix, read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
 from kerneldev.transport import _importscan
 from kerneldev.transport.base import Transport
@@ -254,6 +256,10 @@ def import_after_upload(
     if not modules:
         return None
     custom = host.service.check if host.service is not None else None
+    try:  # import as the server would: with the variables its restart reads
+        env = read_service_env(transport, host) or {}
+    except TransferError:
+        env = {}
     if custom:
         names = " ".join(modules.values())
         command = f"KERNELDEV_MODULES={shlex.quote(names)}; export KERNELDEV_MODULES; {custom}"
@@ -261,7 +267,7 @@ def import_after_upload(
         command = import_command(host, modules, scan.import_roots)
     shown = custom or f"{host.python} -c 'import {', '.join(modules.values())}'"
     try:
-        result = transport.run(command, timeout=IMPORT_TIMEOUT)
+        result = transport.run(export_prefix(env) + command, timeout=IMPORT_TIMEOUT)
     except RemoteCommandError as err:
         return ImportRun(shown, list(modules.values()), False, -1, err.message)
     output = (result.stdout + result.stderr)[-OUTPUT_TAIL:]

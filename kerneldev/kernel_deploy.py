@@ -28,6 +28,7 @@ from pathlib import Path
 from kerneldev import sync
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
+from kerneldev.envfile import read_service_env
 from kerneldev.errors import RefusedError, TransferError, UsageError
 from kerneldev.kernel_releases import RELEASED
 from kerneldev.state import load_state
@@ -274,23 +275,6 @@ BACKEND_VARS = (
 )
 
 
-def parse_env_file(text: str) -> dict[str, str]:
-    """KEY=VALUE lines (systemd EnvironmentFile / docker --env-file / shell `export` style)."""
-    env = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        if line.startswith("export "):
-            line = line[len("export ") :].strip()
-        key, value = line.split("=", 1)
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        env[key.strip()] = value
-    return env
-
-
 def status(transport: Transport, host: HostConfig) -> KernelStatus:
     sites, live = _sites(transport, host)
     env_file = host.service.env_file if host.service is not None else None
@@ -298,7 +282,7 @@ def status(transport: Transport, host: HostConfig) -> KernelStatus:
     env: dict[str, str] = {}
     if env_file:
         try:
-            env = parse_env_file(transport.read_bytes(env_file).decode("utf-8", "replace"))
+            env = read_service_env(transport, host) or {}
             result.environment_known = True
         except TransferError as err:
             result.notes.append(f"cannot read service.env_file: {err.message}")

@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from kerneldev import fake_sglang, kernel_deploy
 from kerneldev.cli import main
+from kerneldev.envfile import parse_env_file
 from kerneldev.errors import KerneldevError
-from kerneldev.kernel_deploy import BackendChoice, FileStatus, parse_env_file, wrapper_backend
+from kerneldev.kernel_deploy import BackendChoice, FileStatus, wrapper_backend
 from kerneldev.sandbox import find_sshd
 from kerneldev.transport import _importscan
 from tests.sshutil import ssh_entry
@@ -265,18 +266,22 @@ def test_backend_rules_of_the_known_wrappers():
     }
 
 
-def test_service_check_command_replaces_the_default_import(tmp_path, monkeypatch):
+def test_service_check_replaces_the_default_import(tmp_path, monkeypatch):
     tree = make_tree(tmp_path, monkeypatch, "srt", "local")
     data = yaml.safe_load(tree.config.read_text())
     seen = tmp_path / "checked"
-    data["hosts"]["h"]["service"]["check"] = f"echo \"$KERNELDEV_MODULES\" > '{seen}'; exit 3"
+    check = f"echo \"$KERNELDEV_MODULES $SGLANG_SM120_FLASHMLA_BACKEND\" > '{seen}'; exit 3"
+    data["hosts"]["h"]["service"]["check"] = check  # runs with service.env_file's variables
     tree.config.write_text(yaml.safe_dump(data))
     assert tree.kd("pull")[0] == 0
     before = tree.live(tree.kernel)
     (tree.workspace / tree.kernel).write_bytes(before + b"\nTUNED = True\n")
     code, out, err = tree.kd("push", "--json")
     assert code == 1 and "exit 3" in err
-    assert seen.read_text().strip() == "sglang.srt.layers.attention.flash_mla_sm120_triton"
+    assert seen.read_text().split() == [
+        "sglang.srt.layers.attention.flash_mla_sm120_triton",
+        "auto",
+    ]
     assert tree.live(tree.kernel) == before  # rolled back
 
 
