@@ -293,3 +293,27 @@ def test_install_without_a_configured_kernel_file_is_a_usage_error(tmp_path, mon
     code, _, err = tree.kd("kernels", "install")
     assert code == 2 and "flash_mla_sm120_triton.py" in err and "known layout" in err
     assert not tree.workspace.exists() or not any(tree.workspace.rglob("*.py"))
+
+
+def test_kernel_sites_at_every_known_layout():
+    paths = [
+        "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py",
+        "python/sglang/srt/layers/attention/flash_mla_sm120.py",
+        "python/sglang/kernels/ops/attention/flash_mla_sm120_triton.py",
+        "vllm/models/deepseek_v4/nvidia/flash_mla_sm120_triton.py",
+        "elsewhere/flash_mla_sm120_triton.py",
+    ]
+    sites = kernel_deploy.find_sites(paths)
+    assert [(s.layout, s.wrapper is not None) for s in sites] == [
+        ("sglang", True),
+        ("sglang (kernels/ops)", False),
+        ("vllm", False),
+    ]
+    assert kernel_deploy.classify_file("flash_mla_sm120_triton.py", "f" * 64)[0] == "other"
+    assert (
+        kernel_deploy.classify_file(
+            "flash_mla_sm120_triton.py",
+            next(iter(kernel_deploy.RELEASED["flash_mla_sm120_triton.py"])),
+        )[0]
+        == "bundled-older"
+    )
