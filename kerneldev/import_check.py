@@ -76,19 +76,13 @@ class ImportCheckReport:
 
 
 class ImportRefusedError(RefusedError):
-    """The new files lack names that the live tree imports (or do not parse)."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.result: object = None  # the push/rollback result, for --json
+    """The new files lack names that the live tree imports (or do not parse). `report` is the
+    push/rollback result (with its import_check), which `--json` prints."""
 
 
 class ImportFailedError(KerneldevError):
-    """A pushed module failed to import on the host; the push was rolled back."""
-
-    def __init__(self, message: str, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.result: object = None
+    """A pushed module failed to import on the host; the push was rolled back. `report` is the
+    push/rollback result (with its import_check), which `--json` prints."""
 
 
 # --- before the upload ------------------------------------------------------------------
@@ -312,7 +306,7 @@ def check_deploy(
     undo: Callable[[], str] | None,
 ) -> Iterator[None]:
     """Around a deploy's uploads (the `with` body): scan before, import after. Fills
-    `result.import_check`; errors carry `result` so `--json` can still print it. `undo` rolls
+    `result.import_check`; errors carry it as `report`, so `--json` still prints it. `undo` rolls
     the deploy back after a failed import (None: report only, as for a rollback)."""
     if not enabled:
         yield
@@ -323,11 +317,11 @@ def check_deploy(
     try:
         refuse_gaps(report.scan)
     except ImportRefusedError as err:
-        err.result = result
+        err.report = result
         raise
     yield
     try:
         verify_after_upload(transport, host, report, undo, f"deploy {result.deploy_id}")
     except ImportFailedError as err:
-        err.result = result
+        err.report = result
         raise

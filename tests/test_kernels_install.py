@@ -6,6 +6,7 @@ file that does not import is rolled back without a restart."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -15,12 +16,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from kerneldev import fake_sglang, kernel_deploy
-from kerneldev.cli import main
+from kerneldev.cli.environment import Environment
+from kerneldev.cli.main import main
 from kerneldev.envfile import parse_env_file
-from kerneldev.errors import KerneldevError
 from kerneldev.kernel_deploy import BackendChoice, FileStatus, wrapper_backend
 from kerneldev.sandbox import find_sshd
 from kerneldev.transport import _importscan
@@ -28,12 +28,6 @@ from tests.sshutil import ssh_entry
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED_KERNEL = (REPO / "kernels" / "flash_mla_sm120_triton.py").read_bytes()
-
-
-def _app():
-    if not main.app.registered_commands:
-        main._register_commands()
-    return main.app
 
 
 @dataclass
@@ -46,14 +40,11 @@ class Tree:
     restarts: Path
 
     def kd(self, *args: str):
-        result = CliRunner().invoke(_app(), ["--config", str(self.config), *args])
-        code, stderr = result.exit_code, result.stderr
-        if isinstance(result.exception, KerneldevError):
-            code = int(result.exception.exit_code)
-            stderr += f"kerneldev: error: {result.exception.message}\n"
-        elif result.exception is not None and not isinstance(result.exception, SystemExit):
-            raise result.exception
-        return code, result.stdout, stderr
+        """`kerneldev --config <this> ARGS` through the real entry, in a pipe."""
+        out, err = io.StringIO(), io.StringIO()
+        env = Environment(stdout=out, stderr=err, stdin=io.StringIO())
+        code = main(["--config", str(self.config), *args], env=env)
+        return int(code), out.getvalue(), err.getvalue()
 
     def live(self, path: str) -> bytes:
         return (self.root / path).read_bytes()

@@ -8,7 +8,7 @@ import typer
 from kerneldev import kernel_deploy
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.loop_cmd import print_patch, print_table
-from kerneldev.cli.output import print_info, print_json, print_warning
+from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.transport import open_transport
 
 kernels_app = typer.Typer(
@@ -16,10 +16,6 @@ kernels_app = typer.Typer(
     help="Install the bundled DSv4 decode kernels into the workspace; show what runs live.",
     no_args_is_help=True,
 )
-
-
-def _short(sha: str | None) -> str | None:
-    return sha[:12] if sha else None
 
 
 @kernels_app.command("install")
@@ -49,11 +45,14 @@ def install_command(
             print_patch(f.patch)
     print_table(
         f"kernels install into {result.workspace}",
-        ["action", "role", "live", "bundled", "path"],
         [
-            (f.action, f.role, _short(f.live_sha256), _short(f.new_sha256), f.path)
-            for f in result.files
+            Column("action", STATUS),
+            Column("role"),
+            Column("live", HASH),
+            Column("bundled", HASH),
+            Column("path", PATH),
         ],
+        [(f.action, f.role, f.live_sha256, f.new_sha256, f.path) for f in result.files],
     )
     for note in result.notes:
         print_info(note)
@@ -84,7 +83,13 @@ def status_command(
         rows.append((s.kernel.kind, s.kernel.release or "-", backend, s.kernel.path))
         if s.wrapper is not None:
             rows.append((s.wrapper.kind, s.wrapper.release or "-", "-", s.wrapper.path))
-    print_table(f"kernels on {result.host}", ["live file", "release", "backend", "path"], rows)
+    columns = [
+        Column("live file", STATUS),
+        Column("release"),
+        Column("backend"),
+        Column("path", PATH),
+    ]
+    print_table(f"kernels on {result.host}", columns, rows)
     for s in result.sites:
         env = s.backend.environment or "unknown"
         print_info(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import typer
@@ -14,7 +13,6 @@ from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, UnhealthyError
-from kerneldev.import_check import ImportFailedError, ImportRefusedError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 
@@ -197,7 +195,7 @@ def push_command(
     host = load_host(ctx, host_name)
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
-    with _open(host) as transport, _json_on_import_error(as_json):
+    with _open(host) as transport:
         result = sync.push(
             transport,
             host,
@@ -292,7 +290,7 @@ def rollback_command(
     host = load_host(ctx, host_name)
     if restart:
         require_service(host.service, host.name)
-    with _open(host) as transport, _json_on_import_error(as_json):
+    with _open(host) as transport:
         result = sync.rollback(
             transport,
             host,
@@ -327,17 +325,6 @@ def render_import_check(report) -> None:
         print_info(f"import scan: {note}")
     if report.after_upload is not None:
         print_info(f"import check: {report.after_upload.command}: ok")
-
-
-@contextmanager
-def _json_on_import_error(as_json: bool):
-    """A refused or rolled-back deploy still prints its result (import_check) with --json."""
-    try:
-        yield
-    except (ImportRefusedError, ImportFailedError) as err:
-        if as_json and err.result is not None:
-            print_json(err.result)
-        raise
 
 
 def register(app: typer.Typer) -> None:
