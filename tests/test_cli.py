@@ -143,7 +143,7 @@ def test_json_on_an_unhealthy_restart(tmp_path):
     assert data["healthy"] is False and data["checks"] >= 1 and data["error"]["code"] == 1
     # After a push that landed, the push is reported with the failed health in it.
     env.kd("pull")
-    (env.workspace / A).write_bytes(b"edited\n")
+    (env.workspace / A).write_bytes(b"edited = True\n")  # pushes are import-checked
     pushed = env.kd("push", "--restart", "--json").json()
     assert pushed["deployed"] == [A] and pushed["health"]["healthy"] is False
     assert pushed["error"]["type"] == "UnhealthyError"
