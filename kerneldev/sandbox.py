@@ -44,6 +44,15 @@ KERNEL_FILES = (
 )
 HOST_NAME = "sandbox"
 SERVICE_TIMEOUT = 20.0  # seconds the sandbox's restart waits for health
+DECODE_SERVICE_TIMEOUT = 120.0  # the decode service imports torch and triton: slower on 2 cores
+ENV_FILE_NAME = "service.env"
+DECODE_LOG_INTERVAL = 10  # steps between the decode service's "Decode batch." lines
+# The kernel variants of the sandbox's decode service, as `service.variants` in hosts.yaml.
+SANDBOX_VARIANTS = {
+    "simt": {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "0"},
+    "mma": {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "1"},
+    "flashinfer": {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"},
+}
 
 
 # --- a private sshd ---------------------------------------------------------------------
@@ -209,11 +218,32 @@ server.serve_forever()
 '''
 
 
-def _restart_script(python: str, service_dir: Path, port: int, warmup: float) -> str:
+def _restart_script(
+    python: str,
+    service_dir: Path,
+    port: int,
+    warmup: float,
+    decode_root: Path | None = None,
+) -> str:
     q = shlex.quote
     pidfile = q(str(service_dir / "service.pid"))
     log = q(str(service_dir / "service.log"))
     script = q(str(service_dir / "fake_sglang.py"))
+    command = f"{q(python)} {script} {port} {warmup}"
+    env_setup = ""
+    if decode_root is not None:
+        # The decode service (issue 12) reads its switches from the env file, as SGLang's
+        # unit would read an EnvironmentFile; it imports the kernels from the live tree.
+        env_file = q(str(service_dir / ENV_FILE_NAME))
+        profiles = q(str(service_dir / "profiles"))
+        env_setup = (
+            f"SGLANG_TORCH_PROFILER_DIR={profiles}; export SGLANG_TORCH_PROFILER_DIR\n"
+            f"if [ -f {env_file} ]; then set -a; . {env_file}; set +a; fi\n"
+        )
+        command = (
+            f"{q(python)} -m kerneldev.sandbox_service --root {q(str(decode_root))} "
+            f"--port {port} --decode-log-interval {DECODE_LOG_INTERVAL}"
+        )
     # Stops the old instance (waiting until it is gone, zombies count as gone), then starts a
     # new one detached, with every descriptor redirected so the restart command returns at once.
     return f"""#!/bin/sh
@@ -225,9 +255,10 @@ if [ -f {pidfile} ]; then
         && ! grep -q '^State:.*Z' /proc/"$pid"/status 2>/dev/null; do
     sleep 0.1; i=$((i+1))
   done
+  kill -9 "$pid" 2>/dev/null
   rm -f {pidfile}
 fi
-nohup {q(python)} {script} {port} {warmup} >> {log} 2>&1 < /dev/null &
+{env_setup}nohup {command} >> {log} 2>&1 < /dev/null &
 echo $! > {pidfile}
 echo "fake-sglang restarted (pid $!)"
 """
@@ -250,6 +281,7 @@ class Sandbox:
     files: tuple[str, ...] = KERNEL_FILES
     sshd: SSHServer | None = None
     notes: list[str] = field(default_factory=list)
+    decode_service: bool = False  # the real decode service (not the health-only fake)
 
     def stop_service(self) -> None:
         pidfile = self.service_dir / "service.pid"
@@ -298,8 +330,11 @@ def create_sandbox(
     *,
     use_ssh: bool | None = None,
     warmup: float = 1.0,
+    decode_service: bool | None = None,
 ) -> Sandbox:
-    """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed."""
+    """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed.
+    `decode_service=None` runs the real decode service (kerneldev.sandbox_service) when its
+    packages are installed, else the health-only fake; True requires it."""
     folder = Path(os.path.abspath(folder))
     root = folder / "host" / "sglang"
     mirror = folder / "mirror"
@@ -318,8 +353,23 @@ def create_sandbox(
 
     port = free_port()
     (service_dir / "fake_sglang.py").write_text(FAKE_SERVICE)
+    if decode_service is None:
+        decode_service = decode_service_available()
+        if not decode_service:
+            notes.append(
+                "fastapi/uvicorn/torch/triton are not all installed: the sandbox's service "
+                "is the health-only fake (no bench --service or profile)"
+            )
+    elif decode_service and not decode_service_available():
+        raise RuntimeError("the decode service needs fastapi, uvicorn, torch and triton")
+    if decode_service:
+        (service_dir / ENV_FILE_NAME).write_text(
+            "# Read by restart.sh before it starts the service (kerneldev edits its own keys).\n"
+        )
     restart = service_dir / "restart.sh"
-    restart.write_text(_restart_script(sys.executable, service_dir, port, warmup))
+    restart.write_text(
+        _restart_script(sys.executable, service_dir, port, warmup, root if decode_service else None)
+    )
     restart.chmod(0o755)
 
     sshd = None
@@ -337,7 +387,10 @@ def create_sandbox(
                 notes.append(f"sshd did not start ({err}): the sandbox uses the local transport")
 
     try:
-        return _finish(folder, root, mirror, workspace, service_dir, restart, port, sshd, notes)
+        sandbox = _finish(folder, root, mirror, workspace, service_dir, restart, port, sshd, notes)
+        if decode_service:
+            _add_decode_service(sandbox)
+        return sandbox
     except BaseException:
         if sshd is not None:
             sshd.stop()  # never leave a server running behind a failed set-up
@@ -401,6 +454,32 @@ def _finish(
         sshd=sshd,
         notes=notes,
     )
+
+
+def decode_service_available() -> bool:
+    """Whether this Python can run kerneldev.sandbox_service (the `service` and `kernels`
+    extras)."""
+    import importlib.util
+
+    return all(
+        importlib.util.find_spec(name) is not None
+        for name in ("fastapi", "uvicorn", "torch", "triton")
+    )
+
+
+def _add_decode_service(sandbox: Sandbox) -> None:
+    """hosts.yaml gains the decode service's keys: env file, URL, variants, longer timeout."""
+    data = yaml.safe_load(sandbox.config_path.read_text())
+    svc = data["hosts"][sandbox.host_name]["service"]
+    svc["timeout"] = DECODE_SERVICE_TIMEOUT
+    svc["env_file"] = str(sandbox.service_dir / ENV_FILE_NAME)
+    svc["url"] = f"http://127.0.0.1:{sandbox.port}"
+    svc["variants"] = SANDBOX_VARIANTS
+    sandbox.config_path.write_text(
+        "# Made by kerneldev's sandbox: a fake live host on this machine, serving the live\n"
+        "# kernels through kerneldev's decode service.\n" + yaml.safe_dump(data, sort_keys=False)
+    )
+    sandbox.decode_service = True
 
 
 def _git_commit(tree: Path) -> list[str]:

@@ -1,0 +1,3 @@
+from kerneldev.sandbox_service.app import main
+
+main()

@@ -1,0 +1,503 @@
+"""The HTTP side of the sandbox service: SGLang's API subset over a continuous-batching loop.
+
+Endpoints (request and response shapes as SGLang's):
+
+    GET  /health            503 while the engine loads, 200 when it is ready
+    GET  /get_server_info   model/server fields plus `kerneldev`: variant, device, env read
+    POST /generate          {"text" | "input_ids", "sampling_params": {"max_new_tokens"},
+                            "stream"}; streaming: `data: {text, output_ids, meta_info}` events
+                            with the text so far, then `data: [DONE]`
+    POST /v1/completions    OpenAI completions; `stream` chunks carry the new text, then
+                            `data: [DONE]`; `usage` when not streaming (or include_usage)
+    POST /start_profile     torch.profiler on; optional {"output_dir", "num_steps"}
+    POST /stop_profile      writes `<output_dir>/<time>-TP-0.trace.json.gz` (Chrome trace);
+                            output_dir defaults to $SGLANG_TORCH_PROFILER_DIR, else /tmp
+
+One scheduler thread owns the engine: every step it admits waiting requests (up to the
+engine's max batch), runs one decode step for all running requests together, hands each its
+token, and retires finished ones. Every `decode_log_interval` steps it logs SGLang's line
+`Decode batch. #running-req: N, #token: T, token usage: U, cuda graph: False, gen throughput
+(token/s): X, #queue-req: Q`. Tokens are words of a synthetic vocabulary (" t123"); a prompt's
+token count is its number of whitespace-separated words (or len(input_ids)).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from kerneldev.sandbox_service import engine as engine_mod
+
+log = logging.getLogger("sandbox_service")
+MODEL_NAME = "kerneldev-sandbox-dsv4"
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+
+
+def token_text(token_id: int) -> str:
+    return f" t{token_id}"
+
+
+@dataclass
+class GenRequest:
+    rid: str
+    prompt_tokens: int
+    max_new_tokens: int
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # receives token ids, then None when finished (or an error string)
+    created: float = field(default_factory=time.perf_counter)
+    output_ids: list[int] = field(default_factory=list)
+
+
+class Scheduler:
+    """Continuous batching over the engine, in one thread; also owns the profiler."""
+
+    def __init__(self, log_interval: int) -> None:
+        self.engine: engine_mod.DecodeEngine | None = None
+        self.load_error: str | None = None
+        self.log_interval = max(1, log_interval)
+        self.waiting: deque[GenRequest] = deque()
+        self.running: list[GenRequest] = []
+        self.cond = threading.Condition()
+        self.steps = 0
+        self.profile_cmd: tuple[str, dict, threading.Event, dict] | None = None
+        self.profiler = None
+        self.profile_dir: str | None = None
+        self.profile_steps_left: int | None = None
+
+    # -- called from the HTTP side -----------------------------------------------------------
+    def submit(self, req: GenRequest) -> None:
+        with self.cond:
+            self.waiting.append(req)
+            self.cond.notify()
+
+    def profile(self, action: str, body: dict, timeout: float = 600.0) -> dict:
+        """Run start/stop in the scheduler thread (the profiler follows the thread that runs
+        the steps) and wait for its answer."""
+        done = threading.Event()
+        answer: dict = {}
+        with self.cond:
+            self.profile_cmd = (action, body, done, answer)
+            self.cond.notify()
+        if not done.wait(timeout):
+            return {"ok": False, "message": "the scheduler did not answer"}
+        return answer
+
+    # -- the scheduler thread ----------------------------------------------------------------
+    def load(self, root: str, sizes: engine_mod.EngineSizes | None) -> None:
+        try:
+            eng = engine_mod.DecodeEngine(root, sizes)
+            eng.step(1)  # warm-up: compile (GPU) or first interpretation (CPU) before ready
+        except Exception as err:  # noqa: BLE001 - reported on /health and in the log
+            self.load_error = f"{type(err).__name__}: {err}"
+            log.error("engine failed to load: %s", self.load_error)
+            return
+        self.engine = eng
+        info = eng.info()
+        log.info(
+            "engine ready: variant=%s backend=%s device=%s layers=%d heads=%d kernel=%s",
+            info["kernel_variant"],
+            info["backend"],
+            info["device_name"],
+            eng.sizes.layers,
+            eng.sizes.heads,
+            eng.kernel_file,
+        )
+        self.run()
+
+    def run(self) -> None:
+        eng = self.engine
+        assert eng is not None
+        tokens_since, t_since = 0, time.perf_counter()
+        while True:
+            with self.cond:
+                while not self.waiting and not self.running and self.profile_cmd is None:
+                    self.cond.wait()
+                cmd, self.profile_cmd = self.profile_cmd, None
+                while self.waiting and len(self.running) < eng.sizes.max_batch:
+                    self.running.append(self.waiting.popleft())
+                queued = len(self.waiting)
+            if cmd is not None:
+                self._profile_command(*cmd)
+            if not self.running:
+                continue
+            batch = self.running
+            try:
+                tokens = eng.step(len(batch))
+            except Exception as err:  # noqa: BLE001 - fail the requests, keep serving
+                log.exception("decode step failed")
+                for req in batch:
+                    req.loop.call_soon_threadsafe(req.queue.put_nowait, f"decode failed: {err}")
+                self.running = []
+                continue
+            self.steps += 1
+            tokens_since += len(batch)
+            still = []
+            for req, tok in zip(batch, tokens, strict=True):
+                tok = tok % engine_mod.VOCAB_SIZE
+                req.output_ids.append(tok)
+                req.loop.call_soon_threadsafe(req.queue.put_nowait, tok)
+                if len(req.output_ids) >= req.max_new_tokens:
+                    req.loop.call_soon_threadsafe(req.queue.put_nowait, None)
+                else:
+                    still.append(req)
+            self.running = still
+            if self.profiler is not None and self.profile_steps_left is not None:
+                self.profile_steps_left -= 1
+                if self.profile_steps_left <= 0:
+                    self._stop_profile({})
+            if self.steps % self.log_interval == 0:
+                now = time.perf_counter()
+                throughput = tokens_since / max(now - t_since, 1e-9)
+                used = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
+                log.info(
+                    "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
+                    "cuda graph: False, gen throughput (token/s): %.2f, #queue-req: %d",
+                    len(batch),
+                    used,
+                    len(batch) / eng.sizes.max_batch,
+                    throughput,
+                    queued,
+                )
+                tokens_since, t_since = 0, now
+
+    def _profile_command(self, action: str, body: dict, done: threading.Event, answer: dict):
+        try:
+            answer.update(
+                self._start_profile(body) if action == "start" else self._stop_profile(body)
+            )
+        except Exception as err:  # noqa: BLE001 - answered as HTTP 500 with the reason
+            answer.update(ok=False, message=f"{type(err).__name__}: {err}")
+        done.set()
+
+    def _start_profile(self, body: dict) -> dict:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.profiler is not None:
+            return {"ok": False, "message": "Profiling is already in progress."}
+        out_dir = body.get("output_dir") or os.environ.get(engine_mod.PROFILER_DIR_ENV) or "/tmp"
+        os.makedirs(out_dir, exist_ok=True)
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        self.profiler = profile(activities=activities)
+        self.profiler.start()
+        self.profile_dir = out_dir
+        steps = body.get("num_steps")
+        self.profile_steps_left = int(steps) if steps else None
+        log.info("Profiling starts. Traces will be saved to: %s", out_dir)
+        return {"ok": True, "message": "Start profiling.\n"}
+
+    def _stop_profile(self, body: dict) -> dict:
+        if self.profiler is None:
+            return {"ok": False, "message": "Profiling is not in progress. Call /start_profile."}
+        prof, self.profiler = self.profiler, None
+        prof.stop()
+        path = os.path.join(self.profile_dir or "/tmp", f"{time.time()}-TP-0.trace.json.gz")
+        prof.export_chrome_trace(path)
+        self.profile_steps_left = None
+        log.info("Profiling done. Trace saved to: %s", path)
+        return {"ok": True, "message": "Stop profiling. This will take some time.\n", "path": path}
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def _prompt_tokens(text, input_ids) -> int:
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
+            raise BadRequest("input_ids must be a list of integers")
+        return len(input_ids)
+    if isinstance(text, str):
+        return len(text.split())
+    if isinstance(text, list) and all(isinstance(i, int) for i in text):
+        return len(text)  # OpenAI's prompt given as token ids
+    raise BadRequest("give `text` (a string) or `input_ids` (a list of integers)")
+
+
+def _positive_int(value, name: str, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadRequest(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    # SGLang answers errors as {"object": "error", "message": ..., "type": ..., "code": ...}
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "BadRequestError", "code": status},
+        status_code=status,
+    )
+
+
+def _sse(obj) -> bytes:
+    return f"data: {json.dumps(obj)}\n\n".encode()
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
+    app = FastAPI(title="kerneldev sandbox decode service")
+
+    async def _enqueue(prompt_tokens: int, max_new: int) -> GenRequest:
+        req = GenRequest(
+            rid=uuid.uuid4().hex,
+            prompt_tokens=prompt_tokens,
+            max_new_tokens=max_new,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+        )
+        scheduler.submit(req)
+        return req
+
+    async def _tokens(req: GenRequest):
+        while True:
+            item = await req.queue.get()
+            if item is None:
+                return
+            if isinstance(item, str):
+                raise RuntimeError(item)
+            yield item
+
+    def _not_ready() -> JSONResponse | None:
+        if scheduler.engine is None:
+            why = scheduler.load_error or "the engine is loading"
+            return _error(503, why)
+        return None
+
+    def _meta(req: GenRequest, finished: bool) -> dict:
+        return {
+            "id": req.rid,
+            "finish_reason": {"type": "length", "length": len(req.output_ids)}
+            if finished
+            else None,
+            "prompt_tokens": req.prompt_tokens,
+            "completion_tokens": len(req.output_ids),
+            "cached_tokens": 0,
+            "e2e_latency": time.perf_counter() - req.created,
+        }
+
+    @app.get("/health")
+    async def health():
+        if scheduler.engine is None:
+            return PlainTextResponse(scheduler.load_error or "loading", status_code=503)
+        return PlainTextResponse("")
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        info = dict(server_args)
+        info["version"] = "kerneldev-sandbox"
+        kd = {"ready": scheduler.engine is not None, "load_error": scheduler.load_error}
+        if scheduler.engine is not None:
+            kd.update(scheduler.engine.info())
+            info["attention_backend"] = f"flashmla_sm120_{scheduler.engine.backend}"
+        info["kerneldev"] = kd
+        return info
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            prompt = _prompt_tokens(body.get("text"), body.get("input_ids"))
+            sp = body.get("sampling_params") or {}
+            max_new = _positive_int(
+                sp.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS
+            )
+        except (BadRequest, ValueError) as err:
+            return _error(400, str(err))
+        if (resp := _not_ready()) is not None:
+            return resp
+        req = await _enqueue(prompt, max_new)
+        if not body.get("stream"):
+            async for _ in _tokens(req):
+                pass
+            text = "".join(token_text(t) for t in req.output_ids)
+            return {"text": text, "output_ids": req.output_ids, "meta_info": _meta(req, True)}
+
+        async def events():
+            text = ""
+            async for tok in _tokens(req):
+                text += token_text(tok)
+                finished = len(req.output_ids) >= req.max_new_tokens
+                yield _sse(
+                    {
+                        "text": text,
+                        "output_ids": list(req.output_ids),
+                        "meta_info": _meta(req, finished),
+                        "index": 0,
+                    }
+                )
+            yield SSE_DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        try:
+            body = await request.json()
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            prompt_tokens = _prompt_tokens(prompt, None)
+            max_new = _positive_int(body.get("max_tokens"), "max_tokens", DEFAULT_MAX_TOKENS)
+        except (BadRequest, ValueError) as err:
+            return _error(400, str(err))
+        if (resp := _not_ready()) is not None:
+            return resp
+        req = await _enqueue(prompt_tokens, max_new)
+        model = body.get("model") or MODEL_NAME
+        cid, created = f"cmpl-{req.rid}", int(time.time())
+
+        def usage() -> dict:
+            n = len(req.output_ids)
+            return {
+                "prompt_tokens": req.prompt_tokens,
+                "completion_tokens": n,
+                "total_tokens": req.prompt_tokens + n,
+            }
+
+        def chunk(choices: list, **extra) -> dict:
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                **extra,
+            }
+
+        if not body.get("stream"):
+            async for _ in _tokens(req):
+                pass
+            text = "".join(token_text(t) for t in req.output_ids)
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
+            return chunk([choice], usage=usage())
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        async def events():
+            async for tok in _tokens(req):
+                finished = len(req.output_ids) >= req.max_new_tokens
+                choice = {
+                    "index": 0,
+                    "text": token_text(tok),
+                    "logprobs": None,
+                    "finish_reason": "length" if finished else None,
+                }
+                yield _sse(chunk([choice]))
+            if include_usage:
+                yield _sse(chunk([], usage=usage()))
+            yield SSE_DONE
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def _profile(action: str, request: Request):
+        if (resp := _not_ready()) is not None:
+            return resp
+        try:
+            raw = await request.body()
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return _error(400, "the body must be JSON (or empty)")
+        if not isinstance(body, dict):
+            return _error(400, "the body must be a JSON object")
+        answer = await asyncio.to_thread(scheduler.profile, action, body)
+        status = 200 if answer.get("ok") else 400
+        return PlainTextResponse(answer.get("message", ""), status_code=status)
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request):
+        return await _profile("start", request)
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile(request: Request):
+        return await _profile("stop", request)
+
+    return app
+
+
+# --- entry --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m kerneldev.sandbox_service",
+        description="kerneldev's sandbox decode service (SGLang API subset).",
+    )
+    p.add_argument("--root", required=True, help="the live SGLang tree holding the kernel file")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--layers", type=int, help="attention layers per step (default by device)")
+    p.add_argument("--max-batch", type=int, help="most requests per step (default by device)")
+    p.add_argument(
+        "--decode-log-interval", type=int, default=40, help="steps between decode log lines"
+    )
+    p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+    )
+    import torch  # does not import triton
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":
+        # Must precede the first `import triton`: the interpreter is chosen at import time.
+        os.environ["TRITON_INTERPRET"] = "1"
+        import warnings
+
+        warnings.filterwarnings("ignore", category=RuntimeWarning, module=r"triton\.runtime\.")
+    base = engine_mod.CUDA_SIZES if device == "cuda" else engine_mod.CPU_SIZES
+    overrides = {}
+    if args.layers:
+        overrides["layers"] = args.layers
+    if args.max_batch:
+        overrides["max_batch"] = args.max_batch
+    from dataclasses import replace
+
+    sizes = replace(base, **overrides)
+    scheduler = Scheduler(args.decode_log_interval)
+    server_args = {
+        "model_path": MODEL_NAME,
+        "host": args.host,
+        "port": args.port,
+        "device": device,
+        "max_running_requests": sizes.max_batch,
+        "decode_log_interval": args.decode_log_interval,
+    }
+    app = create_app(scheduler, server_args)
+    threading.Thread(
+        target=scheduler.load, args=(args.root, sizes), name="scheduler", daemon=True
+    ).start()
+
+    import uvicorn
+
+    log.info("sandbox decode service on http://%s:%d (loading the engine)", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,0 +1,180 @@
+"""The model stand-in of the sandbox service: L sparse-decode attention layers and some glue.
+
+The kernel file is imported from the live tree (`<root>/python/sglang/srt/layers/attention/
+flash_mla_sm120_triton.py`) by path, at start, so what `kerneldev push` deployed is what runs.
+Its entry `flash_mla_sparse_decode_triton` is called with `variant=None`: the file picks SIMT
+or MMA from `SGLANG_SM120_MMA_FLASHMLA`, read when it is imported, as in SGLang.
+
+Inputs come from the bundled `dsv4_reference.make_inputs` (one synthetic paged FP8 cache per
+layer, sized for `max_batch` requests); a step for B requests uses the first B rows. Per layer:
+
+    attention   flash_mla_sparse_decode_triton(q[:B], caches...)     (the kernel under test)
+    glue        out.view(B*H, 512) @ W_o (GEMM), scale + residual (elementwise), copy into q
+    sampling    one reduction per request -> the next token id (a host sync, as a server has)
+
+On CUDA the sizes are the contract's production decode shape (H 64, main topk 128 on pages of
+256, extra topk 512 on pages of 64). On CPU the same code runs tiny sizes under the Triton
+interpreter (TRITON_INTERPRET=1 must be set before triton is imported; `app.main` does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+KERNEL_RELPATH = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
+ENTRY_POINT = "flash_mla_sparse_decode_triton"
+VARIANT_ENV = "SGLANG_SM120_MMA_FLASHMLA"
+BACKEND_ENV = "SGLANG_SM120_FLASHMLA_BACKEND"
+PROFILER_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
+SWITCHES = (VARIANT_ENV, BACKEND_ENV, PROFILER_DIR_ENV)  # the environment the service reads
+BACKENDS = ("triton",)  # the sandbox has no FlashInfer; asking for it fails at start
+VOCAB_SIZE = 1000
+
+# record_function / kernel names the profile summary groups by family.
+RANGE_ATTENTION = "sparse_decode_attention"
+RANGE_GEMM = "glue_gemm_o_proj"
+RANGE_ELEMENTWISE = "glue_elementwise_residual"
+RANGE_SAMPLING = "glue_sampling"
+
+
+@dataclass(frozen=True)
+class EngineSizes:
+    layers: int
+    heads: int
+    topk: int
+    page_size: int
+    extra_topk: int
+    extra_page_size: int
+    max_batch: int
+
+
+# The contract's production decode shape (shared/spec/dsv4-sparse-decode.md).
+CUDA_SIZES = EngineSizes(
+    layers=8, heads=64, topk=128, page_size=256, extra_topk=512, extra_page_size=64, max_batch=128
+)
+# Interpreter-sized: a SIMT step for 4 requests takes a few hundred ms on one core.
+CPU_SIZES = EngineSizes(
+    layers=1, heads=2, topk=8, page_size=16, extra_topk=8, extra_page_size=16, max_batch=16
+)
+
+
+class EngineError(RuntimeError):
+    """The engine cannot start (kernel file missing or broken, unknown backend)."""
+
+
+def kernel_path(root: str) -> str:
+    return os.path.join(root, KERNEL_RELPATH)
+
+
+def _load_kernel_module(path: str):
+    if not os.path.isfile(path):
+        raise EngineError(f"no kernel file at {path}")
+    spec = importlib.util.spec_from_file_location("_sandbox_live_flash_mla_sm120_triton", path)
+    if spec is None or spec.loader is None:
+        raise EngineError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # a broken push must show up as a failed start, with the reason
+        raise EngineError(f"importing {path} failed: {type(err).__name__}: {err}") from err
+    if not callable(getattr(module, ENTRY_POINT, None)):
+        raise EngineError(f"{path} has no function {ENTRY_POINT}()")
+    return module
+
+
+class DecodeEngine:
+    """Owns the device tensors; `step(batch)` runs one decode step for the first `batch` rows
+    and returns one next-token id per row. Not thread-safe: one scheduler thread calls it."""
+
+    def __init__(self, root: str, sizes: EngineSizes | None = None, device: str | None = None):
+        import torch
+
+        from kerneldev.kernels.dsv4_reference import make_inputs
+
+        self.torch = torch
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.sizes = sizes or (CUDA_SIZES if self.device == "cuda" else CPU_SIZES)
+        self.backend = os.environ.get(BACKEND_ENV, "triton") or "triton"
+        if self.backend not in BACKENDS:
+            raise EngineError(
+                f"{BACKEND_ENV}={self.backend}: the sandbox service only has the Triton "
+                f"kernels ({', '.join(BACKENDS)})"
+            )
+        self.env = {k: os.environ.get(k) for k in SWITCHES}
+        self.kernel_file = kernel_path(root)
+        with open(self.kernel_file, "rb") as f:
+            self.kernel_sha256 = hashlib.sha256(f.read()).hexdigest()
+        self.module = _load_kernel_module(self.kernel_file)
+        self.entry = getattr(self.module, ENTRY_POINT)
+        # The file's own choice (read from SGLANG_SM120_MMA_FLASHMLA at import).
+        self.variant = getattr(self.module, "_DEFAULT_VARIANT", None) or (
+            "mma" if os.environ.get(VARIANT_ENV, "0") == "1" else "simt"
+        )
+
+        s = self.sizes
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        self.layers = []
+        for layer in range(s.layers):
+            inputs = make_inputs(
+                s.max_batch,
+                s.heads,
+                s.topk,
+                s.page_size,
+                extra_topk=s.extra_topk,
+                extra_page_size=s.extra_page_size,
+                device=self.device,
+                seed=layer,
+            )
+            w_o = (torch.randn(512, 512, generator=gen) / 512**0.5).to(torch.bfloat16)
+            self.layers.append((inputs, w_o.to(self.device)))
+        self.q = self.layers[0][0]["q"].clone()  # the running hidden state, [max_batch, 1, H, 512]
+        self.gamma = torch.full((512,), 0.5, dtype=torch.bfloat16, device=self.device)
+
+    def info(self) -> dict:
+        return {
+            "device": self.device,
+            "device_name": self._device_name(),
+            "kernel_variant": self.variant,
+            "backend": self.backend,
+            "kernel_file": self.kernel_file,
+            "kernel_sha256": self.kernel_sha256,
+            "env": dict(self.env),
+            "sizes": asdict(self.sizes),
+        }
+
+    def _device_name(self) -> str:
+        if self.device == "cuda":
+            return self.torch.cuda.get_device_name(0)
+        return "cpu (Triton interpreter)"
+
+    def step(self, batch: int) -> list[int]:
+        """One decode step for rows [0, batch): L attention layers with glue, then sampling."""
+        torch = self.torch
+        from torch.profiler import record_function
+
+        if not 0 < batch <= self.sizes.max_batch:
+            raise ValueError(f"batch must be 1..{self.sizes.max_batch}, got {batch}")
+        B, H = batch, self.sizes.heads
+        hidden = self.q[:B]
+        for inputs, w_o in self.layers:
+            args = {k: v for k, v in inputs.items() if k != "q"}
+            for key in ("indices", "topk_length", "extra_indices", "extra_topk_length"):
+                if args[key] is not None:
+                    args[key] = args[key][:B]
+            with record_function(RANGE_ATTENTION):
+                out, _lse = self.entry(hidden, **args)
+            with record_function(RANGE_GEMM):
+                proj = out.view(B * H, 512) @ w_o
+            with record_function(RANGE_ELEMENTWISE):
+                mixed = (proj.view(B, 1, H, 512) * self.gamma + hidden).clamp_(-1.0, 1.0)
+                hidden = mixed.to(torch.bfloat16)
+        with record_function(RANGE_SAMPLING):
+            scores = hidden.view(B, H * 512)[:, :VOCAB_SIZE].float()
+            tokens = scores.argmax(dim=-1).tolist()  # the host sync every server has per step
+        self.q[:B].copy_(hidden)
+        return [int(t) for t in tokens]

@@ -1,0 +1,175 @@
+"""The sandbox's decode service against real clients: the `openai` package, httpx, the profiler.
+
+One sandbox (local transport) for the module: its restart script starts
+`python -m kerneldev.sandbox_service` on a loopback port, which imports the live kernel file
+and decodes under the Triton interpreter on tiny sizes (a step takes a few hundred ms).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from kerneldev import service, trace_summary
+from kerneldev.config import load_config
+from kerneldev.env_file import EnvFileEdit
+from kerneldev.sandbox import create_sandbox, decode_service_available
+from kerneldev.transport import open_transport
+
+pytestmark = pytest.mark.skipif(
+    not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"
+)
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+INTERVAL = 0.2  # health polling
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    sandbox = create_sandbox(tmp_path_factory.mktemp("svc"), use_ssh=False, decode_service=True)
+    host = load_config(sandbox.config_path).host(sandbox.host_name)
+    with open_transport(host) as transport:
+        sandbox.host = host
+        sandbox.transport = transport
+        seen = []
+        transport.run(host.service.restart)
+        deadline = time.monotonic() + host.service.timeout
+        while time.monotonic() < deadline:
+            ok, last = service.check_health(transport, host.service.health, 5)
+            seen.append(last)
+            if ok:
+                break
+            time.sleep(0.05)
+        sandbox.startup_checks = seen
+        try:
+            yield sandbox
+        finally:
+            sandbox.close()
+
+
+def url(box, path: str) -> str:
+    return f"{box.host.service.url}{path}"
+
+
+def test_health_is_503_or_silent_while_loading_then_200(box):
+    seen = box.startup_checks
+    assert seen[-1] == "HTTP 200", seen
+    # Before ready: nothing listening yet, or 503 while the engine loads; never another answer.
+    assert set(seen[:-1]) <= {"no answer", "HTTP 503"}, seen
+
+
+def test_openai_client_streams_completions(box):
+    client = openai.OpenAI(base_url=url(box, "/v1"), api_key="none")
+    stream = client.completions.create(
+        model="sandbox", prompt="the kernel decodes", max_tokens=3, stream=True
+    )
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks]
+    assert len(chunks) == 3 and all(t.startswith(" t") for t in texts), texts
+    assert [c.choices[0].finish_reason for c in chunks] == [None, None, "length"]
+
+    done = client.completions.create(model="sandbox", prompt="a b c d", max_tokens=2)
+    assert done.usage.prompt_tokens == 4
+    assert done.usage.completion_tokens == 2 and done.usage.total_tokens == 6
+    assert len(done.choices[0].text.split()) == 2
+
+
+def test_generate_streams_sse_events_then_done(box):
+    body = {"text": "one two three", "sampling_params": {"max_new_tokens": 4}, "stream": True}
+    with httpx.stream("POST", url(box, "/generate"), json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        raw = "".join(resp.iter_text())
+    events = raw.split("\n\n")
+    assert events[-1] == "" and events[-2] == "data: [DONE]", raw[-200:]
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(e.startswith("data: ") for e in events[:-1])
+    assert [p["meta_info"]["completion_tokens"] for p in payloads] == [1, 2, 3, 4]
+    assert [len(p["text"].split()) for p in payloads] == [1, 2, 3, 4]  # text so far
+    assert payloads[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 4}
+    assert payloads[0]["meta_info"]["prompt_tokens"] == 3
+
+    plain = httpx.post(
+        url(box, "/generate"),
+        json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    ).json()
+    assert plain["meta_info"]["prompt_tokens"] == 2 and len(plain["output_ids"]) == 2
+
+
+def test_bad_request_is_400_with_a_message(box):
+    resp = httpx.post(
+        url(box, "/generate"), json={"text": "x", "sampling_params": {"max_new_tokens": 0}}
+    )
+    assert resp.status_code == 400 and "max_new_tokens" in resp.json()["message"]
+
+
+def test_profile_endpoints_write_a_trace_naming_the_kernel(box, tmp_path):
+    out_dir = tmp_path / "traces"
+    assert (
+        httpx.post(url(box, "/start_profile"), json={"output_dir": str(out_dir)}).status_code == 200
+    )
+    httpx.post(
+        url(box, "/generate"),
+        json={"text": "x", "sampling_params": {"max_new_tokens": 2}},
+        timeout=60,
+    )
+    stop = httpx.post(url(box, "/stop_profile"), timeout=120)
+    assert stop.status_code == 200
+    traces = list(out_dir.glob("*-TP-0.trace.json.gz"))
+    assert len(traces) == 1
+    summary = trace_summary.summarise(str(traces[0]))
+    assert summary["time_kind"] == "cpu"  # no GPU here: record_function ranges
+    by_name = {r["name"]: r for r in summary["top"]}
+    assert by_name["sparse_decode_attention"]["family"] == trace_summary.ATTENTION
+    assert by_name["sparse_decode_attention"]["calls"] >= 2
+    # Stopping twice is refused, as SGLang refuses it.
+    assert httpx.post(url(box, "/stop_profile")).status_code == 400
+
+
+def test_server_info_follows_the_env_file_across_restarts(box):
+    info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
+    assert info["kernel_variant"] == "simt" and info["device"] == "cpu"
+    assert info["kernel_file"].startswith(str(box.root))
+
+    svc = box.host.service
+    edit = EnvFileEdit(box.transport, svc.env_file, {"SGLANG_SM120_MMA_FLASHMLA"})
+    edit.apply({"SGLANG_SM120_MMA_FLASHMLA": "1"})
+    try:
+        health = service.restart(box.transport, svc, interval=INTERVAL)
+        assert health.healthy
+        info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
+        assert info["kernel_variant"] == "mma"
+        assert info["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "1"
+        log = (box.service_dir / "service.log").read_text()
+        assert "engine ready: variant=mma" in log
+    finally:
+        edit.restore()
+    assert "SGLANG_SM120_MMA_FLASHMLA" not in (box.service_dir / "service.env").read_text()
+
+
+def test_unavailable_backend_never_gets_healthy(box):
+    svc = box.host.service
+    edit = EnvFileEdit(box.transport, svc.env_file, {"SGLANG_SM120_FLASHMLA_BACKEND"})
+    edit.apply({"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"})
+    try:
+        box.transport.run(svc.restart)
+        deadline = time.monotonic() + svc.timeout
+        status = None
+        while time.monotonic() < deadline:
+            try:
+                status = httpx.get(url(box, "/health"), timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.1)
+                continue
+            if "flashinfer" in status.text:
+                break
+            time.sleep(0.1)
+        assert status is not None and status.status_code == 503
+        assert "SGLANG_SM120_FLASHMLA_BACKEND=flashinfer" in status.text
+    finally:
+        edit.restore()
+        assert service.restart(box.transport, svc, interval=INTERVAL).healthy
