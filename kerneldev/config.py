@@ -19,6 +19,7 @@ import dataclasses
 import json
 import os
 import posixpath
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,9 @@ class ServiceConfig:
     logs: str | None = None  # shell command whose output is shown when health never comes
     env_file: str | None = None  # absolute path on the host of the KEY=VALUE file restart reads
     check: str | None = None  # import-check command after a push (default: import the modules)
+    # issue 12: decode timings from the running service
+    url: str | None = None  # base URL as seen from the host; default: scheme://host:port of health
+    variants: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> env assignments
 
 
 @dataclass(frozen=True)
@@ -399,7 +403,7 @@ class _Validator:
 
     def _service(self, node: yaml.Node, kp: str) -> ServiceConfig:
         items = self.mapping(node, kp)
-        allowed = ("restart", "health", "timeout", "logs", "env_file", "check")
+        allowed = ("restart", "health", "timeout", "logs", "env_file", "check", "url", "variants")
         self.check_keys(node, items, kp, allowed)
         kwargs: dict[str, Any] = {}
         for key in ("restart", "health", "logs", "env_file", "check"):
@@ -411,6 +415,14 @@ class _Validator:
                 f"{kp}.env_file",
                 f"must be an absolute path on the host, got {kwargs['env_file']!r}",
             )
+        if "url" in items:
+            n = items["url"][1]
+            url = self.string(n, f"{kp}.url")
+            if not url.startswith(("http://", "https://")):
+                raise self.fail(n, f"{kp}.url", f"must be an http:// or https:// URL, got {url!r}")
+            kwargs["url"] = url.rstrip("/")
+        if "variants" in items:
+            kwargs["variants"] = self._variants(items["variants"][1], f"{kp}.variants")
         if "timeout" in items:
             n = items["timeout"][1]
             v = self.value(n)
@@ -419,11 +431,37 @@ class _Validator:
             kwargs["timeout"] = float(v)
         return ServiceConfig(**kwargs)
 
+    def _variants(self, node: yaml.Node, kp: str) -> dict[str, dict[str, str]]:
+        """name -> {ENV_VAR: value}; numbers are taken as their text (`"0"` and `0` agree)."""
+        variants: dict[str, dict[str, str]] = {}
+        for name, (key_node, value_node) in self.mapping(node, kp).items():
+            vkp = _join(kp, name)
+            if not _VARIANT_NAME.fullmatch(name):
+                raise self.fail(key_node, vkp, "variant names are letters, digits, '_', '-', '.'")
+            env: dict[str, str] = {}
+            for var, (var_node, val_node) in self.mapping(value_node, vkp).items():
+                if not _ENV_NAME.fullmatch(var):
+                    raise self.fail(var_node, _join(vkp, var), "not an environment variable name")
+                v = self.value(val_node)
+                if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+                    raise self.fail(
+                        val_node, _join(vkp, var), f"must be a string or number, got {_describe(v)}"
+                    )
+                if "\n" in str(v):
+                    raise self.fail(val_node, _join(vkp, var), "must be one line")
+                env[var] = str(v)
+            variants[name] = env
+        return variants
+
     def _gpu(self, node: yaml.Node, kp: str) -> str:
         v = self.value(node)
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             raise self.fail(node, kp, f"must be a string or an integer, got {_describe(v)}")
         return str(v)
+
+
+_VARIANT_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _join(prefix: str, key: str) -> str:

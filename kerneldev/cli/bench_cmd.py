@@ -93,9 +93,47 @@ def bench_command(
     ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
+    # --- issue 12: `bench --service` (decode timings of the running service) ---
+    on_service: bool = typer.Option(
+        False,
+        "--service",
+        help="Time the running service instead of the kernel: restart it on each of "
+        "--variants (names from service.variants) in interleaved rounds and stream requests.",
+    ),
+    concurrency: str = typer.Option(
+        "1,16,64", "--concurrency", help="With --service: requests in flight, comma-separated."
+    ),
+    requests: int = typer.Option(
+        None,
+        "--requests",
+        help="With --service: requests per concurrency level per round "
+        "(default: 4 x the concurrency, at least 8).",
+        show_default=False,
+    ),
+    input_len: int = typer.Option(128, "--input-len", help="With --service: prompt words."),
+    max_new_tokens: int = typer.Option(
+        64, "--max-new-tokens", help="With --service: output tokens per request."
+    ),
+    rounds: int = typer.Option(
+        2, "--rounds", help="With --service: rounds; variants alternate A B, B A, ..."
+    ),
 ) -> None:
-    """Check and time kernel variants on the host's GPU; A/B table, saved JSON."""
+    """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
+    With --service: decode timings of the running service per variant (restarts it)."""
     config = load_config(config_path(ctx))
+    if on_service:
+        from kerneldev.cli import service_bench_cmd
+
+        if requests is None:
+            levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
+            requests = max(8, 4 * max(levels))
+        code = service_bench_cmd.run(
+            config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
+            rounds, as_json,
+        )  # fmt: skip
+        if code:
+            raise typer.Exit(code)
+        return
     host = config.host(host_name)
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "issue4"]

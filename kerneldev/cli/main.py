@@ -80,12 +80,14 @@ def _register_commands() -> None:
         demo_cmd,
         kernels_cmd,
         loop_cmd,
+        profile_cmd,
         service_cmd,
         trust_cmd,
     )
 
     for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd, kernels_cmd):
         module.register(app)
+    profile_cmd.register(app)  # issue 12
     _registered = True
 
 

@@ -1,0 +1,111 @@
+"""`kerneldev profile`: parse, call `kerneldev.decode_profile`, render the top kernels (or JSON)."""
+
+from __future__ import annotations
+
+import typer
+
+from kerneldev import decode_profile
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
+from kerneldev.cli.output import out_console, print_info, print_json
+from kerneldev.cli.service_bench_cmd import progress_printer, table
+from kerneldev.config import load_config
+from kerneldev.service_variants import check_variants, parse_variants
+from kerneldev.transport import open_transport
+
+
+def profile_command(
+    ctx: typer.Context,
+    variants: str = typer.Option(
+        "simt,mma",
+        "--variants",
+        help="Comma-separated names from service.variants; the service is restarted on each "
+        "and put back on its original settings at the end.",
+    ),
+    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Requests in flight."),
+    steps: int = typer.Option(
+        32, "--steps", min=1, help="Decode steps to profile (new tokens per request)."
+    ),
+    top: int = typer.Option(15, "--top", min=1, help="Kernels to show per variant."),
+    host_name: str | None = HOST_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Profile the service's decode per variant: top kernels by GPU time, by family."""
+    config = load_config(config_path(ctx))
+    host = config.host(host_name)
+    names = parse_variants(variants)
+    check_variants(host, names)  # exit 2 before connecting
+    with open_transport(host) as transport:
+        result = decode_profile.run_profile(
+            transport,
+            host,
+            names,
+            concurrency=concurrency,
+            steps=steps,
+            top=top,
+            on_progress=progress_printer(),
+            profiles_dir=config.path.parent / decode_profile.PROFILES_DIR,
+        )
+    if as_json:
+        print_json(result)
+    else:
+        render(result)
+    for v in result.variants:
+        print_info(f"trace ({v.variant}): {v.local_trace or v.trace_on_host}")
+    print_info(f"saved: {result.saved_to}")
+
+
+def render(result: decode_profile.ProfileResult) -> None:
+    kind = "GPU" if result.time_kind == "gpu" else "CPU"
+    note = (
+        ""
+        if result.time_kind == "gpu"
+        else " (no GPU kernels: the service's profiler ranges, CPU time)"
+    )
+    names = [v.variant for v in result.variants]
+    # One row per kernel name seen in any variant's top list; A/B columns side by side.
+    order: list[str] = []
+    rows_by_variant = {}
+    for v in result.variants:
+        rows_by_variant[v.variant] = {r["name"]: r for r in v.summary["top"]}
+        for r in v.summary["top"]:
+            if r["name"] not in order:
+                order.append(r["name"])
+    columns = ["kernel", "family"]
+    for n in names:
+        columns += [f"{n} calls", f"{n} ms", f"{n} %", f"{n} µs"]
+    rows = []
+    for name in order:
+        first = next(rows_by_variant[n][name] for n in names if name in rows_by_variant[n])
+        row = [_short(name), first["family"]]
+        for n in names:
+            r = rows_by_variant[n].get(name)
+            if r is None:
+                row += ["-", "-", "-", "-"]
+            else:
+                share = "-" if r["share"] is None else f"{100 * r['share']:.1f}"
+                row += [str(r["calls"]), f"{r['total_ms']:.2f}", share, f"{r['mean_us']:.1f}"]
+        rows.append(row)
+    title = (
+        f"top kernels by {kind} time during decode: c={result.concurrency}, "
+        f"{result.steps} steps{note}"
+    )
+    table(title, columns, rows)
+    fam_line = []
+    for v in result.variants:
+        fams = ", ".join(
+            f"{f['family']} {100 * (f['share'] or 0):.0f}%" for f in v.summary["families"]
+        )
+        fam_line.append(f"{v.variant}: {fams} (of {v.summary['total_ms']:.1f} ms {kind})")
+    for line in fam_line:
+        if out_console.is_terminal:
+            out_console.print(line, highlight=False, markup=False, soft_wrap=True)
+        else:
+            print(line, flush=True)
+
+
+def _short(name: str, width: int = 48) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("profile")(profile_command)

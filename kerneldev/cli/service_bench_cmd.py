@@ -1,0 +1,153 @@
+"""`kerneldev bench --service`: parse, call `kerneldev.service_bench`, render (or JSON).
+
+Reached through `kerneldev bench --service` (bench_cmd.py hands over here), so the options
+live on the bench command; this module does the work and the rendering.
+"""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from kerneldev import service_bench
+from kerneldev.cli.output import err_console, out_console, print_info, print_json, print_warning
+from kerneldev.config import Config
+from kerneldev.errors import ExitCode
+from kerneldev.service_variants import check_variants, parse_variants
+from kerneldev.transport import open_transport
+
+VERDICT_STYLE = {
+    service_bench.BETTER: "green",
+    service_bench.WORSE: "red",
+    service_bench.NO_CHANGE: "dim",
+}
+# The A/B lines a person reads; the JSON has a verdict for every statistic.
+HEADLINE_METRICS = (
+    ("median_ttft_ms", "TTFT median"),
+    ("median_tpot_ms", "TPOT median"),
+    ("p99_tpot_ms", "TPOT p99"),
+    ("median_itl_ms", "ITL median"),
+    ("median_e2e_latency_ms", "E2E median"),
+    ("output_throughput", "output tok/s"),
+)
+
+
+def progress_printer():
+    """Progress lines on stderr, only on a terminal."""
+    if not err_console.is_terminal:
+        return None
+    return lambda text: err_console.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
+
+
+def run(
+    config: Config,
+    host_name: str | None,
+    variants: str,
+    concurrency: str,
+    requests: int,
+    input_len: int,
+    max_new_tokens: int,
+    rounds: int,
+    as_json: bool,
+) -> int:
+    host = config.host(host_name)
+    request = service_bench.ServiceBenchRequest(
+        variants=parse_variants(variants),
+        concurrency=service_bench.parse_concurrency(concurrency),
+        requests=requests,
+        input_len=input_len,
+        max_new_tokens=max_new_tokens,
+        rounds=rounds,
+    )
+    request.check()
+    check_variants(host, request.variants)  # exit 2 before connecting
+    with open_transport(host) as transport:
+        result = service_bench.run_service_bench(
+            transport,
+            host,
+            request,
+            on_progress=progress_printer(),
+            results_dir=config.path.parent / service_bench.RESULTS_DIR,
+        )
+    if as_json:
+        print_json({"result": result.data, "saved_to": str(result.saved_to)})
+    else:
+        render(result.data)
+    print_info(f"saved: {result.saved_to}")
+    if not result.ok:
+        print_warning("some requests failed (see `failed` in the result)")
+        return int(ExitCode.FAILURE)
+    return int(ExitCode.OK)
+
+
+def _f(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def table(title: str, columns: list[str], rows: list[list[str]], left: int = 2) -> None:
+    """A rich table on a terminal, aligned plain text otherwise."""
+    if out_console.is_terminal:
+        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
+        for i, name in enumerate(columns):
+            t.add_column(name, justify="left" if i < left else "right", no_wrap=True)
+        for row in rows:
+            t.add_row(*(escape(c) for c in row))
+        out_console.print(t)
+        return
+    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
+    lines = [title]
+    for row in [columns, *rows]:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print("\n".join(lines), flush=True)
+
+
+def render(data: dict) -> None:
+    s = data["settings"]
+    title = (
+        f"service decode timings, {s['requests']} requests x {s['max_new_tokens']} tokens "
+        f"(input {s['input_len']}), {s['rounds']} round(s), ms"
+    )
+    columns = ["c", "variant", "TTFT med/p90/p99", "TPOT med/p90/p99", "ITL med/p99", "E2E med"]
+    columns += ["tok/s", "req/s"]
+    rows = []
+    for r in sorted(
+        data["results"], key=lambda r: (r["concurrency"], s["variants"].index(r["variant"]))
+    ):
+        m = r["metrics"]
+        rows.append(
+            [
+                str(r["concurrency"]),
+                r["variant"],
+                f"{_f(m['median_ttft_ms'])}/{_f(m['p90_ttft_ms'])}/{_f(m['p99_ttft_ms'])}",
+                f"{_f(m['median_tpot_ms'])}/{_f(m['p90_tpot_ms'])}/{_f(m['p99_tpot_ms'])}",
+                f"{_f(m['median_itl_ms'])}/{_f(m['p99_itl_ms'])}",
+                _f(m["median_e2e_latency_ms"]),
+                _f(m["output_throughput"]),
+                _f(m["request_throughput"], ".2f"),
+            ]
+        )
+    table(title, columns, rows)
+    for line in ab_lines(data):
+        if out_console.is_terminal:
+            out_console.print(line, highlight=False, soft_wrap=True)
+        else:
+            print(_strip_markup(line), flush=True)
+
+
+def ab_lines(data: dict) -> list[str]:
+    lines = []
+    for ab in data["ab"]:
+        parts = []
+        for key, label in HEADLINE_METRICS:
+            m = ab["metrics"][key]
+            ratio = f" {m['ratio']:.2f}x" if m["ratio"] else ""
+            style = VERDICT_STYLE.get(m["verdict"], "yellow")
+            parts.append(f"{label}{ratio} [{style}]{escape(m['verdict'])}[/]")
+        lines.append(f"c={ab['concurrency']} {ab['b']} vs {ab['a']}: " + "; ".join(parts))
+    return lines
+
+
+def _strip_markup(line: str) -> str:
+    from rich.text import Text
+
+    return Text.from_markup(line).plain

@@ -1,0 +1,160 @@
+"""`kerneldev profile`: which kernels take the service's decode time, per variant.
+
+For each variant (switched and restarted as `bench --service` does, the service put back at
+the end): `service_load.py profile` on the host warms up, calls `POST /start_profile` with an
+`output_dir` in a fresh temporary folder, drives `concurrency` streaming requests of `steps`
+new tokens each (so about `steps` decode steps at that batch size), calls `POST
+/stop_profile`, waits for the newest trace there and summarises it on the host with
+`trace_summary.py` (traces can be hundreds of MB; only the summary comes back over SSH before
+the copy). The trace itself is then copied to `<profiles_dir>/<UTC time>-<host>/<variant>/`
+for Perfetto, the result beside as `profile.json` (`profiles_dir` is `.kerneldev/profiles/`
+beside the config file).
+
+Works against a real SGLang server (the same endpoints, `output_dir` honoured) and the sandbox
+service. On a CPU-only service the trace has no GPU kernels: the summary then sums the
+service's `record_function` ranges and its `time_kind` is "cpu".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import posixpath
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kerneldev.config import HostConfig
+from kerneldev.errors import BenchError, KerneldevError, UsageError
+from kerneldev.service_variants import HostScripts, VariantSwitcher, check_variants, service_url
+from kerneldev.trace_summary import ATTENTION
+from kerneldev.transport.base import Transport
+
+SCHEMA = "kerneldev.service-profile/1"
+PROFILES_DIR = Path(".kerneldev") / "profiles"
+
+ProgressCallback = Callable[[str], None]
+
+
+@dataclass
+class VariantProfile:
+    variant: str
+    summary: dict  # trace_summary's object (schema kerneldev.trace-summary/1)
+    trace_on_host: str
+    trace_bytes: int
+    local_trace: str | None
+    attention_share: float | None  # the sparse-decode attention family's share
+
+
+@dataclass
+class ProfileResult:
+    schema: str
+    timestamp: str
+    host: str
+    url: str
+    concurrency: int
+    steps: int
+    top: int
+    time_kind: str  # "gpu" or "cpu" (CPU-only service: record_function ranges)
+    variants: list[VariantProfile] = field(default_factory=list)
+    saved_to: str | None = None
+
+
+def run_profile(
+    transport: Transport,
+    host: HostConfig,
+    variants: list[str],
+    *,
+    concurrency: int = 8,
+    steps: int = 32,
+    top: int = 15,
+    input_len: int = 32,
+    on_progress: ProgressCallback | None = None,
+    profiles_dir: Path | None = None,
+    health_interval: float | None = None,
+) -> ProfileResult:
+    for name, value in (("--concurrency", concurrency), ("--steps", steps), ("--top", top)):
+        if value < 1:
+            raise UsageError(f"{name} must be >= 1, got {value}")
+    svc = check_variants(host, variants)
+    url = service_url(svc, host.name)
+    say = on_progress or (lambda _t: None)
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    result = ProfileResult(
+        schema=SCHEMA,
+        timestamp=stamp.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        host=host.name,
+        url=url,
+        concurrency=concurrency,
+        steps=steps,
+        top=top,
+        time_kind="gpu",
+    )
+    base = (profiles_dir or PROFILES_DIR) / (
+        f"{stamp.strftime('%Y%m%dT%H%M%SZ')}-{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}"
+    )
+    switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
+    with switcher, HostScripts(transport, host) as scripts:
+        for name in variants:
+            switcher.switch(name)
+            trace_dir = scripts.path(f"traces-{name}")
+            out = scripts.path(f"profile-{name}.json")
+            args = [
+                "profile",
+                "--url",
+                url,
+                "--concurrency",
+                str(concurrency),
+                "--max-new-tokens",
+                str(steps),
+                "--input-len",
+                str(input_len),
+                "--output-dir",
+                trace_dir,
+                "--top",
+                str(top),
+                "--out",
+                out,
+            ]
+            say(f"{name}: profiling {concurrency} request(s) x {steps} decode steps")
+            done = transport.run(scripts.command("service_load.py", args) + " 2>&1")
+            if not done.ok:
+                raise BenchError(
+                    f"profiling {name} failed on {host.name}: "
+                    + ((done.stdout + done.stderr).strip().splitlines() or ["no output"])[-1],
+                    hint="the server must answer POST /start_profile and /stop_profile "
+                    "(SGLang does; set SGLANG_TORCH_PROFILER_DIR if it ignores output_dir)",
+                )
+            try:
+                data = json.loads(transport.read_bytes(out))
+            except (KerneldevError, ValueError) as err:
+                raise BenchError(f"the profiler run left no readable result: {err}") from None
+            summary = data["summary"]
+            local = None
+            try:
+                dest = base / name
+                dest.mkdir(parents=True, exist_ok=True)
+                local_path = dest / posixpath.basename(data["trace"])
+                local_path.write_bytes(transport.read_bytes(data["trace"]))
+                local = str(local_path)
+            except (KerneldevError, OSError) as err:
+                say(f"warning: could not copy the trace: {err}")
+            share = next(
+                (f["share"] for f in summary["families"] if f["family"] == ATTENTION), None
+            )
+            result.variants.append(
+                VariantProfile(name, summary, data["trace"], data["trace_bytes"], local, share)
+            )
+            if summary["time_kind"] == "cpu":
+                result.time_kind = "cpu"
+            say(
+                f"{name}: {summary['kernels_seen']} kernels/ranges, "
+                f"{summary['total_ms']:.1f} ms {summary['time_kind'].upper()} time"
+            )
+    base.mkdir(parents=True, exist_ok=True)
+    saved = base / "profile.json"
+    result.saved_to = str(saved)
+    saved.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n", encoding="utf-8")
+    return result

@@ -1,0 +1,335 @@
+"""`kerneldev bench --service` and `kerneldev profile`: the env file, the metrics and verdicts,
+the trace summary, and both commands end to end against the sandbox's decode service, over
+the local transport and the loopback sshd."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kerneldev import service_bench as sb
+from kerneldev import trace_summary
+from kerneldev.config import HostConfig, ServiceConfig, load_config
+from kerneldev.env_file import EnvFileEdit, render
+from kerneldev.errors import ConfigError, ServiceError, UsageError
+from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
+from kerneldev.service_variants import VariantSwitcher, check_variants, service_url
+from kerneldev.transport.local import LocalTransport
+
+ROOT = Path(__file__).resolve().parent.parent
+MMA = {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "1"}
+SIMT = {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "0"}
+
+
+# --- the env file -------------------------------------------------------------------------
+
+
+def test_render_touches_only_managed_keys():
+    text = "# mine\nexport CUDA_VISIBLE_DEVICES=0\nSGLANG_SM120_MMA_FLASHMLA=0\nOTHER='a b'\n"
+    managed = {"SGLANG_SM120_MMA_FLASHMLA", "SGLANG_SM120_FLASHMLA_BACKEND"}
+    out = render(text, managed, MMA)
+    assert out == (
+        "# mine\nexport CUDA_VISIBLE_DEVICES=0\nSGLANG_SM120_MMA_FLASHMLA=1\nOTHER='a b'\n"
+        "SGLANG_SM120_FLASHMLA_BACKEND=triton\n"
+    )
+    # A variant that does not set a managed key removes its line (the service's default).
+    only_backend = render(out, managed, {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"})
+    assert "SGLANG_SM120_MMA_FLASHMLA" not in only_backend and "OTHER='a b'" in only_backend
+    assert render("", managed, {"X": "a b"}) == "X='a b'\n"
+
+
+def test_env_file_restore_gives_back_the_original_bytes(tmp_path):
+    path = tmp_path / "svc.env"
+    original = "# keep me\nSGLANG_SM120_MMA_FLASHMLA=0\nA=1"  # no final newline
+    path.write_text(original)
+    edit = EnvFileEdit(LocalTransport(_host(tmp_path)), str(path), MMA)
+    edit.apply(MMA)
+    edit.apply(SIMT)
+    assert "SGLANG_SM120_FLASHMLA_BACKEND=triton" in path.read_text()
+    edit.restore()
+    assert path.read_text() == original
+
+    # A file that did not exist is removed again.
+    absent = tmp_path / "new.env"
+    edit = EnvFileEdit(LocalTransport(_host(tmp_path)), str(absent), MMA)
+    edit.apply(MMA)
+    assert absent.exists()
+    edit.restore()
+    assert not absent.exists()
+
+
+def _host(tmp_path: Path, **service) -> HostConfig:
+    return HostConfig(
+        name="h",
+        root=str(tmp_path),
+        files=("x.py",),
+        workspace=tmp_path / "ws",
+        transport="local",
+        python=sys.executable,
+        service=ServiceConfig(**service) if service else None,
+    )
+
+
+def test_env_file_restored_and_service_restarted_after_a_failed_restart(tmp_path):
+    env = tmp_path / "svc.env"
+    env.write_text("SGLANG_SM120_MMA_FLASHMLA=0\n")
+    log = tmp_path / "restarts.log"
+    # The restart fails while the env file asks for mma (a broken variant), works otherwise.
+    restart = f"cat {env} >> {log}; ! grep -q SGLANG_SM120_MMA_FLASHMLA=1 {env}"
+    host = _host(
+        tmp_path,
+        restart=restart,
+        health="true",
+        env_file=str(env),
+        variants={"simt": SIMT, "mma": MMA},
+        url="http://127.0.0.1:9",
+    )
+    request = sb.ServiceBenchRequest(["mma", "simt"], [1], requests=1, rounds=1)
+    with pytest.raises(ServiceError, match="exited 1"):
+        sb.run_service_bench(LocalTransport(host), host, request, results_dir=tmp_path / "r")
+    assert env.read_text() == "SGLANG_SM120_MMA_FLASHMLA=0\n"
+    restarts = log.read_text().splitlines()
+    # Two restarts: the failed one on mma, then one on the original settings.
+    assert restarts[-1] == "SGLANG_SM120_MMA_FLASHMLA=0" and len(restarts) >= 2
+    assert not (tmp_path / "r").exists()  # no result saved for a failed run
+
+
+def test_second_interrupt_skips_the_restart_and_names_the_command(tmp_path):
+    env = tmp_path / "svc.env"
+    env.write_text("")
+    host = _host(tmp_path, restart="true", health="true", env_file=str(env), variants={"m": MMA})
+    switcher = VariantSwitcher(LocalTransport(host), host)
+    switcher.switch("m")
+    import kerneldev.service as service_mod
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    original = service_mod.restart
+    service_mod.restart = interrupted
+    try:
+        with pytest.raises(ServiceError, match="not restarted") as err:
+            switcher.restore()
+    finally:
+        service_mod.restart = original
+    assert err.value.hint == "run `kerneldev restart --host h`"
+    assert int(err.value.exit_code) == 130
+    assert not env.exists() or env.read_text() == ""  # restored before the restart
+
+
+def test_variants_are_checked_before_connecting(tmp_path):
+    host = _host(tmp_path, restart="true", health="true", variants={"simt": SIMT})
+    with pytest.raises(UsageError, match="env_file"):
+        check_variants(host, ["simt"])
+    host = _host(tmp_path, restart="true", health="true", variants={"simt": SIMT}, env_file="/e")
+    with pytest.raises(UsageError, match="unknown variant.*mma"):
+        check_variants(host, ["simt", "mma"])
+    with pytest.raises(UsageError, match="no service URL"):
+        check_variants(host, ["simt"])  # health is a command: no URL can be derived
+    svc = ServiceConfig(restart="r", health="http://127.0.0.1:30000/health")
+    assert service_url(svc, "h") == "http://127.0.0.1:30000"
+
+
+def test_config_reads_service_variants_env_file_and_url(tmp_path):
+    cfg = tmp_path / "hosts.yaml"
+    base = {
+        "transport": "local",
+        "root": "/srv",
+        "files": ["a.py"],
+        "workspace": "ws",
+        "service": {
+            "restart": "true",
+            "env_file": "/etc/sglang.env",
+            "url": "http://127.0.0.1:30000/",
+            "variants": {"mma": {"SGLANG_SM120_MMA_FLASHMLA": 1}, "fi": {}},
+        },
+    }
+    cfg.write_text(yaml.safe_dump({"hosts": {"h": base}}))
+    svc = load_config(cfg).host("h").service
+    assert svc.variants == {"mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"}, "fi": {}}
+    assert svc.env_file == "/etc/sglang.env" and svc.url == "http://127.0.0.1:30000"
+    base["service"]["env_file"] = "relative.env"
+    cfg.write_text(yaml.safe_dump({"hosts": {"h": base}}))
+    with pytest.raises(ConfigError, match=r"hosts\.h\.service\.env_file: must be an absolute"):
+        load_config(cfg)
+    base["service"]["env_file"] = "/e"
+    base["service"]["variants"] = {"mma": {"1BAD": "x"}}
+    cfg.write_text(yaml.safe_dump({"hosts": {"h": base}}))
+    with pytest.raises(ConfigError, match=r":\d+: hosts\.h\.service\.variants\.mma\.1BAD"):
+        load_config(cfg)
+
+
+# --- metrics and verdicts -----------------------------------------------------------------
+
+
+def test_metrics_follow_bench_serving_definitions():
+    reqs = [
+        {"ok": True, "ttft": 0.1, "itl": [0.02, 0.04], "e2e": 0.16, "output_tokens": 3},
+        {"ok": True, "ttft": 0.3, "itl": [], "e2e": 0.3, "output_tokens": 1},
+        {"ok": False, "ttft": None, "itl": [], "e2e": None, "output_tokens": 0},
+    ]
+    m = sb.level_metrics(reqs, duration=2.0)
+    assert m["completed"] == 2 and m["failed"] == 1
+    assert m["median_ttft_ms"] == pytest.approx(200.0)
+    # TPOT leaves out the first token and requests with one token: (160 - 100) / 2.
+    assert m["median_tpot_ms"] == pytest.approx(30.0) and m["p99_tpot_ms"] == pytest.approx(30.0)
+    assert m["mean_itl_ms"] == pytest.approx(30.0)
+    assert m["output_throughput"] == pytest.approx(2.0) and m["request_throughput"] == 1.0
+    assert sb.percentile([1, 2, 3, 4], 50) == 2.5 and sb.percentile([], 50) is None
+
+
+def test_verdict_is_no_change_within_the_spread_across_rounds():
+    assert sb.verdict("median_tpot_ms", [10, 12], [11, 13]) == sb.NO_CHANGE
+    assert sb.verdict("median_tpot_ms", [10, 12], [7, 8]) == sb.BETTER
+    assert sb.verdict("median_tpot_ms", [10, 12], [13, 14]) == sb.WORSE
+    assert sb.verdict("output_throughput", [10, 12], [13, 14]) == sb.BETTER
+    assert sb.verdict("median_tpot_ms", [10], [20]) == sb.ONE_ROUND
+    assert sb.round_order(["a", "b"], 3) == [
+        (0, "a"),
+        (0, "b"),
+        (1, "b"),
+        (1, "a"),
+        (2, "a"),
+        (2, "b"),
+    ]
+
+
+# --- the trace summary --------------------------------------------------------------------
+
+
+def test_trace_summary_streams_a_gzipped_trace(tmp_path):
+    events = [{"ph": "X", "cat": "kernel", "name": "_mma_split_kernel", "dur": 30.0}] * 3
+    events += [
+        {"ph": "X", "cat": "kernel", "name": "_combine_kernel", "dur": 10},
+        {"ph": "X", "cat": "kernel", "name": "nvjet_tst_128x64_gemm", "dur": 20},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 1000},
+        {"ph": "i", "cat": "kernel", "name": "ignored"},
+    ]
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"schemaVersion": 1, "traceEvents": events, "displayTimeUnit": "ms"}, f, indent=1)
+    assert sum(1 for _ in trace_summary.iter_events(str(path), chunk=5)) == len(events)
+    s = trace_summary.summarise(str(path), top=2)
+    assert s["time_kind"] == "gpu" and s["total_ms"] == pytest.approx(0.12)
+    assert [(r["name"], r["family"], r["calls"]) for r in s["top"]] == [
+        ("_mma_split_kernel", trace_summary.ATTENTION, 3),
+        ("nvjet_tst_128x64_gemm", trace_summary.GEMM, 1),
+    ]
+    assert s["top"][0]["share"] == pytest.approx(0.75) and s["top"][0]["mean_us"] == 30.0
+    fams = {f["family"]: f["share"] for f in s["families"]}
+    assert fams[trace_summary.COMBINE] == pytest.approx(10 / 120)
+    truncated = tmp_path / "cut.json"
+    truncated.write_text(path.read_bytes() and gzip.open(path, "rt").read()[:-40])
+    with pytest.raises(ValueError, match="middle of an event"):
+        trace_summary.summarise(str(truncated))
+
+
+# --- end to end against the sandbox -------------------------------------------------------
+
+needs_service = pytest.mark.skipif(
+    not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"
+)
+SMALL = ["--concurrency", "1,2", "--requests", "2", "--input-len", "4"]
+SMALL += ["--max-new-tokens", "3", "--rounds", "1", "--json"]
+
+
+def _kerneldev(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kerneldev", "--config", str(config), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "KERNELDEV_SSH_CONFIG": "none"},
+    )
+
+
+def _check_bench_and_profile(box, config: Path, variants: list[str]) -> None:
+    env_before = (box.service_dir / "service.env").read_bytes()
+    args = [*SMALL, "--variants", ",".join(variants)]
+    bench = _kerneldev(config, "bench", "--service", *args)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    report = json.loads(bench.stdout)
+    data = report["result"]
+    assert data["schema"] == sb.SCHEMA and data["ok"]
+    assert [(r["variant"], r["concurrency"]) for r in data["results"]] == [
+        ("simt", 1),
+        ("simt", 2),
+        ("mma", 1),
+        ("mma", 2),
+    ]
+    for r in data["results"]:
+        assert r["metrics"]["completed"] == 2 and r["metrics"]["total_output"] == 6
+        assert r["metrics"]["median_tpot_ms"] > 0 and r["metrics"]["output_throughput"] > 0
+    if len(variants) > 1:
+        assert {ab["concurrency"] for ab in data["ab"]} == {1, 2}
+        assert data["ab"][0]["metrics"]["median_tpot_ms"]["verdict"] == sb.ONE_ROUND
+    saved = Path(report["saved_to"])
+    assert saved.parent == config.parent / ".kerneldev" / "results" and saved.is_file()
+
+    prof = _kerneldev(
+        config, "profile", "--variants", ",".join(variants), "--concurrency", "2", "--steps", "2",
+        "--top", "5", "--json",
+    )  # fmt: skip
+    assert prof.returncode == 0, prof.stderr[-3000:]
+    result = json.loads(prof.stdout)
+    assert result["time_kind"] == "cpu" and [v["variant"] for v in result["variants"]] == [
+        "simt",
+        "mma",
+    ]
+    for v in result["variants"]:
+        top = v["summary"]["top"][0]
+        assert top["name"] == "sparse_decode_attention" and top["family"] == trace_summary.ATTENTION
+        assert 0 < v["attention_share"] <= 1
+        local = Path(v["local_trace"])
+        assert local.is_file() and local.is_relative_to(config.parent / ".kerneldev" / "profiles")
+    # The service is back on the original settings with the env file as it was.
+    assert (box.service_dir / "service.env").read_bytes() == env_before
+    log = (box.service_dir / "service.log").read_text()
+    assert (
+        log.rstrip().splitlines()[-1].startswith("[")
+        and "variant=simt" in log.split("sandbox decode service on")[-1]
+    )
+
+
+@pytest.fixture(scope="module")
+def ssh_box(tmp_path_factory):
+    if not decode_service_available():
+        pytest.skip("needs fastapi, uvicorn, torch and triton")
+    if find_sshd() is None or shutil.which("ssh-keygen") is None:
+        pytest.skip("sshd is not installed")
+    box = create_sandbox(tmp_path_factory.mktemp("sbx"), use_ssh=True, decode_service=True)
+    try:
+        yield box
+    finally:
+        box.close()
+
+
+@needs_service
+@pytest.mark.ssh
+def test_bench_service_and_profile_over_ssh(ssh_box):
+    _check_bench_and_profile(ssh_box, ssh_box.config_path, ["simt", "mma"])
+
+
+@needs_service
+def test_bench_service_and_profile_on_the_local_transport(ssh_box, tmp_path):
+    """The same sandbox reached through the local transport (the engineer on the GPU box);
+    one variant, to keep CI short (the ssh test runs the A/B)."""
+    data = yaml.safe_load(ssh_box.config_path.read_text())
+    entry = data["hosts"][ssh_box.host_name]
+    for key in ("hostname", "port", "user", "identity_file", "known_hosts"):
+        entry.pop(key, None)
+    entry["transport"] = "local"
+    entry["workspace"] = str(ssh_box.workspace)
+    entry["mirror"] = str(ssh_box.mirror)
+    config = tmp_path / "hosts.yaml"
+    config.write_text(yaml.safe_dump(data))
+    _check_bench_and_profile(ssh_box, config, ["mma"])
