@@ -37,6 +37,7 @@ class DemoStep:
     ok: bool
     seconds: float = 0.0
     details: list[str] = field(default_factory=list)
+    skipped: bool = False  # could not run here (missing packages): reported SKIPPED, not PASSED
 
 
 @dataclass
@@ -394,7 +395,9 @@ def step_bench(ctx: DemoContext) -> DemoStep:
     name = "kerneldev bench --source live --cpu --variants simt,mma --shapes smoke"
     expected = "both variants of the deployed kernel match the float64 reference"
     if not _kernel_stack_available():
-        return DemoStep(name, expected, "skipped: torch/triton not installed here", True)
+        return DemoStep(
+            name, expected, "skipped: torch/triton not installed here", True, skipped=True
+        )
     result = bench.run_bench(
         ctx.transport,
         ctx.host,
@@ -417,6 +420,144 @@ def step_bench(ctx: DemoContext) -> DemoStep:
     )
 
 
+# --- issue 12: decode timings from the running service ----------------------------------
+
+DEMO_CONCURRENCY = [1, 4]
+
+
+def _service_skip(ctx: DemoContext, name: str, expected: str) -> DemoStep | None:
+    if ctx.sandbox.decode_service:
+        return None
+    return DemoStep(
+        name,
+        expected,
+        "skipped: the sandbox's decode service needs fastapi, uvicorn, torch and triton "
+        "(pip install -e '.[kernels,service]')",
+        True,
+        skipped=True,
+    )
+
+
+def step_bench_service(ctx: DemoContext) -> DemoStep:
+    """The end-to-end question: does the server decode faster with the MMA kernel? The service
+    is restarted on each variant (env file + restart) and put back afterwards."""
+    from kerneldev import service_bench
+
+    c = ",".join(map(str, DEMO_CONCURRENCY))
+    name = (
+        f"kerneldev bench --service --variants simt,mma --concurrency {c} --requests 4 "
+        "--max-new-tokens 4 --rounds 1"
+    )
+    expected = "streamed requests on both variants, TTFT/TPOT/ITL per concurrency, env restored"
+    if (skip := _service_skip(ctx, name, expected)) is not None:
+        return skip
+    env_file = ctx.host.service.env_file
+    before = ctx.transport.read_bytes(env_file)
+    result = service_bench.run_service_bench(
+        ctx.transport,
+        ctx.host,
+        service_bench.ServiceBenchRequest(
+            ["simt", "mma"], DEMO_CONCURRENCY, requests=4, input_len=8, max_new_tokens=4, rounds=1
+        ),
+        results_dir=ctx.sandbox.dir / ".kerneldev" / "results",
+        health_interval=HEALTH_INTERVAL,
+    )
+    restored = ctx.transport.read_bytes(env_file) == before
+    ctx.data["service_bench"] = result.data
+    details = []
+    for r in result.data["results"]:
+        m = r["metrics"]
+        done = f"{m['completed']}/{m['completed'] + m['failed']}"
+        details.append(
+            f"{r['variant']:5} c={r['concurrency']}: TTFT {_ms(m['median_ttft_ms'])}, "
+            f"TPOT {_ms(m['median_tpot_ms'])}, ITL {_ms(m['median_itl_ms'])}, "
+            f"{m['output_throughput'] or 0:.1f} tok/s, {done} ok"
+        )
+    details.append(f"saved: {result.saved_to}")
+    return DemoStep(
+        name,
+        expected,
+        f"{len(result.data['results'])} variant x concurrency runs, all requests "
+        + ("completed" if result.ok else "NOT completed")
+        + f"; env file {'restored' if restored else 'NOT RESTORED'} (CPU interpreter: slow)",
+        result.ok and restored,
+        details=details,
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def step_profile(ctx: DemoContext) -> DemoStep:
+    """Which kernels take the decode time, per variant (CPU time of the service's profiler
+    ranges here: no GPU)."""
+    from kerneldev import decode_profile, trace_summary
+
+    name = "kerneldev profile --variants simt,mma --concurrency 4 --steps 3"
+    expected = "a trace per variant whose summary names the sparse-decode attention kernel"
+    if (skip := _service_skip(ctx, name, expected)) is not None:
+        return skip
+    result = decode_profile.run_profile(
+        ctx.transport,
+        ctx.host,
+        ["simt", "mma"],
+        concurrency=4,
+        steps=3,
+        top=5,
+        profiles_dir=ctx.sandbox.dir / ".kerneldev" / "profiles",
+        health_interval=HEALTH_INTERVAL,
+    )
+    ctx.data["profile"] = result
+    named = all(
+        any(r["family"] == trace_summary.ATTENTION for r in v.summary["top"])
+        and v.local_trace is not None
+        for v in result.variants
+    )
+    details = [
+        f"{v.variant:5} {r['name']:28} {r['family']:24} {r['calls']:3} calls "
+        f"{r['total_ms']:8.1f} ms {100 * (r['share'] or 0):5.1f}%"
+        for v in result.variants
+        for r in v.summary["top"]
+    ]
+    return DemoStep(
+        name,
+        expected,
+        f"{len(result.variants)} traces copied locally; attention ranges "
+        + ("named" if named else "MISSING")
+        + f" ({result.time_kind.upper()} time: no GPU kernels here)",
+        named and len(result.variants) == 2,
+        details=details,
+    )
+
+
+def step_ab_summary(ctx: DemoContext) -> DemoStep:
+    name = "A/B summary: simt -> mma"
+    expected = "TPOT and the attention share of decode time, before and after"
+    bench_data, prof = ctx.data.get("service_bench"), ctx.data.get("profile")
+    if bench_data is None or prof is None:
+        return DemoStep(
+            name, expected, "skipped: no service timings in this run", True, skipped=True
+        )
+    lines = []
+    for ab in bench_data["ab"]:
+        m = ab["metrics"]["median_tpot_ms"]
+        ratio = f"{m['ratio']:.2f}x, " if m["ratio"] else ""
+        lines.append(
+            f"c={ab['concurrency']}: TPOT {_ms(m['a'])} -> {_ms(m['b'])} ({ratio}{m['verdict']})"
+        )
+    shares = {v.variant: v.attention_share for v in prof.variants}
+    kind = prof.time_kind.upper()
+    lines.append(
+        f"attention share of decode {kind} time: "
+        f"{100 * (shares.get('simt') or 0):.0f}% -> {100 * (shares.get('mma') or 0):.0f}%"
+    )
+    return DemoStep(name, expected, "; ".join(lines), True)
+
+
+SERVICE_STEPS: tuple[StepFn, ...] = (step_bench_service, step_profile, step_ab_summary)
+
+
 LOOP_STEPS: tuple[StepFn, ...] = (
     step_pull,
     step_diff_clean,
@@ -435,4 +576,5 @@ LOOP_STEPS: tuple[StepFn, ...] = (
     step_diff_final,
     step_import_check_refuses,
     step_bench,
+    *SERVICE_STEPS,
 )

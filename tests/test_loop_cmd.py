@@ -405,7 +405,7 @@ def test_demo_exits_0(tmp_path):
         [sys.executable, "-m", "kerneldev", "demo", "--dir", str(tmp_path / "sb")],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # the decode service's bench --service and profile steps restart it 6 times
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASSED" in proc.stdout

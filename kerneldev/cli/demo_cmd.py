@@ -50,6 +50,8 @@ def demo_command(
         if not show:
             return
         mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
+        if step.skipped:
+            mark = "[yellow]SKIPPED[/]"
         out_console.print(
             f"{mark}  [bold]{escape(step.name)}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
         )
@@ -66,11 +68,13 @@ def demo_command(
     if as_json:
         print_json(result)
     else:
-        passed = sum(s.ok for s in result.steps)
+        passed = sum(s.ok and not s.skipped for s in result.steps)
+        skipped = sum(s.skipped for s in result.steps)
         verdict = "[green]PASSED[/]" if result.ok else "[bold red]FAILED[/]"
         out_console.print(
-            f"\ndemo {verdict}: {passed}/{len(result.steps)} steps behaved as expected "
-            f"in {result.seconds:.1f}s ({result.transport} transport)",
+            f"\ndemo {verdict}: {passed}/{len(result.steps)} steps behaved as expected"
+            + (f", {skipped} SKIPPED (could not run here)" if skipped else "")
+            + f" in {result.seconds:.1f}s ({result.transport} transport)",
             soft_wrap=True,
         )
         if keep:
