@@ -220,8 +220,7 @@ def run_service_bench(
                 out,
             ]
             done = transport.run(
-                scripts.command("service_load.py", args) + " 2>&1",
-                on_output=lambda text: [say(line) for line in text.splitlines() if line.strip()],
+                scripts.command("service_load.py", args) + " 2>&1", on_output=_lines_to(say)
             )
             if not done.ok:
                 raise BenchError(
@@ -255,6 +254,15 @@ def run_service_bench(
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
     saved = save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
     return ServiceBenchResult(data, saved, switcher.restart_skipped)
+
+
+def _lines_to(say: ProgressCallback) -> Callable[[str], None]:
+    def forward(text: str) -> None:
+        for line in text.splitlines():
+            if line.strip():
+                say(line)
+
+    return forward
 
 
 def _fmt(v: float | None) -> str:
