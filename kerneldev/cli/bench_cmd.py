@@ -101,21 +101,27 @@ def bench_command(
         "--variants (names from service.variants) in interleaved rounds and stream requests.",
     ),
     concurrency: str = typer.Option(
-        "1,16,64", "--concurrency", help="With --service: requests in flight, comma-separated."
+        "1,16,64",
+        "--concurrency",
+        metavar="LIST",
+        help="With --service: requests in flight, comma-separated.",
     ),
     requests: int = typer.Option(
         None,
         "--requests",
+        metavar="N",
         help="With --service: requests per concurrency level per round "
         "(default: 4 x the concurrency, at least 8).",
         show_default=False,
     ),
-    input_len: int = typer.Option(128, "--input-len", help="With --service: prompt words."),
+    input_len: int = typer.Option(
+        128, "--input-len", metavar="N", help="With --service: prompt words."
+    ),
     max_new_tokens: int = typer.Option(
-        64, "--max-new-tokens", help="With --service: output tokens per request."
+        64, "--max-new-tokens", metavar="N", help="With --service: output tokens per request."
     ),
     rounds: int = typer.Option(
-        2, "--rounds", help="With --service: rounds; variants alternate A B, B A, ..."
+        2, "--rounds", metavar="N", help="With --service: rounds; variants alternate A B, B A, ..."
     ),
 ) -> None:
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.

@@ -6,7 +6,7 @@ import typer
 
 from kerneldev import decode_profile
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
-from kerneldev.cli.output import out_console, print_info, print_json
+from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 from kerneldev.cli.service_bench_cmd import progress_printer, table
 from kerneldev.config import load_config
 from kerneldev.service_variants import check_variants, parse_variants
@@ -18,14 +18,17 @@ def profile_command(
     variants: str = typer.Option(
         "simt,mma",
         "--variants",
+        metavar="LIST",
         help="Comma-separated names from service.variants; the service is restarted on each "
         "and put back on its original settings at the end.",
     ),
-    concurrency: int = typer.Option(8, "--concurrency", min=1, help="Requests in flight."),
-    steps: int = typer.Option(
-        32, "--steps", min=1, help="Decode steps to profile (new tokens per request)."
+    concurrency: int = typer.Option(
+        8, "--concurrency", min=1, metavar="N", help="Requests in flight."
     ),
-    top: int = typer.Option(15, "--top", min=1, help="Kernels to show per variant."),
+    steps: int = typer.Option(
+        32, "--steps", min=1, metavar="N", help="Decode steps to profile (new tokens per request)."
+    ),
+    top: int = typer.Option(15, "--top", min=1, metavar="K", help="Kernels to show per variant."),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -70,9 +73,14 @@ def render(result: decode_profile.ProfileResult) -> None:
         for r in v.summary["top"]:
             if r["name"] not in order:
                 order.append(r["name"])
-    columns = ["kernel", "family"]
+    columns = [Column("kernel"), Column("family", drop_order=5)]
     for n in names:
-        columns += [f"{n} calls", f"{n} ms", f"{n} %", f"{n} µs"]
+        columns += [
+            Column(f"{n} calls", NUMBER, drop_order=3),
+            Column(f"{n} ms", NUMBER, drop_order=4),
+            Column(f"{n} %", NUMBER),
+            Column(f"{n} µs", NUMBER, drop_order=1),
+        ]
     rows = []
     for name in order:
         first = next(rows_by_variant[n][name] for n in names if name in rows_by_variant[n])
@@ -97,10 +105,7 @@ def render(result: decode_profile.ProfileResult) -> None:
         )
         fam_line.append(f"{v.variant}: {fams} (of {v.summary['total_ms']:.1f} ms {kind})")
     for line in fam_line:
-        if out_console.is_terminal:
-            out_console.print(line, highlight=False, markup=False, soft_wrap=True)
-        else:
-            print(line, flush=True)
+        print_line(line)
 
 
 def _short(name: str, width: int = 48) -> str:

@@ -6,21 +6,22 @@ live on the bench command; this module does the work and the rendering.
 
 from __future__ import annotations
 
-from rich.markup import escape
-from rich.table import Table
-
 from kerneldev import service_bench
-from kerneldev.cli.output import err_console, out_console, print_info, print_json, print_warning
+from kerneldev.cli.output import (
+    NUMBER,
+    Column,
+    err_console,
+    print_info,
+    print_json,
+    print_line,
+    print_table,
+    print_warning,
+)
 from kerneldev.config import Config
 from kerneldev.errors import ExitCode
 from kerneldev.service_variants import check_variants, parse_variants
 from kerneldev.transport import open_transport
 
-VERDICT_STYLE = {
-    service_bench.BETTER: "green",
-    service_bench.WORSE: "red",
-    service_bench.NO_CHANGE: "dim",
-}
 # The A/B lines a person reads; the JSON has a verdict for every statistic.
 HEADLINE_METRICS = (
     ("median_ttft_ms", "TTFT median"),
@@ -36,7 +37,7 @@ def progress_printer():
     """Progress lines on stderr, only on a terminal."""
     if not err_console.is_terminal:
         return None
-    return lambda text: err_console.print(f"[dim]{escape(text)}[/]", soft_wrap=True)
+    return lambda text: err_console.print(text, style="dim", markup=False, soft_wrap=True)
 
 
 def run(
@@ -84,21 +85,9 @@ def _f(value, spec: str = ".1f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-def table(title: str, columns: list[str], rows: list[list[str]], left: int = 2) -> None:
-    """A rich table on a terminal, aligned plain text otherwise."""
-    if out_console.is_terminal:
-        t = Table(title=title, title_justify="left", show_edge=False, pad_edge=False)
-        for i, name in enumerate(columns):
-            t.add_column(name, justify="left" if i < left else "right", no_wrap=True)
-        for row in rows:
-            t.add_row(*(escape(c) for c in row))
-        out_console.print(t)
-        return
-    widths = [max([len(c)] + [len(r[i]) for r in rows]) for i, c in enumerate(columns)]
-    lines = [title]
-    for row in [columns, *rows]:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    print("\n".join(lines), flush=True)
+def table(title: str, columns: list[Column], rows: list[list[str]]) -> None:
+    """The one table renderer (fits the terminal, plain columns in a pipe)."""
+    print_table(title, columns, rows, title_in_pipe=True)
 
 
 def render(data: dict) -> None:
@@ -107,8 +96,16 @@ def render(data: dict) -> None:
         f"service decode timings, {s['requests']} requests x {s['max_new_tokens']} tokens "
         f"(input {s['input_len']}), {s['rounds']} round(s), ms"
     )
-    columns = ["c", "variant", "TTFT med/p90/p99", "TPOT med/p90/p99", "ITL med/p99", "E2E med"]
-    columns += ["tok/s", "req/s"]
+    columns = [
+        Column("c", NUMBER),
+        Column("variant"),
+        Column("TTFT med/p90/p99", NUMBER, drop_order=3),
+        Column("TPOT med/p90/p99", NUMBER),
+        Column("ITL med/p99", NUMBER, drop_order=2),
+        Column("E2E med", NUMBER, drop_order=4),
+        Column("tok/s", NUMBER),
+        Column("req/s", NUMBER, drop_order=1),
+    ]
     rows = []
     for r in sorted(
         data["results"], key=lambda r: (r["concurrency"], s["variants"].index(r["variant"]))
@@ -128,10 +125,7 @@ def render(data: dict) -> None:
         )
     table(title, columns, rows)
     for line in ab_lines(data):
-        if out_console.is_terminal:
-            out_console.print(line, highlight=False, soft_wrap=True)
-        else:
-            print(_strip_markup(line), flush=True)
+        print_line(line)
 
 
 def ab_lines(data: dict) -> list[str]:
@@ -141,13 +135,6 @@ def ab_lines(data: dict) -> list[str]:
         for key, label in HEADLINE_METRICS:
             m = ab["metrics"][key]
             ratio = f" {m['ratio']:.2f}x" if m["ratio"] else ""
-            style = VERDICT_STYLE.get(m["verdict"], "yellow")
-            parts.append(f"{label}{ratio} [{style}]{escape(m['verdict'])}[/]")
+            parts.append(f"{label}{ratio} {m['verdict']}")
         lines.append(f"c={ab['concurrency']} {ab['b']} vs {ab['a']}: " + "; ".join(parts))
     return lines
-
-
-def _strip_markup(line: str) -> str:
-    from rich.text import Text
-
-    return Text.from_markup(line).plain
