@@ -102,8 +102,9 @@ class VariantSwitcher:
         self.transport = transport
         self.host = host
         self.svc = service_mod.require_service(host.service, host.name)
+        if not self.svc.env_file:
+            raise UsageError(f"no `env_file` under hosts.{host.name}.service")
         managed = {k for env in self.svc.variants.values() for k in env}
-        assert self.svc.env_file is not None
         self.edit = EnvFileEdit(transport, self.svc.env_file, managed)
         self.say = on_progress or (lambda _text: None)
         self.interval = health_interval

@@ -177,7 +177,7 @@ class Scheduler:
             answer.update(
                 self._start_profile(body) if action == "start" else self._stop_profile(body)
             )
-        except Exception as err:  # noqa: BLE001 - answered as HTTP 500 with the reason
+        except Exception as err:  # noqa: BLE001 - answered as HTTP 400 with the reason
             answer.update(ok=False, message=f"{type(err).__name__}: {err}")
         done.set()
 
