@@ -22,7 +22,7 @@ from pathlib import Path
 
 from kerneldev import service as service_mod
 from kerneldev.config import HostConfig, ServiceConfig
-from kerneldev.env_file import EnvFileEdit
+from kerneldev.envfile import EnvFileEdit
 from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UsageError
 from kerneldev.transport.base import Transport
 

@@ -14,7 +14,7 @@ import pytest
 
 from kerneldev import service, trace_summary
 from kerneldev.config import load_config
-from kerneldev.env_file import EnvFileEdit
+from kerneldev.envfile import EnvFileEdit
 from kerneldev.sandbox import create_sandbox, decode_service_available
 from kerneldev.transport import open_transport
 

@@ -18,7 +18,7 @@ import yaml
 from kerneldev import service_bench as sb
 from kerneldev import trace_summary
 from kerneldev.config import HostConfig, ServiceConfig, load_config
-from kerneldev.env_file import EnvFileEdit, render
+from kerneldev.envfile import EnvFileEdit, render
 from kerneldev.errors import ConfigError, ServiceError, UsageError
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
 from kerneldev.service_variants import VariantSwitcher, check_variants, service_url
