@@ -148,3 +148,7 @@ class BenchError(KerneldevError):
 class ConnectionLostError(HostConnectionError):
     """The connection to the host dropped in the middle of an operation (retrying the same
     connection is pointless; polling loops should stop)."""
+
+
+class SandboxError(KerneldevError):
+    """The sandbox folder is not a sandbox, or its sshd or service could not be started."""
