@@ -39,7 +39,7 @@ from pathlib import Path
 import yaml
 
 from kerneldev import fake_sglang
-from kerneldev.errors import SandboxError
+from kerneldev.errors import SandboxError, UsageError
 from kerneldev.local_user import local_user
 
 ATTENTION_DIR = "python/sglang/srt/layers/attention"
@@ -517,7 +517,7 @@ def _sandbox_host(folder: Path) -> dict:
         if not isinstance(host, dict):
             raise TypeError
     except FileNotFoundError:
-        raise SandboxError(
+        raise UsageError(
             f"{folder} holds no sandbox (no hosts.yaml)",
             hint="`kerneldev sandbox up --dir NEW_FOLDER` builds one, and so does "
             "`kerneldev demo --keep --dir NEW_FOLDER`",

@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.sshd import SSHServer, find_sshd, start_sshd
+from tests.sshutil import isolate_home
 
 
 @pytest.fixture(scope="session")
@@ -23,3 +26,10 @@ def fresh_sshd(tmp_path_factory) -> SSHServer:
     server = start_sshd(tmp_path_factory.mktemp("sshd-own"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch) -> Path:
+    """HOME is an empty folder, no ssh-agent, no KERNELDEV_HOST/KERNELDEV_CONFIG, no
+    ~/.ssh/config: the user's own set-up plays no part, each test says what is trusted."""
+    return isolate_home(monkeypatch, tmp_path)

@@ -80,11 +80,20 @@ def _register_commands() -> None:
         demo_cmd,
         kernels_cmd,
         loop_cmd,
+        sandbox_cmd,
         service_cmd,
         trust_cmd,
     )
 
-    for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd, kernels_cmd):
+    for module in (
+        loop_cmd,
+        service_cmd,
+        trust_cmd,
+        bench_cmd,
+        demo_cmd,
+        kernels_cmd,
+        sandbox_cmd,
+    ):
         module.register(app)
     _registered = True
 
