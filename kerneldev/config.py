@@ -400,7 +400,13 @@ class _Validator:
             if literal:
                 # `- path: star[1].py`: a literal name, glob characters included.
                 items = self.mapping(item, ikp)
-                self.check_keys(item, items, ikp, ("path",), ("path",))
+                if set(items) != {"path"}:
+                    raise self.fail(
+                        item,
+                        ikp,
+                        "must be a string (a path or glob) or `path: NAME` (a literal name), "
+                        f"got a mapping with key(s) {', '.join(map(repr, items)) or 'none'}",
+                    )
                 item = items["path"][1]
                 ikp += ".path"
             entry = self.string(item, ikp)
