@@ -215,11 +215,12 @@ def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None)
         paths |= {p for p in state.files if is_configured(host, p)}
         paths |= workspace_matches(host.workspace, host.files)
         empty = [p for p in host.files if is_glob(p) and not any(path_matches(x, p) for x in paths)]
+        if empty or (not paths and not transport.exists(host.root)):
+            # Nothing anywhere: a typo in `files`, or in `root` (named when that is the cause).
+            raise _empty_entries_error(transport, host, empty or list(host.files))
         # A literal entry is a file of its own: when it is nowhere it is reported as such
         # (missing-live; pull names it), like a file deleted on the host.
         paths |= {lit for p in host.files if (lit := literal_path(p)) is not None}
-        if empty:
-            raise _empty_entries_error(transport, host, empty)
     ordered = sorted(paths)
     local = {p: local_file(host.workspace, p) for p in ordered}
     return Snapshot(ordered, live, local, state)

@@ -135,10 +135,11 @@ def test_push_into_a_root_that_does_not_exist_is_refused(tmp_path, isolated_home
 
 
 def test_pull_from_a_root_that_does_not_exist_names_the_root(tmp_path, isolated_home):
-    config = make_config(tmp_path, ["k/*.py"], root=str(tmp_path / "nowhere"))
-    proc = kerneldev(config, "pull")
-    assert proc.returncode == ExitCode.USAGE
-    assert f"the root {tmp_path / 'nowhere'} does not exist" in proc.stderr
+    for files in (["k/*.py"], [K]):
+        config = make_config(tmp_path, files, root=str(tmp_path / "nowhere"))
+        proc = kerneldev(config, "pull")
+        assert proc.returncode == ExitCode.USAGE, files
+        assert f"the root {tmp_path / 'nowhere'} does not exist" in proc.stderr
 
 
 def test_local_transport_with_a_hostname_is_a_config_error(tmp_path, isolated_home):
