@@ -160,7 +160,7 @@ class SSHServer:
         self.start()
 
 
-def start_sshd(tmp: Path) -> SSHServer:
+def start_sshd(tmp: Path, detach: bool = False) -> SSHServer:
     tmp.mkdir(parents=True, exist_ok=True)
     host_key = tmp / "ssh_host_ed25519_key"
     client_key = tmp / "id_ed25519"
@@ -175,7 +175,7 @@ def start_sshd(tmp: Path) -> SSHServer:
         client_key=client_key,
         dir=tmp,
     )
-    server.start()
+    server.start(detach=detach)
     return server
 
 
@@ -306,8 +306,10 @@ def create_sandbox(
     *,
     use_ssh: bool | None = None,
     warmup: float = 1.0,
+    detach: bool = False,
 ) -> Sandbox:
-    """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed."""
+    """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed;
+    `detach` starts it in its own session (it outlives this process)."""
     folder = Path(os.path.abspath(folder))
     root = folder / "host" / "sglang"
     mirror = folder / "mirror"
@@ -338,7 +340,7 @@ def create_sandbox(
             notes.append("sshd is not installed: the sandbox uses the local transport")
         else:
             try:
-                sshd = start_sshd(folder / "ssh")
+                sshd = start_sshd(folder / "ssh", detach=detach)
             except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
                 if use_ssh:
                     raise
@@ -471,7 +473,7 @@ def sandbox_up(folder: Path) -> SandboxStatus:
     created = False
     if not (folder / "hosts.yaml").exists() and (not folder.exists() or not any(folder.iterdir())):
         try:
-            create_sandbox(folder)  # starts its sshd, which then keeps running
+            create_sandbox(folder, detach=True)  # starts its sshd, which keeps running
         except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
             raise SandboxError(f"cannot create a sandbox in {folder}: {err}") from None
         created = True
@@ -559,15 +561,14 @@ def _running(pidfile: Path, marker: str) -> bool:
 
 
 def _wait_gone(pid: int, timeout: float) -> None:
+    """Until `pid` has exited (a zombie counts: its parent, not us, reaps it)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             os.kill(pid, 0)
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text(errors="replace"):
+                return
         except OSError:
-            return
-        if Path(f"/proc/{pid}/status").exists() and "State:\tZ" in Path(
-            f"/proc/{pid}/status"
-        ).read_text(errors="replace"):
             return
         time.sleep(0.05)
 
