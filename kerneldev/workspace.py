@@ -25,15 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneldev.config import HostConfig
-from kerneldev.errors import UsageError
-from kerneldev.state import STATE_DIR, State, StateError, load_state, state_path
+from kerneldev.errors import FileSetError, StateError, UsageError
+from kerneldev.state import STATE_DIR, State, load_state, state_path
 from kerneldev.transport.base import RemoteFile, Transport
 
 GLOB_CHARS = "*?["
-
-
-class FileSetError(UsageError):
-    """A `files` entry matches no file anywhere (a typo in the config, or a wrong `root`)."""
 
 
 # --- patterns ---------------------------------------------------------------------------

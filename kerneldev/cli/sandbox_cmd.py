@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from kerneldev.cli.common import JSON_OPTION
-from kerneldev.cli.output import out_console, print_info, print_json
+from kerneldev.cli.output import print_info, print_json, print_line
 from kerneldev.sandbox import SandboxStatus, sandbox_down, sandbox_status, sandbox_up
 
 app = typer.Typer(
@@ -64,18 +64,16 @@ def status_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> No
 
 
 def render(status: SandboxStatus) -> None:
-    plain = {"markup": False, "highlight": False, "soft_wrap": True}
     what = "created" if status.created else "sandbox"
-    out_console.print(
-        f"{what} {status.dir} (host '{status.host}', config {status.config})", **plain
-    )
+    print_line(f"{what} {status.dir}: host '{status.host}'")
+    print_line(f"  config:  {status.config}")
     if status.sshd_running is None:
-        out_console.print("  sshd:    none (local transport)", **plain)
+        print_line("  sshd:    none (local transport)")
     else:
         state = "running" if status.sshd_running else "stopped"
-        out_console.print(f"  sshd:    {state} on 127.0.0.1:{status.sshd_port}", **plain)
+        print_line(f"  sshd:    {state} on 127.0.0.1:{status.sshd_port}")
     state = "running" if status.service_running else "stopped"
-    out_console.print(f"  service: {state}, health {status.service_health}", **plain)
+    print_line(f"  service: {state}, health {status.service_health}")
 
 
 def register(root: typer.Typer) -> None:
