@@ -22,7 +22,7 @@ K = "k/kernel.py"
 def make_config(tmp_path: Path, files: list, **host) -> Path:
     root = tmp_path / "live"
     (root / "k").mkdir(parents=True, exist_ok=True)
-    (root / K).write_text("v1\n")
+    (root / K).write_text("V = 1\n")
     entry = {"transport": "local", "root": str(root), "files": files, "workspace": "ws"}
     entry.update(host)
     config = tmp_path / "hosts.yaml"
@@ -75,17 +75,17 @@ def test_double_star_is_refused_as_not_recursive(tmp_path, isolated_home):
 def test_literal_name_with_glob_characters_is_tracked_and_named(tmp_path, isolated_home):
     name = "k/star[1].py"
     config = make_config(tmp_path, [{"path": name}])
-    (tmp_path / "live" / name).write_text("literal\n")
-    (tmp_path / "live" / "k" / "star1.py").write_text("what the glob would match\n")
+    (tmp_path / "live" / name).write_text("LITERAL = 1\n")
+    (tmp_path / "live" / "k" / "star1.py").write_text("GLOB = 1  # what the glob would match\n")
     assert load_config(config).host().files == ("k/star[[]1].py",)
 
     pull = kerneldev(config, "pull", "--json")
     assert pull.returncode == 0, pull.stderr
     assert [f["path"] for f in json.loads(pull.stdout)["files"]] == [name]
-    assert (tmp_path / "ws" / name).read_text() == "literal\n"
+    assert (tmp_path / "ws" / name).read_text() == "LITERAL = 1\n"
     assert not (tmp_path / "ws" / "k" / "star1.py").exists()
 
-    (tmp_path / "ws" / name).write_text("edited\n")
+    (tmp_path / "ws" / name).write_text("EDITED = 1\n")
     for arg in (name, str(tmp_path / "ws" / name)):
         named = kerneldev(config, "diff", "--json", arg)
         assert named.returncode == ExitCode.FAILURE, named.stderr
@@ -99,7 +99,7 @@ def test_literal_name_with_glob_characters_is_tracked_and_named(tmp_path, isolat
 def test_a_bracket_name_written_as_a_glob_says_how_to_track_it(tmp_path, isolated_home):
     name = "k/star[1].py"
     config = make_config(tmp_path, [name])
-    (tmp_path / "live" / name).write_text("literal\n")
+    (tmp_path / "live" / name).write_text("LITERAL = 1\n")
     proc = kerneldev(config, "pull")
     assert proc.returncode == ExitCode.USAGE
     assert f"`- path: {name}`" in proc.stderr
@@ -122,7 +122,7 @@ def test_push_into_a_root_that_does_not_exist_is_refused(tmp_path, isolated_home
     data["hosts"]["h"]["workspace"] = "ws2"  # a fresh workspace with a copy of the file
     config.write_text(yaml.safe_dump(data))
     (tmp_path / "ws2" / "k").mkdir(parents=True)
-    (tmp_path / "ws2" / K).write_text("v2\n")
+    (tmp_path / "ws2" / K).write_text("V = 2\n")
 
     proc = kerneldev(config, "push")
     assert proc.returncode == ExitCode.FAILURE
@@ -131,7 +131,7 @@ def test_push_into_a_root_that_does_not_exist_is_refused(tmp_path, isolated_home
 
     created = kerneldev(config, "push", "--create-root")
     assert created.returncode == 0, created.stderr
-    assert (typo / K).read_text() == "v2\n"
+    assert (typo / K).read_text() == "V = 2\n"
 
 
 def test_pull_from_a_root_that_does_not_exist_names_the_root(tmp_path, isolated_home):
