@@ -1,4 +1,9 @@
-"""Local files written whole or not at all: a temporary file in the same folder, then a rename."""
+"""Local files written whole or not at all: a temporary file in the same folder, then a rename.
+
+The one implementation for this machine's files (the workspace, the state file, and the
+"host" of `LocalTransport`). The bench harness (`kernels/dsv4_bench.py`) keeps its own few
+lines: it runs on the host with the standard library only.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,35 @@ import tempfile
 from pathlib import Path
 
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None:
+def temp_name_prefix(target_name: str) -> str:
+    """Prefix of the temporary file written next to `target_name` before the rename."""
+    return f".{target_name}.kerneldev-tmp-"
+
+
+def write_bytes_atomic(
+    path: Path | str,
+    data: bytes,
+    mode: int | None = None,
+    *,
+    owner: tuple[int, int] | None = None,
+) -> None:
     """Write `data` to `path` so that a reader sees the old or the new file, never half of one.
 
-    Creates the parent folders; `mode` sets the permission bits (else mkstemp's 0600). Raises
-    OSError; the temporary file never outlives a failure.
+    Creates the parent folders; `mode` sets the permission bits (else mkstemp's 0600); `owner`
+    (uid, gid) is given to the new file where the user may (a file replaced as root keeps its
+    owner). The bytes are on disk before the name points at them, and the rename itself is
+    made durable where the file system allows. Raises OSError; the temporary file never
+    outlives a failure.
     """
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.kerneldev-tmp-", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(path.name), dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            _give_owner(f.fileno(), owner)
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -29,3 +50,31 @@ def write_bytes_atomic(path: Path, data: bytes, mode: int | None = None) -> None
         except OSError:
             pass
         raise
+    _fsync_dir(path.parent)
+
+
+def _give_owner(fd: int, owner: tuple[int, int] | None) -> None:
+    # Others than root cannot chown; then the new file simply belongs to them.
+    if owner is None:
+        return
+    current = os.fstat(fd)
+    if (current.st_uid, current.st_gid) == owner:
+        return
+    try:
+        os.fchown(fd, *owner)
+    except PermissionError:
+        pass
+
+
+def _fsync_dir(folder: Path) -> None:
+    # Not every file system allows fsync on a folder, so failures are ignored.
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -28,14 +28,12 @@ The core never imports typer or rich; it returns dataclasses and plain dicts.
 from __future__ import annotations
 
 import datetime as _dt
-import fnmatch
 import json
 import math
 import os
 import posixpath
 import re
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +41,9 @@ from typing import Any
 from kerneldev import harness
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
+from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.transport.base import OutputCallback, Transport
+from kerneldev.workspace import literal_path, path_matches
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
@@ -289,14 +289,17 @@ def _tail(text: str, lines: int = 15) -> str:
 
 def _kernel_patterns(host: HostConfig) -> list[str]:
     """Configured `files` entries that can name the kernel file (globs allowed)."""
-    found = [p for p in host.files if fnmatch.fnmatchcase(KERNEL_FILE, posixpath.basename(p))]
+    found = [p for p in host.files if path_matches(KERNEL_FILE, posixpath.basename(p))]
     return found or [DEFAULT_KERNEL_PATH]
 
 
 def _workspace_kernel_path(host: HostConfig) -> Path:
     for pattern in _kernel_patterns(host):
-        candidates = sorted(host.workspace.glob(pattern)) if _is_glob(pattern) else []
-        candidates = candidates or [host.workspace / pattern]
+        literal = literal_path(pattern)
+        if literal is not None:
+            candidates = [host.workspace / literal]
+        else:
+            candidates = sorted(host.workspace.glob(pattern))
         for candidate in candidates:
             if candidate.name == KERNEL_FILE and candidate.is_file():
                 return candidate
@@ -317,24 +320,11 @@ def _live_kernel_path(transport: Transport, host: HostConfig) -> str:
     )
 
 
-def _is_glob(pattern: str) -> bool:
-    return any(c in pattern for c in "*?[")
-
-
 def _local_git_commit(path: str) -> str | None:
     try:
-        done = subprocess.run(
-            ["git", "-C", os.path.dirname(path), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
+        return head_commit(os.path.dirname(path))
+    except GitUnavailable:
         return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
 
 
 def save_result(data: dict, results_dir: Path, host_name: str) -> Path:

@@ -16,6 +16,7 @@ rather than the plain Python objects.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import posixpath
@@ -52,7 +53,7 @@ class ServiceConfig:
 class HostConfig:
     name: str
     root: str  # absolute POSIX path of the live repo root on the host
-    files: tuple[str, ...]  # relative to root; shell globs allowed
+    files: tuple[str, ...]  # relative to root; shell globs; `path:` entries glob-escaped
     workspace: Path  # absolute local folder
     transport: str = "ssh"  # "ssh" or "local"
     hostname: str | None = None
@@ -342,6 +343,15 @@ class _Validator:
                 )
         hostname = None
         if (n := get("hostname")) is not None:
+            if transport == "local":
+                # A stray hostname usually means `transport: local` was not meant (or was
+                # copied); the local transport would silently work on this machine instead.
+                raise self.fail(
+                    n,
+                    f"{kp}.hostname",
+                    "not used with `transport: local` (the host is this machine); remove it, "
+                    "or use `transport: ssh` to reach that host",
+                )
             hostname = self.string(n, f"{kp}.hostname")
         elif transport == "ssh":
             raise self.fail(node, f"{kp}.hostname", "required key is missing (transport is ssh)")
@@ -390,6 +400,19 @@ class _Validator:
         files: list[str] = []
         for i, item in enumerate(node.value):
             ikp = f"{kp}[{i}]"
+            literal = isinstance(item, yaml.MappingNode)
+            if literal:
+                # `- path: star[1].py`: a literal name, glob characters included.
+                items = self.mapping(item, ikp)
+                if set(items) != {"path"}:
+                    raise self.fail(
+                        item,
+                        ikp,
+                        "must be a string (a path or glob) or `path: NAME` (a literal name), "
+                        f"got a mapping with key(s) {', '.join(map(repr, items)) or 'none'}",
+                    )
+                item = items["path"][1]
+                ikp += ".path"
             entry = self.string(item, ikp)
             if entry.startswith("/") or entry.startswith("~"):
                 raise self.fail(item, ikp, f"must be relative to root, got {entry!r}")
@@ -398,7 +421,15 @@ class _Validator:
             entry = posixpath.normpath(entry)
             if entry == ".":
                 raise self.fail(item, ikp, "must name a file, not root itself")
-            files.append(entry)
+            if not literal and "**" in entry:
+                raise self.fail(
+                    item,
+                    ikp,
+                    f"'**' is not recursive here, got {entry!r}: globs match like the shell, "
+                    "`*` within one folder; list one pattern per folder (a/*.py, a/b/*.py)",
+                )
+            # Stored as a pattern: a literal name escaped so that it matches only itself.
+            files.append(glob.escape(entry) if literal else entry)
         return tuple(files)
 
     def _service(self, node: yaml.Node, kp: str) -> ServiceConfig:

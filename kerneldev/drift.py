@@ -14,30 +14,24 @@ The mirror column compares the mirror's working tree (`<mirror>/<path>`) with li
 workspace when the file is missing on live): `same`, `differs`, `absent` (not in the mirror),
 or None when no mirror is configured.
 
-The path helpers used by pull and push (which files a command line names, how to hash the
-workspace) live here too, so every command selects files the same way.
+Which files are compared (the file set, the workspace hashes, the snapshot) is decided in
+`workspace.py`, shared with pull and push.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import fnmatch
-import glob
-import hashlib
-import os
 import posixpath
-import shutil
-import stat
-import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kerneldev.config import HostConfig
-from kerneldev.errors import UsageError
-from kerneldev.state import STATE_DIR, State, StateError, load_state, state_path
+from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.transport.base import RemoteFile, Transport
+from kerneldev.workspace import LocalFile, local_file, resolve_paths, snapshot
 
 IN_SYNC = "in-sync"
 EDITED = "edited"
@@ -49,8 +43,6 @@ MISSING_LIVE = "missing-live"
 MIRROR_SAME = "same"
 MIRROR_DIFFERS = "differs"
 MIRROR_ABSENT = "absent"
-
-_GLOB_CHARS = set("*?[")
 
 
 @dataclass
@@ -77,8 +69,11 @@ class DriftReport:
 
     @property
     def ok(self) -> bool:
-        """True when every file is in sync and no mirror entry differs (diff's exit 0)."""
-        return all(f.status == IN_SYNC and f.mirror != MIRROR_DIFFERS for f in self.files)
+        """True when every file is in sync and no mirror entry differs (diff's exit 0). Zero
+        files is never ok: a check of nothing must not pass."""
+        return bool(self.files) and all(
+            f.status == IN_SYNC and f.mirror != MIRROR_DIFFERS for f in self.files
+        )
 
     def as_json(self) -> dict[str, Any]:
         """The documented `diff --json` shape: exactly host, mirror_commit and files."""
@@ -90,177 +85,6 @@ class DriftReport:
                     del entry[key]
             files.append(entry)
         return {"host": self.host, "mirror_commit": self.mirror_commit, "files": files}
-
-
-# --- path selection ---------------------------------------------------------------------
-
-
-def is_glob(pattern: str) -> bool:
-    return any(c in _GLOB_CHARS for c in pattern)
-
-
-def glob_escape(path: str) -> str:
-    """A literal path as a pattern that matches only itself (names may contain `[`, `*`)."""
-    return glob.escape(path)
-
-
-def path_matches(path: str, pattern: str) -> bool:
-    """Shell-glob semantics per path segment: `*` never crosses `/` nor matches a leading dot,
-    like the host-side expansion."""
-    segs, pats = path.split("/"), pattern.split("/")
-    if len(segs) != len(pats):
-        return False
-    for seg, pat in zip(segs, pats, strict=True):
-        if not fnmatch.fnmatchcase(seg, pat):
-            return False
-        if seg.startswith(".") and not pat.startswith("."):
-            return False
-    return True
-
-
-def is_configured(host: HostConfig, path: str) -> bool:
-    return any(path_matches(path, p) for p in host.files)
-
-
-def resolve_paths(host: HostConfig, paths: list[str] | None) -> list[str] | None:
-    """Root-relative paths for PATHS given on the command line, or None for "all files".
-
-    A path may point into the workspace (`dsv4-live/python/...`, absolute or relative to the
-    current folder), be an absolute path under the host's root, or be relative to the root.
-    A path outside the configured `files` is a usage error (exit 2).
-    """
-    if not paths:
-        return None
-    workspace = Path(os.path.abspath(host.workspace))
-    out: list[str] = []
-    for raw in paths:
-        rel = _to_root_relative(host, workspace, raw)
-        if rel is None or not is_configured(host, rel):
-            raise UsageError(
-                f"'{raw}' is not one of the files configured for host '{host.name}'",
-                hint="configured: " + ", ".join(host.files),
-            )
-        if rel not in out:
-            out.append(rel)
-    return out
-
-
-def _to_root_relative(host: HostConfig, workspace: Path, raw: str) -> str | None:
-    expanded = os.path.expanduser(raw)
-    local = Path(os.path.normpath(os.path.abspath(expanded)))
-    if local == workspace or workspace in local.parents:
-        rel = local.relative_to(workspace).as_posix()
-    elif posixpath.isabs(expanded):
-        norm = posixpath.normpath(expanded)
-        root = host.root.rstrip("/") or "/"
-        if not norm.startswith(root.rstrip("/") + "/"):
-            return None
-        rel = norm[len(root.rstrip("/")) + 1 :]
-    else:
-        rel = posixpath.normpath(expanded.replace(os.sep, "/"))
-    if rel in (".", "") or rel == ".." or rel.startswith("../"):
-        return None
-    return rel
-
-
-def hash_patterns(host: HostConfig, selected: list[str] | None) -> list[str]:
-    """What to hand to `Transport.hash_files`: the configured patterns, or the selected paths
-    escaped so a name containing `[` or `*` matches only itself."""
-    if selected is None:
-        return list(host.files)
-    return [glob_escape(p) for p in selected]
-
-
-# --- the workspace ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LocalFile:
-    path: str
-    sha256: str
-    size: int
-    mode: int
-
-
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def local_file(folder: Path, path: str) -> LocalFile | None:
-    """Hash `<folder>/<path>`; None when it does not exist (or is not a regular file)."""
-    full = Path(folder) / path
-    try:
-        st = full.stat()
-        if not stat.S_ISREG(st.st_mode):
-            return None
-        digest = hashlib.sha256()
-        with open(full, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    return LocalFile(path, digest.hexdigest(), st.st_size, stat.S_IMODE(st.st_mode))
-
-
-def workspace_matches(workspace: Path, patterns: tuple[str, ...] | list[str]) -> set[str]:
-    """Workspace files matched by the configured patterns (the state folder never is)."""
-    found: set[str] = set()
-    base = glob.escape(str(workspace))
-    for pattern in patterns:
-        for match in glob.glob(base + "/" + pattern):
-            rel = Path(match).relative_to(workspace).as_posix()
-            if rel.split("/")[0] == STATE_DIR or not os.path.isfile(match):
-                continue
-            found.add(rel)
-    return found
-
-
-@dataclass
-class Snapshot:
-    """Live, workspace and base for a set of paths, gathered in one host round trip."""
-
-    paths: list[str]
-    live: dict[str, RemoteFile]
-    local: dict[str, LocalFile | None]
-    state: State
-    unmatched: list[str]
-
-
-def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None) -> Snapshot:
-    state = load_state(host.workspace)
-    check_state_owner(state, host)
-    live_files, unmatched = transport.hash_files(host.root, hash_patterns(host, selected))
-    live = {f.path: f for f in live_files}
-    if selected is not None:
-        paths = set(selected)
-        unmatched = []  # a named file that is missing live shows up as missing-live
-    else:
-        paths = set(live)
-        paths |= {p for p in state.files if is_configured(host, p)}
-        paths |= workspace_matches(host.workspace, host.files)
-        paths |= {p for p in host.files if not is_glob(p)}
-        # Globs that match nothing anywhere are worth a warning; literal paths are reported
-        # as files (missing-live) instead.
-        unmatched = [
-            p for p in unmatched if is_glob(p) and not any(path_matches(x, p) for x in paths)
-        ]
-    ordered = sorted(paths)
-    local = {p: local_file(host.workspace, p) for p in ordered}
-    return Snapshot(ordered, live, local, state, unmatched)
-
-
-def check_state_owner(state: State, host: HostConfig) -> None:
-    """One workspace belongs to one host and root: bases recorded for another would make every
-    status (and push's drift check) meaningless."""
-    if state.host is None:
-        return
-    if (state.host, state.root) != (host.name, host.root):
-        raise StateError(
-            f"the workspace {host.workspace} belongs to host '{state.host}' (root {state.root}), "
-            f"not to '{host.name}' (root {host.root})",
-            hint="give each host its own `workspace:`; if you renamed the host or moved its "
-            f"root, edit 'host' and 'root' in {state_path(host.workspace)}",
-        )
 
 
 def classify(live: str | None, workspace: str | None, base: str | None) -> tuple[str, str | None]:
@@ -285,21 +109,13 @@ def classify(live: str | None, workspace: str | None, base: str | None) -> tuple
 
 def mirror_commit(mirror: Path) -> tuple[str | None, str | None]:
     """(HEAD commit of the mirror, warning). The commit is None when it cannot be read."""
-    git = shutil.which("git")
-    if git is None:
-        return None, f"git is not installed; the mirror {mirror} is compared without its commit"
     try:
-        proc = subprocess.run(
-            [git, "-C", str(mirror), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError) as err:
-        return None, f"cannot run git in the mirror {mirror}: {err}"
-    if proc.returncode != 0:
+        commit = head_commit(mirror)
+    except GitUnavailable as err:
+        return None, f"{err}; the mirror {mirror} is compared without its commit"
+    if commit is None:
         return None, f"the mirror {mirror} is not a git repository with a commit; commit is null"
-    return proc.stdout.strip(), None
+    return commit, None
 
 
 def compute_drift(
@@ -313,9 +129,7 @@ def compute_drift(
     """Compare live, workspace, base and mirror for the configured files (or `paths`)."""
     selected = resolve_paths(host, paths)
     snap = snapshot(transport, host, selected)
-    warnings = [
-        f"pattern '{p}' matches no file on the host or in the workspace" for p in snap.unmatched
-    ]
+    warnings: list[str] = []
 
     mirror = host.mirror if use_mirror else None
     commit = None
@@ -357,46 +171,141 @@ def compute_drift(
             else:
                 entry.mirror = MIRROR_SAME if m.sha256 == against else MIRROR_DIFFERS
         if patch:
-            _add_patches(transport, host, entry, Path(mirror) if mirror else None)
+            _add_patches(transport, host, entry, live, local, Path(mirror) if mirror else None)
         report.files.append(entry)
+    if not report.files:
+        report.warnings.append(f"no file to compare for host '{host.name}'")
     return report
 
 
+# Files larger than this get sizes and hashes instead of a patch: difflib is quadratic in the
+# worst case and a 200 MB diff is of no use on a terminal anyway.
+PATCH_MAX_BYTES = 4 << 20
+PATCH_MAX_LINES = 5000  # lines of one patch printed; the rest is counted, not shown
+
+
+@dataclass(frozen=True)
+class Version:
+    """One side of a patch: its label (`live/<path>`), size and sha256 (None: absent), and how
+    to read its bytes (called only when a text patch is made)."""
+
+    label: str
+    size: int | None
+    sha256: str | None
+    read: Callable[[], bytes]
+
+
 def _add_patches(
-    transport: Transport, host: HostConfig, entry: FileDrift, mirror: Path | None
+    transport: Transport,
+    host: HostConfig,
+    entry: FileDrift,
+    live: RemoteFile | None,
+    local: LocalFile | None,
+    mirror: Path | None,
 ) -> None:
-    live_bytes: bytes | None = None
-    if entry.live_sha256 is not None and (
-        entry.status != IN_SYNC or entry.mirror == MIRROR_DIFFERS
-    ):
-        live_bytes = transport.read_bytes(posixpath.join(host.root, entry.path))
-    ws_bytes = None
-    if entry.workspace_sha256 is not None:
-        ws_bytes = (Path(host.workspace) / entry.path).read_bytes()
+    path = entry.path
+    live_v = Version(
+        f"live/{path}",
+        live.size if live else None,
+        live.sha256 if live else None,
+        _cached(lambda: transport.read_bytes(posixpath.join(host.root, path))),
+    )
+    ws_v = Version(
+        f"workspace/{path}",
+        local.size if local else None,
+        local.sha256 if local else None,
+        _cached(lambda: (Path(host.workspace) / path).read_bytes()),
+    )
     if entry.status != IN_SYNC:
-        entry.patch = unified_diff(
-            live_bytes, ws_bytes, f"live/{entry.path}", f"workspace/{entry.path}"
-        )
+        entry.patch = describe_change(live_v, ws_v)
     if mirror is not None and entry.mirror == MIRROR_DIFFERS:
-        mirror_bytes = (mirror / entry.path).read_bytes()
-        if live_bytes is not None:
-            entry.mirror_patch = unified_diff(
-                mirror_bytes, live_bytes, f"mirror/{entry.path}", f"live/{entry.path}"
-            )
+        m = local_file(mirror, path)
+        mirror_v = Version(
+            f"mirror/{path}",
+            m.size if m else None,
+            m.sha256 if m else None,
+            lambda: (mirror / path).read_bytes(),
+        )
+        entry.mirror_patch = describe_change(mirror_v, live_v if live is not None else ws_v)
+
+
+def _cached(read: Callable[[], bytes]) -> Callable[[], bytes]:
+    """Read once: the live file may be needed for both the workspace and the mirror patch."""
+    box: list[bytes] = []
+
+    def once() -> bytes:
+        if not box:
+            box.append(read())
+        return box[0]
+
+    return once
+
+
+def is_binary(data: bytes) -> bool:
+    """Not text a terminal can show: a NUL or another control byte (escape sequences), or bytes
+    that are not UTF-8."""
+    if any(b in data for b in _CONTROL_BYTES):
+        return True
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
+# C0 controls except tab, newline, vertical tab, form feed and carriage return; and DEL.
+_CONTROL_BYTES = [bytes([c]) for c in (*range(0, 9), *range(14, 32), 127)]
+
+
+def describe_change(old: Version, new: Version) -> str:
+    """A unified diff of two text versions; for binary or very large files one summary line
+    per side with size and sha256 (bytes are never printed)."""
+    sizes = [v.size for v in (old, new) if v.size is not None]
+    if max(sizes, default=0) > PATCH_MAX_BYTES:
+        return _summary(
+            f"Files {old.label} and {new.label} differ (larger than "
+            f"{PATCH_MAX_BYTES >> 20} MiB, not diffed here)",
+            old,
+            new,
+        )
+    old_bytes = old.read() if old.size is not None else None
+    new_bytes = new.read() if new.size is not None else None
+    if any(b is not None and is_binary(b) for b in (old_bytes, new_bytes)):
+        return _summary(f"Binary files {old.label} and {new.label} differ", old, new)
+    return unified_diff(old_bytes, new_bytes, old.label, new.label)
+
+
+def _summary(headline: str, *versions: Version) -> str:
+    lines = [headline]
+    for v in versions:
+        if v.size is None:
+            lines.append(f"  {v.label}: absent")
         else:
-            entry.mirror_patch = unified_diff(
-                mirror_bytes, ws_bytes, f"mirror/{entry.path}", f"workspace/{entry.path}"
-            )
+            lines.append(f"  {v.label}: {v.size} bytes, sha256 {v.sha256}")
+    return "\n".join(lines) + "\n"
 
 
-def unified_diff(old: bytes | None, new: bytes | None, old_name: str, new_name: str) -> str:
-    """A unified diff of two versions (None = file absent); binary bytes are shown decoded."""
+def unified_diff(
+    old: bytes | None,
+    new: bytes | None,
+    old_name: str,
+    new_name: str,
+    max_lines: int = PATCH_MAX_LINES,
+) -> str:
+    """A unified diff of two text versions (None = file absent), cut after `max_lines` lines
+    with a note saying how many were left out."""
     a = [] if old is None else old.decode("utf-8", errors="replace").splitlines(keepends=True)
     b = [] if new is None else new.decode("utf-8", errors="replace").splitlines(keepends=True)
     lines = difflib.unified_diff(
         a, b, "/dev/null" if old is None else old_name, "/dev/null" if new is None else new_name
     )
     out = []
+    left_out = 0
     for line in lines:
+        if len(out) >= max_lines:
+            left_out += 1
+            continue
         out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    if left_out:
+        out.append(f"... {left_out} more line(s) of this diff not shown (limit {max_lines})\n")
     return "".join(out)

@@ -56,6 +56,10 @@ def on_jump_host(message: str, jump_host: str | None) -> str:
     return f"jump host {jump_host}: {message}" if jump_host else message
 
 
+class FileSetError(UsageError):
+    """A `files` entry matches no file anywhere (a typo in the config, or a wrong `root`)."""
+
+
 class HostConnectionError(KerneldevError):
     """Could not reach or log in to the host (DNS, refused, timeout, auth). `jump_host` names the
     ProxyJump hop where it failed (None: the host itself); the message starts with it."""
@@ -148,3 +152,7 @@ class BenchError(KerneldevError):
 class ConnectionLostError(HostConnectionError):
     """The connection to the host dropped in the middle of an operation (retrying the same
     connection is pointless; polling loops should stop)."""
+
+
+class SandboxError(KerneldevError):
+    """The sandbox folder is not a sandbox, or its sshd or service could not be started."""

@@ -16,11 +16,14 @@
 
 `Sandbox.close()` stops the fake service and sshd. The sshd helpers here are also what the
 test fixtures in tests/sshd.py use.
+
+A sandbox folder outlives the demo with `--keep`; `sandbox_up`, `sandbox_down` and
+`sandbox_status` (`kerneldev sandbox up|down|status --dir D`) start, stop and report its sshd
+and fake service so its hosts.yaml can be used by hand.
 """
 
 from __future__ import annotations
 
-import getpass
 import importlib.resources
 import os
 import shlex
@@ -36,6 +39,8 @@ from pathlib import Path
 import yaml
 
 from kerneldev import fake_sglang
+from kerneldev.errors import SandboxError, UsageError
+from kerneldev.local_user import local_user
 
 ATTENTION_DIR = "python/sglang/srt/layers/attention"
 KERNEL_FILES = (
@@ -105,7 +110,9 @@ class SSHServer:
                 self.process.wait()
         self.process = None
 
-    def start(self) -> None:
+    def start(self, detach: bool = False) -> None:
+        """Start sshd and wait until it listens. `detach`: in its own session, so it outlives
+        the command that started it (`kerneldev sandbox up`)."""
         sshd = find_sshd()
         if not sshd:
             raise RuntimeError("sshd not found")
@@ -137,6 +144,7 @@ class SSHServer:
                 stdout=log,
                 stderr=log,
                 stdin=subprocess.DEVNULL,
+                start_new_session=detach,
             )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -161,7 +169,7 @@ class SSHServer:
         self.start()
 
 
-def start_sshd(tmp: Path) -> SSHServer:
+def start_sshd(tmp: Path, detach: bool = False) -> SSHServer:
     tmp.mkdir(parents=True, exist_ok=True)
     host_key = tmp / "ssh_host_ed25519_key"
     client_key = tmp / "id_ed25519"
@@ -171,12 +179,12 @@ def start_sshd(tmp: Path) -> SSHServer:
     os.chmod(tmp / "authorized_keys", 0o600)
     server = SSHServer(
         port=free_port(),
-        user=getpass.getuser(),
+        user=local_user(),
         host_key=host_key,
         client_key=client_key,
         dir=tmp,
     )
-    server.start()
+    server.start(detach=detach)
     return server
 
 
@@ -331,10 +339,12 @@ def create_sandbox(
     use_ssh: bool | None = None,
     warmup: float = 1.0,
     decode_service: bool | None = None,
+    detach: bool = False,
 ) -> Sandbox:
     """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed.
     `decode_service=None` runs the real decode service (kerneldev.sandbox_service) when its
-    packages are installed, else the health-only fake; True requires it."""
+    packages are installed, else the health-only fake; True requires it. `detach` starts it in
+    its own session (it outlives this process)."""
     folder = Path(os.path.abspath(folder))
     root = folder / "host" / "sglang"
     mirror = folder / "mirror"
@@ -380,7 +390,7 @@ def create_sandbox(
             notes.append("sshd is not installed: the sandbox uses the local transport")
         else:
             try:
-                sshd = start_sshd(folder / "ssh")
+                sshd = start_sshd(folder / "ssh", detach=detach)
             except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
                 if use_ssh:
                     raise
@@ -497,3 +507,185 @@ def _git_commit(tree: Path) -> list[str]:
         if proc.returncode != 0:
             return [f"git failed in the mirror ({proc.stderr.strip()}); its commit is null"]
     return []
+
+
+# --- a kept sandbox: up, down, status ----------------------------------------------------
+
+SSH_DIR = "ssh"
+
+
+@dataclass
+class SandboxStatus:
+    """What runs of a sandbox folder; `sshd_running` is None for a local-transport sandbox."""
+
+    dir: str
+    config: str  # its hosts.yaml: `kerneldev --config <this> diff`
+    host: str
+    transport: str
+    sshd_running: bool | None
+    sshd_port: int | None
+    service_running: bool
+    service_health: str | None  # the health URL
+    created: bool = False  # `up` built the sandbox (the folder was new or empty)
+
+
+def sandbox_status(folder: Path) -> SandboxStatus:
+    folder = Path(os.path.abspath(folder))
+    host = _sandbox_host(folder)
+    ssh = host.get("transport") == "ssh"
+    return SandboxStatus(
+        dir=str(folder),
+        config=str(folder / "hosts.yaml"),
+        host=HOST_NAME,
+        transport=str(host.get("transport")),
+        sshd_running=_running(*_sshd_marker(folder)) if ssh else None,
+        sshd_port=host.get("port") if ssh else None,
+        service_running=_running(*_service_marker(folder)),
+        service_health=(host.get("service") or {}).get("health"),
+    )
+
+
+def sandbox_up(folder: Path) -> SandboxStatus:
+    """Start what is stopped (sshd, the fake service) of the sandbox in `folder`; a new or
+    empty folder gets a new sandbox first."""
+    folder = Path(os.path.abspath(folder))
+    created = False
+    if not (folder / "hosts.yaml").exists() and (not folder.exists() or not any(folder.iterdir())):
+        try:
+            create_sandbox(folder, detach=True)  # starts its sshd, which keeps running
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
+            raise SandboxError(f"cannot create a sandbox in {folder}: {err}") from None
+        created = True
+    status = sandbox_status(folder)
+    if status.sshd_running is False:
+        _restart_sshd(folder)
+    if not status.service_running:
+        restart = folder / "service" / "restart.sh"
+        done = subprocess.run(
+            [str(restart)], capture_output=True, text=True, timeout=30, check=False
+        )
+        if done.returncode != 0:
+            raise SandboxError(
+                f"the sandbox's service did not start: {done.stderr.strip() or done.stdout}"
+            )
+    status = sandbox_status(folder)
+    status.created = created
+    return status
+
+
+def sandbox_down(folder: Path) -> SandboxStatus:
+    """Stop the sandbox's sshd and fake service (only the processes it started); files stay."""
+    folder = Path(os.path.abspath(folder))
+    _sandbox_host(folder)  # refuse folders that are not a sandbox
+    for pidfile, marker in (_service_marker(folder), _sshd_marker(folder)):
+        pid = _pid_if_running(pidfile, marker)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            _wait_gone(pid, 5.0)
+        if pidfile.name == "service.pid":
+            pidfile.unlink(missing_ok=True)  # sshd removes its own on exit
+    return sandbox_status(folder)
+
+
+def _sandbox_host(folder: Path) -> dict:
+    config = folder / "hosts.yaml"
+    try:
+        data = yaml.safe_load(config.read_text())
+        host = data["hosts"][HOST_NAME]
+        if not isinstance(host, dict):
+            raise TypeError
+    except FileNotFoundError:
+        raise UsageError(
+            f"{folder} holds no sandbox (no hosts.yaml)",
+            hint="`kerneldev sandbox up --dir NEW_FOLDER` builds one, and so does "
+            "`kerneldev demo --keep --dir NEW_FOLDER`",
+        ) from None
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as err:
+        raise SandboxError(f"{config} is not a sandbox's config ({err})") from None
+    return host
+
+
+def _sshd_marker(folder: Path) -> tuple[Path, str]:
+    # sshd shows its command line (with our config path) as its process title.
+    return folder / SSH_DIR / "sshd.pid", str(folder / SSH_DIR / "sshd_config")
+
+
+def _service_marker(folder: Path) -> tuple[Path, str]:
+    # The health-only fake runs `<folder>/service/fake_sglang.py`, the decode service
+    # `-m kerneldev.sandbox_service --root <folder>/host/sglang`: both name the folder.
+    return folder / "service" / "service.pid", str(folder) + os.sep
+
+
+def _pid_if_running(pidfile: Path, marker: str) -> int | None:
+    """The pid in `pidfile` when that process runs and is ours (its command line names
+    `marker`): a stale pid file may name an unrelated process by now."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return pid  # no /proc: trust the pid file
+    if marker.encode() not in cmdline or "\nState:\tZ" in status:
+        return None
+    return pid
+
+
+def _running(pidfile: Path, marker: str) -> bool:
+    return _pid_if_running(pidfile, marker) is not None
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Until `pid` has exited (a zombie counts: its parent, not us, reaps it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            if "\nState:\tZ" in Path(f"/proc/{pid}/status").read_text(errors="replace"):
+                return
+        except OSError:
+            return
+        time.sleep(0.05)
+
+
+def _restart_sshd(folder: Path) -> None:
+    """Start the sandbox's sshd again with its keys; on another port (written to hosts.yaml
+    and known_hosts) when its old one is taken by now."""
+    config = folder / "hosts.yaml"
+    data = yaml.safe_load(config.read_text())
+    host = data["hosts"][HOST_NAME]
+    ssh_dir = folder / SSH_DIR
+    server = SSHServer(
+        port=int(host["port"]),
+        user=local_user(),
+        host_key=ssh_dir / "ssh_host_ed25519_key",
+        client_key=ssh_dir / "id_ed25519",
+        dir=ssh_dir,
+    )
+    if not _port_free(server.port):
+        server.port = free_port()
+        host["port"] = server.port
+        config.write_text(
+            "# Made by kerneldev's sandbox: a fake live host on this machine.\n"
+            + yaml.safe_dump(data, sort_keys=False)
+        )
+    (ssh_dir / "known_hosts").write_text(server.host_key_line)
+    try:
+        server.start(detach=True)
+    except (RuntimeError, OSError) as err:
+        raise SandboxError(f"the sandbox's sshd did not start: {err}") from None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import getpass
 import json
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,13 +90,6 @@ def new_deploy_id() -> str:
     now = _dt.datetime.now(_dt.timezone.utc)
     # Milliseconds keep a push and a quick rollback in the same second in order.
     return f"{now.strftime('%Y%m%dT%H%M%S')}.{now.microsecond // 1000:03d}Z-{secrets.token_hex(3)}"
-
-
-def local_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry (some containers): still record something
-        return os.environ.get("USER") or "unknown"
 
 
 def load_state(workspace: Path) -> State:

@@ -33,13 +33,7 @@ from kerneldev.drift import (
     IN_SYNC,
     MISSING_LIVE,
     NOT_PULLED,
-    Snapshot,
-    check_state_owner,
     classify,
-    glob_escape,
-    resolve_paths,
-    sha256_bytes,
-    snapshot,
 )
 from kerneldev.errors import (
     KerneldevError,
@@ -49,6 +43,7 @@ from kerneldev.errors import (
     TransferError,
 )
 from kerneldev.import_check import ImportCheckReport, check_deploy
+from kerneldev.local_user import local_user
 from kerneldev.service import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
@@ -56,12 +51,19 @@ from kerneldev.state import (
     DeployRecord,
     State,
     load_state,
-    local_user,
     new_deploy_id,
     now_iso,
     save_state,
 )
 from kerneldev.transport.base import RemoteFile, Transport
+from kerneldev.workspace import (
+    Snapshot,
+    check_state_owner,
+    glob_escape,
+    resolve_paths,
+    sha256_bytes,
+    snapshot,
+)
 
 BACKUP_DIR = ".kerneldev/backups"  # under the host's root
 
@@ -254,6 +256,7 @@ def push(
     dry_run: bool = False,
     on_progress: ProgressCallback | None = None,
     import_check: bool = False,
+    create_root: bool = False,
 ) -> PushResult:
     """Upload workspace files that differ from live, with host backups and a deploy record.
 
@@ -262,7 +265,15 @@ def push(
     imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
     Refused files (drifted/conflict without `force`) raise `RefusedError` before any upload;
     a dry run returns them in the plan instead, so the user sees the whole picture.
+    A `root` that does not exist on the host is refused unless `create_root`: a typo in it
+    would otherwise create the whole path there and deploy into it.
     """
+    if not create_root and not transport.exists(host.root):
+        raise RefusedError(
+            f"push refused: the root {host.root} does not exist on host '{host.name}'",
+            hint=f"check `root:` of host '{host.name}' in the config (a typo?); to create it "
+            "and push into it, run `kerneldev push --create-root`",
+        )
     plan, snap = _plan(transport, host, paths, force)
     if dry_run:
         return plan

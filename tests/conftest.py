@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.sshd import SSHServer, find_sshd, start_sshd
@@ -23,3 +25,18 @@ def fresh_sshd(tmp_path_factory) -> SSHServer:
     server = start_sshd(tmp_path_factory.mktemp("sshd-own"))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def isolated_home(tmp_path, monkeypatch) -> Path:
+    """HOME is an empty folder, no ssh-agent, no KERNELDEV_HOST/KERNELDEV_CONFIG, no
+    ~/.ssh/config: the user's own set-up plays no part, each test says what is trusted and
+    which key is used. The one place tests isolate HOME."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
+    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
+    return home

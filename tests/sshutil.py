@@ -1,5 +1,6 @@
 """Helpers for the transport and host-key tests: a hosts.yaml-equivalent `HostConfig` pointing at
-the test sshd, an isolated home folder, and ways to cut a live connection."""
+the test sshd and ways to cut a live connection. (The isolated home folder is the
+`isolated_home` fixture in conftest.py.)"""
 
 from __future__ import annotations
 
@@ -12,19 +13,6 @@ from pathlib import Path
 
 from kerneldev.config import HostConfig
 from tests.sshd import SSHServer
-
-
-def isolate_home(monkeypatch, tmp_path: Path) -> Path:
-    """Point HOME at an empty folder so the user's real ~/.ssh (keys, config, known_hosts) and
-    ssh-agent play no part; the tests then say exactly what is trusted and which key is used."""
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
-    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
-    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
-    return home
 
 
 def ssh_host(server: SSHServer, tmp_path: Path, *, trusted: bool = True, **overrides) -> HostConfig:

@@ -63,16 +63,8 @@ def saved_path(stderr: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def isolated_home(tmp_path, monkeypatch):
-    # The user's ~/.ssh and agent play no part; the tests say what is trusted.
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
-    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
+def _isolated(isolated_home, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
 
 
 # --- end to end: the bundled kernel under the interpreter -----------------------------------

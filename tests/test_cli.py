@@ -22,13 +22,13 @@ from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
 from kerneldev.sandbox import free_port
-from tests.sshutil import isolate_home, run_cli, ssh_host, write_hosts_yaml
+from tests.sshutil import run_cli, ssh_host, write_hosts_yaml
 from tests.test_loop_cmd import A, B, Env, kd, make_env
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    return isolate_home(monkeypatch, tmp_path)
+def _home(isolated_home):
+    return isolated_home
 
 
 @pytest.fixture

@@ -61,8 +61,7 @@ def line_of(text: str, marker: str) -> int:
     return next(i for i, line in enumerate(text.splitlines(), 1) if marker in line)
 
 
-def test_a_valid_file_loads_with_paths_resolved(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def test_a_valid_file_loads_with_paths_resolved(tmp_path, isolated_home):
     config = load_config(write(tmp_path, VALID))
     host = config.host("dsv4")
     assert host.root == "/root/sglang-dsv4"  # trailing slash normalised

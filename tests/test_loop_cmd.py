@@ -105,15 +105,7 @@ def transport_kind(request) -> str:
 
 
 @pytest.fixture
-def env_factory(request, tmp_path, monkeypatch, transport_kind):
-    # The user's own ~/.ssh and agent play no part: each test says what is trusted.
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
-    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
-    monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
-    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
+def env_factory(request, tmp_path, isolated_home, transport_kind):
     server = request.getfixturevalue("sshd_server") if transport_kind == "ssh" else None
 
     def make(**host) -> Env:
@@ -412,10 +404,9 @@ def test_demo_exits_0(tmp_path):
     assert not (tmp_path / "sb").exists()  # cleaned up without --keep
 
 
-def test_console_script_names_hostile_file_in_refusal(tmp_path, monkeypatch):
+def test_console_script_names_hostile_file_in_refusal(tmp_path, isolated_home):
     """Through the real entry point: a refusal is one readable line naming the file (rich
     markup in a name like `[x]` is printed as it is), exit 1, no traceback."""
-    monkeypatch.setenv("HOME", str(tmp_path))
     env = make_env(tmp_path, "local", files=["odd/*.py"])
     name = "odd/ä ö [x].py"
     (env.root / name).parent.mkdir(parents=True)

@@ -18,7 +18,6 @@ from kerneldev.sandbox import free_port, keygen
 from kerneldev.transport.ssh import SSHTransport, parse_jump
 from kerneldev.transport.ssh_connection import SSHConnection
 from tests.sshutil import (
-    isolate_home,
     kill_sshd_and_sessions,
     run_cli,
     ssh_host,
@@ -27,8 +26,8 @@ from tests.sshutil import (
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    return isolate_home(monkeypatch, tmp_path)
+def _home(isolated_home):
+    return isolated_home
 
 
 def openssh_fingerprint(server) -> str:

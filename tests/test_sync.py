@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, service, sync
+from kerneldev import drift, service, sync, workspace
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.errors import (
     NothingToRollBackError,
@@ -162,16 +162,16 @@ def test_state_written_atomically_and_readable(host, transport):
 def test_resolve_paths(host, tmp_path, monkeypatch):
     ws = Path(host.workspace)
     monkeypatch.chdir(tmp_path)
-    assert drift.resolve_paths(host, None) is None
-    assert drift.resolve_paths(host, ["k/a.py", "./k/a.py", str(ws / "k/b.py")]) == [
+    assert workspace.resolve_paths(host, None) is None
+    assert workspace.resolve_paths(host, ["k/a.py", "./k/a.py", str(ws / "k/b.py")]) == [
         "k/a.py",
         "k/b.py",
     ]
-    assert drift.resolve_paths(host, [f"{host.root}/k/c.py"]) == ["k/c.py"]
-    assert drift.resolve_paths(host, ["ws/k/a.py"]) == ["k/a.py"]  # relative to cwd, in ws
+    assert workspace.resolve_paths(host, [f"{host.root}/k/c.py"]) == ["k/c.py"]
+    assert workspace.resolve_paths(host, ["ws/k/a.py"]) == ["k/a.py"]  # relative to cwd, in ws
     for bad in ("k/sub/a.py", "../x.py", "/etc/passwd", "k/.hidden.py", "k/a.txt"):
         with pytest.raises(UsageError):
-            drift.resolve_paths(host, [bad])
+            workspace.resolve_paths(host, [bad])
 
 
 def test_restart_timeout_carries_logs(transport):

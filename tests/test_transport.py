@@ -18,7 +18,7 @@ from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferEr
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
 from kerneldev.transport.ssh import SSHTransport, hash_command
-from tests.sshutil import isolate_home, ssh_host
+from tests.sshutil import ssh_host
 
 HOSTILE_NAMES = [
     "plain.py",
@@ -33,9 +33,8 @@ HOSTILE_NAMES = [
 
 
 @pytest.fixture(params=["local", "ssh"])
-def host(request, tmp_path, monkeypatch):
+def host(request, tmp_path, isolated_home):
     """(transport, live root) for each kind of host; the root is a fresh folder."""
-    isolate_home(monkeypatch, tmp_path)
     root = tmp_path / "live"
     root.mkdir()
     if request.param == "local":
@@ -275,8 +274,7 @@ def test_http_get_with_nothing_listening(host):
 # --- SSH only ---------------------------------------------------------------------------
 
 
-def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, monkeypatch, http_server):
-    isolate_home(monkeypatch, tmp_path)
+def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, isolated_home, http_server):
     host = ssh_host(sshd_server, tmp_path)
     root = Path(host.root)
     (root / "a.py").write_text("a")
@@ -292,8 +290,7 @@ def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, monkeypat
     assert t.connection._transport is None
 
 
-def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, monkeypatch):
-    isolate_home(monkeypatch, tmp_path)
+def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path)
     (Path(host.root) / "a.py").write_text("a")
     request = json.dumps({"root": host.root, "patterns": ["*.py"]}).encode()

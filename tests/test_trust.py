@@ -12,12 +12,12 @@ from kerneldev import trust
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostKeyError
 from kerneldev.transport.ssh import SSHTransport
-from tests.sshutil import isolate_home, ssh_host
+from tests.sshutil import ssh_host
 
 
 @pytest.fixture(autouse=True)
-def _home(tmp_path, monkeypatch):
-    return isolate_home(monkeypatch, tmp_path)
+def _home(isolated_home):
+    return isolated_home
 
 
 def test_unknown_key_is_offered_and_recorded_only_after_a_yes(sshd_server, tmp_path):

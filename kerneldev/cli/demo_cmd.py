@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -49,9 +50,10 @@ def demo_command(
     def on_step(step) -> None:
         if not show:
             return
-        mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
         if step.skipped:
             mark = "[yellow]SKIPPED[/]"
+        else:
+            mark = "[green]ok[/]" if step.ok else "[bold red]FAILED[/]"
         out_console.print(
             f"{mark}  [bold]{escape(step.name)}[/]  [dim]({step.seconds:.1f}s)[/]", soft_wrap=True
         )
@@ -69,18 +71,22 @@ def demo_command(
         print_json(result)
     else:
         passed = sum(s.ok and not s.skipped for s in result.steps)
-        skipped = sum(s.skipped for s in result.steps)
+        skipped = [s for s in result.steps if s.skipped]
+        ran = len(result.steps) - len(skipped)
         verdict = "[green]PASSED[/]" if result.ok else "[bold red]FAILED[/]"
         out_console.print(
-            f"\ndemo {verdict}: {passed}/{len(result.steps)} steps behaved as expected"
-            + (f", {skipped} SKIPPED (could not run here)" if skipped else "")
-            + f" in {result.seconds:.1f}s ({result.transport} transport)",
+            f"\ndemo {verdict}: {passed}/{ran} steps behaved as expected "
+            + (f"({len(skipped)} SKIPPED: could not run here) " if skipped else "")
+            + f"in {result.seconds:.1f}s ({result.transport} transport)",
             soft_wrap=True,
         )
         if keep:
+            d = shlex.quote(result.dir)
             print_info(
-                f"sandbox kept in {result.dir} (its sshd and service are stopped); "
-                f"config: {Path(result.dir) / 'hosts.yaml'}"
+                f"sandbox kept in {result.dir}; its sshd and service are stopped. Explore it: "
+                f"`kerneldev sandbox up --dir {d}`, then "
+                f"`kerneldev --config {shlex.quote(str(Path(result.dir) / 'hosts.yaml'))} diff`; "
+                f"stop it with `kerneldev sandbox down --dir {d}`"
             )
     if not result.ok:
         raise typer.Exit(int(ExitCode.FAILURE))

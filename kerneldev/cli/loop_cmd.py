@@ -188,6 +188,9 @@ def push_command(
         False, "--restart", help="Restart the service after a successful push."
     ),
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
+    create_root: bool = typer.Option(
+        False, "--create-root", help="Create the host's `root` folder when it does not exist."
+    ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -204,6 +207,7 @@ def push_command(
             dry_run=dry_run,
             on_progress=_progress("uploading"),
             import_check=not no_import_check,
+            create_root=create_root,
         )
         if not as_json:
             render_push(result)

@@ -81,13 +81,22 @@ def _register_commands() -> None:
         kernels_cmd,
         loop_cmd,
         profile_cmd,
+        sandbox_cmd,
         service_cmd,
         trust_cmd,
     )
 
-    for module in (loop_cmd, service_cmd, trust_cmd, bench_cmd, demo_cmd, kernels_cmd):
+    for module in (
+        loop_cmd,
+        service_cmd,
+        trust_cmd,
+        bench_cmd,
+        demo_cmd,
+        kernels_cmd,
+        sandbox_cmd,
+        profile_cmd,
+    ):
         module.register(app)
-    profile_cmd.register(app)  # issue 12
     _registered = True
 
 

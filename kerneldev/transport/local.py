@@ -11,21 +11,16 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 
+from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.transport._hashfiles import hash_tree
 from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
-
-
-def temp_name_prefix(target_name: str) -> str:
-    """Prefix of the temporary file written next to `target_name` before the rename."""
-    return f".{target_name}.kerneldev-tmp-"
 
 
 class LocalTransport(Transport):
@@ -107,38 +102,21 @@ class LocalTransport(Transport):
             # Write through a symlink to its target (as hash_files reads through it), rather
             # than replacing the link with a plain file.
             path = os.path.realpath(path)
-        folder, name = os.path.split(os.path.abspath(path))
+        owner: tuple[int, int] | None = None
         try:
-            os.makedirs(folder, exist_ok=True)
-            owner: tuple[int, int] | None = None
-            try:
-                old = os.stat(path)
-                owner = (old.st_uid, old.st_gid)
-                if mode is None:
-                    mode = old.st_mode & 0o7777
-            except FileNotFoundError:
-                if mode is None:
-                    mode = 0o666 & ~_umask()  # what a plain `open(path, "w")` would give
-            fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(name), dir=folder)
+            old = os.stat(path)
+            owner = (old.st_uid, old.st_gid)  # a service user's repo stays theirs
+            if mode is None:
+                mode = old.st_mode & 0o7777
+        except FileNotFoundError:
+            if mode is None:
+                mode = 0o666 & ~_umask()  # what a plain `open(path, "w")` would give
         except OSError as err:
             raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                _keep_owner(f.fileno(), owner)
-                os.fchmod(f.fileno(), mode)
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())  # the bytes are on disk before the name points at them
-            os.replace(tmp, path)
-        except BaseException as err:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            if isinstance(err, OSError):
-                raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
-            raise
-        _fsync_dir(folder)
+            write_bytes_atomic(os.path.abspath(path), data, mode, owner=owner)
+        except OSError as err:
+            raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
 
     def exists(self, path: str) -> bool:
         return os.path.lexists(path)
@@ -202,20 +180,6 @@ def _feed(stream, data: bytes) -> None:
             pass
 
 
-def _keep_owner(fd: int, owner: tuple[int, int] | None) -> None:
-    # A file replaced as root keeps its owner (a service user's repo); others cannot chown,
-    # and then the new file simply belongs to them.
-    if owner is None:
-        return
-    current = os.fstat(fd)
-    if (current.st_uid, current.st_gid) == owner:
-        return
-    try:
-        os.fchown(fd, *owner)
-    except PermissionError:
-        pass
-
-
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -229,17 +193,3 @@ def _umask() -> int:
     current = os.umask(0o022)
     os.umask(current)
     return current
-
-
-def _fsync_dir(folder: str) -> None:
-    # Makes the rename itself durable; not every file system allows it, so failures are ignored.
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

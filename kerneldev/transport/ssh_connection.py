@@ -16,7 +16,6 @@ What is done over the connection (commands, files, HTTP) is `kerneldev.transport
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import shlex
@@ -29,6 +28,7 @@ import paramiko
 from kerneldev import hostkeys
 from kerneldev.config import HostConfig
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
+from kerneldev.local_user import local_user
 
 # paramiko logs refused channels etc. as warnings; with no handler Python would print them to
 # stderr next to our own messages, so they are dropped (the errors we raise say it better).
@@ -81,10 +81,6 @@ def load_ssh_config(path: Path | None) -> paramiko.SSHConfig:
         raise HostConnectionError(f"cannot read ssh config file {path}: {err}") from None
 
 
-def _local_user() -> str:
-    return getpass.getuser()
-
-
 def resolve_target(
     alias: str,
     ssh_config: paramiko.SSHConfig,
@@ -112,7 +108,7 @@ def resolve_target(
         alias=alias,
         hostname=found.get("hostname", alias),
         port=resolved_port,
-        user=user or found.get("user") or _local_user(),
+        user=user or found.get("user") or local_user(),
         identity_files=identities,
         explicit_identity=identity_file is not None,
         proxy_command=_unless_none(proxy_command),

@@ -1,0 +1,92 @@
+"""`kerneldev sandbox up|down|status --dir D` (kerneldev/cli/sandbox_cmd.py over sandbox.py):
+the sandbox's hosts.yaml works after `up`, `down` stops exactly its processes; and the demo
+reports a step it could not run as SKIPPED."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from kerneldev import demo
+from kerneldev.errors import ExitCode
+
+
+def kerneldev(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kerneldev", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return not (status.exists() and "State:\tZ" in status.read_text())
+
+
+def test_sandbox_up_down_status(tmp_path, isolated_home):
+    folder = tmp_path / "sb"
+    try:
+        up = kerneldev("sandbox", "up", "--dir", str(folder), "--json")
+        assert up.returncode == 0, up.stderr
+        status = json.loads(up.stdout)
+        assert status["created"] and status["service_running"]
+        assert status["sshd_running"] is (True if status["transport"] == "ssh" else None)
+        config = folder / "hosts.yaml"
+        assert status["config"] == str(config)
+
+        # The kept config now reaches its host (over its sshd when sshd is installed).
+        pull = kerneldev("--config", str(config), "pull")
+        assert pull.returncode == 0, pull.stderr
+
+        service_pid = _pid(folder / "service" / "service.pid")
+        sshd_pid = _pid(folder / "ssh" / "sshd.pid")
+        assert _alive(service_pid)
+        down = kerneldev("sandbox", "down", "--dir", str(folder), "--json")
+        assert down.returncode == 0, down.stderr
+        stopped = json.loads(down.stdout)
+        assert not stopped["service_running"] and stopped["sshd_running"] in (False, None)
+        assert not _alive(service_pid) and not _alive(sshd_pid)
+
+        text = kerneldev("sandbox", "status", "--dir", str(folder))
+        assert text.returncode == 0 and "service: stopped" in text.stdout
+
+        again = kerneldev("sandbox", "up", "--dir", str(folder))
+        assert again.returncode == 0, again.stderr
+        assert "service: running" in again.stdout and "sandbox down --dir" in again.stderr
+        assert kerneldev("--config", str(config), "diff").returncode == 0
+    finally:
+        kerneldev("sandbox", "down", "--dir", str(folder))
+
+
+def test_sandbox_status_of_a_folder_that_is_no_sandbox(tmp_path):
+    proc = kerneldev("sandbox", "status", "--dir", str(tmp_path))
+    assert proc.returncode == ExitCode.USAGE
+    assert "holds no sandbox" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_reports_a_step_it_could_not_run_as_skipped(monkeypatch):
+    monkeypatch.setattr(demo, "_kernel_stack_available", lambda: False)
+    step = demo.step_bench(None)  # returns before touching the context
+    assert step.skipped and not step.ok and "SKIPPED" in step.observed
+    ran = demo.DemoStep("pull", "", "", True)
+    assert demo.passed([ran, step])  # a skip is not a failure of the demo ...
+    assert not demo.passed([step])  # ... and a demo that ran nothing did not pass
+    assert not demo.passed([ran, step, demo.DemoStep("push", "", "", False)])
