@@ -22,6 +22,13 @@ variant:
    over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
    TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
 
+`--config LABEL=row:sm120,block_n:32,...` adds an MMA variant whose config is the kernel file's
+`mma_config` rule on a table row with overrides (tuning without editing the file); `mma_v2:1`
+compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmma.
+`--sm120-proxy` adds the variant `sm120`: the sm_120 row that way, next to the device's own
+row. Every variant's JSON entry lists the compiled kernels it launched (registers, spills,
+shared memory, wgmma / mma.sync counts in the PTX).
+
 `--cpu-mode` runs the same path on the CPU under the Triton interpreter (TRITON_INTERPRET=1 is
 set before triton is imported) on tiny shapes: correctness and the JSON schema are real, the
 times are wall-clock of the interpreter and meaningless (`"timing": "cpu-wallclock"`).
