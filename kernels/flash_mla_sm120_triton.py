@@ -651,8 +651,9 @@ MMA_ROWS: dict[str, MMARow] = {
     # wgmma, 64 heads x 64 tokens: q 64 KB + K tile 64 KB in shared memory (192 KB for the
     # exact pass); the 64 x 512 fp32 accumulator is 128 registers per thread: one program/SM.
     "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32),
-    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; 80 KB
-    # (exact pass: 16 heads, 82 KB). 255 registers x 128 threads: two programs per SM by
+    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; 96 KB
+    # with triton 3.6, 80 KB with 3.9 (exact pass: 16 heads, 82 KB). 255 registers x 128
+    # threads: two programs per SM by
     # registers (one on sm_120 by shared memory, 100 KB per SM). Measured on an H200 as a
     # proxy (mma.sync forced): docs/benchmarks.md.
     "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32),
