@@ -5,7 +5,7 @@ paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.
 chosen kernel file(s) into a temporary folder on the host and runs it there; it also runs by
 hand from a checkout:
 
-    python3 kernels/dsv4_bench.py --variants simt,mma --shapes issue4 --out result.json
+    python3 kernels/dsv4_bench.py --variants simt,mma --shapes decode --out result.json
 
 For every shape it builds `--rotate` input sets on the device (`dsv4_reference.make_inputs`,
 one seed per set), computes the float64 reference once per set, and for every kernel file and
@@ -21,6 +21,13 @@ variant:
 3. reports µs (median, p20, p80), effective GB/s (the minimal bytes of the spec's roofline
    over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
    TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
+
+`--config LABEL=row:sm120,block_n:32,...` adds an MMA variant whose config is the kernel file's
+`mma_config` rule on a table row with overrides (tuning without editing the file); `mma_v2:1`
+compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmma.
+`--sm120-proxy` adds the variant `sm120`: the sm_120 row that way, next to the device's own
+row. Every variant's JSON entry lists the compiled kernels it launched (registers, spills,
+shared memory, wgmma / mma.sync counts in the PTX).
 
 `--cpu-mode` runs the same path on the CPU under the Triton interpreter (TRITON_INTERPRET=1 is
 set before triton is imported) on tiny shapes: correctness and the JSON schema are real, the
@@ -158,9 +165,10 @@ def make_shape(
     return Shape(_shape_name(*fields, pad), *fields, pad)
 
 
-# issue 4's table, in its order: H 64, D 512, page 64 unless noted.
+# The seven DSv4 decode shapes (issue 4's targets table and the sm_120 table, in that order):
+# H 64, D 512, page 64 unless noted. `issue4` is an alias of `decode`.
 SHAPE_SETS: dict[str, list[Shape]] = {
-    "issue4": [
+    "decode": [
         make_shape(1, topk=2048),
         make_shape(64, topk=2048),
         make_shape(128, topk=2048),
@@ -188,6 +196,17 @@ SHAPE_SETS: dict[str, list[Shape]] = {
     ],
 }
 
+SHAPE_SETS["issue4"] = SHAPE_SETS["decode"]
+# FlashMLA's side-by-side table (issue 13): topk_length not passed, B 1-256, single and dual
+# cache, and the edge cases (sink, partial lengths, 10% invalid indices).
+_DUAL = dict(topk=128, page_size=256, extra_topk=512, extra_page_size=64)
+SHAPE_SETS["flashmla"] = [
+    *(make_shape(b, topk=2048, lengths="none") for b in (1, 32, 64, 128, 256)),
+    *(make_shape(b, lengths="none", **_DUAL) for b in (1, 32, 64, 128, 256)),
+    make_shape(64, heads=128, topk=512, lengths="none"),
+    make_shape(64, topk=2048, sink=True, lengths="partial", invalid=0.1),
+    make_shape(64, sink=True, lengths="partial", invalid=0.1, **_DUAL),
+]
 # The accuracy paths part 3 of issue 4 must hold (sink, topk_length, invalid indices, padded
 # page stride, dual cache) at sizes a GPU checks in seconds.
 SHAPE_SETS["paths"] = [
@@ -444,16 +463,119 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def make_calls(entry, input_sets: list[dict], variant: str) -> list:
+def make_calls(entry, input_sets: list[dict], variant: str, config=None) -> list:
     """One zero-argument call per input set. `dispatch` passes no `variant=` at all, so a live
-    SGLang file that predates the keyword still runs."""
+    SGLang file that predates the keyword still runs; `config` is passed as `_config=`."""
     calls = []
     for inputs in input_sets:
         kwargs = dict(inputs)
         if variant != DISPATCH:
             kwargs["variant"] = variant
+        if config is not None:
+            kwargs["_config"] = config
         calls.append(lambda kwargs=kwargs: entry(**kwargs))
     return calls
+
+
+# --- MMA configs as variants (--config, --sm120-proxy) ---------------------------------------
+
+# Keys of --config: the table row to start from, its fields, the config fields set after the
+# rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
+_ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
+             "exact_block_h", "small_grid_block_n")  # fmt: skip
+_CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
+SM120_PROXY = "sm120=row:sm120,mma_v2:1"
+
+
+@dataclass(frozen=True)
+class ConfigVariant:
+    """An MMA variant run with a config of the kernel file's `mma_config` rule, from a named
+    table row with overrides, for the device's SM count."""
+
+    label: str
+    row: str | None = None  # None: the device's own row
+    row_over: tuple = ()
+    config_over: tuple = ()
+    mma_v2: bool = False
+
+    def config(self, module, torch, shape: Shape):
+        rule = getattr(module, "mma_config", None)
+        if rule is None:
+            raise HarnessError(f"--config {self.label}: the kernel file has no mma_config()")
+        props = torch.cuda.get_device_properties(0)
+        cc = (props.major, props.minor)
+        row = module.MMA_ROWS[self.row or module.mma_row_name(cc)]._replace(**dict(self.row_over))
+        cfg = rule(cc, props.multi_processor_count, shape.batch, shape.heads, shape.topk,
+                   shape.extra_topk, row=row)  # fmt: skip
+        return cfg._replace(**dict(self.config_over))
+
+
+def parse_config(text: str) -> ConfigVariant:
+    """'sm120=row:sm120,block_n:32,mma_v2:1' -> ConfigVariant. Raises HarnessError(2)."""
+    label, sep, spec = text.partition("=")
+    label = label.strip()
+    if not sep or not re.fullmatch(r"[A-Za-z0-9_]+", label):
+        raise HarnessError(f"bad --config {text!r}: expected LABEL=key:value,...", EXIT_USAGE)
+    row, row_over, cfg_over, mma_v2 = None, [], [], False
+    for item in filter(None, (i.strip() for i in spec.split(","))):
+        key, _, value = item.partition(":")
+        if key == "row":
+            row = value
+        elif key == "mma_v2":
+            mma_v2 = value in ("1", "true")
+        elif key in _ROW_KEYS + _CONFIG_KEYS and re.fullmatch(r"\d+", value):
+            (row_over if key in _ROW_KEYS else cfg_over).append((key, int(value)))
+        else:
+            raise HarnessError(
+                f"bad --config item {item!r}: keys row, mma_v2, "
+                + ", ".join(_ROW_KEYS + _CONFIG_KEYS)
+                + " (integer values)",
+                EXIT_USAGE,
+            )
+    return ConfigVariant(label, row, tuple(row_over), tuple(cfg_over), mma_v2)
+
+
+class _KernelRecorder:
+    """Wraps the kernel file's `_mma_split_kernel` so the compiled kernels a call launches are
+    recorded (registers, spills, shared memory, wgmma / mma.sync instructions in the PTX)."""
+
+    def __init__(self, module) -> None:
+        self.module = module
+        self.fn = getattr(module, "_mma_split_kernel", None)
+        self.seen: dict = {}
+
+    def __enter__(self):
+        if self.fn is not None:
+            self.module._mma_split_kernel = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.fn is not None:
+            self.module._mma_split_kernel = self.fn
+
+    def __getitem__(self, grid):
+        launch = self.fn[grid]
+
+        def call(*args, **kwargs):
+            compiled = launch(*args, **kwargs)
+            if compiled is not None and id(compiled) not in self.seen:
+                ptx = getattr(compiled, "asm", {}).get("ptx", "")
+                self.seen[id(compiled)] = {
+                    "exact_pass": bool(kwargs.get("EXACT_PASS_BELOW", 0)),
+                    "block_h": kwargs.get("BLOCK_H"),
+                    "block_n": kwargs.get("BLOCK_N"),
+                    "n_regs": getattr(compiled, "n_regs", None),
+                    "n_spills": getattr(compiled, "n_spills", None),
+                    "shared": getattr(getattr(compiled, "metadata", None), "shared", None),
+                    "wgmma": ptx.count("wgmma.mma_async"),
+                    "mma_sync": ptx.count("mma.sync"),
+                }
+            return compiled
+
+        return call
+
+    def report(self) -> list[dict]:
+        return list(self.seen.values())
 
 
 def time_cuda_graph(torch, triton, calls: list, warmup_ms: int, rep_ms: int):
@@ -521,19 +643,44 @@ def _synchronize(torch, device: str) -> None:
 
 
 def run_entry(ctx: dict, shape: Shape, kernel: dict, variant: str, inputs, refs) -> dict:
-    torch, triton, device = ctx["torch"], ctx["triton"], ctx["device"]
-    args = ctx["args"]
+    torch = ctx["torch"]
     # Starts as an error entry; filled in as the checks and timings succeed.
     result = _error_entry(shape, kernel, variant, ctx["label"], None)
-    calls = make_calls(kernel["entry"], inputs, variant)
+    conf = ctx["configs"].get(variant)
+    saved_env = os.environ.get("DISABLE_MMA_V3")
+    try:
+        if conf is not None:
+            config = conf.config(kernel["module"], torch, shape)
+            result["config"] = config._asdict()
+            calls = make_calls(kernel["entry"], inputs, "mma", config)
+            if conf.mma_v2:  # read by Triton while it compiles (first eager call below)
+                os.environ["DISABLE_MMA_V3"] = "1"
+        else:
+            calls = make_calls(kernel["entry"], inputs, variant)
+        return _run_calls(ctx, shape, kernel, result, calls, refs)
+    except HarnessError as err:
+        result["error"] = str(err)
+        return result
+    finally:
+        if saved_env is None:
+            os.environ.pop("DISABLE_MMA_V3", None)
+        else:
+            os.environ["DISABLE_MMA_V3"] = saved_env
+
+
+def _run_calls(ctx: dict, shape: Shape, kernel: dict, result: dict, calls: list, refs) -> dict:
+    torch, triton, device = ctx["torch"], ctx["triton"], ctx["device"]
+    args = ctx["args"]
     wall: list[float] = []
     try:
         outputs = []
-        for call in calls:
-            start = time.perf_counter()
-            outputs.append(call())
-            _synchronize(torch, device)
-            wall.append((time.perf_counter() - start) * 1e6)
+        with _KernelRecorder(kernel["module"]) as recorder:
+            for call in calls:
+                start = time.perf_counter()
+                outputs.append(call())
+                _synchronize(torch, device)
+                wall.append((time.perf_counter() - start) * 1e6)
+        result["compiled"] = recorder.report()
         accuracy = check_sets(ctx["reference"], outputs, refs)
     except Exception as err:  # noqa: BLE001 - a variant that raises is a result, not a crash
         if isinstance(err, TypeError) and "variant" in str(err):
@@ -678,7 +825,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated variant= values of the entry point, plus 'dispatch' (the "
         "file's own choice, variant not passed); default simt,mma",
     )
-    p.add_argument("--shapes", action="append", default=[], help=SPEC_HELP + "; default issue4")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="LABEL=key:value,...",
+        help="an extra MMA variant LABEL with the kernel file's mma_config rule on a table row "
+        "with overrides: row:sm90|sm120, block_h, block_n, num_warps, num_stages, "
+        "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, then num_splits, "
+        "pv_split, pv_split_below; "
+        "mma_v2:1 compiles it with DISABLE_MMA_V3=1 (mma.sync on Hopper); repeatable",
+    )
+    p.add_argument(
+        "--sm120-proxy",
+        action="store_true",
+        help=f"add the variant sm120: the sm_120 table row compiled with mma.sync on this GPU "
+        f"(= --config {SM120_PROXY}); its 99 KB shared-memory limit is the row's own",
+    )
+    p.add_argument("--shapes", action="append", default=[], help=SPEC_HELP + "; default decode")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument(
         "--cpu-mode",
@@ -738,8 +902,17 @@ def _main(args, argv: list[str]) -> int:
     here = Path(__file__).resolve().parent
     cpu = args.cpu_mode or args.device == "cpu"
     device = "cpu" if cpu else "cuda"
-    shapes = parse_shapes(args.shapes or ["issue4"])
+    shapes = parse_shapes(args.shapes or ["decode"])
     variants = _parse_variants(args.variants)
+    configs = {}
+    for text in args.config + ([SM120_PROXY] if args.sm120_proxy else []):
+        conf = parse_config(text)
+        if conf.label in variants:
+            raise HarnessError(f"--config label {conf.label!r} given twice", EXIT_USAGE)
+        configs[conf.label] = conf
+        variants.append(conf.label)
+    if configs and cpu:
+        raise HarnessError("--config / --sm120-proxy need a CUDA device", EXIT_USAGE)
     kernel_paths = _parse_kernels(args.kernel, here)
     if args.rotate < 1 or args.warmup < 0 or args.rep < 1:
         raise HarnessError("--rotate and --rep must be >= 1, --warmup >= 0", EXIT_USAGE)
@@ -784,7 +957,7 @@ def _main(args, argv: list[str]) -> int:
         entry = getattr(module, ENTRY_POINT, None)
         if not callable(entry):
             raise HarnessError(f"{path} has no function {ENTRY_POINT}()")
-        kernels.append({**(info or {}), "entry": entry})
+        kernels.append({**(info or {}), "entry": entry, "module": module})
 
     def label(kernel_name: str, variant: str) -> str:
         return variant if len(kernels) == 1 else f"{kernel_name}:{variant}"
@@ -814,10 +987,13 @@ def _main(args, argv: list[str]) -> int:
             "l2_flush": not cpu,
             "seed": args.seed,
             "time_failed": args.time_failed,
+            "configs": {c.label: asdict(c) for c in configs.values()},
             "env": {k: os.environ.get(k) for k in (DISPATCH_ENV, "TRITON_INTERPRET")},
             "argv": list(argv),
         },
-        "kernels": [{k: v for k, v in kern.items() if k != "entry"} for kern in kernels],
+        "kernels": [
+            {k: v for k, v in kern.items() if k not in ("entry", "module")} for kern in kernels
+        ],
         "shapes": [],
         "results": [],
     }
@@ -832,6 +1008,7 @@ def _main(args, argv: list[str]) -> int:
         "reference": reference,
         "label": label,
         "copy_gbs": copy_gbs,
+        "configs": configs,
     }
 
     total = len(shapes) * len(kernels) * len(variants)

@@ -1,7 +1,7 @@
 """Pack and unpack the DSv4 ("MODEL1") paged FP8 KV cache used by the sparse-decode kernels.
 
 Not deployed into SGLang: shared by the kernel tests and the benchmark harness. Depends on
-torch only. The byte layout is the one in `shared/spec/dsv4-sparse-decode.md`:
+torch only. The byte layout is the one in `docs/kernel-contract.md`:
 
     page p starts at byte p * page_stride            (page_stride >= P * 584, may be padded)
       [0,        P*576)  token slot t at t*576:  448 x float8_e4m3fn "nope" | 64 x bf16 "rope"

@@ -4,7 +4,7 @@ Not deployed into SGLang: shared by the kernel tests and the benchmark harness. 
 torch and the sibling `dsv4_cache.py` (imported relatively inside the package, or by path
 when these files are copied into a bare folder on a GPU host).
 
-Math per request b and head h (`shared/spec/dsv4-sparse-decode.md`), valid set S_b =
+Math per request b and head h (`docs/kernel-contract.md`), valid set S_b =
 { j < topk_length[b] : 0 <= indices[b, j] < num_pages * page_size }:
 
     K_j = concat(dequant(nope_j), rope_j)          s_j = softmax_scale * <q[b, h], K_j>
@@ -25,7 +25,6 @@ import torch
 try:  # inside the package (kerneldev.kernels) or SGLang-style relative layout
     from .dsv4_cache import (
         D_QK,
-        TOKEN_BYTES,
         pack_paged_cache,
         padded_page_stride,
         unpack_paged_cache,
@@ -34,7 +33,6 @@ except ImportError:  # loaded as a top-level module / from a bare folder of copi
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from dsv4_cache import (  # noqa: E402
         D_QK,
-        TOKEN_BYTES,
         pack_paged_cache,
         padded_page_stride,
         unpack_paged_cache,  # noqa: E402
@@ -343,9 +341,3 @@ def make_inputs(
 
 
 # Bytes and FLOPs a decode step must move/do (the spec's roofline), for harnesses.
-def roofline_bytes(B: int, H: int, topk_total: int) -> int:
-    return B * (topk_total * TOKEN_BYTES + 2 * H * D_QK * 2)
-
-
-def roofline_flops(B: int, H: int, topk_total: int) -> int:
-    return 4 * B * H * topk_total * D_QK

@@ -1,7 +1,7 @@
 """DSv4 sparse-MLA decode in Triton: a SIMT baseline and a tensor-core (MMA) split-K kernel.
 
 Drop-in for SGLang's `python/sglang/srt/layers/attention/flash_mla_sm120_triton.py`; imports only
-torch, triton and the standard library. Contract: `shared/spec/dsv4-sparse-decode.md`.
+torch, triton and the standard library. Contract: `docs/kernel-contract.md` in kerneldev.
 
 Math, per request b and head h, over the valid set S_b of selected tokens (index >= 0, position
 < topk_length[b], index < num_pages * page_size), for the main and the optional extra cache:
@@ -26,21 +26,22 @@ Kernels:
   * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), num_splits): one program per request,
     block of heads and KV split. The two caches' tile lists (BLOCK_N tokens each) are laid end
     to end and cut into equal runs, one per split; one loop walks the split's tiles, each
-    picking its cache. Each tile is gathered and dequantized once into the matrix-operand
-    dtype as the spec's 512-wide K rows (nope in columns 0..447, rope in 448..511) and shared
-    by all BLOCK_H heads: S = q K^T, O += P K, `tl.dot` with fp32 accumulation. With one
-    split it finishes in place (sink, normalisation, bf16 store); otherwise it writes a
-    normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
+    picking its cache. Each tile is gathered and dequantized once (`_tile_k`) into the
+    matrix-operand dtype as the spec's 512-wide K rows (nope in columns 0..447, rope in
+    448..511) and shared by all BLOCK_H heads: S = q K^T (one product 512 deep, or, with
+    S_BY_GROUP for mma.sync, 8 products 64 deep), O += P K, `tl.dot` with fp32 accumulation.
+    With one split it finishes in place (sink, normalisation, bf16 store); otherwise it
+    writes a normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
     (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink. For accuracy on
     requests with few valid tokens a second launch of the same kernel (exact PV: P's bf16
     rounding residue added) redoes those requests; it counts each request's valid tokens on
     the device and returns at once for the others.
-  * With COL_SPLIT 2 (sm_90, B1 shapes) two programs share a head block, each accumulating
-    256 output columns (nope and rope operands kept apart there).
 
-Launch parameters come from `_mma_config` (per-compute-capability table, SM count, B, H, topk;
-no autotuning, no host synchronisation: CUDA-graph capturable). Design notes and measurements:
-`docs/kernels.md`, `docs/benchmarks.md` in kerneldev.
+Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
+per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
+and the tests use the same rule. No autotuning, no host synchronisation: CUDA-graph
+capturable. Design notes and measurements: `docs/kernels.md`, `docs/benchmarks.md` in
+kerneldev.
 """
 
 from __future__ import annotations
@@ -111,6 +112,14 @@ def _count_valid(
 
 
 @triton.jit
+def _length(LEN_ptr, stride_len, has_len, b, topk):
+    """min(topk_length[b], topk), or topk without lengths. `has_len` is a runtime argument (not
+    specialised), so calls with and without `topk_length` run the same compiled kernel (as two
+    specialisations they measured 9-16% apart at B >= 64)."""
+    return tl.minimum(tl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
+
+
+@triton.jit
 def _row_offsets(stride_kv_page, page_size, idx):
     """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
     cache slots `idx` (int64: page * stride can pass 2^31)."""
@@ -154,78 +163,56 @@ def _rows_twice(k, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
-    """Gather and dequantize BLOCK_N cache rows -> [BLOCK_N, 512] float32 (0 for invalid rows)."""
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
+def _ue8m0(exps):
+    """UE8M0 scale bytes -> float32 2^(e - 127), built from its float bits: exact, unlike a
+    fast exp2 (byte 0 is the subnormal 2^-127)."""
+    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
+    return bits.to(tl.float32, bitcast=True)
 
-    d = tl.arange(0, D_QK)
-    is_nope = d < D_NOPE
+
+@triton.jit
+def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
+    `valid`): dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
+    [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
+    axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
+    g = tl.arange(0, NUM_GROUPS_POW2)
+    c = tl.arange(0, GROUP)
+    is_nope = g < NUM_GROUPS_POW2 - 1
     raw = tl.load(
-        KV_ptr + (row_off[:, None] + d[None, :]),
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * GROUP + c[None, None, :])),
+        mask=valid[:, None, None] & is_nope[None, :, None],
+        other=0,
+    )
+    exps = tl.load(
+        KV_ptr + (scale_off[:, None] + g[None, :]),
         mask=valid[:, None] & is_nope[None, :],
         other=0,
     )
-    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(exps)[:, :, None]
     rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(
-        rope_ptr[:, None] + (d[None, :] - D_NOPE),
-        mask=valid[:, None] & (d >= D_NOPE)[None, :],
-        other=0.0,
-    ).to(tl.float32)
-
-    g = tl.arange(0, NUM_GROUPS_POW2)
-    exps = tl.load(
-        KV_ptr + (scale_off[:, None] + g[None, :]),
-        mask=valid[:, None] & (g < NUM_GROUPS_POW2 - 1)[None, :],
-        other=127,
-    )
-    # 2^(e - 127) built from its float32 bits: exact, unlike a fast exp2.
-    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
-    mult = bits.to(tl.float32, bitcast=True)
-    mult = tl.reshape(
-        tl.broadcast_to(mult[:, :, None], (BLOCK_N, NUM_GROUPS_POW2, GROUP)), (BLOCK_N, D_QK)
-    )
-    return tl.where(is_nope[None, :], nope * mult, rope)
+    rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
+    k = tl.where(is_nope[None, :, None], nope, rope.to(tl.float32)[:, None, :])
+    return tl.reshape(k, (BLOCK_N, D_QK))
 
 
 @triton.jit
 def _attend_cache(
-    acc,
-    m_i,
-    l_i,
-    q,
-    KV_ptr,
-    stride_kv_page,
-    page_size,
-    num_tokens,
-    IDX_row_ptr,
-    stride_it,
-    start,
-    end,
+    acc, m_i, l_i, q,
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, end,
     qk_scale_log2,
     BLOCK_N: tl.constexpr,
-    USE_DOT: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """Online softmax (base 2) of q [BLOCK_H, 512] over tokens [start, end) of one cache.
-
-    USE_DOT: scores and PV as tensor-core matrix products on DOT_DTYPE operands (fp32
-    accumulation); else multiply-reduce in fp32 (the SIMT baseline, BLOCK_H == 1).
-    """
+):  # fmt: skip
+    """SIMT: online softmax (base 2) of one head q [1, 512] over tokens [0, end) of one cache,
+    scores and PV as fp32 multiply-reduce."""
     offs_n = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(0, end, BLOCK_N):
         idx, valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
-        k = _load_kv_tile(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
-        if USE_DOT:
-            k = k.to(DOT_DTYPE)  # exact for bf16: fp8 * 2^e and the bf16 rope both fit
-            s = tl.dot(q, tl.trans(k))
-        else:
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        k = _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-        if USE_DOT:
-            acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), k)
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * k[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * k[None, :, :], axis=1)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -291,7 +278,7 @@ def _store_final(
 # ----------------------------------------------------------------------------- SIMT kernel
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _simt_decode_kernel(
     Q_ptr,
     stride_qb,
@@ -326,10 +313,10 @@ def _simt_decode_kernel(
     stride_lb,
     stride_lh,
     qk_scale_log2,
+    has_len,
+    has_elen,
     BLOCK_N: tl.constexpr,
-    HAS_LEN: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
-    HAS_ELEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
 ):
@@ -344,22 +331,16 @@ def _simt_decode_kernel(
     m_i = tl.full([1], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([1], dtype=tl.float32)
 
-    end = topk
-    if HAS_LEN:
-        end = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
+    end = _length(LEN_ptr, stride_len, has_len, b, topk)
     acc, m_i, l_i = _attend_cache(
         acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
-        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, 0, end, qk_scale_log2,
-        BLOCK_N, False, tl.float32,
+        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, end, qk_scale_log2, BLOCK_N,
     )  # fmt: skip
     if HAS_EXTRA:
-        e_end = e_topk
-        if HAS_ELEN:
-            e_end = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
+        e_end = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
         acc, m_i, l_i = _attend_cache(
             acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
-            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, 0, e_end, qk_scale_log2,
-            BLOCK_N, False, tl.float32,
+            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_end, qk_scale_log2, BLOCK_N,
         )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     _store_final(
@@ -372,37 +353,48 @@ def _simt_decode_kernel(
 
 
 @triton.jit
-def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
-    """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
-    `valid`): dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
-    [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
-    axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
-    g = tl.arange(0, NUM_GROUPS_POW2)
-    c = tl.arange(0, GROUP)
-    is_nope = g < NUM_GROUPS_POW2 - 1
-    raw = tl.load(
-        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * GROUP + c[None, None, :])),
-        mask=valid[:, None, None] & is_nope[None, :, None],
-        other=0,
-    )
-    exps = tl.load(
-        KV_ptr + (scale_off[:, None] + g[None, :]),
-        mask=valid[:, None] & is_nope[None, :],
-        other=0,
-    )
-    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
-    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two, unlike a fast exp2
-    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult[:, :, None]
-    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-    k = tl.where(is_nope[None, :, None], nope, rope.to(tl.float32)[:, None, :])
-    return tl.reshape(k, (BLOCK_N, D_QK))
+def _split8(x):
+    """[R, 8, 64] -> its 8 [R, 64] slices along axis 1 (Triton has no slicing: split the
+    trailing axis of size 2 three times)."""
+    y = tl.reshape(tl.permute(x, (0, 2, 1)), (x.shape[0], x.shape[2], 2, 2, 2))
+    a, b = tl.split(y)  # last bit of the group index
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N: tl.constexpr):
+    """S = q K^T as 8 products over 64-dim groups, each group of q loaded here (an L1 hit
+    after the first tile). mma.sync takes its A operand from registers: one 512-deep product
+    holds all of q there (BLOCK_H x 512 per warp, past the register file), 64 deep an eighth;
+    loaded inside the loop, the 8 groups are not hoisted out of it together."""
+    k0, k1, k2, k3, k4, k5, k6, k7 = _split8(tl.reshape(k, (BLOCK_N, 8, 64)))
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 0, k0.dtype), tl.trans(k0))
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 1, k0.dtype), tl.trans(k1), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 2, k0.dtype), tl.trans(k2), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 3, k0.dtype), tl.trans(k3), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 4, k0.dtype), tl.trans(k4), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 5, k0.dtype), tl.trans(k5), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 6, k0.dtype), tl.trans(k6), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 7, k0.dtype), tl.trans(k7), s)
+    return s
+
+
+@triton.jit
+def _q_group(q_row, stride_qd, head_mask, g: tl.constexpr, dtype: tl.constexpr):
+    """Columns [64 g, 64 g + 64) of the program's query rows, in the operand dtype."""
+    c = g * GROUP + tl.arange(0, GROUP)
+    return tl.load(q_row + c[None, :] * stride_qd, mask=head_mask[:, None], other=0.0).to(dtype)
 
 
 @triton.jit
 def _attend_split_mma(
-    acc, m_i, l_i, q,
+    acc, m_i, l_i, q, q_row, stride_qd, head_mask,
     KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
     EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
     qk_scale_log2,
@@ -410,6 +402,7 @@ def _attend_split_mma(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PV_SPLIT: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
 ):  # fmt: skip
     """Online softmax (base 2) of BLOCK_H heads over the split's tokens: [start, end) of the
     main cache, then [e_start, e_end) of the extra cache, in one loop whose tile picks its
@@ -417,7 +410,8 @@ def _attend_split_mma(
 
     Per tile: S = q K^T and O += P K, `tl.dot` on DOT_DTYPE operands with fp32 accumulation,
     K the whole 512-wide row (nope and rope in one operand: one MMA chain each, no padding).
-    PV_SPLIT adds P's bf16 rounding residue to the PV product (`_exact_pv_operands`).
+    PV_SPLIT adds P's bf16 rounding residue to the PV product (`_exact_pv_operands`);
+    S_BY_GROUP computes S as 8 products 64 deep (`_scores_by_group`, the mma.sync row).
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -441,7 +435,10 @@ def _attend_split_mma(
         idx, valid = _gather_indices(irow, istride, n0 + offs_n, stop, ntok)
         # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
         k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N).to(DOT_DTYPE)
-        s = tl.dot(q, tl.trans(k))
+        if S_BY_GROUP:
+            s = _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N)
+        else:
+            s = tl.dot(q, tl.trans(k))
         p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         p_op = p.to(DOT_DTYPE)
         if PV_SPLIT:
@@ -453,116 +450,7 @@ def _attend_split_mma(
     return acc, m_i, l_i
 
 
-@triton.jit
-def _issue_tile_loads_cs(
-    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, pos, end, own, oth,
-    g_own, g_oth,
-):  # fmt: skip
-    """Column-split tile: nope fp8 as two 256-wide halves (this program's output columns `own`
-    and the other program's `oth`; columns >= 448 zero), rope bf16 [BLOCK_N, 64], the 4 scale
-    exponents of each half (group 7 zero), validity [BLOCK_N]."""
-    idx, valid = _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens)
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
-    raw_own = tl.load(
-        KV_ptr + (row_off[:, None] + own[None, :]),
-        mask=valid[:, None] & (own < D_NOPE)[None, :],
-        other=0,
-    )
-    raw_oth = tl.load(
-        KV_ptr + (row_off[:, None] + oth[None, :]),
-        mask=valid[:, None] & (oth < D_NOPE)[None, :],
-        other=0,
-    )
-    r = tl.arange(0, D_QK - D_NOPE)
-    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr[:, None] + r[None, :], mask=valid[:, None], other=0.0)
-    exps_own = tl.load(
-        KV_ptr + (scale_off[:, None] + g_own[None, :]),
-        mask=valid[:, None] & (g_own < NUM_GROUPS_POW2 - 1)[None, :],
-        other=0,
-    )
-    exps_oth = tl.load(
-        KV_ptr + (scale_off[:, None] + g_oth[None, :]),
-        mask=valid[:, None] & (g_oth < NUM_GROUPS_POW2 - 1)[None, :],
-        other=0,
-    )
-    return raw_own, raw_oth, rope, exps_own, exps_oth, valid
-
-
-@triton.jit
-def _dequant_half(raw, exps, BLOCK_N: tl.constexpr):
-    """fp8 [BLOCK_N, 256] * 2^(e - 127) per 64-dim group (4 groups) -> float32."""
-    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
-    mult = bits.to(tl.float32, bitcast=True)  # exact powers of two, unlike a fast exp2
-    mult = tl.reshape(
-        tl.broadcast_to(mult[:, :, None], (BLOCK_N, NUM_GROUPS_POW2 // 2, GROUP)),
-        (BLOCK_N, D_QK // 2),
-    )
-    return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult
-
-
-@triton.jit
-def _attend_cache_mma_cs(
-    acc,
-    acc_r,
-    m_i,
-    l_i,
-    q_own,
-    q_oth,
-    q_rope,
-    col,
-    KV_ptr,
-    stride_kv_page,
-    page_size,
-    num_tokens,
-    IDX_row_ptr,
-    stride_it,
-    start,
-    end,
-    qk_scale_log2,
-    BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    PV_SPLIT: tl.constexpr,
-):
-    """Column split (COL_SPLIT 2): as `_attend_split_mma` (but one cache per call), except that
-    the program accumulates only its 256 output columns. S is computed over all 576 dims
-    (q_own K_own^T + q_oth K_oth^T + q_rope K_rope^T, the same work as the full kernel), PV
-    only with K_own (acc [BLOCK_H, 256]) and the rope (acc_r; used by the program of the
-    second half only, the other discards it).
-    """
-    offs_n = tl.arange(0, BLOCK_N)
-    j = tl.arange(0, D_QK // 2)
-    own = col * (D_QK // 2) + j
-    oth = (1 - col) * (D_QK // 2) + j
-    g = tl.arange(0, NUM_GROUPS_POW2 // 2)
-    g_own = col * (NUM_GROUPS_POW2 // 2) + g
-    g_oth = (1 - col) * (NUM_GROUPS_POW2 // 2) + g
-    for n0 in range(start, end, BLOCK_N):
-        raw_own, raw_oth, rope, exps_own, exps_oth, valid = _issue_tile_loads_cs(
-            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it,
-            n0 + offs_n, end, own, oth, g_own, g_oth,
-        )  # fmt: skip
-        k_own = _dequant_half(raw_own, exps_own, BLOCK_N).to(DOT_DTYPE)
-        k_oth = _dequant_half(raw_oth, exps_oth, BLOCK_N).to(DOT_DTYPE)
-        k_r = rope.to(DOT_DTYPE)
-        s = tl.dot(q_own, tl.trans(k_own))
-        s = tl.dot(q_oth, tl.trans(k_oth), s)
-        s = tl.dot(q_rope, tl.trans(k_r), s)
-        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-        p_op = p.to(DOT_DTYPE)
-        if PV_SPLIT:
-            p2, k2 = _exact_pv_operands(p, p_op, k_own, BLOCK_N)
-            kr2 = _rows_twice(k_r, BLOCK_N)
-            acc = tl.dot(p2, k2, acc * alpha[:, None])
-            acc_r = tl.dot(p2, kr2, acc_r * alpha[:, None])
-        else:
-            acc = tl.dot(p_op, k_own, acc * alpha[:, None])
-            acc_r = tl.dot(p_op, k_r, acc_r * alpha[:, None])
-        m_i = m_new
-    return acc, acc_r, m_i, l_i
-
-
-@triton.jit
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _mma_split_kernel(
     Q_ptr,
     stride_qb,
@@ -602,43 +490,33 @@ def _mma_split_kernel(
     H,
     qk_scale_log2,
     num_splits,
+    has_len,
+    has_elen,
     SINGLE_SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    HAS_LEN: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
-    HAS_ELEN: tl.constexpr,
     HAS_SINK: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
-    COL_SPLIT: tl.constexpr = 1,
-    EXACT_PASS_BELOW: tl.constexpr = 0,
-    COUNT_BLOCK: tl.constexpr = 1024,
-    COUNT_ONE_BLOCK: tl.constexpr = False,
+    S_BY_GROUP: tl.constexpr,
+    EXACT_PASS_BELOW: tl.constexpr,
+    COUNT_BLOCK: tl.constexpr,
+    COUNT_ONE_BLOCK: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
-    tl.static_assert(COL_SPLIT == 1 or COL_SPLIT == 2, "COL_SPLIT is 1 or 2")
-    if COL_SPLIT == 1:
-        pid_bh = tl.program_id(0)
-    else:
-        # Column split: the two programs of a head block are adjacent in the grid, so they run
-        # at the same time and the second gather of each tile mostly hits L2.
-        pid_bh = tl.program_id(0) // COL_SPLIT
-        col = tl.program_id(0) % COL_SPLIT
+    pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
     heads = (pid_bh % num_head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_mask = heads < H
     d = tl.arange(0, D_QK)
-    r = tl.arange(0, D_QK - D_NOPE)
 
     q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    length = topk
-    if HAS_LEN:
-        length = tl.minimum(tl.load(LEN_ptr + b * stride_len), topk)
+    length = _length(LEN_ptr, stride_len, has_len, b, topk)
     # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
     # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
     # over 10 splits, one tile each).
@@ -651,8 +529,7 @@ def _mma_split_kernel(
     e_end = 0
     e_length = e_topk
     if HAS_EXTRA:
-        if HAS_ELEN:
-            e_length = tl.minimum(tl.load(ELEN_ptr + b * stride_elen), e_topk)
+        e_length = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
         e_start = tl.maximum(t0 - main_tiles, 0) * BLOCK_N
         e_end = tl.minimum(tl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length)
     idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
@@ -672,94 +549,34 @@ def _mma_split_kernel(
             )  # fmt: skip
         if n_valid > EXACT_PASS_BELOW:
             return
-    if COL_SPLIT == 1:
-        # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
-        q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
-        q = q.to(DOT_DTYPE)
-        acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc, m_i, l_i = _attend_split_mma(
-            acc, m_i, l_i, q,
-            KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-            e_start, e_end,
-            qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT,
-        )  # fmt: skip
-        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-        if SINGLE_SPLIT:
-            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-        else:
-            # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
-            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            o_row = PO_ptr + row[:, None] * D_QK
-            out = acc * inv_l[:, None]
-            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-        tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
+    q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
+    q = q.to(DOT_DTYPE)
+    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc, m_i, l_i = _attend_split_mma(
+        acc, m_i, l_i, q, q_row, stride_qd, head_mask,
+        KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+        EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+        e_start, e_end,
+        qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT, S_BY_GROUP,
+    )  # fmt: skip
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
-        # Column split: this program owns output columns [col * 256, col * 256 + 256) of the
-        # nope part (columns >= 448 do not exist) and, for col 1, the rope columns 448..511.
-        # q is loaded as the same two halves (own, other) plus the rope.
-        jh = tl.arange(0, D_QK // 2)
-        own = col * (D_QK // 2) + jh
-        oth = (1 - col) * (D_QK // 2) + jh
-        q_own = tl.load(
-            q_row + own[None, :] * stride_qd,
-            mask=head_mask[:, None] & (own < D_NOPE)[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
-        q_oth = tl.load(
-            q_row + oth[None, :] * stride_qd,
-            mask=head_mask[:, None] & (oth < D_NOPE)[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
-        q_rope = tl.load(
-            q_row + (D_NOPE + r[None, :]) * stride_qd, mask=head_mask[:, None], other=0.0
-        ).to(DOT_DTYPE)
-        acc = tl.zeros([BLOCK_H, D_QK // 2], dtype=tl.float32)
-        acc_r = tl.zeros([BLOCK_H, D_QK - D_NOPE], dtype=tl.float32)
-        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-        acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-            acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, KV_ptr, stride_kv_page,
-            page_size, num_tokens, idx_row, stride_it, start, end,
-            qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
-        )  # fmt: skip
-        if HAS_EXTRA:
-            acc, acc_r, m_i, l_i = _attend_cache_mma_cs(
-                acc, acc_r, m_i, l_i, q_own, q_oth, q_rope, col, EKV_ptr, stride_ekv_page,
-                e_page_size, e_num_tokens, e_idx_row, stride_eit,
-                e_start, e_end, qk_scale_log2, BLOCK_N, DOT_DTYPE, PV_SPLIT,
-            )  # fmt: skip
-        # Both programs compute the same S (up to the fp32 summation order of the two halves,
-        # ~1e-7 relative), hence the same m, l and lse: only col 0 writes the lse; each
-        # program normalises its own columns by its own l.
-        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-        own_mask = head_mask[:, None] & (own < D_NOPE)[None, :]
-        col_h = tl.zeros([BLOCK_H], dtype=tl.int32) + col  # per-row copy: a tensor mask
-        rope_mask = (head_mask & (col_h == COL_SPLIT - 1))[:, None]
-        lse_mask = head_mask & (col_h == 0)
-        if SINGLE_SPLIT:
-            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-            out_r = _to_out_dtype(acc_r * coef[:, None], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=lse_mask)
-        else:
-            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            o_row = PO_ptr + row[:, None] * D_QK
-            out = acc * inv_l[:, None]
-            out_r = acc_r * inv_l[:, None]
-            tl.store(PLSE_ptr + row, lse2, mask=lse_mask)
-        tl.store(o_row + own[None, :], out, mask=own_mask)
-        tl.store(o_row + (D_NOPE + r[None, :]), out_r, mask=rope_mask)
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
 @triton.jit
@@ -813,68 +630,63 @@ def _combine_kernel(
 # ----------------------------------------------------------------------------- launch configs
 
 
+class MMARow(NamedTuple):
+    """One row of the per-architecture table: the launch parameters of one GPU family."""
+
+    block_h: int  # heads per program, at most (fewer when H is smaller: next power of 2, >= 16)
+    block_n: int  # tokens per tile
+    num_warps: int
+    num_stages: int  # Triton's software pipelining of the tile loads (1: none)
+    programs_per_sm: int  # resident programs the split rule fills each SM with
+    s_by_group: bool  # S as 8 products 64 deep (mma.sync holds its A operand in registers)
+    exact_block_h: int  # heads per program of the exact-PV pass (its doubled tile must fit)
+    # Tokens per tile when the grid is capped by the tile count (every split one tile and SMs
+    # left idle, the B1 shapes): smaller tiles, more splits.
+    small_grid_block_n: int
+
+
+# Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
+# checks every row's two passes against it). Measured rows: docs/benchmarks.md.
+MMA_ROWS: dict[str, MMARow] = {
+    # wgmma, 64 heads x 64 tokens: q 64 KB + K tile 64 KB in shared memory (192 KB for the
+    # exact pass); the 64 x 512 fp32 accumulator is 128 registers per thread: one program/SM.
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32),
+    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; 96 KB
+    # with triton 3.6, 80 KB with 3.9 (exact pass: 16 heads, 82 KB). 255 registers x 128
+    # threads: two programs per SM by
+    # registers (one on sm_120 by shared memory, 100 KB per SM). Measured on an H200 as a
+    # proxy (mma.sync forced): docs/benchmarks.md.
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32),
+    # CPU interpreter (tests): small tiles so that the cases span several tiles.
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16),
+}
+
+
+def mma_row_name(cc: tuple[int, int] | None) -> str:
+    """The table row for a compute capability (None: the CPU interpreter). sm_100 takes sm_90's
+    row (not measured); sm_89 (99 KB per block, mma.sync) sm_120's; sm_80 and older cannot run
+    the kernels (no float8e4nv in Triton there) and get sm_120's, the smaller row."""
+    if cc is None:
+        return "interpreter"
+    return "sm90" if cc[0] in (9, 10) else "sm120"
+
+
 class MMAConfig(NamedTuple):
+    """What one call launches: the row's parameters with the split count for its shape."""
+
     block_h: int
     block_n: int
     num_splits: int
     num_warps: int
     num_stages: int
-    pv_split: bool = False
-    # v4 candidate: 2 = split the 512 output columns over two programs per head block (each
-    # recomputes S, accumulates 256 columns). maxnreg: ptxas register cap (0 = its choice).
-    col_split: int = 1
-    maxnreg: int = 0
-    # Exact PV for requests with at most this many valid tokens (after topk_length and
-    # invalid indices): a second launch over the same grid redoes those requests with the
-    # exact PV and overwrites the first's results; 0: never. Ignored when pv_split is on.
+    pv_split: bool = False  # exact PV (P's bf16 rounding residue added) in the first pass
+    # Second launch: redo with the exact PV the requests with at most this many valid tokens
+    # (counted on the device), overwriting the first pass's results; 0: none.
     pv_split_below: int = 0
+    s_by_group: bool = False
+    exact_block_h: int = 0  # heads per program of the second launch (0: block_h)
 
 
-# Per compute capability: BLOCK_N, num_warps, num_stages, resident programs per SM, minimum
-# tiles per split, pv_split, col_split, maxnreg; BLOCK_H (heads per program) is up to
-# _MMA_MAX_BLOCK_H (64: one wgmma M tile; DSv4 has 64 or 128 heads). Shared memory per program
-# ~ q (BLOCK_H x 512 x 2) + one K tile (BLOCK_N x 512 x 2) (+ 2x the tile for the exact PV):
-#   sm_90  (227 KB / block): BLOCK_H 64, BLOCK_N 64 -> 128 KB (192 KB exact pass), measured:
-#           one program per SM (registers bind too: a 64 x 512 fp32 accumulator is 128
-#           registers per thread at 8 warps).
-#   sm_120 ( 99 KB / block, no wgmma: mma.sync): BLOCK_H 64 with BLOCK_N 16 needs 96 KB and
-#           100 KB for the exact pass (over the limit), so BLOCK_H 32: 64 KB / 66 KB. Compiled
-#           for sm_120 (triton 3.9, ptxas 13.4) without a GPU; untested on hardware.
-_MMA_TABLE = {
-    (9, 0): (64, 8, 1, 1, 1, False, 1, 0),
-    (10, 0): (64, 8, 1, 1, 1, False, 1, 0),  # sm_100: not measured, sm_90's choice
-    (12, 0): (16, 8, 1, 1, 1, False, 1, 0),  # sm_120 / sm_121: untested on hardware
-    (8, 9): (16, 8, 1, 1, 1, False, 1, 0),  # sm_89 (99 KB, like sm_120): not measured
-}
-# sm_120 and sm_89 (99 KB per block): 32 heads per program; others: 64. (sm_80 and older:
-# Triton has no float8e4nv there, so neither kernel compiles.)
-_MMA_MAX_BLOCK_H = {(12, 0): 32, (8, 9): 32}
-_MMA_DEFAULT = (32, 8, 1, 1, 1, False, 1, 0)  # other GPUs: not measured
-_INTERPRET_CFG = (16, 4, 1, 1, 1, False, 1, 0)  # CPU interpreter: multi-tile cases
-
-# v4 candidate, OFF by default: the sm_90 table row used instead of the one above. The two
-# programs of a column split each hold a 64 x 256 fp32 accumulator (64 registers per thread at
-# 8 warps, instead of 128) plus the 64 x 64 rope accumulator, and recompute S in full.
-#   "off"   the table above (one program per SM, full 512-column accumulator).
-#   "n64"   BLOCK_N 64, one program per SM, no register cap: the same shared memory
-#           (q 72 KB + K tile 72 KB = 144 KB) and twice the programs (B 64: 128 programs,
-#           1 KV split instead of 2, so no partials and no combine).
-#   "n32x2" BLOCK_N 32, two programs per SM (q 72 KB + K tile 36 KB = 108 KB each, 216 KB of
-#           228 KB per SM), ptxas capped at 128 registers per thread so that two 8-warp
-#           programs fit the register file: gather of one program overlaps MMA of the other.
-#   "auto"  "n64" only where the doubled grid still fits in one wave of idle SMs, i.e. where
-#           the KV split count is capped by the tile count (B 1: 32 -> 64 programs; B 1 dual
-#           cache: 10 -> 20), else the default row. Large batches keep the default: there the
-#           split doubles the gather and S work per SM (see docs/benchmarks.md).
-# Flip for an A/B without editing the file: sed -i 's/^_SM90_COLSPLIT_MODE = "auto"/
-# _SM90_COLSPLIT_MODE = "off"/' (see docs/benchmarks.md, v4). "auto" is measured: B1 shapes
-# 20% faster than "off", every other benchmark shape gets the same config.
-_SM90_COLSPLIT_MODE = "auto"
-_SM90_COLSPLIT_ROWS = {
-    "n64": (64, 8, 1, 1, 1, False, 2, 0),
-    "n32x2": (32, 8, 1, 2, 1, False, 2, 128),
-    "auto": (64, 8, 1, 1, 1, False, 0, 0),  # col_split 0: 2 where it fits, else 1
-}
 MAX_SPLITS = 64
 # Up to this many selected tokens (topk + extra topk, known from shapes, no data read) the
 # kernel adds P's bf16 rounding residue to PV (pv_split): with only a few valid tokens each one
@@ -886,84 +698,111 @@ PV_SPLIT_MAX_TOKENS = 256
 COUNT_BLOCK_MAX = 4096
 
 
-def _mma_config(device: torch.device, H: int, topk: int, e_topk: int, B: int) -> MMAConfig:
-    """Block sizes from the table; the split count from the SM count, B, H and topk.
+def mma_config(
+    cc: tuple[int, int] | None,
+    sm_count: int,
+    B: int,
+    H: int,
+    topk: int,
+    extra_topk: int,
+    row: MMARow | None = None,
+) -> MMAConfig:
+    """The MMA kernel's launch config for compute capability `cc` (None: CPU interpreter)
+    with `sm_count` SMs and this shape; `row` replaces the table's row (tuning). Pure: reads
+    no device.
 
-    One program per SM is resident (shared memory and registers), so the grid is sized to one
-    full wave: splits = floor(SMs / (B * head blocks)), at least 1, at most the tiles of the
-    two caches together (a split with no tile only costs its partial write). Fewer, fuller programs
-    beat a second partial wave: each split also writes a 64 x 512 fp32 partial and the
-    combine re-reads it.
+    The grid is sized to one full wave: splits = floor(SMs x programs per SM / (B x head
+    blocks)), at least 1, at most the tiles of the two caches together. Fewer, fuller programs
+    beat a second partial wave: each split also writes a BLOCK_H x 512 fp32 partial that the
+    combine kernel re-reads.
     """
-    if device.type == "cuda":
-        major, minor = torch.cuda.get_device_capability(device)
-        key = (major, 0) if (major, 0) in _MMA_TABLE else (major, minor)
-        params = _MMA_TABLE.get(key, _MMA_DEFAULT)
-        max_block_h = _MMA_MAX_BLOCK_H.get(key, 64)
-        if key == (9, 0) and _SM90_COLSPLIT_MODE != "off":
-            params = _SM90_COLSPLIT_ROWS[_SM90_COLSPLIT_MODE]
-        num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    else:
-        params = _INTERPRET_CFG
-        max_block_h = 64
-        num_sms = 2
-    block_n, warps, stages, per_sm, min_tiles, pv_split, col_split, maxnreg = params
-    if device.type == "cuda" and topk + e_topk <= PV_SPLIT_MAX_TOKENS:
-        pv_split = True  # few tokens: P's bf16 rounding would show; the exact PV is cheap here
-    block_h = min(max_block_h, max(16, triton.next_power_of_2(H)))
-    tiles = max(triton.cdiv(topk, block_n) + triton.cdiv(e_topk, block_n), 1)
+    if row is None:
+        row = MMA_ROWS[mma_row_name(cc)]
+    on_gpu = cc is not None
+    block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
     programs = B * triton.cdiv(H, block_h)
-    if col_split == 0:  # "auto": split the columns only into SMs that would idle otherwise
-        splits = max(1, min((num_sms * per_sm) // programs, tiles // min_tiles, MAX_SPLITS))
-        col_split = 2 if 2 * programs * splits <= num_sms * per_sm else 1
-    programs *= col_split
-    splits = max(1, min((num_sms * per_sm) // max(programs, 1), tiles // min_tiles, MAX_SPLITS))
-    # Larger shapes: the kernel still takes the exact PV for any request whose valid tokens
-    # are few (the interpreter computes in fp32, so it needs none).
-    below = PV_SPLIT_MAX_TOKENS if device.type == "cuda" else 0
-    return MMAConfig(block_h, block_n, splits, warps, stages, pv_split, col_split, maxnreg, below)
+    slots = sm_count * row.programs_per_sm
+    block_n = row.block_n
+    if programs * _tiles(topk, extra_topk, block_n) < slots:
+        block_n = row.small_grid_block_n
+    tiles = _tiles(topk, extra_topk, block_n)
+    splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
+    # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
+    # shapes: a second launch redoes the requests whose valid tokens are few (the interpreter
+    # computes in fp32 and needs neither).
+    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
+    below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
+    exact_block_h = min(row.exact_block_h, block_h)
+    if pv_split:  # the first pass is the exact one: its doubled tile must fit
+        block_h = exact_block_h
+        splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
+    return MMAConfig(
+        block_h, block_n, splits, row.num_warps, row.num_stages, pv_split, below,
+        row.s_by_group, exact_block_h,
+    )  # fmt: skip
+
+
+def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
+    return max(triton.cdiv(topk, block_n) + triton.cdiv(extra_topk, block_n), 1)
+
+
+def _device_mma_config(device: torch.device, B: int, H: int, topk: int, e_topk: int):
+    if device.type != "cuda":
+        return mma_config(None, 2, B, H, topk, e_topk)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return mma_config(torch.cuda.get_device_capability(device), sms, B, H, topk, e_topk)
 
 
 # ----------------------------------------------------------------------------- launchers
 
 
-def _cache_args(k_cache, indices, topk_length):
-    """(pointer, page stride bytes, page size, token count, idx, idx strides, topk, len, stride)."""
+# Kernel argument names of one cache's group: the main cache, and the extra cache.
+_MAIN_CACHE_ARGS = ("KV_ptr", "stride_kv_page", "page_size", "num_tokens", "IDX_ptr",
+                    "stride_ib", "stride_it", "topk", "LEN_ptr", "stride_len")  # fmt: skip
+_EXTRA_CACHE_ARGS = ("EKV_ptr", "stride_ekv_page", "e_page_size", "e_num_tokens", "EIDX_ptr",
+                     "stride_eib", "stride_eit", "e_topk", "ELEN_ptr", "stride_elen")  # fmt: skip
+
+
+def _cache_args(k_cache, indices, topk_length, names=_MAIN_CACHE_ARGS) -> dict:
+    """One cache's kernel arguments by name: byte view, page stride in bytes, page size, token
+    count, index rows and strides, topk, lengths (the index tensor stands in when there are
+    none: never read, `has_len` is 0) and their stride (1 then: the same specialisation)."""
     raw = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
     page_size = k_cache.shape[1]
-    stride_page = k_cache.stride(0) * k_cache.element_size()
-    topk = indices.shape[-1]
-    lens = topk_length if topk_length is not None else indices
-    stride_len = topk_length.stride(0) if topk_length is not None else 0
-    return (
-        raw, stride_page, page_size, k_cache.shape[0] * page_size,
-        indices, indices.stride(0), indices.stride(-1), topk, lens, stride_len,
+    values = (
+        raw, k_cache.stride(0) * k_cache.element_size(), page_size, k_cache.shape[0] * page_size,
+        indices, indices.stride(0), indices.stride(-1), indices.shape[-1],
+        topk_length if topk_length is not None else indices,
+        topk_length.stride(0) if topk_length is not None else 1,
+    )  # fmt: skip
+    return dict(zip(names, values, strict=True))
+
+
+def _common_args(q, attn_sink, out, lse, scale_log2) -> dict:
+    """q, sink, out and lse arguments shared by both kernels (lse stands in for a missing sink:
+    never read, HAS_SINK is off)."""
+    return dict(
+        Q_ptr=q, stride_qb=q.stride(0), stride_qh=q.stride(2), stride_qd=q.stride(3),
+        SINK_ptr=attn_sink if attn_sink is not None else lse,
+        stride_sink=attn_sink.stride(0) if attn_sink is not None else 0,
+        O_ptr=out, stride_ob=out.stride(0), stride_oh=out.stride(2),
+        LSE_ptr=lse, stride_lb=lse.stride(0), stride_lh=lse.stride(1),
+        qk_scale_log2=scale_log2,
     )  # fmt: skip
 
 
-def _launch_simt(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen):
+def _launch_simt(q, main, extra, common, flags):
     B, _, H, _ = q.shape
-    sink = attn_sink if attn_sink is not None else lse
-    stride_sink = attn_sink.stride(0) if attn_sink is not None else 0
-    ex = extra if extra is not None else main
     _simt_decode_kernel[(B, H)](
-        q, q.stride(0), q.stride(2), q.stride(3),
-        *main,
-        *ex,
-        sink, stride_sink,
-        out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
-        scale_log2,
-        BLOCK_N=16, HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
-        HAS_SINK=attn_sink is not None, RNE_BY_HAND=not q.is_cuda, num_warps=4, num_stages=1,
+        **common, **main, **extra, BLOCK_N=16, **flags, num_warps=4, num_stages=1,
     )  # fmt: skip
 
 
-def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen, cfg):
+def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
-    topk = main[7]
-    e_topk = extra[7] if extra is not None else 0
+    topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     if cfg is None:
-        cfg = _mma_config(q.device, H, topk, e_topk, B)
+        cfg = _device_mma_config(q.device, B, H, topk, e_topk)
     splits = cfg.num_splits
     # Tiles per split over the two caches' tile lists laid end to end.
     tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
@@ -972,52 +811,41 @@ def _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_el
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     else:
-        part_o, part_lse = out, lse  # unused
-    sink = attn_sink if attn_sink is not None else lse
-    stride_sink = attn_sink.stride(0) if attn_sink is not None else 0
-    ex = extra if extra is not None else main
+        part_o, part_lse = common["O_ptr"], common["LSE_ptr"]  # unused
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
     # unsupported interpreter limitation), so on CPU the operands are float32 instead.
     dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
-    if cfg.col_split not in (1, 2):
-        raise ValueError(f"MMAConfig.col_split must be 1 or 2, got {cfg.col_split}")
-    grid = (B * triton.cdiv(H, cfg.block_h) * cfg.col_split, splits)
-    extra_opts = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and q.is_cuda else {}
-    # Passes (PV_SPLIT, EXACT_PASS_BELOW): one; or, with pv_split_below, the bf16-P kernel for
-    # every request, then the exact-PV kernel over the same grid, which redoes only the
-    # requests with few valid tokens (each pass a straight code path; v5's in-kernel branch
-    # cost 13-33% on the common path).
-    passes = [(cfg.pv_split, 0)]
+    # Passes (PV_SPLIT, EXACT_PASS_BELOW, heads per program): one; or, with pv_split_below,
+    # the bf16-P kernel for every request, then the exact-PV kernel over the same splits, which
+    # redoes only the requests with few valid tokens (each pass a straight code path; an
+    # in-kernel branch between the two PVs cost 13-33% on the common path).
+    passes = [(cfg.pv_split, 0, cfg.block_h)]
     if not cfg.pv_split and cfg.pv_split_below > 0:
-        passes.append((True, cfg.pv_split_below))
+        passes.append((True, cfg.pv_split_below, cfg.exact_block_h or cfg.block_h))
     # The exact pass counts each request's valid indices in one block up to COUNT_BLOCK_MAX.
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
-    for pv_split, exact_below in passes:
-        _mma_split_kernel[grid](
-            q, q.stride(0), q.stride(2), q.stride(3),
-            *main, tiles_per_split,
-            *ex,
-            sink, stride_sink,
-            out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
-            part_o, part_lse,
-            H, scale_log2, splits,
-            SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-            HAS_LEN=has_len, HAS_EXTRA=extra is not None, HAS_ELEN=has_elen,
-            HAS_SINK=attn_sink is not None, DOT_DTYPE=dot_dtype,
-            PV_SPLIT=pv_split, RNE_BY_HAND=not q.is_cuda, COL_SPLIT=cfg.col_split,
+    for pv_split, exact_below, block_h in passes:
+        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+            **common, **main, **extra,
+            tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
+            H=H, num_splits=splits, **flags,
+            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+            DOT_DTYPE=dot_dtype, PV_SPLIT=pv_split, S_BY_GROUP=cfg.s_by_group,
             EXACT_PASS_BELOW=exact_below, COUNT_BLOCK=count_block,
             COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **extra_opts,
+            # The exact-PV builds run unpipelined: their doubled tile leaves no room for stages.
+            num_warps=cfg.num_warps, num_stages=1 if pv_split else cfg.num_stages,
         )  # fmt: skip
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
         _combine_kernel[(B * H, HEAD_DIM // block_d)](
-            part_o, part_lse, sink, stride_sink,
-            out, out.stride(0), out.stride(2), lse, lse.stride(0), lse.stride(1),
+            part_o, part_lse, common["SINK_ptr"], common["stride_sink"],
+            common["O_ptr"], common["stride_ob"], common["stride_oh"],
+            common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
             H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
-            HAS_SINK=attn_sink is not None, RNE_BY_HAND=not q.is_cuda, num_warps=4,
+            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip
 
 
@@ -1176,17 +1004,26 @@ def flash_mla_sparse_decode_triton(
     scale_log2 = scale * 1.4426950408889634  # fold log2(e) into the scale: exp -> exp2
 
     main = _cache_args(k_cache, indices, topk_length)
-    extra = None
-    if extra_k_cache is not None:
-        extra = _cache_args(extra_k_cache, extra_indices, extra_topk_length)
-    has_len = topk_length is not None
-    has_elen = extra_topk_length is not None
+    has_extra = extra_k_cache is not None
+    # Without an extra cache its group repeats the main cache's tensors (never read).
+    extra = _cache_args(
+        extra_k_cache if has_extra else k_cache,
+        extra_indices if has_extra else indices,
+        extra_topk_length if has_extra else None,
+        _EXTRA_CACHE_ARGS,
+    )
+    common = _common_args(q, attn_sink, out, lse, scale_log2)
+    flags = dict(
+        has_len=int(topk_length is not None), has_elen=int(extra_topk_length is not None),
+        HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None,
+        RNE_BY_HAND=not q.is_cuda,
+    )  # fmt: skip
     if (variant or _DEFAULT_VARIANT) == "mma":
         if _config is not None and not isinstance(_config, MMAConfig):
             _config = MMAConfig(**_config)
-        _launch_mma(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen, _config)
+        _launch_mma(q, main, extra, common, flags, _config)
     else:
-        _launch_simt(q, main, extra, attn_sink, out, lse, scale_log2, has_len, has_elen)
+        _launch_simt(q, main, extra, common, flags)
     return out, lse
 
 

@@ -38,33 +38,36 @@ _DIV16 = {"stride_kv_page", "stride_ekv_page", "stride_qb", "stride_ob", "stride
 
 
 def table_row(fl, cc: int, H: int = 64) -> dict:
-    """The launch parameters `_mma_config` takes for this compute capability (H heads)."""
-    major, minor = divmod(cc, 10)
-    key = (major, 0) if (major, 0) in fl._MMA_TABLE else (major, minor)
-    block_n, warps, stages = fl._MMA_TABLE.get(key, fl._MMA_DEFAULT)[:3]
-    block_h = min(fl._MMA_MAX_BLOCK_H.get(key, 64), max(16, 1 << (H - 1).bit_length()))
-    return {"BLOCK_H": block_h, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+    """The launch parameters `mma_config` takes for this compute capability (H heads)."""
+    cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
+    return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
+            "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
+            "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h}  # fmt: skip
 
 
 def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_pass: bool):
+    """Compile `_mma_split_kernel` for `cc` with a table row's parameters; the exact-PV builds
+    (`pv_split`) with the row's EXACT_BLOCK_H heads, as `mma_config` and the launcher do."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     fn = fl._mma_split_kernel
+    block_h = row.get("EXACT_BLOCK_H", row["BLOCK_H"]) if pv_split else row["BLOCK_H"]
     const = dict(
-        SINGLE_SPLIT=False, BLOCK_H=row["BLOCK_H"], BLOCK_N=row["BLOCK_N"], HAS_LEN=True,
-        HAS_EXTRA=has_extra, HAS_ELEN=has_extra, HAS_SINK=True, DOT_DTYPE=tl.bfloat16,
-        PV_SPLIT=pv_split, RNE_BY_HAND=False,
+        SINGLE_SPLIT=False, BLOCK_H=block_h, BLOCK_N=row["BLOCK_N"],
+        HAS_EXTRA=has_extra, HAS_SINK=True, DOT_DTYPE=tl.bfloat16,
+        PV_SPLIT=pv_split, RNE_BY_HAND=False, S_BY_GROUP=row.get("S_BY_GROUP", False),
         EXACT_PASS_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_pass else 0,
+        COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         param = fn.params[i]
         if param.is_constexpr:
             sig[name] = "constexpr"
-            constexprs[name] = const.get(name, param.default)
+            constexprs[name] = const[name]
         elif name in _PTR_TYPES:
             sig[name] = _PTR_TYPES[name]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -74,7 +77,7 @@ def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exac
             sig[name] = "i32"
             if name in _DIV16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {"num_warps": row["num_warps"], "num_stages": row["num_stages"]}
+    options = {"num_warps": row["num_warps"], "num_stages": 1 if pv_split else row["num_stages"]}
     return triton.compile(
         ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32), options=options
     )

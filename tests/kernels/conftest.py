@@ -4,8 +4,8 @@ Triton reads TRITON_INTERPRET when it is imported (its standard-library function
 then) and again while a kernel runs, so it has to be set before the first `import triton` of the
 process. This conftest sets it, for the whole pytest process, only when no GPU is present and
 triton has not been imported yet (on a CPU-only machine no compiled Triton kernel could run
-anyway). If triton was already imported without it, `test_kernels.py` re-runs itself in a
-child pytest process instead (see `test_kernel_suite_in_own_process`).
+anyway). If triton was already imported without it, `test_flash_mla_sm120_triton.py` re-runs
+itself in a child pytest process instead (see `test_kernel_suite_in_own_process`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from . import conftest as kconf
-from .test_kernels import DEVICE, fl, ref
+from .test_flash_mla_sm120_triton import DEVICE, fl, ref
 
 torch = pytest.importorskip("torch")
 

@@ -90,8 +90,9 @@ def _run_and_check(inputs, variant, config=None, expect_all_invalid=False):
 
 
 # (id, make_inputs kwargs, variants, MMA configs: None = the table's choice)
-# MMAConfig(block_h, block_n, num_splits, num_warps, num_stages); on CPU the table gives
-# BLOCK_N = 16 so every case below spans several tiles.
+# MMAConfig(block_h, block_n, num_splits, num_warps, num_stages, pv_split, pv_split_below,
+# s_by_group, exact_block_h); on CPU the table gives BLOCK_N = 16 so every case below spans
+# several tiles.
 BN = 16 if not ON_GPU else 64
 W = 4 if not ON_GPU else 8
 
@@ -103,9 +104,12 @@ def C(splits: int, pv_split: bool | None = None) -> MMAConfig:
     return MMAConfig(64, BN, splits, W, 1, ON_GPU if pv_split is None else pv_split)
 
 
-def CS(splits: int, pv_split: bool | None = None, **over) -> MMAConfig:
-    """C() with the v4 candidate's column split forced on (two programs per head block)."""
-    return C(splits, pv_split=pv_split)._replace(col_split=2, **over)
+def G(splits: int, pv_split: bool | None = None, **over) -> MMAConfig:
+    """The sm_120 row's structure: 32 heads, S as 8 products over 64-dim groups, 4 warps, the
+    exact pass with 16 heads per program."""
+    cfg = MMAConfig(32, 16 if not ON_GPU else 32, splits, 4, 1, ON_GPU if pv_split is None
+                    else pv_split, 0, True, 16)  # fmt: skip
+    return cfg._replace(**over)
 
 
 CASES = [
@@ -244,7 +248,7 @@ CASES = [
         [
             MMAConfig(64, BN, 1, W, 1, pv_split_below=30),
             MMAConfig(64, BN, 3, W, 1, pv_split_below=30),
-            MMAConfig(64, BN, 2, W, 1, col_split=2, pv_split_below=30),
+            G(2, pv_split=False, pv_split_below=30),
         ],
     ),
     (
@@ -254,23 +258,18 @@ CASES = [
         [None],
     ),
 ]
-# The v4 column-split candidate (MMAConfig.col_split 2): single cache, dual cache + sink,
-# partial lengths, invalid indices, split count 1 and > 1, more splits than tiles, exact PV.
+# The sm_120 row's structure (S by 64-dim groups, 32 heads, exact pass with 16 heads):
+# single cache, dual cache + sink, partial lengths, invalid indices, split count 1 and > 1,
+# more splits than tiles, exact PV, masked heads.
 CASES += [
     (
-        "cs_single_partial_invalid",
+        "grp_single_partial_invalid",
         dict(B=3, H=64, topk=45, page_size=48, topk_length="partial", invalid_fraction=0.3),
         ("mma",),
-        [CS(1), CS(3)],
+        [G(1), G(3)],
     ),
     (
-        "cs_single_sink_padded",
-        dict(B=2, H=64, topk=80, page_size=64, with_sink=True, page_stride="pad576"),
-        ("mma",),
-        [CS(1), CS(2)],
-    ),
-    (
-        "cs_dual_sink_partial",
+        "grp_dual_sink_partial",
         dict(
             B=2,
             H=64,
@@ -281,33 +280,12 @@ CASES += [
             with_sink=True,
             topk_length="partial",
             invalid_fraction=0.2,
+            page_stride="pad576",
         ),
         ("mma",),
-        [CS(1), CS(3), CS(8)],
+        [G(1), G(3), G(8)],
     ),
-    (
-        "cs_inf_sinks_pvsplit",
-        dict(
-            B=2,
-            H=64,
-            topk=40,
-            page_size=16,
-            extra_topk=24,
-            extra_page_size=8,
-            with_sink="inf",
-            topk_length="partial",
-            invalid_fraction=0.2,
-        ),
-        ("mma",),
-        [CS(1, pv_split=True), CS(2, pv_split=True)],
-    ),
-    ("cs_h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [CS(1), CS(2)]),
-    (
-        "cs_h128",
-        dict(B=1, H=128, topk=33, page_size=64, with_sink=True),
-        ("mma",),
-        [CS(2, maxnreg=128)],
-    ),
+    ("grp_h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [G(2)]),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
 # indices, sink, padded page stride.
@@ -373,30 +351,32 @@ if ON_GPU:  # bf16 operands at production sizes
             ("mma",),
             [None, MMAConfig(64, 64, 4, 8, 1)],
         ),
-        # v4 candidate rows ("n64", "n32x2") at production sizes
+        # the sm_120 row (mma_config for (12, 0)) at production sizes, with its exact pass
         (
-            "gpu_cs_B64_topk2048",
-            dict(B=64, H=64, topk=2048, page_size=64, with_sink=True),
+            "gpu_sm120row_B64_topk2048_partial_invalid",
+            dict(
+                B=64,
+                H=64,
+                topk=2048,
+                page_size=64,
+                with_sink=True,
+                topk_length="partial",
+                invalid_fraction=0.1,
+            ),  # fmt: skip
             ("mma",),
-            [
-                MMAConfig(64, 64, 1, 8, 1, False, 2, 0),
-                MMAConfig(64, 32, 2, 8, 1, False, 2, 128),
-            ],
+            [fl.mma_config((12, 0), 132, 64, 64, 2048, 0)],
         ),
         (
-            "gpu_cs_B64_main128_extra512",
+            "gpu_sm120row_B64_main128_extra512",
             GPU_DUAL_PARTIAL,
             ("mma",),
-            [
-                MMAConfig(64, 64, 1, 8, 1, True, 2, 0),
-                MMAConfig(64, 32, 2, 8, 1, True, 2, 128),
-            ],
+            [fl.mma_config((12, 0), 132, 64, 64, 128, 512)],
         ),
         (
-            "gpu_cs_B1_topk2048",
+            "gpu_sm120row_B1_topk2048",
             dict(B=1, H=64, topk=2048, page_size=64, with_sink=True),
             ("mma",),
-            [MMAConfig(64, 64, 32, 8, 1, False, 2, 0)],
+            [fl.mma_config((12, 0), 132, 1, 64, 2048, 0)],
         ),
     ]
 
@@ -406,10 +386,11 @@ def _cfg_id(cfg):
         return "table"
     return (
         f"s{cfg.num_splits}-n{cfg.block_n}"
+        + f"-h{cfg.block_h}"
         + ("-pv2" if cfg.pv_split else "")
-        + (f"-cs{cfg.col_split}" if cfg.col_split != 1 else "")
-        + (f"-r{cfg.maxnreg}" if cfg.maxnreg else "")
         + (f"-pv2below{cfg.pv_split_below}" if cfg.pv_split_below else "")
+        + ("-grp" if cfg.s_by_group else "")
+        + (f"-x{cfg.exact_block_h}" if cfg.exact_block_h else "")
     )
 
 
@@ -494,8 +475,7 @@ def test_noncontiguous_q_fp8_cache_default_scale(variant):
 
 
 @pytest.mark.parametrize("with_sink", [False, True])
-@pytest.mark.parametrize("splits", [1, 2])
-def test_col_split_all_indices_invalid(with_sink, splits):
+def test_s_by_group_all_indices_invalid(with_sink):
     inputs = ref.make_inputs(
         B=2,
         H=64,
@@ -505,73 +485,47 @@ def test_col_split_all_indices_invalid(with_sink, splits):
         with_sink=with_sink,
         invalid_fraction=1.0,
         device=DEVICE,
-        seed=_seed(f"cs-inv{with_sink}{splits}"),
+        seed=_seed(f"grp-inv{with_sink}"),
     )
-    _run_and_check(inputs, "mma", CS(splits), expect_all_invalid=True)
+    _run_and_check(inputs, "mma", G(2), expect_all_invalid=True)
 
 
-@pytest.mark.parametrize("splits", [1, 3])
-def test_col_split_agrees_with_full_columns(splits):
-    """Same inputs, same split count: the column split changes only which program accumulates
-    which output columns (S and the lse are recomputed identically up to fp32 order)."""
+def test_without_topk_length_same_result_as_full_lengths():
+    """topk_length=None runs the kernel built for lengths (a runtime flag, not a separate
+    specialisation): the same output, bit for bit, as full lengths passed."""
     inputs = ref.make_inputs(
-        B=2,
-        H=64,
-        topk=70,
-        page_size=64,
-        extra_topk=33,
-        with_sink=True,
-        topk_length="partial",
-        device=DEVICE,
-        seed=_seed(f"cs-agree{splits}"),
+        B=2, H=64, topk=40, page_size=64, extra_topk=24, with_sink=True, device=DEVICE, seed=5
     )
-    a, la = _run_and_check(inputs, "mma", C(splits))
-    b, lb = _run_and_check(inputs, "mma", CS(splits))
-    assert (a.float() - b.float()).abs().max() <= 2**-7 * max(1.0, a.float().abs().max())
-    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+    with_len, lse_len = decode(**inputs, variant="mma")
+    inputs.update(topk_length=None, extra_topk_length=None)
+    no_len, lse_no = _run_and_check(inputs, "mma")
+    assert torch.equal(with_len, no_len) and torch.equal(lse_len, lse_no)
 
 
-def test_col_split_table_switch(monkeypatch):
-    """_SM90_COLSPLIT_MODE selects the candidate row on sm_90 only; splits count both halves."""
-    assert fl._SM90_COLSPLIT_MODE == "auto"  # the shipped choice (measured, docs/benchmarks.md)
-    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "off")
-
-    class _Props:
-        multi_processor_count = 132
-
-    monkeypatch.setattr(fl.torch.cuda, "get_device_properties", lambda d=None: _Props())
-    dev = torch.device("cuda")
-    base = fl._mma_config(dev, 64, 2048, 0, 64)
-    assert (base.col_split, base.block_n, base.num_splits, base.maxnreg) == (1, 64, 2, 0)
-    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "n64")
-    c = fl._mma_config(dev, 64, 2048, 0, 64)
-    assert (c.col_split, c.block_n, c.num_splits, c.maxnreg) == (2, 64, 1, 0)
-    assert fl._mma_config(dev, 64, 2048, 0, 1).num_splits == 32  # B 1: 64 programs
-    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "n32x2")
-    c = fl._mma_config(dev, 64, 2048, 0, 64)
-    assert (c.col_split, c.block_n, c.num_splits, c.maxnreg) == (2, 32, 2, 128)
-    assert fl._mma_config(dev, 64, 2048, 0, 128).num_splits == 1  # 256 programs, 2 per SM
-    monkeypatch.setattr(fl, "_SM90_COLSPLIT_MODE", "auto")
-    c = fl._mma_config(dev, 64, 2048, 0, 64)  # B 64: 128 programs already, default row
-    assert (c.col_split, c.block_n, c.num_splits) == (1, 64, 2)
-    c = fl._mma_config(dev, 64, 2048, 0, 1)  # B 1: 32 splits, tile-capped: 64 programs
-    assert (c.col_split, c.num_splits) == (2, 32)
-    c = fl._mma_config(dev, 64, 128, 512, 1)  # B 1 dual cache: 2 + 8 tiles, one per split
-    assert (c.col_split, c.num_splits) == (2, 10)
-    assert fl._mma_config(dev, 64, 2048, 0, 4).col_split == 1  # 128 programs: no room
-    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (12, 0))
-    assert fl._mma_config(dev, 64, 2048, 0, 64).col_split == 1  # sm_90 only
-    # sm_120's 99 KB per block: 32 heads per program (64 would need 100 KB for the exact pass)
-    assert fl._mma_config(dev, 64, 2048, 0, 64).block_h == 32
-    assert fl._mma_config(dev, 20, 2048, 0, 64).block_h == 32
-    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (8, 9))
-    assert (
-        fl._mma_config(dev, 64, 2048, 0, 64).block_h,
-        fl._mma_config(dev, 64, 2048, 0, 64).block_n,
-    ) == (32, 16)
-    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda d=None: (9, 0))
-    assert fl._mma_config(dev, 128, 512, 0, 64).block_h == 64
+def test_mma_config_rule():
+    """The public, pure config rule: table rows per compute capability, one wave of splits,
+    small tiles where the tile count caps the grid, the exact PV where topk is small."""
+    sm90 = fl.mma_config((9, 0), 132, 64, 64, 2048, 0)
+    assert (sm90.block_h, sm90.block_n, sm90.num_splits, sm90.num_warps) == (64, 64, 2, 8)
+    assert (sm90.pv_split, sm90.pv_split_below, sm90.s_by_group) == (False, 256, False)
+    assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).num_splits == 1
+    b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0)  # 32 tiles of 64 < 132 SMs: tiles of 32
+    assert (b1.block_n, b1.num_splits) == (32, 64)
+    dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512)  # 4 + 16 tiles of 32, one per split
+    assert (dual.block_n, dual.num_splits) == (32, 20)
+    small = fl.mma_config((9, 0), 132, 4, 64, 37, 0)
+    assert small.pv_split
+    assert fl.mma_config((10, 0), 148, 64, 64, 2048, 0).block_n == 64  # sm_100: sm_90's row
+    sm120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)
+    assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.s_by_group) == (32, 32, 4, True)
+    assert (sm120.num_splits, sm120.exact_block_h) == (2, 16)  # 188 SMs x 2 // 128 programs
+    assert fl.mma_config((12, 0), 188, 4, 64, 37, 0).block_h == 16  # exact PV: 16 heads
+    assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config((12, 0), 128, 64, 64,
+                                                                         2048, 0)  # fmt: skip
+    cpu = fl.mma_config(None, 2, 2, 20, 70, 0)
+    assert (cpu.block_h, cpu.block_n, cpu.pv_split, cpu.pv_split_below) == (32, 16, False, 0)
+    big = fl.mma_config((9, 0), 132, 1, 64, 100_000, 0)
+    assert big.num_splits == fl.MAX_SPLITS
 
 
 @pytest.mark.parametrize("count_block_max", [16, 4096])
