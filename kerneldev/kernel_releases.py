@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "d2c1491776f96f0c49645de23b928b899c7759bad89d363b6e8c30081885c74c": "78fe632 2026-11-30",
         "8bd9824ec801ff310b78149128c91d6bb6d5770e03e0a761d1dbabd5570a5b75": "27c2342 2026-11-29",
         "aa4879c63a800bdaa9b541e06dacd083049d25e06101686d92eb304fa61d1dce": "f6a40f2 2026-11-29",
         "b8cfbb8c94da11ce612d82c553ea1ed37443ffdb82b8c2df2c6f64c593e1f339": "5b119ef 2026-11-29",

@@ -38,9 +38,9 @@ SHAPES_OPTION = typer.Option(
     None,
     "--shapes",
     metavar="SHAPES",
-    help="A named set (issue4, paths, smoke) or one shape such as B=1,H=64,topk=512 (keys: "
+    help="A named set (decode, flashmla, paths, smoke) or one shape such as B=1,H=64,topk=512 (keys: "
     "B H topk page extra_topk extra_page sink lengths invalid pad; see docs/usage.md); "
-    "repeatable, or ';'-separated. Default: issue4 (smoke with --cpu).",
+    "repeatable, or ';'-separated. Default: decode (smoke with --cpu).",
     show_default=False,
 )
 COMPARE_OPTION = typer.Option(
@@ -142,7 +142,7 @@ def bench_command(
         return
     host = config.host(host_name)
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
-    shape_list = list(shapes) if shapes else ["smoke" if cpu else "issue4"]
+    shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
     baseline = bench.load_result(compare_to) if compare_to else None
 

@@ -52,7 +52,7 @@ class EngineSizes:
     max_batch: int
 
 
-# The contract's production decode shape (shared/spec/dsv4-sparse-decode.md).
+# The contract's production decode shape (docs/kernel-contract.md).
 CUDA_SIZES = EngineSizes(
     layers=8, heads=64, topk=128, page_size=256, extra_topk=512, extra_page_size=64, max_batch=128
 )
