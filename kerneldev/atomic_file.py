@@ -7,9 +7,14 @@ lines: it runs on the host with the standard library only.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
+
+CHUNK = 1 << 20  # bytes per read/write when streaming
 
 
 def temp_name_prefix(target_name: str) -> str:
@@ -32,6 +37,22 @@ def write_bytes_atomic(
     made durable where the file system allows. Raises OSError; the temporary file never
     outlives a failure.
     """
+    write_stream_atomic(path, io.BytesIO(data), mode, owner=owner)
+
+
+def write_stream_atomic(
+    path: Path | str,
+    source: BinaryIO,
+    mode: int | None = None,
+    *,
+    owner: tuple[int, int] | None = None,
+    on_chunk: Callable[[int], None] | None = None,
+    before_rename: Callable[[], None] | None = None,
+) -> None:
+    """`write_bytes_atomic` from a binary stream, copied in 1 MiB chunks (memory stays flat
+    for any size). `on_chunk(n)` runs after each chunk (progress; it may raise to stop, e.g.
+    on Ctrl-C); `before_rename()` runs last (a compare-and-swap check; raising leaves `path`
+    untouched). The temporary file never outlives a failure."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(path.name), dir=path.parent)
@@ -40,9 +61,14 @@ def write_bytes_atomic(
             _give_owner(f.fileno(), owner)
             if mode is not None:
                 os.fchmod(f.fileno(), mode)
-            f.write(data)
+            for chunk in iter(lambda: source.read(CHUNK), b""):
+                f.write(chunk)
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
             f.flush()
             os.fsync(f.fileno())
+        if before_rename is not None:
+            before_rename()
         os.replace(tmp, path)
     except BaseException:
         try:

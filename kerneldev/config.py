@@ -65,6 +65,7 @@ class HostConfig:
     service: ServiceConfig | None = None
     python: str = "python3"  # interpreter on the host for the bench harness
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for bench on the host
+    keep_backups: int = 20  # host backups are pruned to those of the last N deploys
 
 
 @dataclass(frozen=True)
@@ -330,6 +331,7 @@ class _Validator:
             "service",
             "python",
             "gpu",
+            "keep_backups",
         )
         self.check_keys(node, items, kp, allowed, ("root", "files", "workspace"))
         get: Callable[[str], yaml.Node | None] = lambda k: items[k][1] if k in items else None  # noqa: E731
@@ -372,6 +374,13 @@ class _Validator:
         service = self._service(n, f"{kp}.service") if (n := get("service")) is not None else None
         python = self.string(n, f"{kp}.python") if (n := get("python")) is not None else "python3"
         gpu = self._gpu(n, f"{kp}.gpu") if (n := get("gpu")) is not None else None
+        keep_backups = 20
+        if (n := get("keep_backups")) is not None:
+            v = self.value(n)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                what = f"must be an integer >= 1, got {_describe(v)}"
+                raise self.fail(n, f"{kp}.keep_backups", what)
+            keep_backups = v
         return HostConfig(
             name=name,
             root=root,
@@ -387,6 +396,7 @@ class _Validator:
             service=service,
             python=python,
             gpu=gpu,
+            keep_backups=keep_backups,
         )
 
     def _opt_path(self, node: yaml.Node | None, kp: str) -> Path | None:

@@ -6,16 +6,23 @@ workspace and live against it. Also the list of deploys (push and rollback), eac
 files it replaced, their old and new sha256 and where the old bytes were backed up on the host.
 
 The file is written atomically (temporary file + `os.replace`), so a crash never leaves half a
-state behind. A file that cannot be read or parsed is a `StateError` naming it, never a
-traceback.
+state behind. Writers go through `update_state`: under an exclusive lock on
+`<workspace>/.kerneldev/state.lock` it reads the file afresh, applies the change and writes it,
+so two terminals on one workspace never drop each other's deploy records. A file that cannot be
+read or parsed is a `StateError` naming it, never a traceback.
+
+Schema versions: 1 (no `outcome` on deploy records) is read and migrated to 2 on the next write.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import fcntl
 import json
+import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +32,9 @@ from kerneldev.errors import StateError
 
 STATE_DIR = ".kerneldev"
 STATE_FILE = "state.json"
-STATE_VERSION = 1
+STATE_LOCK = "state.lock"
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 @dataclass
@@ -62,6 +71,9 @@ class DeployRecord:
     files: list[DeployedFile] = field(default_factory=list)
     complete: bool = True  # False when an upload failed midway; `files` lists what did land
     rolls_back: str | None = None  # for kind == "rollback": the deploy it undid
+    # "deployed", "partial" (stopped by an error), "interrupted" (Ctrl-C/SIGTERM/cut connection
+    # after some files landed), "auto-rollback" (undid a deploy whose service never got healthy)
+    outcome: str = "deployed"
 
 
 @dataclass
@@ -121,6 +133,24 @@ def save_state(workspace: Path, state: State) -> None:
         raise StateError(f"cannot write the state file {path}: {err}") from None
 
 
+def update_state(workspace: Path, change: Callable[[State], None]) -> State:
+    """Read-modify-write of the state file under the workspace's lock; returns the new state."""
+    folder = Path(workspace) / STATE_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise StateError(f"cannot lock the state file in {folder}: {err}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # held for milliseconds: read, change, write
+        state = load_state(workspace)
+        change(state)
+        save_state(workspace, state)
+        return state
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def _to_dict(state: State) -> dict[str, Any]:
     return {
         "version": STATE_VERSION,
@@ -134,16 +164,22 @@ def _to_dict(state: State) -> dict[str, Any]:
 def _from_dict(raw: Any) -> State:
     if not isinstance(raw, dict):
         raise ValueError("top level is not an object")
-    version = raw.get("version", STATE_VERSION)
-    if version != STATE_VERSION:
-        raise ValueError(f"unknown version {version!r} (this kerneldev reads {STATE_VERSION})")
+    version = raw.get("version", 1)
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"unknown version {version!r} (this kerneldev reads 1 to {STATE_VERSION})")
     files_raw = raw.get("files", {})
     if not isinstance(files_raw, dict):
         raise ValueError("'files' is not an object")
     files = {k: FileState(**v) for k, v in files_raw.items()}
-    deploys = []
-    for d in raw.get("deploys", []):
-        d = dict(d)
-        d["files"] = [DeployedFile(**f) for f in d.get("files", [])]
-        deploys.append(DeployRecord(**d))
+    deploys = [deploy_from_dict(d) for d in raw.get("deploys", [])]
     return State(host=raw.get("host"), root=raw.get("root"), files=files, deploys=deploys)
+
+
+def deploy_from_dict(raw: Any) -> DeployRecord:
+    """A deploy record from its JSON form (state file or host history); raises ValueError,
+    TypeError or KeyError when malformed."""
+    d = dict(raw)
+    d["files"] = [DeployedFile(**f) for f in d.get("files", [])]
+    if "outcome" not in d:  # version 1
+        d["outcome"] = "deployed" if d.get("complete", True) else "partial"
+    return DeployRecord(**d)

@@ -11,19 +11,27 @@
   deploy created (it did not exist before) is removed by the rollback; its bytes are backed up
   first like any other, so the redo brings it back.
 
-Nothing is half-done silently: if an upload fails midway, the deploy record lists exactly the
-files that landed (marked incomplete) and the error names deployed and not-deployed files.
+Nothing is half-done silently: if an upload fails midway, is interrupted (Ctrl-C, SIGTERM) or
+loses its connection, the deploy record lists exactly the files that landed (marked incomplete)
+and the error names deployed and not-deployed files. Each file is streamed to a temporary file
+next to its target and renamed over it only after a compare-and-swap check (live must still
+be what the plan saw), so a target is always its old or its new version. Backups are copies
+made on the host. push and rollback expect the caller to hold the host lock
+(`host_lock.HostLock`); they clean leftovers of interrupted runs and append to the host's
+shared history (`history.py`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import os
 import posixpath
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from kerneldev import history, interrupt
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.drift import (
@@ -36,11 +44,13 @@ from kerneldev.drift import (
     classify,
 )
 from kerneldev.errors import (
+    ConnectionLostError,
     KerneldevError,
     NothingToRollBackError,
     PartialDeployError,
     RefusedError,
     TransferError,
+    UsageError,
 )
 from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
@@ -53,9 +63,9 @@ from kerneldev.state import (
     load_state,
     new_deploy_id,
     now_iso,
-    save_state,
+    update_state,
 )
-from kerneldev.transport.base import RemoteFile, Transport
+from kerneldev.transport.base import TEMP_MARK, ByteCallback, Transport
 from kerneldev.workspace import (
     Snapshot,
     check_state_owner,
@@ -65,7 +75,7 @@ from kerneldev.workspace import (
     snapshot,
 )
 
-BACKUP_DIR = ".kerneldev/backups"  # under the host's root
+BACKUP_DIR = history.BACKUP_DIR  # under the host's root
 
 ProgressCallback = Callable[[str], None]
 
@@ -124,8 +134,7 @@ def pull(
             report={"host": host.name, "workspace": str(workspace), "refused": refused},
         )
 
-    state = snap.state
-    state.host, state.root = host.name, host.root
+    bases: list[tuple[str, str, int, int]] = []
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     try:
         for path in snap.paths:
@@ -140,13 +149,14 @@ def pull(
                         os.chmod(target, live.mode)
                     except OSError as err:
                         raise TransferError(f"cannot set the mode of {target}: {err}") from None
-                state.set_base(path, live.sha256, live.size, live.mode, "pull")
+                bases.append((path, live.sha256, live.size, live.mode))
                 result.files.append(
                     PulledFile(path, "unchanged", live.sha256, live.size, live.mode)
                 )
                 continue
             if on_progress:
                 on_progress(path)
+            interrupt.check()
             data = transport.read_bytes(posixpath.join(host.root, path))
             sha = sha256_bytes(data)  # what we got, even if live changed since the hash
             discarded = None
@@ -155,12 +165,19 @@ def pull(
                 _write_local_atomic(keep, target.read_bytes(), local.mode)
                 discarded = str(keep)
             _write_local_atomic(target, data, live.mode)
-            state.set_base(path, sha, len(data), live.mode, "pull")
+            bases.append((path, sha, len(data), live.mode))
             action = "overwritten" if discarded else "pulled"
             result.files.append(PulledFile(path, action, sha, len(data), live.mode, discarded))
     finally:
-        # What was pulled before a failure stays recorded; the rest is pulled next time.
-        save_state(workspace, state)
+        # What was pulled before a failure or Ctrl-C stays recorded; the rest is pulled next
+        # time. Read-modify-write under the state lock: another terminal's records survive.
+        def change(state: State) -> None:
+            state.host, state.root = host.name, host.root
+            for path, sha, size, mode in bases:
+                state.set_base(path, sha, size, mode, "pull")
+
+        with interrupt.shield():
+            update_state(workspace, change)
     return result
 
 
@@ -192,6 +209,8 @@ class PushResult:
     files: list[PlannedFile] = field(default_factory=list)
     deployed: list[str] = field(default_factory=list)
     health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    notes: list[str] = field(default_factory=list)  # leftovers cleaned, backups pruned, ...
+    auto_rollback: RollbackResult | None = None  # when --restart found the service unhealthy
     import_check: ImportCheckReport | None = None  # None: not run (dry run, --no-import-check)
 
     @property
@@ -203,10 +222,16 @@ class PushResult:
         return [f for f in self.files if f.action == "refused"]
 
 
+def plan_push(
+    transport: Transport, host: HostConfig, paths: list[str] | None = None, force: bool = False
+) -> PushResult:
+    """Decide per file what a push would do; changes nothing."""
+    return _plan(transport, host, paths, force)[0]
+
+
 def _plan(
     transport: Transport, host: HostConfig, paths: list[str] | None, force: bool
 ) -> tuple[PushResult, Snapshot]:
-    """Decide per file what a push would do (the dry run's answer); changes nothing."""
     selected = resolve_paths(host, paths)
     snap = snapshot(transport, host, selected)
     plan = PushResult(host=host.name, dry_run=True, deploy_id=None)
@@ -255,18 +280,21 @@ def push(
     force: bool = False,
     dry_run: bool = False,
     on_progress: ProgressCallback | None = None,
+    on_bytes: ByteCallback | None = None,
     import_check: bool = False,
     create_root: bool = False,
 ) -> PushResult:
     """Upload workspace files that differ from live, with host backups and a deploy record.
 
-    With `dry_run` the plan is returned and nothing changes anywhere (host, workspace, state).
-    `import_check` (the CLI's default) scans the live tree's imports before the upload and
-    imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
+    Call it holding the host lock (`host_lock.HostLock`) so the plan is made inside it. With
+    `dry_run` the plan is returned and nothing changes anywhere (host, workspace, state).
     Refused files (drifted/conflict without `force`) raise `RefusedError` before any upload;
     a dry run returns them in the plan instead, so the user sees the whole picture.
     A `root` that does not exist on the host is refused unless `create_root`: a typo in it
     would otherwise create the whole path there and deploy into it.
+    `on_progress(path)` is called before each file, `on_bytes(n)` as bytes go out.
+    `import_check` (the CLI's default) scans the live tree's imports before the upload and
+    imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
     """
     if not create_root and not transport.exists(host.root):
         raise RefusedError(
@@ -286,41 +314,71 @@ def push(
             "or overwrite with `kerneldev push --force`",
             report=plan,
         )
-    state: State = snap.state
-    state.host, state.root = host.name, host.root
     plan.dry_run = False
+    plan.notes += _housekeeping(transport, host, snap.state)
     uploads = plan.uploads
     # Files that already match live get their base refreshed; a push is a sync point.
-    for f in plan.files:
-        live = snap.live.get(f.path)
-        if f.status == IN_SYNC and live is not None:
-            state.set_base(f.path, live.sha256, live.size, live.mode, "push")
+    in_sync = [snap.live[f.path] for f in plan.files if f.status == IN_SYNC and f.path in snap.live]
+    bases: list[tuple[str, str | None, int, int]] = [
+        (f.path, f.sha256, f.size, f.mode) for f in in_sync
+    ]
     if not uploads:
-        save_state(host.workspace, state)
+        _save(host, bases, None)
         return plan
 
     plan.deploy_id = new_deploy_id()
     record = DeployRecord(
         id=plan.deploy_id, time=now_iso(), host=host.name, user=local_user(), kind="push"
     )
-    local_modes = {p: (snap.local[p].mode if snap.local[p] else None) for p in snap.paths}
-
-    def one(f: PlannedFile) -> DeployedFile:
-        data = (Path(host.workspace) / f.path).read_bytes()
-        new_sha = sha256_bytes(data)
+    steps = []
+    for f in uploads:
         live = snap.live.get(f.path)
+        local = snap.local[f.path]
         # An existing live file keeps its mode; a created one gets the workspace file's.
-        mode = None if live is not None else local_modes.get(f.path)
-        deployed = _replace_on_host(
-            transport, host, plan.deploy_id, f.path, data, live=live, mode=mode, force=force
+        mode = None if live is not None else (local.mode if local else None)
+        steps.append(
+            _Step(
+                f.path,
+                live.sha256 if live else None,
+                live.mode if live else None,
+                mode,
+                new_sha256=local.sha256 if local else None,
+            )
         )
-        state.set_base(f.path, new_sha, len(data), deployed.new_mode or 0, "push")
-        return deployed
 
-    new = {f.path: (Path(host.workspace) / f.path).read_bytes() for f in uploads}
+    def land(step: _Step) -> DeployedFile:
+        source = Path(host.workspace) / step.path
+        try:
+            handle = open(source, "rb")  # noqa: SIM115 - closed below
+        except OSError as err:
+            raise TransferError(f"cannot read {source}: {err}") from None
+        with handle:
+            reader = _HashingReader(handle)
+            transport.put_file(
+                posixpath.join(host.root, step.path),
+                reader,
+                mode=step.new_mode,
+                on_bytes=on_bytes,
+                before_rename=_compare(transport, host, step, force),
+            )
+        new_mode = step.new_mode if step.new_mode is not None else step.old_mode
+        bases.append((step.path, reader.hexdigest(), reader.size, new_mode or 0o644))
+        return DeployedFile(
+            step.path, step.old_sha256, reader.hexdigest(), step.old_mode, new_mode, step.backup
+        )
+
+    new = _python_sources(Path(host.workspace), [f.path for f in uploads], import_check)
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
-        _run_deploy(transport, host, state, record, uploads, one, on_progress, plan.deployed)
+        _run_deploy(transport, host, record, steps, land, on_progress, plan.deployed, force, bases)
     return plan
+
+
+def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, bytes | None]:
+    """The pushed Python modules' bytes for the import check (only .py files, which are small;
+    other files stream and are never held in memory)."""
+    if not wanted:
+        return {}
+    return {p: (folder / p).read_bytes() for p in paths if p.endswith(".py")}
 
 
 def _undo(transport: Transport, host: HostConfig) -> str:
@@ -328,109 +386,295 @@ def _undo(transport: Transport, host: HostConfig) -> str:
     return rollback(transport, host, force=True, import_check=False).deploy_id
 
 
-def _replace_on_host(
-    transport: Transport,
-    host: HostConfig,
-    deploy_id: str,
-    path: str,
-    data: bytes | None,
-    *,
-    live: RemoteFile | None,
-    mode: int | None,
-    force: bool,
-) -> DeployedFile:
-    """Back up the live file under the deploy's folder, then write `data` atomically (or remove
-    the live file when `data` is None). `live` is the file as hashed when the deploy was
-    planned; if the host changed it since, the file is refused (unless `force`)."""
-    live_path = posixpath.join(host.root, path)
-    old: bytes | None = None
-    if live is not None or transport.exists(live_path):
-        try:
-            old = transport.read_bytes(live_path)
-        except TransferError:
-            if live is not None:
-                raise
-    old_sha = sha256_bytes(old) if old is not None else None
-    if old_sha != (live.sha256 if live else None) and not force:
-        raise RefusedError(
-            f"{path} changed on the host while deploying; it was left as it is",
-            hint="run `kerneldev diff` and try again",
-        )
-    old_mode = live.mode if live is not None else None
-    backup_rel = None
-    if old is not None:
-        backup_rel = posixpath.join(BACKUP_DIR, deploy_id, path)
-        transport.write_atomic(posixpath.join(host.root, backup_rel), old, mode=old_mode)
-    if data is None:
-        transport.remove(live_path)
-        return DeployedFile(path, old_sha, None, old_mode, None, backup_rel)
-    # mode None keeps the replaced file's mode (write_atomic's rule).
-    transport.write_atomic(live_path, data, mode=mode)
-    new_mode = mode if mode is not None else old_mode
-    return DeployedFile(path, old_sha, sha256_bytes(data), old_mode, new_mode, backup_rel)
+@dataclass
+class _Step:
+    """One file of a deploy: what live is expected to be, and what to put there."""
+
+    path: str
+    old_sha256: str | None  # live as planned (None: absent)
+    old_mode: int | None
+    new_mode: int | None  # None: keep the replaced file's mode
+    backup: str | None = None  # root-relative backup path, once backed up
+    new_sha256: str | None = None  # what is planned to land (None: the file is removed)
+    restore_from: str | None = None  # rollback: root-relative backup to copy back
+
+
+class _HashingReader:
+    """Wraps a binary file: hashes and counts what is read, so the record holds the sha256 of
+    the bytes that were actually uploaded, without reading the file twice into memory."""
+
+    def __init__(self, handle) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n)
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _compare(
+    transport: Transport, host: HostConfig, step: _Step, force: bool
+) -> Callable[[], None]:
+    """The compare-and-swap check run right before the rename: live must still be what the
+    plan saw (anyone may have changed it, locked or not)."""
+
+    def check() -> None:
+        if force:
+            return
+        current = transport.file_sha256(posixpath.join(host.root, step.path))
+        if current != step.old_sha256:
+            raise RefusedError(
+                f"{step.path} changed on the host while deploying; it was left as it is",
+                hint="run `kerneldev diff` to see the change, then pull/merge or --force",
+            )
+
+    return check
+
+
+def _back_up(
+    transport: Transport, host: HostConfig, record: DeployRecord, steps: list[_Step]
+) -> None:
+    """Copy every live file the deploy replaces into its backup folder, on the host, before
+    any of them is replaced; then check each copy against the planned sha256. The folder's
+    marker holds the planned record, so an interrupted deploy can be settled later."""
+    deploy_id = record.id
+    for step in steps:
+        if step.old_sha256 is not None:
+            step.backup = posixpath.join(BACKUP_DIR, deploy_id, step.path)
+    planned = replace(
+        record,
+        files=[
+            DeployedFile(
+                s.path,
+                s.old_sha256,
+                s.new_sha256,
+                s.old_mode,
+                s.new_mode if s.new_mode is not None else s.old_mode,
+                s.backup,
+            )
+            for s in steps
+        ],
+    )
+    history.mark_incomplete(transport, host.root, planned)
+    pairs = []
+    for step in steps:
+        if step.backup is None:
+            continue
+        pairs.append((posixpath.join(host.root, step.path), posixpath.join(host.root, step.backup)))
+    sums = transport.copy_on_host(pairs)
+    got = {s.path: sums.get(posixpath.join(host.root, s.backup)) for s in steps if s.backup}
+    if None in got.values():  # the host has no sha256sum: hash there with python
+        folder = history.backup_folder(host.root, deploy_id)
+        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
+        got = {f.path: f.sha256 for f in copied}
+    for step in steps:
+        if step.backup is not None and got.get(step.path) != step.old_sha256:
+            raise RefusedError(
+                f"{step.path} changed on the host while deploying (its backup does not match "
+                "the planned bytes); nothing was replaced",
+                hint="run `kerneldev diff` and try again",
+            )
 
 
 def _run_deploy(
     transport: Transport,
     host: HostConfig,
-    state: State,
     record: DeployRecord,
-    todo: list,
-    one: Callable,
+    steps: list[_Step],
+    land: Callable[[_Step], DeployedFile],
     on_progress: ProgressCallback | None,
     deployed_paths: list[str],
+    force: bool,
+    bases: list[tuple[str, str | None, int, int]],
 ) -> None:
-    """Apply `one` to every item, recording each landed file; on failure record what landed
-    and raise an error that names deployed and not-deployed files."""
+    """Back up, then land every step, recording each landed file. Whatever stops it (an error,
+    Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
+    local state and (when the host is still reachable) the host's history are written, and
+    the error says what was deployed and what was not."""
     try:
-        for item in todo:
+        _back_up(transport, host, record, steps)
+        for step in steps:
             if on_progress:
-                on_progress(item.path)
-            record.files.append(one(item))
-            deployed_paths.append(item.path)
+                on_progress(step.path)
+            interrupt.check()
+            record.files.append(land(step))
+            deployed_paths.append(step.path)
     except BaseException as err:
-        record.complete = False
-        if record.files:
+        with interrupt.shield():
+            stopped_by_signal = isinstance(err, interrupt.Interrupted)
+            record.complete = False
+            record.outcome = (
+                "interrupted"
+                if stopped_by_signal or isinstance(err, ConnectionLostError)
+                else "partial"
+            )
+            _save(host, bases, record if record.files else None)
+            done = [f.path for f in record.files]
+            left = [s.path for s in steps if s.path not in done]
+            if record.files:
+                _append_history(transport, host, record)
+            else:
+                _drop_backups(transport, host, record.id)
+            summary = f"Deployed: {_names(done)}\nNot deployed: {_names(left)}"
+            if stopped_by_signal:
+                raise interrupt.Interrupted(
+                    err.signum, f"{record.kind} {record.id} {err.message}\n{summary}"
+                ) from None
+            if isinstance(err, KerneldevError):
+                reason = err.message
+            elif isinstance(err, OSError):
+                reason = str(err)
+            else:
+                raise
+            if not done:
+                if isinstance(err, KerneldevError):
+                    err.message = f"{reason}\n{summary}"
+                raise
+            raise PartialDeployError(
+                f"{record.kind} {record.id} stopped midway: {reason}\n{summary}",
+                done,
+                left,
+                hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or "
+                "fix the cause and push again",
+            ) from None
+    with interrupt.shield():
+        _save(host, bases, record)
+        _append_history(transport, host, record)
+        _prune(transport, host)
+
+
+def _names(paths: list[str], limit: int = 20) -> str:
+    """A list of paths for a message: all of them up to `limit`, then a count."""
+    if not paths:
+        return "(none)"
+    shown = ", ".join(paths[:limit])
+    return shown if len(paths) <= limit else f"{shown} and {len(paths) - limit} more"
+
+
+def _save(
+    host: HostConfig, bases: list[tuple[str, str | None, int, int]], record: DeployRecord | None
+) -> None:
+    """Apply this command's changes to the state file under its lock (read-modify-write):
+    bases to set (sha None: forget the file) and the deploy record to append."""
+
+    def change(state: State) -> None:
+        state.host, state.root = host.name, host.root
+        for path, sha, size, mode in bases:
+            if sha is None:
+                state.files.pop(path, None)
+            else:
+                state.set_base(path, sha, size, mode, record.kind if record else "push")
+        if record is not None and all(d.id != record.id for d in state.deploys):
             state.deploys.append(record)
-        save_state(host.workspace, state)
-        if not isinstance(err, (KerneldevError, OSError)):
-            raise
-        done = [f.path for f in record.files]
-        left = [i.path for i in todo if i.path not in done]
-        reason = err.message if isinstance(err, KerneldevError) else str(err)
-        if not done:
-            raise
-        raise PartialDeployError(
-            f"{record.kind} {record.id} stopped midway: {reason}. "
-            f"Deployed: {', '.join(done)}. Not deployed: {', '.join(left)}",
-            done,
-            left,
-            hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or fix "
-            "the cause and push again",
-        ) from None
-    state.deploys.append(record)
-    save_state(host.workspace, state)
+
+    update_state(Path(host.workspace), change)
+
+
+def _append_history(transport: Transport, host: HostConfig, record: DeployRecord) -> None:
+    try:
+        history.append_record(transport, host.root, record)
+    except KerneldevError:
+        pass  # the host went away; the next push from this workspace records it there
+
+
+def _drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None:
+    """Nothing landed: the deploy's backup folder is not needed (best effort)."""
+    try:
+        transport.remove(history.backup_folder(host.root, deploy_id))
+    except KerneldevError:
+        pass  # cleaned by the next push as an incomplete backup
+
+
+def _housekeeping(transport: Transport, host: HostConfig, state: State) -> list[str]:
+    """Under the lock, before changing anything: remove what interrupted runs left behind."""
+    past = history.load_history(transport, host.root)
+    removed, notes = history.clean_leftovers(transport, host.root, past)
+    if removed:
+        notes.insert(0, f"removed leftovers of interrupted runs: {removed.describe()}")
+    return notes
+
+
+def _prune(transport: Transport, host: HostConfig) -> None:
+    try:
+        past = history.load_history(transport, host.root)
+        if len(past.records) <= host.keep_backups:
+            return
+        history.prune_backups(transport, host.root, past, host.keep_backups)
+    except KerneldevError:
+        pass  # pruning is housekeeping; the next deploy tries again
 
 
 # --- rollback ---------------------------------------------------------------------------
 
 
 @dataclass
-class RollbackResult:
-    host: str
-    deploy_id: str  # the rollback's own deploy id
-    rolls_back: str  # the deploy it undid
-    files: list[DeployedFile] = field(default_factory=list)
-    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
-    import_check: ImportCheckReport | None = None  # None: not run (--no-import-check)
+class RestoredFile:
+    path: str
+    live_sha256: str | None  # what is live now (expected to be replaced)
+    restore_sha256: str | None  # what goes back (None: the file is removed)
+    backup: str | None  # root-relative backup the bytes come from
 
 
 @dataclass
-class _Restore:
-    path: str
-    live: RemoteFile | None  # what the undone deploy left on the host
-    data: bytes | None  # bytes to put back; None = remove the file
-    mode: int | None
+class RollbackResult:
+    host: str
+    deploy_id: str | None  # the rollback's own deploy id (None for a dry run)
+    rolls_back: str  # the deploy it undid (or, with --to, the deploy it returns to)
+    files: list[DeployedFile] = field(default_factory=list)
+    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    dry_run: bool = False
+    plan: list[RestoredFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    import_check: ImportCheckReport | None = None  # None: not run (--no-import-check)
+
+
+def deploy_history(transport: Transport, host: HostConfig) -> list[DeployRecord]:
+    """Every deploy known: the host's shared history plus this workspace's records (a deploy
+    cut off before it reached the host's history), in time order."""
+    records = {r.id: r for r in load_state(host.workspace).deploys}
+    records.update({r.id: r for r in history.load_history(transport, host.root).records})
+    return [records[k] for k in sorted(records)]
+
+
+def _restore_plan(
+    records: list[DeployRecord], to: str | None
+) -> tuple[DeployRecord, list[RestoredFile], dict[str, str | None]]:
+    """(the deploy named in messages, what to restore, the sha256 expected live per path)."""
+    with_files = [r for r in records if r.files]
+    if not with_files:
+        raise NothingToRollBackError(
+            "nothing to roll back: no deploy is recorded for this host",
+            hint="rollback undoes the last `kerneldev push` (anyone's, from the host's history)",
+        )
+    expected: dict[str, str | None] = {}
+    for r in with_files:  # later deploys win: what should be live now
+        for f in r.files:
+            expected[f.path] = f.new_sha256
+    if to is None:
+        last = with_files[-1]
+        todo = [RestoredFile(f.path, f.new_sha256, f.old_sha256, f.backup) for f in last.files]
+        return last, todo, expected
+    target = next((r for r in records if r.id == to or r.id.startswith(to)), None)
+    if target is None:
+        raise UsageError(
+            f"no deploy {to!r} in the history", hint="`kerneldev log` lists the deploy ids"
+        )
+    later = [r for r in with_files if r.id > target.id]
+    todo, seen = [], set()
+    for r in later:  # the first later deploy of a path backed up its bytes as of `target`
+        for f in r.files:
+            if f.path in seen:
+                continue
+            seen.add(f.path)
+            if expected[f.path] != f.old_sha256:
+                todo.append(RestoredFile(f.path, expected[f.path], f.old_sha256, f.backup))
+    return target, todo, expected
 
 
 def rollback(
@@ -438,75 +682,173 @@ def rollback(
     host: HostConfig,
     force: bool = False,
     on_progress: ProgressCallback | None = None,
+    *,
+    to: str | None = None,
+    dry_run: bool = False,
+    outcome: str = "deployed",
     import_check: bool = False,
 ) -> RollbackResult:
-    """Restore the files of the last deploy from its host backups, as a new deploy."""
+    """Without `to`: restore the files of the last deploy (anyone's) from its host backups.
+    With `to`: put every file changed since deploy `to` back to its bytes right after it.
+    Recorded as a deploy of its own, so a second rollback re-applies what the first undid.
+    Call it holding the host lock."""
     state = load_state(host.workspace)
     check_state_owner(state, host)
-    if not state.deploys:
-        raise NothingToRollBackError(
-            f"nothing to roll back: no deploy is recorded in {host.workspace}",
-            hint="rollback undoes the last `kerneldev push` made from this workspace",
-        )
-    last = state.deploys[-1]
-    if not last.files:
-        raise NothingToRollBackError(
-            f"the last deploy {last.id} changed no files; nothing to roll back"
-        )
+    records = deploy_history(transport, host)
+    target, todo, _ = _restore_plan(records, to)
+    result = RollbackResult(host=host.name, deploy_id=None, rolls_back=target.id, dry_run=dry_run)
+    result.plan = todo
+    if not todo:
+        if to is None:
+            raise NothingToRollBackError(
+                f"the last deploy {target.id} changed no files; nothing to roll back"
+            )
+        return result
 
-    paths = [f.path for f in last.files]
-    live_files, _ = transport.hash_files(host.root, [glob_escape(p) for p in paths])
+    live_files, _ = transport.hash_files(host.root, [glob_escape(r.path) for r in todo])
     live = {f.path: f for f in live_files}
+    # A file that already has the bytes to restore (an earlier, interrupted rollback got that
+    # far) needs nothing: re-running converges.
+    todo = [
+        r for r in todo if (live[r.path].sha256 if r.path in live else None) != r.restore_sha256
+    ]
+    result.plan = todo
+    if not todo:
+        return result
     changed = [
-        f.path
-        for f in last.files
-        if (live[f.path].sha256 if f.path in live else None) != f.new_sha256
+        r.path for r in todo if (live[r.path].sha256 if r.path in live else None) != r.live_sha256
     ]
     if changed and not force:
         raise RefusedError(
-            f"rollback refused, changed on the host since deploy {last.id}: " + ", ".join(changed),
+            f"rollback refused, changed on the host since deploy {target.id}: "
+            + ", ".join(changed),
             hint="see `kerneldev diff`; `kerneldev rollback --force` restores the backups anyway",
         )
+    for r in todo:
+        if r.restore_sha256 is not None and r.backup is None:
+            raise TransferError(f"deploy {target.id} recorded no backup for {r.path}")
+    # Check every backup before touching anything, so a missing one stops us early.
+    backups = [r for r in todo if r.restore_sha256 is not None]
+    found, _ = transport.hash_files(host.root, [glob_escape(r.backup) for r in backups])
+    got = {f.path: f.sha256 for f in found}
+    for r in backups:
+        if got.get(r.backup) != r.restore_sha256:
+            what = "is missing" if r.backup not in got else "does not match its recorded sha256"
+            raise TransferError(
+                f"the backup of {r.path} on the host ({r.backup}) {what}; nothing was restored",
+                hint="backups older than the last `keep_backups` deploys are pruned",
+            )
+    if dry_run:
+        return result
 
-    # Read every backup before touching anything, so a missing backup stops us early.
-    todo = []
-    for f in last.files:
-        data = None
-        if f.old_sha256 is not None:
-            if f.backup is None:
-                raise TransferError(f"deploy {last.id} recorded no backup for {f.path}")
-            data = transport.read_bytes(posixpath.join(host.root, f.backup))
-            if sha256_bytes(data) != f.old_sha256:
-                raise TransferError(
-                    f"the backup of {f.path} on the host ({f.backup}) does not match its "
-                    "recorded sha256; nothing was restored"
-                )
-        todo.append(_Restore(f.path, live.get(f.path), data, f.old_mode))
-
+    result.notes += _housekeeping(transport, host, state)
     record = DeployRecord(
         id=new_deploy_id(),
         time=now_iso(),
         host=host.name,
         user=local_user(),
         kind="rollback",
-        rolls_back=last.id,
+        rolls_back=target.id,
+        outcome=outcome,
     )
-    state.host, state.root = host.name, host.root
-    result = RollbackResult(host=host.name, deploy_id=record.id, rolls_back=last.id)
+    result.deploy_id = record.id
+    steps = []
+    for r in todo:
+        now = live.get(r.path)
+        step = _Step(r.path, now.sha256 if now else None, now.mode if now else None, None)
+        step.restore_from, step.new_sha256 = r.backup, r.restore_sha256
+        steps.append(step)
+    bases: list[tuple[str, str | None, int, int]] = []
 
-    def one(r: _Restore) -> DeployedFile:
-        deployed = _replace_on_host(
-            transport, host, record.id, r.path, r.data, live=r.live, mode=r.mode, force=force
+    def land(step: _Step) -> DeployedFile:
+        live_path = posixpath.join(host.root, step.path)
+        check = _compare(transport, host, step, force)
+        if step.restore_from is None:
+            check()
+            interrupt.check()
+            transport.remove(live_path)
+            bases.append((step.path, None, 0, 0))
+            return DeployedFile(step.path, step.old_sha256, None, step.old_mode, None, step.backup)
+        # Copy the backup next to the live file on the host, check live, rename.
+        folder, name = posixpath.split(live_path)
+        tmp = posixpath.join(folder, f".{name}{TEMP_MARK}{new_deploy_id()[-6:]}")
+        try:
+            transport.copy_on_host([(posixpath.join(host.root, step.restore_from), tmp)])
+            check()
+            interrupt.check()
+            transport.rename(tmp, live_path)
+        except BaseException:
+            with interrupt.shield():
+                try:
+                    transport.remove(tmp)
+                except KerneldevError:
+                    pass  # a cut connection: the next push removes it
+            raise
+        copied = next(f for f in found if f.path == step.restore_from)  # cp -p keeps its mode
+        mode = copied.mode
+        bases.append((step.path, step.new_sha256, copied.size, mode))
+        return DeployedFile(
+            step.path, step.old_sha256, step.new_sha256, step.old_mode, mode, step.backup
         )
-        if r.data is None:
-            state.files.pop(r.path, None)
-        else:
-            mode = deployed.new_mode if deployed.new_mode is not None else 0o644
-            state.set_base(r.path, sha256_bytes(r.data), len(r.data), mode, "rollback")
-        return deployed
 
-    new = {r.path: r.data for r in todo}
+    new: dict[str, bytes | None] = {}
+    if import_check:  # the restored modules' bytes, read from their (small) .py backups
+        for r in todo:
+            if r.path.endswith(".py"):
+                new[r.path] = (
+                    transport.read_bytes(posixpath.join(host.root, r.backup))
+                    if r.restore_sha256 is not None
+                    else None
+                )
     with check_deploy(transport, host, result, new, import_check, None):
-        _run_deploy(transport, host, state, record, todo, one, on_progress, [])
+        _run_deploy(transport, host, record, steps, land, on_progress, [], force, bases)
         result.files = record.files
     return result
+
+
+# --- log --------------------------------------------------------------------------------
+
+
+@dataclass
+class LoggedFile:
+    path: str
+    old_sha256: str | None
+    new_sha256: str | None
+    live: bool  # the deploy's bytes for this path are what the host has now
+
+
+@dataclass
+class LogEntry:
+    id: str
+    time: str
+    user: str
+    kind: str
+    outcome: str
+    rolls_back: str | None
+    files: list[LoggedFile] = field(default_factory=list)
+
+
+def deploy_log(transport: Transport, host: HostConfig) -> list[LogEntry]:
+    """Every deploy on the host (the shared history plus this workspace's records), oldest
+    first, with whether each file's deployed bytes are still live."""
+    records = deploy_history(transport, host)
+    paths = sorted({f.path for r in records for f in r.files})
+    live_files, _ = (
+        transport.hash_files(host.root, [glob_escape(p) for p in paths]) if paths else ([], [])
+    )
+    live = {f.path: f.sha256 for f in live_files}
+    return [
+        LogEntry(
+            r.id,
+            r.time,
+            r.user,
+            r.kind,
+            r.outcome,
+            r.rolls_back,
+            [
+                LoggedFile(f.path, f.old_sha256, f.new_sha256, live.get(f.path) == f.new_sha256)
+                for f in r.files
+            ],
+        )
+        for r in records
+    ]

@@ -7,14 +7,15 @@ from typing import Any
 
 import typer
 
-from kerneldev import drift, sync
+from kerneldev import drift, history, host_lock, interrupt, sync
 from kerneldev.cli import environment, output
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
-from kerneldev.errors import ExitCode, UnhealthyError
+from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
+from kerneldev.transport.base import Transport
 
 PATHS_ARGUMENT = typer.Argument(
     None,
@@ -29,6 +30,19 @@ NO_IMPORT_CHECK_OPTION = typer.Option(
     "--no-import-check",
     help="Skip the import checks: the scan of the live tree's imports before the upload and "
     "the import of the pushed modules after it.",
+)
+
+BREAK_LOCK_OPTION = typer.Option(
+    False,
+    "--break-lock",
+    help="Remove the host's lock even if its holder may still run (after making sure it does "
+    "not: see the holder named when a command waits).",
+)
+LOCK_WAIT_OPTION = typer.Option(
+    host_lock.DEFAULT_WAIT,
+    "--lock-wait",
+    metavar="SECONDS",
+    help="How long to wait for another command's lock on the host.",
 )
 
 STATUS_STYLE = {
@@ -79,6 +93,86 @@ def _progress(verb: str):
 
 def _open(host: HostConfig):
     return open_transport(host)
+
+
+def locked(
+    transport: Transport,
+    host: HostConfig,
+    command: str,
+    break_lock: bool,
+    wait: float,
+    create_root: bool = False,
+) -> host_lock.HostLock:
+    """The host's lock for a command that changes live files or restarts the service; says on
+    stderr whom it waits for, and notes a stale or broken lock it took over."""
+
+    def on_wait(holder: host_lock.LockHolder | None) -> None:
+        who = holder.describe() if holder else "another command"
+        print_info(f"waiting up to {wait:g}s for the lock on {host.name}, held by {who}")
+
+    lock = host_lock.HostLock(
+        transport,
+        host.root,
+        command,
+        wait=wait,
+        break_lock=break_lock,
+        on_wait=on_wait,
+        create_root=create_root,
+    )
+    lock.acquire()
+    for note in lock.notes:
+        print_warning(note)
+    return lock
+
+
+def _byte_progress(transport: Transport, host: HostConfig, paths, force: bool):
+    """(a byte progress bar with human-readable sizes, its callback) on a terminal; else
+    (None, None)."""
+    env = environment.current()
+    if not env.stderr_isatty:
+        return None, None
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    plan = sync.plan_push(transport, host, paths, force=force)
+    total = 0
+    for f in plan.uploads:
+        try:
+            total += (host.workspace / f.path).stat().st_size
+        except OSError:
+            pass
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=env.err_console,
+        transient=True,
+    )
+    task = progress.add_task("uploading", total=total)
+    return progress, lambda n: progress.advance(task, n)
+
+
+def _report_leftovers(transport: Transport, host: HostConfig) -> None:
+    """Read-only commands only report what interrupted runs left; a push removes it."""
+    try:
+        found = history.find_leftovers(transport, host.root)
+    except interrupt.Interrupted:
+        raise
+    except KerneldevError:
+        return  # a report only: never fail the command for it
+    if found:
+        print_warning(
+            f"{host.name} has leftovers of interrupted kerneldev runs: {found.describe()}; "
+            "the next `kerneldev push` removes them"
+        )
 
 
 # --- pull -------------------------------------------------------------------------------
@@ -144,6 +238,7 @@ def diff_command(
     host = load_host(ctx, host_name)
     with _open(host) as transport:
         report = drift.compute_drift(transport, host, paths, patch=patch)
+        _report_leftovers(transport, host)
     for warning in report.warnings:
         print_warning(warning)
     if as_json:
@@ -187,10 +282,18 @@ def push_command(
     restart: bool = typer.Option(
         False, "--restart", help="Restart the service after a successful push."
     ),
+    no_rollback: bool = typer.Option(
+        False,
+        "--no-rollback",
+        help="With --restart: leave the new files in place when the service does not become "
+        "healthy (default: roll them back and restart again).",
+    ),
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     create_root: bool = typer.Option(
         False, "--create-root", help="Create the host's `root` folder when it does not exist."
     ),
+    break_lock: bool = BREAK_LOCK_OPTION,
+    lock_wait: float = LOCK_WAIT_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -199,25 +302,89 @@ def push_command(
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
     with _open(host) as transport:
+        if dry_run:
+            result = sync.push(
+                transport, host, paths, force=force, dry_run=True, create_root=create_root
+            )
+            _report_leftovers(transport, host)
+            if not as_json:
+                render_push(result)
+        else:
+            # The whole push, restart and any automatic rollback hold the host's lock.
+            lock = locked(transport, host, "push", break_lock, lock_wait, create_root)
+            try:
+                result = _push_locked(
+                    transport, host, paths, force, not no_import_check, as_json, create_root
+                )
+                if restart:
+                    _restart_or_roll_back(transport, host, result, no_rollback, as_json)
+            finally:
+                lock.release()
+    if as_json:
+        print_json(result)
+    if dry_run and result.refused:
+        raise typer.Exit(int(ExitCode.FAILURE))
+
+
+def _push_locked(
+    transport, host, paths, force, import_check, as_json, create_root
+) -> sync.PushResult:
+    progress, on_bytes = _byte_progress(transport, host, paths, force)
+    if progress is not None:
+        progress.start()
+    try:
         result = sync.push(
             transport,
             host,
             paths,
             force=force,
-            dry_run=dry_run,
-            on_progress=_progress("uploading"),
-            import_check=not no_import_check,
+            on_progress=None if progress else _progress("uploading"),
+            on_bytes=on_bytes,
+            import_check=import_check,
             create_root=create_root,
         )
-        if not as_json:
-            render_push(result)
-            render_import_check(result.import_check)
-        if restart and not dry_run:
-            result.health = _restart_or_report(transport, host, result, as_json)
-    if as_json:
-        print_json(result)
-    if dry_run and result.refused:
-        raise typer.Exit(int(ExitCode.FAILURE))
+    finally:
+        if progress is not None:
+            progress.stop()
+    for note in result.notes:
+        print_warning(note)
+    if not as_json:
+        render_push(result)
+        render_import_check(result.import_check)
+    return result
+
+
+def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback, as_json):
+    """Restart; when health never comes, roll this deploy back and restart again (unless
+    --no-rollback), then fail reporting both outcomes (the logs were shown by the restart)."""
+    from kerneldev.cli.service_cmd import restart_with_progress
+
+    try:
+        result.health = _restart_or_report(transport, host, result, as_json)
+        return
+    except UnhealthyError as err:
+        if no_rollback or not result.deploy_id:
+            raise
+        first = err.message
+    print_warning(f"rolling back deploy {result.deploy_id} automatically: {first}")
+    undo = sync.rollback(transport, host, outcome="auto-rollback")
+    result.auto_rollback = undo
+    print_info(
+        f"rolled back {', '.join(f.path for f in undo.files)} (recorded as {undo.deploy_id}); "
+        "restarting again"
+    )
+    try:
+        undo.health = restart_with_progress(transport, host, quiet=as_json)
+        second = "healthy again with the previous files"
+    except ServiceError as err:
+        second = f"still not healthy after the rollback: {err.message}"
+    raise ServiceError(
+        f"deploy {result.deploy_id} never became healthy ({first}); it was rolled back "
+        f"as {undo.deploy_id} and the service restarted: {second}",
+        hint="see the service logs above; fix the kernel and push again "
+        "(`--no-rollback` keeps a failing deploy in place for debugging)",
+        report=result,
+    )
 
 
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
@@ -255,6 +422,7 @@ def render_push(result: sync.PushResult) -> None:
         )
     elif result.deploy_id:
         print_info(f"deployed {len(result.deployed)} file(s) as {result.deploy_id}")
+        print_info(f"Deployed: {', '.join(result.deployed)}")
     else:
         print_info(_nothing_to_push(result))
 
@@ -283,37 +451,120 @@ def rollback_command(
     force: bool = typer.Option(
         False, "--force", help="Restore even files changed on the host since the deploy."
     ),
+    to: str | None = typer.Option(
+        None,
+        "--to",
+        metavar="ID",
+        help="Put every file changed since deploy ID back to its bytes right after ID "
+        "(ids from `kerneldev log`; a unique prefix is enough).",
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", "-n", help="Show what would be restored; change nothing."
+    ),
     restart: bool = typer.Option(
         False, "--restart", help="Restart the service after the rollback."
     ),
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
+    break_lock: bool = BREAK_LOCK_OPTION,
+    lock_wait: float = LOCK_WAIT_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Put back the files replaced by the last deploy (a second rollback re-applies it)."""
+    """Put back the files replaced by the last deploy (anyone's, from the host's history);
+    a second rollback re-applies it."""
     host = load_host(ctx, host_name)
-    if restart:
+    if restart and not dry_run:
         require_service(host.service, host.name)
     with _open(host) as transport:
-        result = sync.rollback(
-            transport,
-            host,
-            force=force,
-            on_progress=_progress("restoring"),
-            import_check=not no_import_check,
-        )
-        if not as_json:
-            print_table(
-                f"rollback of {result.rolls_back} on {result.host}",
-                [Column("restored", HASH), Column("replaced", HASH), Column("path", PATH)],
-                [(f.new_sha256 or "(removed)", f.old_sha256, f.path) for f in result.files],
+        lock = None if dry_run else locked(transport, host, "rollback", break_lock, lock_wait)
+        try:
+            result = sync.rollback(
+                transport,
+                host,
+                force=force,
+                on_progress=_progress("restoring"),
+                to=to,
+                dry_run=dry_run,
+                import_check=not (no_import_check or dry_run),
             )
-            print_info(f"recorded as deploy {result.deploy_id}")
-            render_import_check(result.import_check)
-        if restart:
-            result.health = _restart_or_report(transport, host, result, as_json)
+            for note in result.notes:
+                print_warning(note)
+            if not as_json:
+                _render_rollback(result)
+                render_import_check(result.import_check)
+            if restart and not dry_run:
+                result.health = _restart_or_report(transport, host, result, as_json)
+        finally:
+            if lock is not None:
+                lock.release()
     if as_json:
         print_json(result)
+
+
+def _render_rollback(result: sync.RollbackResult) -> None:
+    if result.dry_run:
+        print_table(
+            f"rollback of {result.rolls_back} on {result.host} (dry run: nothing changed)",
+            [Column("restore", HASH), Column("replace", HASH), Column("path", PATH)],
+            [(r.restore_sha256 or "(remove)", r.live_sha256, r.path) for r in result.plan],
+        )
+        print_info(f"would restore {len(result.plan)} file(s)")
+        return
+    print_table(
+        f"rollback of {result.rolls_back} on {result.host}",
+        [Column("restored", HASH), Column("replaced", HASH), Column("path", PATH)],
+        [(f.new_sha256 or "(removed)", f.old_sha256, f.path) for f in result.files],
+    )
+    if result.deploy_id:
+        print_info(f"recorded as deploy {result.deploy_id}")
+    else:
+        print_info("nothing to restore: the files already are as they were after that deploy")
+
+
+# --- log --------------------------------------------------------------------------------
+
+
+def log_command(
+    ctx: typer.Context,
+    limit: int = typer.Option(20, "--limit", "-n", help="Show the last N deploys (0: all)."),
+    host_name: str | None = HOST_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """List the host's deploys (everyone's): id, time, who, files, old/new sha, outcome, and
+    whether each file's deployed bytes are still live."""
+    host = load_host(ctx, host_name)
+    with _open(host) as transport:
+        entries = sync.deploy_log(transport, host)
+        _report_leftovers(transport, host)
+    if limit > 0:
+        entries = entries[-limit:]
+    if as_json:
+        print_json(entries)
+        return
+    rows = []
+    for e in entries:
+        for i, f in enumerate(e.files or [None]):
+            head = (e.id, e.time, e.user, f"{e.kind}/{e.outcome}") if i == 0 else ("", "", "", "")
+            if f is None:
+                rows.append((*head, None, None, "-", "(no files)"))
+                continue
+            live = "yes" if f.live else "no"
+            new = f.new_sha256 or "(removed)"
+            rows.append((*head, f.old_sha256 or "(none)", new, live, f.path))
+    print_table(
+        f"deploys on {host.name}",
+        [
+            "id",
+            "time",
+            "who",
+            "kind",
+            Column("old", HASH),
+            Column("new", HASH),
+            "live",
+            Column("path", PATH),
+        ],  # fmt: skip
+        rows,
+    )
 
 
 def render_import_check(report) -> None:
@@ -336,3 +587,4 @@ def register(app: typer.Typer) -> None:
     app.command("diff")(diff_command)
     app.command("push")(push_command)
     app.command("rollback")(rollback_command)
+    app.command("log")(log_command)

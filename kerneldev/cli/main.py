@@ -139,6 +139,7 @@ def _wants_json(argv: Sequence[str]) -> bool:
 def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> ExitCode | int:
     """Run kerneldev with `argv` (default: sys.argv[1:]) in `env` (default: this process's
     streams) and return the exit status; never calls sys.exit."""
+    from kerneldev import interrupt
     from kerneldev.cli import environment
     from kerneldev.cli.output import error_json, print_error, print_json
 
@@ -155,7 +156,10 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> E
 
     with environment.use(env), _redirect(env):
         try:
-            status = app(args=args, prog_name="kerneldev", standalone_mode=False)
+            # Ctrl-C and SIGTERM become `Interrupted` (exit 130/143) at a safe point of the
+            # command, which then saves its records and prints its summary (interrupt.py).
+            with interrupt.deferred_signals():
+                status = app(args=args, prog_name="kerneldev", standalone_mode=False)
         except KerneldevError as err:
             return fail(err.exit_code, type(err).__name__, err.message, err.hint, err.report)
         except typer.TyperException as err:  # usage errors, as typer reports them

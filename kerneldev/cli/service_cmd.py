@@ -79,15 +79,27 @@ def restart_with_progress(
 
 def restart_command(
     ctx: typer.Context,
+    break_lock: bool = typer.Option(
+        False, "--break-lock", help="Remove the host's lock even if its holder may still run."
+    ),
+    lock_wait: float = typer.Option(
+        60.0, "--lock-wait", metavar="SECONDS", help="How long to wait for the host's lock."
+    ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the service's restart command on the host and wait until it is healthy."""
+    from kerneldev.cli.loop_cmd import locked
+
     host = load_host(ctx, host_name)
     service_core.require_service(host.service, host.name)
     with open_transport(host) as transport:
         _connect(transport)  # say "restarting" only once the host answered
-        health = restart_with_progress(transport, host, quiet=as_json)
+        lock = locked(transport, host, "restart", break_lock, lock_wait)
+        try:
+            health = restart_with_progress(transport, host, quiet=as_json)
+        finally:
+            lock.release()
     if as_json:
         print_json(health)
 

@@ -7,6 +7,7 @@ transport runs the identical code path as over SSH.
 from __future__ import annotations
 
 import codecs
+import io
 import os
 import shutil
 import signal
@@ -15,12 +16,21 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from typing import BinaryIO
 
-from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev import interrupt
+from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.transport._hashfiles import hash_tree
-from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
+from kerneldev.transport.base import (
+    ByteCallback,
+    CommandResult,
+    OutputCallback,
+    RemoteFile,
+    Transport,
+)
 
 
 class LocalTransport(Transport):
@@ -60,8 +70,14 @@ class LocalTransport(Transport):
             readers.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
         for t in readers:
             t.start()
+        deadline = time.monotonic() + timeout if timeout is not None else None
         try:
-            exited = proc.wait(timeout=timeout)
+            exited = _wait_interruptible(proc, deadline)
+        except interrupt.Interrupted:
+            _end_group(proc)  # the command's whole process group ends with us
+            for t in readers:
+                t.join(2)
+            raise
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             for t in readers:
@@ -98,6 +114,17 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
 
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        self.put_file(path, io.BytesIO(data), mode=mode)
+
+    def put_file(
+        self,
+        path: str,
+        source: BinaryIO,
+        *,
+        mode: int | None = None,
+        on_bytes: ByteCallback | None = None,
+        before_rename: Callable[[], None] | None = None,
+    ) -> None:
         if os.path.islink(path):
             # Write through a symlink to its target (as hash_files reads through it), rather
             # than replacing the link with a plain file.
@@ -113,8 +140,26 @@ class LocalTransport(Transport):
                 mode = 0o666 & ~_umask()  # what a plain `open(path, "w")` would give
         except OSError as err:
             raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
+
+        def chunk_written(n: int) -> None:
+            interrupt.check()  # Ctrl-C stops between chunks; the temporary file is removed
+            if on_bytes:
+                on_bytes(n)
+
+        def last_check() -> None:
+            interrupt.check()
+            if before_rename is not None:
+                before_rename()
+
         try:
-            write_bytes_atomic(os.path.abspath(path), data, mode, owner=owner)
+            write_stream_atomic(
+                os.path.abspath(path),
+                source,
+                mode,
+                owner=owner,
+                on_chunk=chunk_written,
+                before_rename=last_check,
+            )
         except OSError as err:
             raise TransferError(f"cannot write {path} on {self.host_name}: {err}") from None
 
@@ -186,6 +231,34 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         proc.kill()
     proc.wait()
+
+
+def _wait_interruptible(proc: subprocess.Popen, deadline: float | None) -> int:
+    """proc.wait(), waking up to act on Ctrl-C/SIGTERM; TimeoutExpired past `deadline`."""
+    while True:
+        interrupt.check()
+        step = 0.2
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, 0)
+            step = min(step, left)
+        try:
+            return proc.wait(timeout=step)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _end_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the command's process group, SIGKILL if it is still there after 2 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+        proc.wait()
 
 
 def _umask() -> int:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import codecs
 import errno
+import hashlib
+import io
 import json
 import posixpath
 import secrets
@@ -26,10 +28,13 @@ import stat
 import threading
 import time
 import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 import paramiko
 
+from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ConnectionLostError,
@@ -38,7 +43,15 @@ from kerneldev.errors import (
     TransferError,
 )
 from kerneldev.transport import _hashfiles
-from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
+from kerneldev.transport.base import (
+    CHUNK,
+    TEMP_MARK,
+    ByteCallback,
+    CommandResult,
+    OutputCallback,
+    RemoteFile,
+    Transport,
+)
 from kerneldev.transport.ssh_connection import (
     CONNECT_TIMEOUT,
     DEFAULT_KEYS,
@@ -70,6 +83,10 @@ __all__ = [
 ]
 
 EXIT_GRACE = 2.0  # seconds to keep reading output after a command exited (see run())
+SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
+_PID_MARK = "kerneldev-pid="
+# Runs `sh -c <command>` after naming its pid on stderr; the command keeps that pid (exec).
+_PID_PREAMBLE = f"printf '{_PID_MARK}%s\\n' $$ >&2; exec sh -c "
 
 
 class SSHTransport(Transport):
@@ -106,8 +123,9 @@ class SSHTransport(Transport):
         try:
             chan = t.open_session(timeout=self.connection.connect_timeout)
             # The login shell gets `sh -c '<command>'`, so the command means the same whatever
-            # the user's shell is.
-            chan.exec_command(f"sh -c {shlex.quote(command)}")
+            # the user's shell is. It first names its pid on stderr (stripped from the output),
+            # so an interrupt can end the command's process group on the host.
+            chan.exec_command(f"sh -c {shlex.quote(_PID_PREAMBLE + shlex.quote(command))}")
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise self._dropped(err, f"starting `{command}`") from None
         if stdin is None:
@@ -116,11 +134,15 @@ class SSHTransport(Transport):
             # A thread, so a command that does not read its input cannot block the timeout.
             threading.Thread(target=_feed_channel, args=(chan, stdin), daemon=True).start()
 
-        out, errs = _Collector(on_output), _Collector(None)
+        out, errs = _Collector(on_output), _PidStrippingCollector()
         deadline = time.monotonic() + timeout if timeout is not None else None
         exited_at: float | None = None
         try:
             while True:
+                if interrupt.requested():
+                    self._end_remote(errs.pid)
+                    chan.close()
+                    interrupt.check()
                 wait = 0.5
                 if deadline is not None:
                     left = deadline - time.monotonic()
@@ -164,6 +186,26 @@ class SSHTransport(Transport):
                 raise self._dropped(lost, f"running `{command}`")
             status = 255  # killed by a signal (paramiko does not report exit-signal), as ssh does
         return CommandResult(command, status, out.text(), errs.text())
+
+    def _end_remote(self, pid: int | None) -> None:
+        """End the process group of an interrupted command on the host: SIGTERM, then SIGKILL
+        after 2 s. Best effort; a gone connection means sshd has closed its pipes anyway."""
+        if pid is None:
+            return
+        # No `--` after kill: dash's builtin reads it as a pid. "-N" after the signal name is
+        # the process group N.
+        script = (
+            f"pg=$(ps -o pgid= -p {pid} 2>/dev/null | tr -d ' '); "
+            f"t=${{pg:+-$pg}}; t=${{t:-{pid}}}; "
+            'kill -TERM "$t" 2>/dev/null || exit 0; i=0; while [ $i -lt 10 ]; do '
+            'kill -0 "$t" 2>/dev/null || exit 0; sleep 0.2; i=$((i+1)); done; '
+            'kill -KILL "$t" 2>/dev/null; exit 0'
+        )
+        with interrupt.shield():
+            try:
+                self.run(script, timeout=10)
+            except Exception:  # noqa: BLE001, S110 - best effort on a possibly dead connection
+                pass
 
     # --- files --------------------------------------------------------------------------
     def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
@@ -218,6 +260,17 @@ class SSHTransport(Transport):
             raise self._file_error(err, path, "read") from None
 
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        self.put_file(path, io.BytesIO(data), mode=mode)
+
+    def put_file(
+        self,
+        path: str,
+        source: BinaryIO,
+        *,
+        mode: int | None = None,
+        on_bytes: ByteCallback | None = None,
+        before_rename: Callable[[], None] | None = None,
+    ) -> None:
         sftp = self._sftp_client()
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
@@ -233,7 +286,7 @@ class SSHTransport(Transport):
                 mode = 0o644
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "stat") from None
-        tmp = posixpath.join(folder, f".{name}.kerneldev-tmp-{secrets.token_hex(6)}")
+        tmp = posixpath.join(folder, f".{name}{TEMP_MARK}{secrets.token_hex(6)}")
         try:
             # "x": exclusive create, never through something already at the temporary name.
             with sftp.open(tmp, "wbx") as f:
@@ -241,16 +294,57 @@ class SSHTransport(Transport):
                 if owner is not None:
                     _keep_owner(f, owner)
                 f.set_pipelined(True)
-                f.write(data)
+                # Chunks, checking for Ctrl-C between them: memory stays bounded and an
+                # interrupt lands between SFTP requests, never inside one.
+                for chunk in iter(lambda: source.read(CHUNK), b""):
+                    interrupt.check()
+                    f.write(chunk)
+                    if on_bytes:
+                        on_bytes(len(chunk))
+            interrupt.check()
+            if before_rename is not None:
+                before_rename()
             self._rename_over(sftp, tmp, path)
         except BaseException as err:
-            try:
-                sftp.remove(tmp)
-            except Exception:  # noqa: BLE001, S110 - best effort; the connection may be gone
-                pass
+            with interrupt.shield():
+                try:
+                    sftp.remove(tmp)
+                except Exception:  # noqa: BLE001, S110 - best effort; the connection may be gone
+                    pass
             if isinstance(err, (OSError, EOFError, paramiko.SSHException)):
                 raise self._file_error(err, path, "write") from None
             raise
+
+    def rename(self, src: str, dst: str) -> None:
+        sftp = self._sftp_client()
+        try:
+            self._rename_over(sftp, src, dst)
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise self._file_error(err, dst, "rename onto") from None
+
+    def file_sha256(self, path: str) -> str | None:
+        # Small files are read through SFTP in chunks (no process to start on the host);
+        # big ones are hashed on the host, so their bytes do not cross the network again.
+        sftp = self._sftp_client()
+        try:
+            st = sftp.stat(path)
+        except FileNotFoundError:
+            return None
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise self._file_error(err, path, "stat") from None
+        if not stat.S_ISREG(st.st_mode or 0) or (st.st_size or 0) > SMALL_FILE:
+            return super().file_sha256(path)
+        digest = hashlib.sha256()
+        try:
+            with sftp.open(path, "rb") as f:
+                f.prefetch(st.st_size)
+                for chunk in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
+                    digest.update(chunk)
+        except FileNotFoundError:
+            return None
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise self._file_error(err, path, "read") from None
+        return digest.hexdigest()
 
     def _rename_over(self, sftp: paramiko.SFTPClient, tmp: str, path: str) -> None:
         # posix-rename@openssh.com replaces the target in one step (plain SFTP rename refuses
@@ -418,6 +512,41 @@ class _Collector:
         if tail:
             self.parts.append(tail)
         return "".join(self.parts)
+
+
+class _PidStrippingCollector(_Collector):
+    """stderr of a command run with `_PID_PREAMBLE`: the first line names the pid and is not
+    part of the command's output."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.pid: int | None = None
+        self._head: bytes | None = b""  # None once the pid line is consumed
+
+    def add(self, data: bytes) -> None:
+        if self._head is not None:
+            self._head += data
+            if b"\n" not in self._head:
+                if len(self._head) < 64:
+                    return
+                data, self._head = self._head, None
+            else:
+                line, rest = self._head.split(b"\n", 1)
+                self._head = None
+                text = line.decode("ascii", "replace")
+                if text.startswith(_PID_MARK) and text[len(_PID_MARK) :].isdigit():
+                    self.pid = int(text[len(_PID_MARK) :])
+                    data = rest
+                else:
+                    data = line + b"\n" + rest
+        if data:
+            super().add(data)
+
+    def text(self) -> str:
+        if self._head:  # the command ended before the pid line was complete
+            head, self._head = self._head, None
+            super().add(head)
+        return super().text()
 
 
 def _keep_owner(f: paramiko.SFTPFile, owner: tuple[int, int]) -> None:

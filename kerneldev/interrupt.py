@@ -1,0 +1,90 @@
+"""Ctrl-C and SIGTERM as an outcome, not a crash.
+
+While `deferred_signals()` is active (the CLI wraps every command in it), SIGINT and SIGTERM
+only set a flag. Long operations call `check()` at safe points (between upload chunks, between
+files, in the loops that wait for remote commands), which raises `Interrupted` there: the SFTP
+session is between requests, so temporary files can still be removed and the deploy record
+saved. A second signal while the first is being handled raises at once (the user insists).
+
+Without `deferred_signals()` (library use), `check()` never raises and signals keep Python's
+default behaviour.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kerneldev.errors import ExitCode, KerneldevError
+
+_pending: int | None = None
+_active = False
+_shielded = 0
+
+
+class Interrupted(KerneldevError):
+    """The command was stopped by SIGINT (exit 130) or SIGTERM (exit 143) at a safe point."""
+
+    def __init__(self, signum: int, message: str | None = None) -> None:
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        super().__init__(message or f"interrupted by {name}")
+        self.signum = signum
+        self.exit_code = ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.INTERRUPTED
+
+
+def pending() -> int | None:
+    """The signal received and not yet acted on, if any."""
+    return _pending
+
+
+def requested() -> bool:
+    """True when `check()` would raise: a signal is pending and no clean-up is shielded."""
+    return _pending is not None and not _shielded
+
+
+def check() -> None:
+    """Raise `Interrupted` if a signal arrived since `deferred_signals()` began (not inside
+    `shield()`)."""
+    if _pending is not None and not _shielded:
+        raise Interrupted(_pending)
+
+
+@contextmanager
+def shield() -> Iterator[None]:
+    """Clean-up that must finish (remove temporary files, release the lock, save the record):
+    `check()` does not raise inside it."""
+    global _shielded
+    _shielded += 1
+    try:
+        yield
+    finally:
+        _shielded -= 1
+
+
+def _handler(signum: int, _frame) -> None:
+    global _pending
+    if _pending is not None and not _shielded:
+        raise Interrupted(signum)  # second signal: stop now, wherever we are
+    _pending = signum
+
+
+@contextmanager
+def deferred_signals() -> Iterator[None]:
+    """Turn SIGINT/SIGTERM into a flag for the duration (main thread only; else a no-op)."""
+    global _pending, _active
+    if threading.current_thread() is not threading.main_thread() or _active:
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    _pending, _active = None, True
+    for s in previous:
+        signal.signal(s, _handler)
+    try:
+        yield
+        check()  # a signal that came after the last safe point still ends the command as such
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        _active = False

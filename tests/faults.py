@@ -1,0 +1,120 @@
+"""Fault injection for the reliability tests: a TCP proxy that cuts the connection after a
+given number of bytes, and checks of what a host looks like after a fault."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+from pathlib import Path
+
+from kerneldev.state import load_state
+from kerneldev.transport.base import TEMP_MARK
+
+
+class CuttingProxy:
+    """Forwards 127.0.0.1:<port> to `target_port`; once `cut_after` bytes (both directions
+    together) have passed, it closes both sides of every connection, as a dropped network
+    link does. `cut_after=None` never cuts (used to measure a run's traffic in `total`)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.cut_after: int | None = None
+        self.total = 0
+        self.cut = False
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def reset(self, cut_after: int | None) -> None:
+        with self._lock:
+            self.cut_after, self.total, self.cut = cut_after, 0, False
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._socks += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(4096)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._lock:
+                if self.cut:
+                    break
+                if self.cut_after is not None and self.total + len(data) > self.cut_after:
+                    data = data[: max(0, self.cut_after - self.total)]
+                    self.cut = True
+                self.total += len(data)
+            try:
+                if data:
+                    dst.sendall(data)
+            except OSError:
+                break
+            if self.cut:
+                self._cut_all()
+                return
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _cut_all(self) -> None:
+        with self._lock:
+            socks, self._socks = self._socks, []
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.listener.close()
+        self._cut_all()
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def temp_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob(f"*{TEMP_MARK}*") if p.is_file())
+
+
+def check_backups(root: Path, workspace: Path) -> list[str]:
+    """Problems with the backups the workspace's deploy records point at (empty: all fine)."""
+    problems = []
+    for record in load_state(workspace).deploys:
+        if not (root / ".kerneldev/backups" / record.id).is_dir():
+            continue  # pruned as a whole (older than keep_backups): not a corruption
+        for f in record.files:
+            if f.old_sha256 is None:
+                continue
+            backup = root / f.backup if f.backup else None
+            if backup is None or not backup.is_file():
+                problems.append(f"{record.id}: no backup of {f.path}")
+            elif sha(backup.read_bytes()) != f.old_sha256:
+                problems.append(f"{record.id}: backup of {f.path} does not match")
+    return problems

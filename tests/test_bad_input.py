@@ -1,0 +1,262 @@
+"""Bad input everywhere (issue 9): random and mutated hosts.yaml, odd files, a host that
+refuses writes or runs out of space, a file that disappears mid-push, remote commands that
+must end with an interrupted command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kerneldev import host_lock, interrupt, sync
+from kerneldev.config import load_config
+from kerneldev.errors import ConfigError, KerneldevError
+from kerneldev.state import load_state
+from kerneldev.transport import open_transport
+from kerneldev.transport.local import LocalTransport
+from tests.faults import temp_files
+from tests.sshutil import isolate_home, ssh_host
+
+VALID = """\
+default: dsv4
+hosts:
+  dsv4:
+    hostname: gpu-box
+    user: me
+    port: 22
+    root: /srv/sglang
+    files:
+      - python/sglang/srt/layers/attention/*.py
+    workspace: ws
+    keep_backups: 5
+    service:
+      restart: systemctl restart sglang
+      health: http://127.0.0.1:30000/health
+      timeout: 600
+      logs: journalctl -u sglang -n 50
+"""
+
+yaml_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**6), 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+)
+yaml_values = st.recursive(
+    yaml_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _load(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        load_config(path).host(None)
+    except ConfigError:
+        pass  # a clean error (exit 2) is the expected outcome; anything else fails the test
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(doc=yaml_values)
+def test_config_loader_random_documents(tmp_path, doc):
+    _load(tmp_path, yaml.safe_dump(doc))
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_config_loader_mutations_of_a_valid_file(tmp_path, data):
+    lines = VALID.splitlines()
+    kind = data.draw(st.sampled_from(["delete", "replace", "insert", "truncate", "bytes"]))
+    i = data.draw(st.integers(0, len(lines) - 1))
+    if kind == "delete":
+        del lines[i]
+    elif kind == "replace":
+        key = lines[i].split(":")[0]
+        lines[i] = (
+            f"{key}: {yaml.safe_dump(data.draw(yaml_values), default_flow_style=True).strip()}"
+        )
+    elif kind == "insert":
+        lines.insert(i, data.draw(st.text(max_size=20)))
+    elif kind == "truncate":
+        lines = lines[:i] + [lines[i][: data.draw(st.integers(0, len(lines[i])))]]
+    text = "\n".join(lines) + "\n"
+    if kind == "bytes":
+        j = data.draw(st.integers(0, len(text) - 1))
+        text = text[:j] + data.draw(st.text(min_size=1, max_size=3)) + text[j + 1 :]
+    _load(tmp_path, text)
+
+
+def test_config_errors_exit_2_without_traceback(tmp_path):
+    from tests.sshutil import run_cli
+
+    for text in ("hosts: [1, 2", "hosts:\n  h:\n    root: rel\n", "\x00\x01", "- - -\n"):
+        path = tmp_path / "hosts.yaml"
+        path.write_text(text)
+        proc = run_cli("diff", config=path)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+
+
+# --- files ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def ssh_env(sshd_server, tmp_path, monkeypatch):
+    isolate_home(monkeypatch, tmp_path)
+    host = ssh_host(sshd_server, tmp_path, files=("k/*",))
+    (Path(host.root) / "k").mkdir(parents=True, exist_ok=True)
+    return host
+
+
+def _push(host, **kw):
+    with open_transport(host) as t, host_lock.HostLock(t, host.root, "push", wait=5):
+        return sync.push(t, host, **kw)
+
+
+def test_empty_non_utf8_and_500_files(ssh_env):
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    (root / "k/empty").write_bytes(b"")
+    (root / "k/latin1").write_bytes(b"caf\xe9\n")
+    for i in range(500):
+        (root / f"k/f{i:03d}").write_bytes(f"{i}\n".encode())
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    (ws / "k/empty").write_bytes(b"\xff\xfe not utf-8 \x80")
+    (ws / "k/latin1").write_bytes(b"")
+    for i in range(500):
+        (ws / f"k/f{i:03d}").write_bytes(f"{i} edited\n".encode())
+    result = _push(host)
+    assert len(result.deployed) == 502
+    assert (root / "k/empty").read_bytes() == b"\xff\xfe not utf-8 \x80"
+    assert (root / "k/latin1").read_bytes() == b""
+    assert (root / "k/f499").read_bytes() == b"499 edited\n"
+    assert not temp_files(root)
+
+
+def test_file_disappearing_mid_push_is_refused_not_recreated(ssh_env):
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    for name in ("a", "b"):
+        (root / f"k/{name}").write_bytes(b"v1\n")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    for name in ("a", "b"):
+        (ws / f"k/{name}").write_bytes(b"v2\n")
+
+    class Vanishing(type(open_transport(host))):
+        def put_file(self, path, source, **kw):
+            if path.endswith("k/a"):
+                (root / "k/b").unlink()  # someone deletes b on the host meanwhile
+            return super().put_file(path, source, **kw)
+
+    with Vanishing(host) as t, pytest.raises(sync.PartialDeployError) as caught:
+        sync.push(t, host)
+    assert "k/b changed on the host" in caught.value.message
+    assert not (root / "k/b").exists() and not temp_files(root)
+
+
+def _can_mount() -> bool:
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def _mount(*args: str) -> bool:
+    return subprocess.run(["mount", *args], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs root and mount(8)")
+def test_read_only_host_and_disk_full(tmp_path):
+    """A read-only folder (bind mount, remounted ro: root ignores chmod) and a full disk (a
+    1 MB tmpfs): a clear error, live files untouched, no temporary file left."""
+    root = tmp_path / "live"
+    (root / "k").mkdir(parents=True)
+    (root / "k/a.py").write_bytes(b"v1\n")
+    from kerneldev.config import HostConfig
+
+    host = HostConfig(
+        name="h", root=str(root), files=("k/*.py",), workspace=tmp_path / "ws", transport="local"
+    )
+    t = LocalTransport(host)
+    sync.pull(t, host)
+    (host.workspace / "k/a.py").write_bytes(b"v2\n" * 1000)
+    (root / ".kerneldev").mkdir()
+    k = str(root / "k")
+    if not (_mount("--bind", k, k) and _mount("-o", "remount,ro,bind", k)):
+        subprocess.run(["umount", k], capture_output=True)
+        pytest.skip("cannot make a read-only bind mount here")
+    try:
+        with pytest.raises(KerneldevError) as caught:
+            with host_lock.HostLock(t, host.root, "push", wait=1):
+                sync.push(t, host)
+        assert "Read-only" in caught.value.message or "cannot" in caught.value.message
+        assert (root / "k/a.py").read_bytes() == b"v1\n"
+    finally:
+        subprocess.run(["umount", k], capture_output=True)
+    assert not temp_files(root)
+
+    if not _mount("-t", "tmpfs", "-o", "size=64k", "tmpfs", k):
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (root / "k/a.py").write_bytes(b"v1\n")
+        (host.workspace / "k/a.py").write_bytes(os.urandom(256 * 1024))
+        with pytest.raises(KerneldevError) as caught:
+            with host_lock.HostLock(t, host.root, "push", wait=1):
+                sync.push(t, host)
+        assert "No space left" in caught.value.message, caught.value.message
+        assert (root / "k/a.py").read_bytes() == b"v1\n"
+        assert not temp_files(root)
+        assert load_state(host.workspace).deploys == []
+    finally:
+        subprocess.run(["umount", k], capture_output=True)
+
+
+# --- remote commands end with the command ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["local", "ssh"])
+def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, monkeypatch):
+    isolate_home(monkeypatch, tmp_path)
+    host = ssh_host(sshd_server, tmp_path, transport=kind)
+    pidfile = tmp_path / "pid"
+    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    with open_transport(host) as t:
+        with pytest.raises(interrupt.Interrupted) as caught, interrupt.deferred_signals():
+            timer.start()
+            # what a bench harness looks like: a child that runs on and on
+            t.run(f"sh -c 'echo $$ > {pidfile}; exec sleep 60' & wait")
+        assert caught.value.exit_code == 130
+    pid = int(pidfile.read_text())
+    assert _gone(pid), f"process {pid} still runs on the host"
+
+
+def _gone(pid: int) -> bool:
+    import time
+
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of sshd's that nobody reaped yet is gone too
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False

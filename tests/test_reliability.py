@@ -1,0 +1,484 @@
+"""Safe under real use (issue 9), against the real sshd: the host lock, compare-and-swap,
+cut connections at many points, Ctrl-C delivered to the process group, concurrent pushes from
+two workspaces, automatic rollback, the shared history and backup pruning."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kerneldev import history, host_lock, sync
+from kerneldev.errors import KerneldevError, RefusedError
+from kerneldev.state import DeployedFile, DeployRecord, load_state
+from kerneldev.transport import open_transport
+from kerneldev.transport.local import LocalTransport
+from tests.faults import CuttingProxy, check_backups, sha, temp_files
+from tests.sshutil import isolate_home, ssh_host, write_hosts_yaml
+
+FILES = ("k/a.py", "k/b.py", "k/c.py")
+
+
+def _seed(root: Path, version: str, size: int = 2000) -> dict[str, bytes]:
+    """Write FILES under root with content tagged by `version`; returns {path: bytes}."""
+    out = {}
+    for i, path in enumerate(FILES):
+        data = (f"# {path} {version}\n" + f"x{i} = 0\n" * (size // 8)).encode()
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+        out[path] = data
+    return out
+
+
+def locked_push(host, **kwargs):
+    with open_transport(host) as t, host_lock.HostLock(t, host.root, "push", wait=10):
+        return sync.push(t, host, **kwargs)
+
+
+def locked_rollback(host, **kwargs):
+    with open_transport(host) as t, host_lock.HostLock(t, host.root, "rollback", wait=10):
+        return sync.rollback(t, host, **kwargs)
+
+
+@pytest.fixture
+def ssh_env(sshd_server, tmp_path, monkeypatch):
+    isolate_home(monkeypatch, tmp_path)
+    host = ssh_host(sshd_server, tmp_path, files=("k/*.py",))
+    (Path(host.root) / "k").mkdir(parents=True, exist_ok=True)
+    return host
+
+
+# --- the lock -----------------------------------------------------------------------------
+
+
+def test_lock_waits_names_holder_detects_stale_and_breaks(tmp_path):
+    root = tmp_path / "live"
+    root.mkdir()
+    t = LocalTransport()
+    first = host_lock.HostLock(t, str(root), "push")
+    first.acquire()
+    holder = json.loads((root / host_lock.LOCK_FILE).read_text())
+    assert {"user", "machine", "pid", "since", "command", "token"} <= set(holder)
+
+    waited = []
+    second = host_lock.HostLock(t, str(root), "rollback", wait=0.6, on_wait=waited.append)
+    with pytest.raises(host_lock.LockBusyError) as caught:
+        second.acquire()
+    assert waited and waited[0].token == first.me.token
+    assert f"pid {os.getpid()}" in caught.value.message and "push" in caught.value.message
+    assert "--break-lock" in caught.value.hint
+    first.release()
+    assert not (root / host_lock.LOCK_FILE).exists()
+
+    # A holder on this machine whose process is gone: stale, taken over with a note.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = replace(first.me, pid=dead.pid, token="deadbeef")
+    (root / host_lock.LOCK_FILE).write_text(json.dumps(stale.__dict__))
+    with host_lock.HostLock(t, str(root), "push", wait=0) as lock:
+        assert "stale" in lock.notes[0]
+
+    # A holder on another machine cannot be checked: only --break-lock takes it over.
+    other = replace(first.me, machine="elsewhere", user="alice", token="cafe")
+    (root / host_lock.LOCK_FILE).write_text(json.dumps(other.__dict__))
+    with pytest.raises(host_lock.LockBusyError, match="alice@elsewhere"):
+        host_lock.HostLock(t, str(root), "push", wait=0).acquire()
+    with host_lock.HostLock(t, str(root), "push", wait=0, break_lock=True) as lock:
+        assert "alice@elsewhere" in lock.notes[0]
+    assert not (root / host_lock.LOCK_FILE).exists()
+
+
+def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    _seed(root, "v1")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+
+    class Meddler(type(open_transport(host))):
+        """Someone edits k/b.py on the host (without the lock) while a.py is uploading."""
+
+        def put_file(self, path, source, **kw):
+            if path.endswith("k/a.py"):
+                (root / "k/b.py").write_bytes(b"hotfix by hand\n")
+            return super().put_file(path, source, **kw)
+
+    with Meddler(host) as t, pytest.raises(sync.PartialDeployError) as caught:
+        sync.push(t, host)
+    assert "k/b.py changed on the host while deploying" in caught.value.message
+    assert caught.value.deployed == ["k/a.py"]
+    assert (root / "k/b.py").read_bytes() == b"hotfix by hand\n"  # never overwritten
+    assert (root / "k/c.py").read_bytes().startswith(b"# k/c.py v1")
+    assert not temp_files(root)
+    record = load_state(ws).deploys[-1]
+    assert [f.path for f in record.files] == ["k/a.py"] and record.outcome == "partial"
+
+
+# --- concurrent pushes ----------------------------------------------------------------------
+
+
+def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, monkeypatch):
+    """Two engineers push different edits of the same files at the same moment: exactly one
+    deploys, the other is refused naming the changed file, no edit is lost."""
+    isolate_home(monkeypatch, tmp_path)
+    alice = ssh_host(sshd_server, tmp_path, files=("k/*.py",), workspace=tmp_path / "alice")
+    bob = replace(alice, workspace=tmp_path / "bob")
+    root = Path(alice.root)
+    _seed(root, "base")
+    outcomes = []
+    for rep in range(20):
+        # Both start from what is live: the last winner is in sync, the loser pulls.
+        for who in (alice, bob):
+            if rep == 0 or who.workspace.name != outcomes[-1]:
+                with open_transport(who) as t:
+                    sync.pull(t, who, force=True)
+            for path in FILES:
+                (who.workspace / path).write_bytes(f"{who.workspace.name} {rep} {path}\n".encode())
+        results: dict[str, object] = {}
+        start = threading.Barrier(2)
+
+        def go(who, results=results, start=start):
+            start.wait()
+            try:
+                results[who.workspace.name] = locked_push(who)
+            except KerneldevError as err:
+                results[who.workspace.name] = err
+
+        threads = [threading.Thread(target=go, args=(w,)) for w in (alice, bob)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        won = [n for n, r in results.items() if isinstance(r, sync.PushResult)]
+        lost = [r for r in results.values() if isinstance(r, KerneldevError)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert isinstance(lost[0], RefusedError)
+        assert "k/a.py" in lost[0].message or "locked by" in lost[0].message
+        for path in FILES:  # the winner's edit is live, whole
+            assert (root / path).read_bytes() == f"{won[0]} {rep} {path}\n".encode()
+        outcomes.append(won[0])
+    print(
+        f"20 concurrent pushes: winners {outcomes.count('alice')} alice, "
+        f"{outcomes.count('bob')} bob"
+    )
+    assert not temp_files(root)
+
+
+def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
+    """The loser of a race in one workspace must not save a stale state over the winner's."""
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    _seed(root, "v1")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    (ws / "k/a.py").write_bytes(b"one\n")
+    first = locked_push(host, paths=["k/a.py"])
+    (ws / "k/b.py").write_bytes(b"two\n")
+    second = locked_push(host, paths=["k/b.py"])
+    ids = [d.id for d in load_state(ws).deploys]
+    assert ids == [first.deploy_id, second.deploy_id]
+    # The host's shared history has both too; rollback undoes the newest.
+    with open_transport(host) as t:
+        assert [r.id for r in history.load_history(t, host.root).records] == ids
+    undo = locked_rollback(host)
+    assert undo.rolls_back == second.deploy_id and (root / "k/b.py").read_bytes() != b"two\n"
+
+
+# --- cut connections --------------------------------------------------------------------------
+
+
+def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, monkeypatch):
+    """A TCP proxy between kerneldev and sshd cuts the connection at points spread over a
+    push of three files and over a rollback. After every cut: each live file is its old or its
+    new version; after the next command: no temporary file, backups intact, state valid, and
+    the re-run completes. (The workspace alternates between the two versions, so every push
+    and every rollback has all three files to change.)"""
+    isolate_home(monkeypatch, tmp_path)
+    proxy = CuttingProxy(sshd_server.port)
+    # Every backup is kept, so `rollback --to` can go back and forth between two deploys.
+    direct = ssh_host(sshd_server, tmp_path, files=("k/*.py",), keep_backups=1000)
+    (tmp_path / "known_hosts").write_text(
+        sshd_server.host_key_line
+        + sshd_server.host_key_line.replace(f":{sshd_server.port} ", f":{proxy.port} ")
+    )
+    cut = replace(direct, port=proxy.port)
+    root, ws = Path(direct.root), Path(direct.workspace)
+    old = _seed(root, "old")
+    new = {p: d.replace(b" old\n", b" new\n") for p, d in old.items()}
+    versions = (old, new)
+    with open_transport(direct) as t:
+        sync.pull(t, direct)
+
+    def edit(version):
+        for p, d in version.items():
+            (ws / p).write_bytes(d)
+
+    # Measure each operation's traffic once, uncut.
+    edit(new)
+    proxy.reset(None)
+    to_new = locked_push(cut).deploy_id
+    push_bytes = proxy.total
+    proxy.reset(None)
+    to_old = locked_rollback(cut).deploy_id
+    rollback_bytes = proxy.total
+
+    cuts = corrupted = 0
+    plan = [("push", push_bytes, i, 36) for i in range(36)]
+    plan += [("rollback", rollback_bytes, i, 18) for i in range(18)]
+    for n, (op, total, i, points) in enumerate(plan):
+        at = int(total * (i + 0.5) / points)
+        if op == "push":
+            target = versions[n % 2]  # live holds the other one
+            edit(target)
+        else:  # back to the files as right after `to_old`'s or `to_new`'s deploy
+            is_new = (root / FILES[0]).read_bytes() == new[FILES[0]]
+            to, target = (to_old, old) if is_new else (to_new, new)
+        proxy.reset(at)
+        try:
+            if op == "push":
+                locked_push(cut)
+            else:
+                locked_rollback(cut, to=to)
+        except KerneldevError:
+            pass
+        cuts += proxy.cut
+        corrupted += sum((root / p).read_bytes() not in (old[p], new[p]) for p in FILES)
+        # The next command (not cut) completes and leaves nothing behind.
+        if op == "push":
+            locked_push(direct)
+        else:
+            locked_rollback(direct, to=to)
+        for p in FILES:
+            assert (root / p).read_bytes() == target[p], (op, at, p)
+        assert not temp_files(root), (op, at)
+        assert not list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}")), (op, at)
+        assert check_backups(root, ws) == [], (op, at)
+        load_state(ws)  # parses
+    proxy.close()
+    print(f"cut points: {cuts}, corrupted files: {corrupted}")
+    assert cuts >= 50 and corrupted == 0
+
+
+# --- Ctrl-C -------------------------------------------------------------------------------------
+
+
+def _start_push(config: Path, *extra: str) -> subprocess.Popen:
+    env = dict(os.environ, KERNELDEV_CONFIG=str(config))
+    return subprocess.Popen(
+        [sys.executable, "-m", "kerneldev", "push", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+
+
+def _wait_for(condition, timeout: float = 60) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("when", "sig"),
+    [
+        ("uploading the first file", signal.SIGINT),
+        ("uploading the second file", signal.SIGINT),
+        ("after the first file landed", signal.SIGINT),
+        ("uploading the first file", signal.SIGTERM),
+    ],
+)
+def test_ctrl_c_during_a_large_push(ssh_env, tmp_path, when, sig):
+    host = replace(ssh_env, files=("k/big*.bin",))
+    root, ws = Path(host.root), Path(host.workspace)
+    names = ("k/big1.bin", "k/big2.bin")
+    for name in names:
+        (root / name).write_bytes(b"old" * 1000)
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    chunk = os.urandom(1 << 20)
+    for name in names:
+        with open(ws / name, "wb") as f:
+            for _ in range(16):
+                f.write(chunk)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    proc = _start_push(config)
+
+    def temp_of(name):
+        return any(
+            p.name.startswith(f".{Path(name).name}.kerneldev-tmp-") for p in temp_files(root)
+        )
+
+    if when == "uploading the first file":
+        ok = _wait_for(lambda: temp_of(names[0]))
+    elif when == "uploading the second file":
+        ok = _wait_for(lambda: temp_of(names[1]))
+    else:
+        ok = _wait_for(lambda: (root / names[0]).stat().st_size > 3000)
+    assert ok, proc.communicate()
+    os.killpg(proc.pid, sig)
+    out, err = proc.communicate(timeout=60)
+    expected = 130 if sig == signal.SIGINT else 143
+    assert proc.returncode == expected, err
+    assert "Traceback" not in err and "Deployed:" in err and "Not deployed:" in err, err
+    assert not temp_files(root)
+    landed = [n for n in names if (root / n).stat().st_size > 3000]
+    for n in names:  # each file old or new, whole
+        assert (root / n).read_bytes() in ((ws / n).read_bytes(), b"old" * 1000)
+    records = load_state(ws).deploys
+    recorded = [f.path for f in records[-1].files] if records else []
+    assert recorded == landed and f"Deployed: {', '.join(landed) or '(none)'}" in err
+    if landed:
+        assert records[-1].outcome == "interrupted"
+    # The host lock was released: the next push runs at once and completes.
+    again = subprocess.run(
+        [sys.executable, "-m", "kerneldev", "push", "--lock-wait", "0"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, KERNELDEV_CONFIG=str(config)),
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
+    assert all((root / n).read_bytes() == (ws / n).read_bytes() for n in names)
+
+
+# --- automatic rollback ---------------------------------------------------------------------------
+
+
+def test_push_restart_rolls_back_when_never_healthy(tmp_path):
+    root = tmp_path / "live"
+    old = _seed(root, "v1")
+    marker = tmp_path / "restarts"
+    host_yaml = tmp_path / "hosts.yaml"
+    host_yaml.write_text(
+        "hosts:\n  h:\n    transport: local\n"
+        f"    root: '{root}'\n    files: ['k/*.py']\n    workspace: '{tmp_path / 'ws'}'\n"
+        f"    service:\n      restart: 'echo restart >> {marker}'\n"
+        # healthy only when a.py holds its old bytes: the new kernel "crashes the server"
+        f"      health: 'grep -q v1 {root / 'k/a.py'}'\n"
+        "      timeout: 1\n      logs: 'echo server log: kernel crashed'\n"
+    )
+    env = dict(os.environ, KERNELDEV_CONFIG=str(host_yaml))
+
+    def kd(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "kerneldev", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    assert kd("pull").returncode == 0
+    (tmp_path / "ws/k/a.py").write_bytes(b"# broken v2\n")
+    run = kd("push", "--restart")
+    assert run.returncode == 1, run.stderr
+    assert "rolled back" in run.stderr and "healthy again" in run.stderr
+    assert "kernel crashed" in run.stderr  # the logs of the failed restart
+    assert (root / "k/a.py").read_bytes() == old["k/a.py"]
+    assert marker.read_text().count("restart") == 2
+    log = json.loads(kd("log", "--json").stdout)
+    assert [(e["kind"], e["outcome"]) for e in log] == [
+        ("push", "deployed"),
+        ("rollback", "auto-rollback"),
+    ]
+    # --no-rollback leaves the failing deploy in place.
+    run = kd("push", "--restart", "--no-rollback")
+    assert run.returncode == 1 and (root / "k/a.py").read_bytes() == b"# broken v2\n"
+
+
+# --- history, log, rollback --to, pruning, leftovers --------------------------------------------
+
+
+def test_history_log_rollback_to_and_pruning(tmp_path):
+    root = tmp_path / "live"
+    v0 = _seed(root, "v0")
+    host = sync_host = _local_host(tmp_path, root, keep_backups=2)
+    t = LocalTransport(host)
+    sync.pull(t, sync_host)
+    ws = Path(host.workspace)
+    ids = []
+    for n in range(1, 5):
+        (ws / "k/a.py").write_bytes(f"a v{n}\n".encode())
+        ids.append(locked_push(host).deploy_id)
+    entries = sync.deploy_log(t, host)
+    assert [e.id for e in entries] == ids
+    assert [f.live for e in entries for f in e.files] == [False, False, False, True]
+    # Backups pruned to the last 2 deploys, except the one whose bytes are still live.
+    kept = sorted(p.name for p in (root / history.BACKUP_DIR).iterdir())
+    assert kept == ids[-2:]
+
+    plan = sync.rollback(t, host, to=ids[2], dry_run=True)
+    assert [(r.path, r.restore_sha256) for r in plan.plan] == [("k/a.py", sha(b"a v3\n"))]
+    assert (root / "k/a.py").read_bytes() == b"a v4\n"  # dry run changed nothing
+    locked_rollback(host, to=ids[2])
+    assert (root / "k/a.py").read_bytes() == b"a v3\n"
+    # Too far back: that backup was pruned; a clear error, nothing touched.
+    with pytest.raises(KerneldevError, match="missing"):
+        locked_rollback(host, to=ids[0])
+    assert (root / "k/a.py").read_bytes() == b"a v3\n"
+    assert v0
+
+
+def _local_host(tmp_path, root, **kw):
+    from kerneldev.config import HostConfig
+
+    return HostConfig(
+        name="h",
+        root=str(root),
+        files=("k/*.py",),
+        workspace=tmp_path / "ws",
+        transport="local",
+        **kw,
+    )
+
+
+def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):
+    root = tmp_path / "live"
+    _seed(root, "v1")
+    config = tmp_path / "hosts.yaml"
+    write_hosts_yaml(config, _local_host(tmp_path, root))
+    env = dict(os.environ, KERNELDEV_CONFIG=str(config))
+
+    def kd(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "kerneldev", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+
+    assert kd("pull").returncode == 0
+    # What an interrupted run leaves: a partial upload, an incomplete backup folder.
+    (root / "k/.a.py.kerneldev-tmp-0123abcd").write_bytes(b"half")
+    stale = root / history.BACKUP_DIR / "20260101T000000.000Z-abcdef"
+    (stale / "k").mkdir(parents=True)
+    live_a = (root / "k/a.py").read_bytes()
+    (stale / "k/a.py").write_bytes(live_a)
+    planned = DeployRecord("20260101T000000.000Z-abcdef", "t", "h", "bob", "push")
+    planned.files = [DeployedFile("k/a.py", sha(live_a), sha(b"never landed"), 0o644, 0o644, "x")]
+    (stale / history.INCOMPLETE).write_text(history.record_line(planned))
+    diff = kd("diff")
+    assert "leftovers of interrupted" in diff.stderr and "1 temporary file" in diff.stderr
+    assert (root / "k/.a.py.kerneldev-tmp-0123abcd").exists()  # read-only: reported only
+    (tmp_path / "ws/k/a.py").write_bytes(b"new\n")
+    push = kd("push")
+    assert push.returncode == 0, push.stderr
+    assert "removed leftovers of interrupted runs" in push.stderr
+    assert not temp_files(root) and not stale.exists()
