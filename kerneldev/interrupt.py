@@ -88,3 +88,4 @@ def deferred_signals() -> Iterator[None]:
         for s, h in previous.items():
             signal.signal(s, h)
         _active = False
+        _pending = None  # acted on (or the caller caught it): the next command starts clean

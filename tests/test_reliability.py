@@ -477,7 +477,7 @@ def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):
     diff = kd("diff")
     assert "leftovers of interrupted" in diff.stderr and "1 temporary file" in diff.stderr
     assert (root / "k/.a.py.kerneldev-tmp-0123abcd").exists()  # read-only: reported only
-    (tmp_path / "ws/k/a.py").write_bytes(b"new\n")
+    (tmp_path / "ws/k/a.py").write_bytes(b"new = 1\n")
     push = kd("push")
     assert push.returncode == 0, push.stderr
     assert "removed leftovers of interrupted runs" in push.stderr
