@@ -365,7 +365,7 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
     except UnhealthyError as err:
         if no_rollback or not result.deploy_id:
             raise
-        first = err.message
+        first, unhealthy = err.message, err
     print_warning(f"rolling back deploy {result.deploy_id} automatically: {first}")
     undo = sync.rollback(transport, host, outcome="auto-rollback")
     result.auto_rollback = undo
@@ -378,13 +378,16 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
         second = "healthy again with the previous files"
     except ServiceError as err:
         second = f"still not healthy after the rollback: {err.message}"
-    raise ServiceError(
+    failed = UnhealthyError(
         f"deploy {result.deploy_id} never became healthy ({first}); it was rolled back "
         f"as {undo.deploy_id} and the service restarted: {second}",
+        unhealthy.logs,
         hint="see the service logs above; fix the kernel and push again "
         "(`--no-rollback` keeps a failing deploy in place for debugging)",
-        report=result,
+        health=unhealthy.health,
     )
+    failed.report = result  # --json: the deploy, its failed health and the automatic rollback
+    raise failed
 
 
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
