@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerneldev import harness
+from kerneldev import harness, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.gitrepo import GitUnavailable, head_commit
@@ -201,10 +201,12 @@ def run_bench(
                 hint="its output:\n" + _tail(output),
             ) from None
     finally:
-        try:
-            transport.remove(tmp)
-        except KerneldevError:
-            pass  # a leftover temp folder must not hide the real outcome
+        # Shielded: after Ctrl-C the harness has been ended and its folder still goes.
+        with interrupt.shield():
+            try:
+                transport.remove(tmp)
+            except KerneldevError:
+                pass  # a leftover temp folder must not hide the real outcome
 
     check_schema(data, f"{host.name}:{result_path}")
     data["kerneldev"] = {

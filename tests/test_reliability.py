@@ -482,3 +482,62 @@ def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):
     assert push.returncode == 0, push.stderr
     assert "removed leftovers of interrupted runs" in push.stderr
     assert not temp_files(root) and not stale.exists()
+
+
+def _processes_with(text: str) -> dict[int, str]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmd:
+            found[int(entry.name)] = cmd
+    return found
+
+
+def test_ctrl_c_during_bench_ends_the_harness_on_the_host(sshd_server, tmp_path, monkeypatch):
+    """The harness runs through a wrapper named only by this test, so its processes on the
+    (loopback) host can be found; Ctrl-C must end them and remove the harness's folder."""
+    from tests.test_bench import write_config
+
+    isolate_home(monkeypatch, tmp_path)
+    wrapper = tmp_path / "python-for-this-test"
+    wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    config = write_config(tmp_path, "ssh", sshd_server, python=str(wrapper))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kerneldev",
+            "--config",
+            str(config),
+            "bench",
+            "--cpu",
+            "--shapes",
+            "smoke",
+            "--rotate",
+            "1",
+        ],  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    harness = {}
+    assert _wait_for(lambda: harness.update(_processes_with(str(wrapper))) or harness, 120)
+    folder = next(w for cmd in harness.values() for w in cmd.split() if "kerneldev-bench." in w)
+    folder = (
+        Path(folder[: folder.index("kerneldev-bench.")])
+        / folder[folder.index("kerneldev-bench.") :].split("/")[0]
+    )
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert _wait_for(lambda: not _processes_with(str(wrapper)), 10), "the harness still runs"
+    assert not folder.exists()
