@@ -81,10 +81,8 @@ def load_history(transport: Transport, root: str) -> History:
 
 def append_record(transport: Transport, root: str, record: DeployRecord) -> None:
     """Append the record (caller holds the host lock), then drop the backup folder's marker."""
-    transport.append_text(history_path(root), record_line(record))
-    transport.run(
-        f"rm -f -- {shlex.quote(posixpath.join(backup_folder(root, record.id), INCOMPLETE))}"
-    )
+    marker = shlex.quote(posixpath.join(backup_folder(root, record.id), INCOMPLETE))
+    transport.append_text(history_path(root), record_line(record), then=f"rm -f -- {marker}")
 
 
 def mark_incomplete(transport: Transport, root: str, planned: DeployRecord) -> None:

@@ -135,22 +135,25 @@ def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, monkeypatch
     bob = replace(alice, workspace=tmp_path / "bob")
     root = Path(alice.root)
     _seed(root, "base")
+    # Each engineer keeps one connection, as one kerneldev command would hold one.
+    conn = {w.workspace.name: open_transport(w) for w in (alice, bob)}
     outcomes = []
     for rep in range(20):
         # Both start from what is live: the last winner is in sync, the loser pulls.
         for who in (alice, bob):
             if rep == 0 or who.workspace.name != outcomes[-1]:
-                with open_transport(who) as t:
-                    sync.pull(t, who, force=True)
+                sync.pull(conn[who.workspace.name], who, force=True)
             for path in FILES:
                 (who.workspace / path).write_bytes(f"{who.workspace.name} {rep} {path}\n".encode())
         results: dict[str, object] = {}
         start = threading.Barrier(2)
 
         def go(who, results=results, start=start):
+            t = conn[who.workspace.name]
             start.wait()
             try:
-                results[who.workspace.name] = locked_push(who)
+                with host_lock.HostLock(t, who.root, "push", wait=30):
+                    results[who.workspace.name] = sync.push(t, who)
             except KerneldevError as err:
                 results[who.workspace.name] = err
 
@@ -171,6 +174,8 @@ def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, monkeypatch
         f"20 concurrent pushes: winners {outcomes.count('alice')} alice, "
         f"{outcomes.count('bob')} bob"
     )
+    for t in conn.values():
+        t.close()
     assert not temp_files(root)
 
 
@@ -232,6 +237,13 @@ def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, mo
     to_old = locked_rollback(cut).deploy_id
     rollback_bytes = proxy.total
 
+    # The uncut re-runs share one connection (the cut runs each open their own).
+    steady = open_transport(direct)
+
+    def rerun(op, **kw):
+        with host_lock.HostLock(steady, direct.root, op, wait=10):
+            return (sync.push if op == "push" else sync.rollback)(steady, direct, **kw)
+
     cuts = corrupted = 0
     plan = [("push", push_bytes, i, 36) for i in range(36)]
     plan += [("rollback", rollback_bytes, i, 18) for i in range(18)]
@@ -255,15 +267,16 @@ def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, mo
         corrupted += sum((root / p).read_bytes() not in (old[p], new[p]) for p in FILES)
         # The next command (not cut) completes and leaves nothing behind.
         if op == "push":
-            locked_push(direct)
+            rerun("push")
         else:
-            locked_rollback(direct, to=to)
+            rerun("rollback", to=to)
         for p in FILES:
             assert (root / p).read_bytes() == target[p], (op, at, p)
         assert not temp_files(root), (op, at)
         assert not list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}")), (op, at)
         assert check_backups(root, ws) == [], (op, at)
         load_state(ws)  # parses
+    steady.close()
     proxy.close()
     print(f"cut points: {cuts}, corrupted files: {corrupted}")
     assert cuts >= 50 and corrupted == 0
