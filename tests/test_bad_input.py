@@ -23,7 +23,7 @@ from kerneldev.state import load_state
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
 from tests.faults import temp_files
-from tests.sshutil import isolate_home, ssh_host
+from tests.sshutil import ssh_host
 
 VALID = """\
 default: dsv4
@@ -117,8 +117,7 @@ def test_config_errors_exit_2_without_traceback(tmp_path):
 
 
 @pytest.fixture
-def ssh_env(sshd_server, tmp_path, monkeypatch):
-    isolate_home(monkeypatch, tmp_path)
+def ssh_env(sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path, files=("k/*",))
     (Path(host.root) / "k").mkdir(parents=True, exist_ok=True)
     return host
@@ -230,8 +229,7 @@ def test_read_only_host_and_disk_full(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["local", "ssh"])
-def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, monkeypatch):
-    isolate_home(monkeypatch, tmp_path)
+def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path, transport=kind)
     pidfile = tmp_path / "pid"
     timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))

@@ -22,7 +22,7 @@ from kerneldev.state import DeployedFile, DeployRecord, load_state
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
 from tests.faults import CuttingProxy, check_backups, sha, temp_files
-from tests.sshutil import isolate_home, ssh_host, write_hosts_yaml
+from tests.sshutil import ssh_host, write_hosts_yaml
 
 FILES = ("k/a.py", "k/b.py", "k/c.py")
 
@@ -49,8 +49,7 @@ def locked_rollback(host, **kwargs):
 
 
 @pytest.fixture
-def ssh_env(sshd_server, tmp_path, monkeypatch):
-    isolate_home(monkeypatch, tmp_path)
+def ssh_env(sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path, files=("k/*.py",))
     (Path(host.root) / "k").mkdir(parents=True, exist_ok=True)
     return host
@@ -127,10 +126,9 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
 # --- concurrent pushes ----------------------------------------------------------------------
 
 
-def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, monkeypatch):
+def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, isolated_home):
     """Two engineers push different edits of the same files at the same moment: exactly one
     deploys, the other is refused naming the changed file, no edit is lost."""
-    isolate_home(monkeypatch, tmp_path)
     alice = ssh_host(sshd_server, tmp_path, files=("k/*.py",), workspace=tmp_path / "alice")
     bob = replace(alice, workspace=tmp_path / "bob")
     root = Path(alice.root)
@@ -202,13 +200,12 @@ def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
 # --- cut connections --------------------------------------------------------------------------
 
 
-def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, monkeypatch):
+def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, isolated_home):
     """A TCP proxy between kerneldev and sshd cuts the connection at points spread over a
     push of three files and over a rollback. After every cut: each live file is its old or its
     new version; after the next command: no temporary file, backups intact, state valid, and
     the re-run completes. (The workspace alternates between the two versions, so every push
     and every rollback has all three files to change.)"""
-    isolate_home(monkeypatch, tmp_path)
     proxy = CuttingProxy(sshd_server.port)
     # Every backup is kept, so `rollback --to` can go back and forth between two deploys.
     direct = ssh_host(sshd_server, tmp_path, files=("k/*.py",), keep_backups=1000)
@@ -511,12 +508,11 @@ def _processes_with(text: str) -> dict[int, str]:
     return found
 
 
-def test_ctrl_c_during_bench_ends_the_harness_on_the_host(sshd_server, tmp_path, monkeypatch):
+def test_ctrl_c_during_bench_ends_the_harness_on_the_host(sshd_server, tmp_path, isolated_home):
     """The harness runs through a wrapper named only by this test, so its processes on the
     (loopback) host can be found; Ctrl-C must end them and remove the harness's folder."""
     from tests.test_bench import write_config
 
-    isolate_home(monkeypatch, tmp_path)
     wrapper = tmp_path / "python-for-this-test"
     wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
