@@ -18,7 +18,7 @@ from hypothesis import strategies as st  # noqa: E402
 if not kconf.KERNELS_RUNNABLE:
     pytestmark = pytest.mark.skipif(True, reason="triton imported without TRITON_INTERPRET")
 
-from .test_kernels import DEVICE, decode, ref  # noqa: E402
+from .test_flash_mla_sm120_triton import DEVICE, decode, ref  # noqa: E402
 
 INDEX_VALUES = st.sampled_from([0, 1, 5, 63, 64, 127, 128, 10**6, 2**31 - 1, -1, -2, -(2**31)])
 
