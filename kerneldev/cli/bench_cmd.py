@@ -38,8 +38,9 @@ SHAPES_OPTION = typer.Option(
     None,
     "--shapes",
     metavar="SHAPES",
-    help="A named set (decode, flashmla, paths, smoke) or one shape such as B=1,H=64,topk=512 (keys: "
-    "B H topk page extra_topk extra_page sink lengths invalid pad; see docs/usage.md); "
+    help="A named set (decode, flashmla, paths, smoke) or one shape such as "
+    "B=1,H=64,topk=512 (keys: B H topk page extra_topk extra_page sink lengths invalid pad; "
+    "see docs/usage.md); "
     "repeatable, or ';'-separated. Default: decode (smoke with --cpu).",
     show_default=False,
 )
