@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import typer
 
 from kerneldev import drift, history, host_lock, interrupt, sync
 from kerneldev.cli import environment, output
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
+from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_with_progress
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError
@@ -45,39 +43,6 @@ LOCK_WAIT_OPTION = typer.Option(
     help="How long to wait for another command's lock on the host.",
 )
 
-STATUS_STYLE = {
-    drift.IN_SYNC: "green",
-    drift.EDITED: "cyan",
-    drift.DRIFTED: "yellow",
-    drift.CONFLICT: "bold red",
-    drift.NOT_PULLED: "dim",
-    drift.MISSING_LIVE: "red",
-    drift.MIRROR_SAME: "green",
-    drift.MIRROR_DIFFERS: "yellow",
-    drift.MIRROR_ABSENT: "dim",
-    "upload": "cyan",
-    "create": "cyan",
-    "refused": "bold red",
-    "pulled": "cyan",
-    "overwritten": "yellow",
-}
-
-
-def print_table(title: str | None, columns: Sequence[Any], rows: Sequence[Sequence[Any]]) -> None:
-    """The loop's tables: `output.print_table` with the status words coloured."""
-    output.print_table(title, columns, rows, styles=STATUS_STYLE)
-
-
-def print_patch(text: str) -> None:
-    env = environment.current()
-    if env.stdout_isatty:
-        from rich.syntax import Syntax
-
-        env.out_console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False))
-    else:
-        env.stdout.write(text)
-        env.stdout.flush()
-
 
 def _short(sha: str | None) -> str | None:
     return sha[:12] if sha else None
@@ -93,36 +58,6 @@ def _progress(verb: str):
 
 def _open(host: HostConfig):
     return open_transport(host)
-
-
-def locked(
-    transport: Transport,
-    host: HostConfig,
-    command: str,
-    break_lock: bool,
-    wait: float,
-    create_root: bool = False,
-) -> host_lock.HostLock:
-    """The host's lock for a command that changes live files or restarts the service; says on
-    stderr whom it waits for, and notes a stale or broken lock it took over."""
-
-    def on_wait(holder: host_lock.LockHolder | None) -> None:
-        who = holder.describe() if holder else "another command"
-        print_info(f"waiting up to {wait:g}s for the lock on {host.name}, held by {who}")
-
-    lock = host_lock.HostLock(
-        transport,
-        host.root,
-        command,
-        wait=wait,
-        break_lock=break_lock,
-        on_wait=on_wait,
-        create_root=create_root,
-    )
-    lock.acquire()
-    for note in lock.notes:
-        print_warning(note)
-    return lock
 
 
 def _byte_progress(transport: Transport, host: HostConfig, paths, force: bool):
@@ -357,7 +292,6 @@ def _push_locked(
 def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback, as_json):
     """Restart; when health never comes, roll this deploy back and restart again (unless
     --no-rollback), then fail reporting both outcomes (the logs were shown by the restart)."""
-    from kerneldev.cli.service_cmd import restart_with_progress
 
     try:
         result.health = _restart_or_report(transport, host, result, as_json)
@@ -393,7 +327,6 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
     """Restart after a push/rollback; when health never comes, `--json` still gets the deploy
     with the failed health result in it."""
-    from kerneldev.cli.service_cmd import restart_with_progress
 
     try:
         return restart_with_progress(transport, host, quiet=as_json)
