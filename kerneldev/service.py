@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kerneldev import interrupt
 from kerneldev.config import ServiceConfig
 from kerneldev.errors import (
     ConnectionLostError,
@@ -111,6 +112,7 @@ def restart(
             on_tick(elapsed, last)
         if time.monotonic() + interval > deadline:
             break
+        interrupt.check()  # Ctrl-C ends the wait now, not after service.timeout
         sleep(interval)
 
     logs = None

@@ -183,6 +183,29 @@ def test_restart_timeout_carries_logs(transport):
     assert "last words" in caught.value.logs and ticks and ticks[-1] == "exit 1"
 
 
+def test_ctrl_c_stops_the_wait_for_health(transport):
+    """Ctrl-C while the service is not healthy yet ends the wait at once (exit 130), not
+    after `service.timeout`."""
+    import os
+    import signal
+
+    from kerneldev import interrupt
+
+    # a URL nobody answers on: the poll itself never looks at the signal
+    svc = ServiceConfig(restart="true", health="http://127.0.0.1:9/health", timeout=600)
+    naps = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 1:
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        assert len(naps) < 5, "the wait for health went on after Ctrl-C"
+
+    with pytest.raises(interrupt.Interrupted) as caught, interrupt.deferred_signals():
+        service.restart(transport, svc, interval=0.01, sleep=sleep)
+    assert caught.value.exit_code == 130 and len(naps) == 1
+
+
 def test_restart_requires_config(transport):
     with pytest.raises(UsageError):
         service.restart(transport, None)
