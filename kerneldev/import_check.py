@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
@@ -325,3 +326,17 @@ def check_deploy(
     except ImportFailedError as err:
         err.report = result
         raise
+    except interrupt.Interrupted as err:
+        # The files have landed; say so, and that their import was not checked.
+        landed = getattr(result, "deployed", None)
+        if landed is None:
+            landed = [f.path for f in result.files]
+        stopped = interrupt.Interrupted(
+            err.signum,
+            f"deploy {result.deploy_id} {err.message} during the import check: its files are "
+            f"live, their import was not checked\nDeployed: {', '.join(landed) or '(none)'}"
+            "\nNot deployed: (none)",
+        )
+        stopped.hint = "`kerneldev rollback` undoes it; pushing again re-runs the check"
+        stopped.report = result
+        raise stopped from None

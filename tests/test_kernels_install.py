@@ -276,6 +276,24 @@ def test_service_check_replaces_the_default_import(tmp_path, monkeypatch):
     assert tree.live(tree.kernel) == before  # rolled back
 
 
+def test_ctrl_c_during_the_import_check_says_what_is_live_and_unchecked(tmp_path, monkeypatch):
+    """Ctrl-C while the pushed module is being imported on the host: the push has landed, so
+    exit 130 with the Deployed summary and the import marked as not checked (not a bare
+    "interrupted"), and --json still carries the push."""
+    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["service"]["check"] = f"kill -INT {os.getpid()}; sleep 30"
+    tree.config.write_text(yaml.safe_dump(data))
+    assert tree.kd("pull")[0] == 0
+    new = tree.live(tree.kernel) + b"\nTUNED = True\n"
+    (tree.workspace / tree.kernel).write_bytes(new)
+    code, out, err = tree.kd("push", "--restart", "--json")
+    assert code == 130
+    assert f"Deployed: {tree.kernel}" in err and "not checked" in err, err
+    assert json.loads(out)["deployed"] == [tree.kernel]
+    assert tree.live(tree.kernel) == new and not tree.restarts.exists()
+
+
 def test_install_without_a_configured_kernel_file_is_a_usage_error(tmp_path, monkeypatch):
     tree = make_tree(tmp_path, monkeypatch, "srt", "local")
     data = yaml.safe_load(tree.config.read_text())
