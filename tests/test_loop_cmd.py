@@ -171,6 +171,29 @@ def test_pull_edit_push_with_backup(env: Env):
     assert deploy["files"][0]["old_sha256"] != deploy["files"][0]["new_sha256"]
 
 
+def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
+    """Ctrl-C while the push waits for another engineer's lock: exit 130 with the documented
+    `Deployed: (none)` summary, nothing changed, and --json still valid."""
+    import signal
+
+    assert env.kd("pull").exit_code == 0
+    (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")
+    lock = env.root / ".kerneldev" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = {"user": "bob", "machine": "another-box", "pid": 1, "command": "push"}
+    lock.write_text(json.dumps({**holder, "since": "2026-11-30T04:00:00Z", "token": "t"}))
+    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        run = env.kd("push", "--lock-wait", "60", "--json")
+    finally:
+        timer.cancel()
+    assert run.exit_code == 130
+    assert "Deployed: (none)" in run.stderr and "Traceback" not in run.stderr
+    assert run.json()["error"]["code"] == 130
+    assert (env.root / A).read_bytes() == ORIGINAL_A and lock.exists()
+
+
 def test_drift_refused_then_force(env: Env):
     env.kd("pull")
     (env.root / B).write_bytes(ORIGINAL_B + b"# hotfix on the host\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+
 import typer
 
 from kerneldev import drift, history, host_lock, interrupt, sync
@@ -246,19 +249,36 @@ def push_command(
                 render_push(result)
         else:
             # The whole push, restart and any automatic rollback hold the host's lock.
-            lock = locked(transport, host, "push", break_lock, lock_wait, create_root)
-            try:
-                result = _push_locked(
-                    transport, host, paths, force, not no_import_check, as_json, create_root
-                )
-                if restart:
-                    _restart_or_roll_back(transport, host, result, no_rollback, as_json)
-            finally:
-                lock.release()
+            result = None
+            with _summary_on_interrupt(lambda: result.deployed if result else None):
+                lock = locked(transport, host, "push", break_lock, lock_wait, create_root)
+                try:
+                    result = _push_locked(
+                        transport, host, paths, force, not no_import_check, as_json, create_root
+                    )
+                    if restart:
+                        _restart_or_roll_back(transport, host, result, no_rollback, as_json)
+                finally:
+                    lock.release()
     if as_json:
         print_json(result)
     if dry_run and result.refused:
         raise typer.Exit(int(ExitCode.FAILURE))
+
+
+@contextlib.contextmanager
+def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[None]:
+    """Ctrl-C before the deploy's uploads (waiting for the lock, planning) or after them (the
+    restart) still ends with the documented `Deployed: ...` summary. `landed()` is None while
+    the deploy has not run."""
+    try:
+        yield
+    except interrupt.Interrupted as err:
+        if "\nDeployed: " not in err.message:
+            done = landed()
+            left = "everything (stopped before the upload)" if done is None else "(none)"
+            err.message += f"\nDeployed: {', '.join(done or []) or '(none)'}\nNot deployed: {left}"
+        raise
 
 
 def _push_locked(
@@ -411,7 +431,11 @@ def rollback_command(
     host = load_host(ctx, host_name)
     if restart and not dry_run:
         require_service(host.service, host.name)
-    with _open(host) as transport:
+    result = None
+    with (
+        _open(host) as transport,
+        _summary_on_interrupt(lambda: [f.path for f in result.files] if result else None),
+    ):
         lock = None if dry_run else locked(transport, host, "rollback", break_lock, lock_wait)
         try:
             result = sync.rollback(
