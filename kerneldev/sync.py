@@ -660,7 +660,15 @@ def _restore_plan(
         last = with_files[-1]
         todo = [RestoredFile(f.path, f.new_sha256, f.old_sha256, f.backup) for f in last.files]
         return last, todo, expected
-    target = next((r for r in records if r.id == to or r.id.startswith(to)), None)
+    exact = [r for r in records if r.id == to]
+    matches = exact or [r for r in records if to and r.id.startswith(to)]
+    if len({r.id for r in matches}) > 1:  # an ambiguous prefix must not pick one quietly
+        raise UsageError(
+            f"{to!r} matches {len(matches)} deploys ({', '.join(r.id for r in matches[:5])}"
+            f"{', ...' if len(matches) > 5 else ''})",
+            hint="give more of the deploy id; `kerneldev log` lists them",
+        )
+    target = matches[0] if matches else None
     if target is None:
         raise UsageError(
             f"no deploy {to!r} in the history", hint="`kerneldev log` lists the deploy ids"

@@ -175,6 +175,24 @@ def test_resolve_paths(host, tmp_path, monkeypatch):
             workspace.resolve_paths(host, [bad])
 
 
+def test_rollback_to_an_ambiguous_or_empty_prefix_is_refused(host, transport):
+    """`--to` takes a unique prefix: one that matches several deploys (or an empty one) must
+    not quietly pick the oldest and undo everything after it."""
+    sync.pull(transport, host)
+    ws = Path(host.workspace)
+    ids = []
+    for version in ("v2", "v3"):
+        (ws / "k" / "a.py").write_text(f"a.py {version}\n")
+        ids.append(sync.push(transport, host).deploy_id)
+    shared = ids[0][:4]
+    assert ids[1].startswith(shared)
+    for prefix in (shared, ""):
+        with pytest.raises(UsageError, match="deploy"):
+            sync.rollback(transport, host, to=prefix, dry_run=True)
+    assert (Path(host.root) / "k" / "a.py").read_text() == "a.py v3\n"
+    assert sync.rollback(transport, host, to=ids[0], dry_run=True).rolls_back == ids[0]
+
+
 def test_restart_timeout_carries_logs(transport):
     svc = ServiceConfig(restart="true", health="exit 1", timeout=0.3, logs="echo last words")
     ticks = []
