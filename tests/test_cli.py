@@ -107,6 +107,21 @@ def test_tables_fit_80_columns_on_a_terminal(tmp_path):
     assert any(line.endswith(files[0]) for line in piped.stdout.splitlines())
 
 
+def test_log_fits_80_columns_and_keeps_the_path(tmp_path):
+    """`kerneldev log` at 80 columns: every line fits, and the columns that matter (id, what
+    happened, whether it is live, which file) stay; the others are named as hidden."""
+    env = make_env(tmp_path, "local")
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"EDITED = True\n")  # valid Python: pushes import-check
+    assert env.kd("push").exit_code == 0
+    run = kd("--config", str(env.config), "log", stdout_isatty=True, width=80)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    deploy_id = env.kd("log", "--json").json()[0]["id"]
+    for word in (deploy_id, "push/deployed", "yes", "flash_mla_sm120", "triton.py", "hidden"):
+        assert word in shown, shown
+
+
 def test_wrap_path_breaks_after_slashes():
     assert wrap_path("abc/def/ghi.py", 8) == "abc/def/\nghi.py"
     assert wrap_path("short.py", 20) == "short.py"

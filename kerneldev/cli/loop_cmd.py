@@ -515,11 +515,11 @@ def log_command(
         f"deploys on {host.name}",
         [
             "id",
-            "time",
-            "who",
+            Column("time", drop_order=1),  # the id starts with the time
+            Column("who", drop_order=2),
             "kind",
-            Column("old", HASH),
-            Column("new", HASH),
+            Column("old", HASH, drop_order=3),
+            Column("new", HASH, drop_order=4),
             "live",
             Column("path", PATH),
         ],  # fmt: skip
