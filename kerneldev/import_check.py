@@ -182,13 +182,16 @@ def _unique(items: list[MissingImport]) -> list[MissingImport]:
     return out
 
 
-def _python_command(host: HostConfig, script: str, args: str = "") -> str:
-    """Run `script` with the host's configured python (else python3); exit 127 if neither."""
-    candidates = " ".join(shlex.quote(p) for p in dict.fromkeys([host.python, "python3"]))
+def _python_command(host: HostConfig, script: str, args: str = "", *, fallback: bool = True) -> str:
+    """Run `script` with the host's configured python (else python3, with `fallback`); exit 127
+    if none is there."""
+    pythons = [host.python, "python3"] if fallback else [host.python]
+    candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
+    missing = shlex.quote(f"kerneldev: no python on the host ({' or '.join(pythons)})")
     return (
         f"for p in {candidates}; do "
         f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -c {shlex.quote(script)}'
-        f"{args}; fi; done; echo 'kerneldev: no python on the host' >&2; exit 127"
+        f"{args}; fi; done; echo {missing} >&2; exit 127"
     )
 
 
@@ -240,7 +243,8 @@ def import_command(host: HostConfig, modules: dict[str, str], roots: dict[str, s
     pairs = [[posixpath.join(host.root, roots[p]), m] for p, m in modules.items()]
     first = pairs[0][0]
     args = " " + shlex.quote(json.dumps(pairs))
-    return f"cd {shlex.quote(first)} && " + _python_command(host, _IMPORTER, args)
+    # Only the configured python: another interpreter's verdict says nothing of the server's.
+    return f"cd {shlex.quote(first)} && " + _python_command(host, _IMPORTER, args, fallback=False)
 
 
 def import_after_upload(

@@ -294,6 +294,25 @@ def test_ctrl_c_during_the_import_check_says_what_is_live_and_unchecked(tmp_path
     assert tree.live(tree.kernel) == new and not tree.restarts.exists()
 
 
+def test_import_check_uses_only_the_configured_python(tmp_path, monkeypatch):
+    """The import after the upload runs with the host's configured `python` (the server's):
+    when that is missing it says so and the push is undone, rather than importing with another
+    interpreter and reporting it as the configured one."""
+    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    missing = str(tmp_path / "no-such-venv" / "bin" / "python3")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["python"] = missing
+    tree.config.write_text(yaml.safe_dump(data))
+    assert tree.kd("pull")[0] == 0
+    before = tree.live(tree.kernel)
+    (tree.workspace / tree.kernel).write_bytes(before + b"\nTUNED = True\n")
+    code, out, err = tree.kd("push", "--json")
+    assert code == 1 and missing in err, err
+    check = json.loads(out)["import_check"]["after_upload"]
+    assert check["ok"] is False and missing in check["output"]
+    assert tree.live(tree.kernel) == before  # rolled back
+
+
 def test_install_without_a_configured_kernel_file_is_a_usage_error(tmp_path, monkeypatch):
     tree = make_tree(tmp_path, monkeypatch, "srt", "local")
     data = yaml.safe_load(tree.config.read_text())
