@@ -331,6 +331,9 @@ def check_deploy(
         err.report = result
         raise
     except interrupt.Interrupted as err:
+        if "\nDeployed: " in err.message:  # the undo itself was stopped: its summary stands
+            err.report = result
+            raise
         # The files have landed; say so, and that their import was not checked.
         landed = getattr(result, "deployed", None)
         if landed is None:
