@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import glob
+import io
 import posixpath
 import secrets
 import shlex
@@ -86,11 +87,11 @@ class Transport(abc.ABC):
     def read_bytes(self, path: str) -> bytes:
         """The file's bytes; `TransferError` when missing or unreadable."""
 
-    @abc.abstractmethod
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Write to a temporary file in the same folder, then rename over `path`, so a reader
         never sees a half-written file. Keeps the existing file's mode unless `mode` is given;
         creates parent folders."""
+        self.put_file(path, io.BytesIO(data), mode=mode)
 
     @abc.abstractmethod
     def exists(self, path: str) -> bool: ...

@@ -7,7 +7,6 @@ transport runs the identical code path as over SSH.
 from __future__ import annotations
 
 import codecs
-import io
 import os
 import shutil
 import signal
@@ -112,9 +111,6 @@ class LocalTransport(Transport):
             raise TransferError(f"{path}: no such file on {self.host_name}") from None
         except OSError as err:
             raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
-
-    def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self.put_file(path, io.BytesIO(data), mode=mode)
 
     def put_file(
         self,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import codecs
 import errno
 import hashlib
-import io
 import json
 import posixpath
 import secrets
@@ -258,9 +257,6 @@ class SSHTransport(Transport):
             raise
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "read") from None
-
-    def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
-        self.put_file(path, io.BytesIO(data), mode=mode)
 
     def put_file(
         self,
