@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 from kerneldev.config import HostConfig
+from tests.clirun import run_kerneldev
 from tests.sshd import SSHServer
 
 
@@ -66,18 +65,8 @@ def write_hosts_yaml(path: Path, host: HostConfig) -> Path:
 
 def run_cli(*args: str, config: Path | None = None, input: str | None = None):
     """Run `python -m kerneldev ARGS` as a user would; returns the CompletedProcess."""
-    env = dict(os.environ)
-    if config is not None:
-        env["KERNELDEV_CONFIG"] = str(config)
-    return subprocess.run(
-        [sys.executable, "-m", "kerneldev", *args],
-        capture_output=True,
-        text=True,
-        input=input if input is not None else "",
-        env=env,
-        timeout=60,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    env = {"KERNELDEV_CONFIG": str(config)} if config is not None else None
+    return run_kerneldev(*args, env=env, timeout=60, input=input if input is not None else "")
 
 
 def _children(pid: int) -> list[int]:

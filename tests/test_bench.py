@@ -12,8 +12,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import yaml
 
 from kerneldev import bench
 from kerneldev.sandbox import find_sshd
+from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry
 from tests.test_bench_harness import FAKE_KERNEL, TINY, assert_valid_result
 
@@ -46,14 +45,7 @@ def write_config(tmp_path: Path, transport: str = "local", server=None, **host) 
 
 def kerneldev(config: Path, *args: str, env: dict | None = None, timeout: float = 180):
     """`python -m kerneldev --config CONFIG ARGS`, from another folder than the config's."""
-    return subprocess.run(
-        [sys.executable, "-m", "kerneldev", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-        cwd=REPO,
-    )
+    return run_kerneldev("--config", str(config), *args, env=env, timeout=timeout)
 
 
 def saved_path(stderr: str) -> Path:

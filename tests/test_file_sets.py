@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import yaml
 from kerneldev import drift, workspace
 from kerneldev.config import load_config
 from kerneldev.errors import ConfigError, ExitCode
+from tests.clirun import run_kerneldev
 
 K = "k/kernel.py"
 
@@ -31,12 +31,7 @@ def make_config(tmp_path: Path, files: list, **host) -> Path:
 
 
 def kerneldev(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kerneldev", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_kerneldev("--config", str(config), *args, timeout=60)
 
 
 def test_a_glob_that_matches_nothing_is_an_error_naming_it(tmp_path, isolated_home):

@@ -21,6 +21,7 @@ from kerneldev.errors import KerneldevError, RefusedError
 from kerneldev.state import DeployedFile, DeployRecord, load_state
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
+from tests.clirun import run_kerneldev
 from tests.faults import CuttingProxy, check_backups, sha, temp_files
 from tests.sshutil import ssh_host, write_hosts_yaml
 
@@ -383,16 +384,9 @@ def test_push_restart_rolls_back_when_never_healthy(tmp_path):
         f"      health: 'grep -q v1 {root / 'k/a.py'}'\n"
         "      timeout: 1\n      logs: 'echo server log: kernel crashed'\n"
     )
-    env = dict(os.environ, KERNELDEV_CONFIG=str(host_yaml))
 
     def kd(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "kerneldev", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        return run_kerneldev(*args, env={"KERNELDEV_CONFIG": str(host_yaml)}, timeout=120)
 
     assert kd("pull").returncode == 0
     (tmp_path / "ws/k/a.py").write_bytes(b"# broken v2\n")
@@ -463,16 +457,9 @@ def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):
     _seed(root, "v1")
     config = tmp_path / "hosts.yaml"
     write_hosts_yaml(config, _local_host(tmp_path, root))
-    env = dict(os.environ, KERNELDEV_CONFIG=str(config))
 
     def kd(*args):
-        return subprocess.run(
-            [sys.executable, "-m", "kerneldev", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=120,
-        )
+        return run_kerneldev(*args, env={"KERNELDEV_CONFIG": str(config)}, timeout=120)
 
     assert kd("pull").returncode == 0
     # What an interrupted run leaves: a partial upload, an incomplete backup folder.

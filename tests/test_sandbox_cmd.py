@@ -7,20 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from kerneldev import demo
 from kerneldev.errors import ExitCode
+from tests.clirun import run_kerneldev
 
 
 def kerneldev(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kerneldev", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_kerneldev(*args, timeout=120)
 
 
 def _pid(path: Path) -> int | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from kerneldev.errors import ConfigError, ServiceError, UsageError
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
 from kerneldev.service_variants import VariantSwitcher, check_variants, service_url
 from kerneldev.transport.local import LocalTransport
+from tests.clirun import run_kerneldev
 
 ROOT = Path(__file__).resolve().parent.parent
 MMA = {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "1"}
@@ -242,14 +242,8 @@ SMALL += ["--max-new-tokens", "3", "--rounds", "1", "--json"]
 
 
 def _kerneldev(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kerneldev", "--config", str(config), *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-        env={**os.environ, "KERNELDEV_SSH_CONFIG": "none"},
-    )
+    env = {"KERNELDEV_SSH_CONFIG": "none"}
+    return run_kerneldev("--config", str(config), *args, env=env, timeout=300)
 
 
 def _check_bench_and_profile(box, config: Path, variants: list[str]) -> None:
