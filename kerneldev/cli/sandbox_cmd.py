@@ -29,38 +29,42 @@ DIR_OPTION = typer.Option(
 def up_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Start the sandbox's sshd and fake service (a new or empty folder gets a new sandbox)."""
     status = sandbox_up(folder)
-    if as_json:
-        print_json(status)
-        return
-    render(status)
     d = shlex.quote(status.dir)
     config = shlex.quote(status.config)
-    print_info(f"try: kerneldev --config {config} pull   (then diff, push --restart, ...)")
-    print_info(f"stop it with: kerneldev sandbox down --dir {d}")
+    show(
+        status,
+        as_json,
+        f"try: kerneldev --config {config} pull   (then diff, push --restart, ...)",
+        f"stop it with: kerneldev sandbox down --dir {d}",
+    )
 
 
 @app.command("down")
 def down_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Stop the sandbox's sshd and fake service; its files stay."""
     status = sandbox_down(folder)
-    if as_json:
-        print_json(status)
-        return
-    render(status)
-    print_info(
+    show(
+        status,
+        as_json,
         f"start it again with: kerneldev sandbox up --dir {shlex.quote(status.dir)}; "
-        f"remove it with: rm -r {shlex.quote(status.dir)}"
+        f"remove it with: rm -r {shlex.quote(status.dir)}",
     )
 
 
 @app.command("status")
 def status_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Show whether the sandbox's sshd and fake service run."""
-    status = sandbox_status(folder)
+    show(sandbox_status(folder), as_json)
+
+
+def show(status: SandboxStatus, as_json: bool, *hints: str) -> None:
+    """The status as JSON, or as lines for a reader followed by the hints (what to do next)."""
     if as_json:
         print_json(status)
         return
     render(status)
+    for hint in hints:
+        print_info(hint)
 
 
 def render(status: SandboxStatus) -> None:
