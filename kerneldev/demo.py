@@ -179,6 +179,14 @@ def step_pull(ctx: DemoContext) -> DemoStep:
     )
 
 
+def _expect_diff_of_both(
+    ctx: DemoContext, edited: tuple[str, str | None], other: tuple[str, str | None]
+) -> DemoStep:
+    """`kerneldev diff` expecting these (workspace, mirror) statuses of the edited file and of
+    the other one."""
+    return _expect_diff(ctx, "kerneldev diff", {_edited_file(ctx): edited, _other_file(ctx): other})
+
+
 def step_diff_clean(ctx: DemoContext) -> DemoStep:
     return _expect_diff(
         ctx, "kerneldev diff", {p: (drift.IN_SYNC, drift.MIRROR_SAME) for p in ctx.host.files}
@@ -199,11 +207,8 @@ def step_edit(ctx: DemoContext) -> DemoStep:
 
 
 def step_diff_edited(ctx: DemoContext) -> DemoStep:
-    a, b = _edited_file(ctx), _other_file(ctx)
-    return _expect_diff(
-        ctx,
-        "kerneldev diff",
-        {a: (drift.EDITED, drift.MIRROR_SAME), b: (drift.IN_SYNC, drift.MIRROR_SAME)},
+    return _expect_diff_of_both(
+        ctx, edited=(drift.EDITED, drift.MIRROR_SAME), other=(drift.IN_SYNC, drift.MIRROR_SAME)
     )
 
 
@@ -258,11 +263,8 @@ def step_push_restart(ctx: DemoContext) -> DemoStep:
 
 
 def step_diff_after_push(ctx: DemoContext) -> DemoStep:
-    a, b = _edited_file(ctx), _other_file(ctx)
-    return _expect_diff(
-        ctx,
-        "kerneldev diff",
-        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.IN_SYNC, drift.MIRROR_SAME)},
+    return _expect_diff_of_both(
+        ctx, edited=(drift.IN_SYNC, drift.MIRROR_DIFFERS), other=(drift.IN_SYNC, drift.MIRROR_SAME)
     )
 
 
@@ -279,11 +281,10 @@ def step_drift_on_host(ctx: DemoContext) -> DemoStep:
 
 
 def step_diff_drifted(ctx: DemoContext) -> DemoStep:
-    a, b = _edited_file(ctx), _other_file(ctx)
-    return _expect_diff(
+    return _expect_diff_of_both(
         ctx,
-        "kerneldev diff",
-        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.DRIFTED, drift.MIRROR_DIFFERS)},
+        edited=(drift.IN_SYNC, drift.MIRROR_DIFFERS),
+        other=(drift.DRIFTED, drift.MIRROR_DIFFERS),
     )
 
 
@@ -318,11 +319,8 @@ def step_rollback(ctx: DemoContext) -> DemoStep:
 
 
 def step_diff_after_rollback(ctx: DemoContext) -> DemoStep:
-    a, b = _edited_file(ctx), _other_file(ctx)
-    return _expect_diff(
-        ctx,
-        "kerneldev diff",
-        {a: (drift.EDITED, drift.MIRROR_SAME), b: (drift.DRIFTED, drift.MIRROR_DIFFERS)},
+    return _expect_diff_of_both(
+        ctx, edited=(drift.EDITED, drift.MIRROR_SAME), other=(drift.DRIFTED, drift.MIRROR_DIFFERS)
     )
 
 
@@ -355,11 +353,10 @@ def step_redo(ctx: DemoContext) -> DemoStep:
 
 
 def step_diff_final(ctx: DemoContext) -> DemoStep:
-    a, b = _edited_file(ctx), _other_file(ctx)
-    return _expect_diff(
+    return _expect_diff_of_both(
         ctx,
-        "kerneldev diff",
-        {a: (drift.IN_SYNC, drift.MIRROR_DIFFERS), b: (drift.IN_SYNC, drift.MIRROR_DIFFERS)},
+        edited=(drift.IN_SYNC, drift.MIRROR_DIFFERS),
+        other=(drift.IN_SYNC, drift.MIRROR_DIFFERS),
     )
 
 
