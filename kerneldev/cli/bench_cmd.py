@@ -8,7 +8,7 @@ import typer
 
 from kerneldev import bench
 from kerneldev.cli import environment
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import (
     NUMBER,
     Cell,
@@ -56,12 +56,9 @@ COMPARE_OPTION = typer.Option(
 
 def bench_command(
     ctx: typer.Context,
-    variants: str = typer.Option(
-        "simt,mma",
-        "--variants",
-        metavar="LIST",
-        help="Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
-        "file's own choice by environment). The first is the A of the A/B ratios.",
+    variants: str = variants_option(
+        "Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
+        "file's own choice by environment). The first is the A of the A/B ratios."
     ),
     shapes: list[str] = SHAPES_OPTION,
     source: str = typer.Option(

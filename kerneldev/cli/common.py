@@ -21,6 +21,12 @@ JSON_OPTION = typer.Option(
 )
 
 
+def variants_option(help: str):
+    """--variants LIST: the variants to compare, in order (default simt,mma, the two of the
+    bundled kernel); `help` says where the names come from for that command."""
+    return typer.Option("simt,mma", "--variants", metavar="LIST", help=help)
+
+
 def config_path(ctx: typer.Context) -> str | None:
     """The --config value given to the top-level command (or $KERNELDEV_CONFIG), if any."""
     root = ctx.find_root()

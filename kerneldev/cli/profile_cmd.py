@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from kerneldev import decode_profile
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 from kerneldev.cli.service_bench_cmd import progress_printer, table
 from kerneldev.config import load_config
@@ -15,12 +15,9 @@ from kerneldev.transport import open_transport
 
 def profile_command(
     ctx: typer.Context,
-    variants: str = typer.Option(
-        "simt,mma",
-        "--variants",
-        metavar="LIST",
-        help="Comma-separated names from service.variants; the service is restarted on each "
-        "and put back on its original settings at the end.",
+    variants: str = variants_option(
+        "Comma-separated names from service.variants; the service is restarted on each "
+        "and put back on its original settings at the end."
     ),
     concurrency: int = typer.Option(
         8, "--concurrency", min=1, metavar="N", help="Requests in flight."
