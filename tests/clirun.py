@@ -28,3 +28,17 @@ def run_kerneldev(
         timeout=timeout,
         cwd=REPO,
     )
+
+
+def start_kerneldev(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m kerneldev ARGS` started in the background in its own process group, as a
+    terminal's foreground job (so a test can send it Ctrl-C); output piped as text."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kerneldev", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+        cwd=REPO,
+    )

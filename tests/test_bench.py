@@ -25,6 +25,8 @@ from tests.sshutil import ssh_entry
 from tests.test_bench_harness import FAKE_KERNEL, TINY, assert_valid_result
 
 REPO = Path(__file__).resolve().parent.parent
+# The quickest real bench: the smoke shapes, once each, under the Triton interpreter.
+SMOKE_ON_CPU = ("bench", "--cpu", "--shapes", "smoke", "--rotate", "1")
 KERNEL = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
 
 
@@ -66,16 +68,7 @@ def test_bench_cpu_smoke_on_the_local_transport(tmp_path):
     config = write_config(tmp_path)
     host_tmp = tmp_path / "host-tmp"  # the "host's" $TMPDIR: the harness's folder goes here
     host_tmp.mkdir()
-    proc = kerneldev(
-        config,
-        "bench",
-        "--cpu",
-        "--shapes",
-        "smoke",
-        "--rotate",
-        "1",
-        env={"TMPDIR": str(host_tmp)},
-    )
+    proc = kerneldev(config, *SMOKE_ON_CPU, env={"TMPDIR": str(host_tmp)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     saved = saved_path(proc.stderr)
@@ -102,7 +95,7 @@ def test_bench_cpu_smoke_over_ssh_with_json(tmp_path, sshd_server):
     if find_sshd() is None:
         pytest.skip("sshd is not installed")
     config = write_config(tmp_path, "ssh", sshd_server)
-    proc = kerneldev(config, "bench", "--cpu", "--shapes", "smoke", "--rotate", "1", "--json")
+    proc = kerneldev(config, *SMOKE_ON_CPU, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     report = json.loads(proc.stdout)  # stdout is the JSON and nothing else

@@ -21,7 +21,7 @@ from kerneldev.errors import KerneldevError, RefusedError
 from kerneldev.state import DeployedFile, DeployRecord, load_state
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
-from tests.clirun import run_kerneldev
+from tests.clirun import run_kerneldev, start_kerneldev
 from tests.faults import CuttingProxy, check_backups, sha, temp_files
 from tests.sshutil import ssh_host, write_hosts_yaml
 
@@ -284,16 +284,7 @@ def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, is
 
 
 def _start_push(config: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, KERNELDEV_CONFIG=str(config))
-    return subprocess.Popen(
-        [sys.executable, "-m", "kerneldev", "push", *extra],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    return start_kerneldev("push", *extra, env={"KERNELDEV_CONFIG": str(config)})
 
 
 def _wait_for(condition, timeout: float = 60) -> bool:
@@ -357,12 +348,8 @@ def test_ctrl_c_during_a_large_push(ssh_env, tmp_path, when, sig):
     if landed:
         assert records[-1].outcome == "interrupted"
     # The host lock was released: the next push runs at once and completes.
-    again = subprocess.run(
-        [sys.executable, "-m", "kerneldev", "push", "--lock-wait", "0"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, KERNELDEV_CONFIG=str(config)),
-        timeout=120,
+    again = run_kerneldev(
+        "push", "--lock-wait", "0", env={"KERNELDEV_CONFIG": str(config)}, timeout=120
     )
     assert again.returncode == 0, again.stderr
     assert all((root / n).read_bytes() == (ws / n).read_bytes() for n in names)
@@ -498,32 +485,13 @@ def _processes_with(text: str) -> dict[int, str]:
 def test_ctrl_c_during_bench_ends_the_harness_on_the_host(sshd_server, tmp_path, isolated_home):
     """The harness runs through a wrapper named only by this test, so its processes on the
     (loopback) host can be found; Ctrl-C must end them and remove the harness's folder."""
-    from tests.test_bench import write_config
+    from tests.test_bench import SMOKE_ON_CPU, write_config
 
     wrapper = tmp_path / "python-for-this-test"
     wrapper.write_text(f'#!/bin/sh\n"{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     config = write_config(tmp_path, "ssh", sshd_server, python=str(wrapper))
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kerneldev",
-            "--config",
-            str(config),
-            "bench",
-            "--cpu",
-            "--shapes",
-            "smoke",
-            "--rotate",
-            "1",
-        ],  # fmt: skip
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    proc = start_kerneldev("--config", str(config), *SMOKE_ON_CPU)
     harness = {}
     assert _wait_for(lambda: harness.update(_processes_with(str(wrapper))) or harness, 120)
     folder = next(w for cmd in harness.values() for w in cmd.split() if "kerneldev-bench." in w)
