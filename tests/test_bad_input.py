@@ -23,6 +23,7 @@ from kerneldev.state import load_state
 from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
 from tests.faults import temp_files
+from tests.localhost import local_host
 from tests.sshutil import ssh_host
 
 VALID = """\
@@ -186,11 +187,7 @@ def test_read_only_host_and_disk_full(tmp_path):
     root = tmp_path / "live"
     (root / "k").mkdir(parents=True)
     (root / "k/a.py").write_bytes(b"v1\n")
-    from kerneldev.config import HostConfig
-
-    host = HostConfig(
-        name="h", root=str(root), files=("k/*.py",), workspace=tmp_path / "ws", transport="local"
-    )
+    host = local_host(root, tmp_path / "ws")
     t = LocalTransport(host)
     sync.pull(t, host)
     (host.workspace / "k/a.py").write_bytes(b"v2\n" * 1000)

@@ -15,16 +15,11 @@ from kerneldev import drift
 from kerneldev.config import HostConfig
 from kerneldev.errors import TransferError
 from kerneldev.transport.local import LocalTransport
+from tests.localhost import local_host
 
 
 def _host(tmp_path: Path, files: tuple[str, ...]) -> HostConfig:
-    return HostConfig(
-        name="h",
-        root=str(tmp_path / "live"),
-        files=files,
-        workspace=tmp_path / "ws",
-        transport="local",
-    )
+    return local_host(tmp_path / "live", tmp_path / "ws", files)
 
 
 def test_binary_files_differ_with_sizes_and_hashes_through_the_cli(tmp_path, isolated_home):

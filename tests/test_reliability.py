@@ -23,6 +23,7 @@ from kerneldev.transport import open_transport
 from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev, start_kerneldev
 from tests.faults import CuttingProxy, check_backups, sha, temp_files
+from tests.localhost import local_host
 from tests.sshutil import ssh_host, write_hosts_yaml
 
 FILES = ("k/a.py", "k/b.py", "k/c.py")
@@ -427,16 +428,7 @@ def test_history_log_rollback_to_and_pruning(tmp_path):
 
 
 def _local_host(tmp_path, root, **kw):
-    from kerneldev.config import HostConfig
-
-    return HostConfig(
-        name="h",
-        root=str(root),
-        files=("k/*.py",),
-        workspace=tmp_path / "ws",
-        transport="local",
-        **kw,
-    )
+    return local_host(root, tmp_path / "ws", **kw)
 
 
 def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):

@@ -23,6 +23,7 @@ from kerneldev.sandbox import create_sandbox, decode_service_available, find_ssh
 from kerneldev.service_variants import VariantSwitcher, check_variants, service_url
 from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev
+from tests.localhost import local_host
 
 ROOT = Path(__file__).resolve().parent.parent
 MMA = {"SGLANG_SM120_FLASHMLA_BACKEND": "triton", "SGLANG_SM120_MMA_FLASHMLA": "1"}
@@ -67,12 +68,10 @@ def test_env_file_restore_gives_back_the_original_bytes(tmp_path):
 
 
 def _host(tmp_path: Path, **service) -> HostConfig:
-    return HostConfig(
-        name="h",
-        root=str(tmp_path),
+    return local_host(
+        tmp_path,
+        tmp_path / "ws",
         files=("x.py",),
-        workspace=tmp_path / "ws",
-        transport="local",
         python=sys.executable,
         service=ServiceConfig(**service) if service else None,
     )

@@ -19,6 +19,7 @@ from kerneldev.errors import (
 )
 from kerneldev.state import StateError, load_state, state_path
 from kerneldev.transport.local import LocalTransport
+from tests.localhost import local_host
 
 
 @pytest.fixture
@@ -27,13 +28,7 @@ def host(tmp_path) -> HostConfig:
     (root / "k").mkdir(parents=True)
     for name in ("a.py", "b.py", "c.py"):
         (root / "k" / name).write_text(f"{name} v1\n")
-    return HostConfig(
-        name="h",
-        root=str(root),
-        files=("k/*.py", "k/new.py"),
-        workspace=tmp_path / "ws",
-        transport="local",
-    )
+    return local_host(root, tmp_path / "ws", files=("k/*.py", "k/new.py"))
 
 
 @pytest.fixture
