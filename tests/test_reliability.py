@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from kerneldev import history, host_lock, sync
+from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, RefusedError
 from kerneldev.state import DeployedFile, DeployRecord, load_state
 from kerneldev.transport import open_transport
@@ -55,6 +56,15 @@ def ssh_env(sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path, files=("k/*.py",))
     (Path(host.root) / "k").mkdir(parents=True, exist_ok=True)
     return host
+
+
+def _seed_and_pull(host: HostConfig) -> tuple[Path, Path]:
+    """The live files at v1, pulled into the workspace; returns (live root, workspace)."""
+    root, ws = Path(host.root), Path(host.workspace)
+    _seed(root, "v1")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    return root, ws
 
 
 # --- the lock -----------------------------------------------------------------------------
@@ -99,10 +109,7 @@ def test_lock_waits_names_holder_detects_stale_and_breaks(tmp_path):
 
 def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     host = ssh_env
-    root, ws = Path(host.root), Path(host.workspace)
-    _seed(root, "v1")
-    with open_transport(host) as t:
-        sync.pull(t, host)
+    root, ws = _seed_and_pull(host)
     for path in FILES:
         (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
 
@@ -182,10 +189,7 @@ def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, isolated_ho
 def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
     """The loser of a race in one workspace must not save a stale state over the winner's."""
     host = ssh_env
-    root, ws = Path(host.root), Path(host.workspace)
-    _seed(root, "v1")
-    with open_transport(host) as t:
-        sync.pull(t, host)
+    root, ws = _seed_and_pull(host)
     (ws / "k/a.py").write_bytes(b"one\n")
     first = locked_push(host, paths=["k/a.py"])
     (ws / "k/b.py").write_bytes(b"two\n")
