@@ -122,6 +122,21 @@ def test_log_fits_80_columns_and_keeps_the_path(tmp_path):
         assert word in shown, shown
 
 
+def test_a_table_too_wide_even_without_its_secondary_columns_keeps_every_column():
+    # bench at 80 columns: a long shape name must not push the accuracy verdict off the table.
+    columns = [Column("shape"), Column("µs", NUMBER), Column("x", NUMBER, drop_order=1)]
+    columns += [Column("acc"), Column("vs simt", NUMBER)]
+    shape = "B2 H16 main8/p16+extra16/p16 sink len-partial invalid0.25 and a longer tail"
+    out = io.StringIO()
+    with environment.use(environment.Environment(stdout=out, stdout_isatty=True, width=80)):
+        print_table("t", columns, [[shape, "1193095.0", "1" * 20, "FAILED", "1.00x"]])
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert "FAILED" in shown and "1.00x" in shown and "1193095.0" in shown, shown
+    assert "invalid0.25" in shown, shown  # the shape wraps instead
+    assert "hidden at 80 columns: x" in shown
+
+
 def test_wrap_path_breaks_after_slashes():
     assert wrap_path("abc/def/ghi.py", 8) == "abc/def/\nghi.py"
     assert wrap_path("short.py", 20) == "short.py"

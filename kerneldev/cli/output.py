@@ -234,10 +234,14 @@ def print_table(
     cells = [[row[i] for i in keep] for row in cells]
     rows = [[row[i] for i in keep] for row in rows]
 
+    # Still too wide: free-text columns (shape names, ids, times) wrap too, so that rich does
+    # not leave whole columns out (the accuracy verdict, the path) without a word.
+    squeeze = needed(list(range(len(cols)))) > width
+    wraps = (PATH, TEXT) if squeeze else (PATH,)
     # Columns other than paths keep their natural width; paths get what is left and are
     # wrapped at `/` (GAP: padding, divider, padding between two columns).
-    fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind != PATH)
-    paths = sum(1 for c in cols if c.kind == PATH)
+    fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind not in wraps)
+    paths = sum(1 for c in cols if c.kind in wraps)
     path_width = max(MIN_PATH_WIDTH, (width - fixed - GAP * (len(cols) - 1)) // max(paths, 1))
     table = Table(
         title=Text(title) if title else None,
@@ -249,6 +253,8 @@ def print_table(
     for col, natural_width in zip(cols, natural, strict=True):
         if col.kind == PATH:
             table.add_column(Text(col.name), overflow="fold", min_width=MIN_PATH_WIDTH)
+        elif col.kind == TEXT and squeeze:
+            table.add_column(Text(col.name), overflow="fold")
         else:
             justify = "right" if col.kind == NUMBER else "left"
             table.add_column(Text(col.name), no_wrap=True, min_width=natural_width, justify=justify)
