@@ -3,10 +3,12 @@ real sshd on 127.0.0.1 and against the local transport (every scenario runs on b
 
 from __future__ import annotations
 
+import hashlib
 import http.server
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -326,6 +328,23 @@ def test_hostile_names_via_glob(env_factory):
         assert (env.root / n).read_bytes() == b"edited " + n.encode() + b"\n"
     assert env.kd("rollback").exit_code == 0
     assert (env.root / names[1]).read_bytes() == names[1].encode() + b"\n"
+
+
+def test_patch_on_an_80_column_terminal_is_wrapped_not_cut(tmp_path, isolated_home):
+    env = make_env(tmp_path, "local", files=[A, B, "python/sglang/srt/layers/attention/blob.bin"])
+    blob = env.root / "python/sglang/srt/layers/attention/blob.bin"
+    blob.write_bytes(b"\x00\x1b[2J" * 50)
+    assert env.kd("pull").exit_code == 0
+    (env.workspace / "python/sglang/srt/layers/attention/blob.bin").write_bytes(b"\x00" * 9)
+    (env.workspace / A).write_bytes(ORIGINAL_A + b"X = '" + b"long line " * 12 + b"end'\n")
+    run = kd("--config", str(env.config), "diff", "--patch", stdout_isatty=True, width=80)
+    assert run.exit_code == 1, run.stderr
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    joined = "".join(shown.split())  # what the eye reads across wrapped lines
+    assert "blob.bindiffer" in joined, shown  # "Binary files ... differ", not cut at 80
+    assert hashlib.sha256(b"\x00" * 9).hexdigest() in joined, shown
+    assert "longline" * 12 + "end'" in joined, shown
 
 
 # --- restart ------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ def print_patch(text: str) -> None:
     if env.stdout_isatty:
         from rich.syntax import Syntax
 
-        env.out_console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False))
+        env.out_console.print(Syntax(text, "diff", theme="ansi_dark", word_wrap=True))
     else:
         env.stdout.write(text)
         env.stdout.flush()
