@@ -63,6 +63,20 @@ def shield() -> Iterator[None]:
         _shielded -= 1
 
 
+@contextmanager
+def set_aside() -> Iterator[None]:
+    """Clean-up that only a *new* signal may cut short (the restart on the original settings
+    after Ctrl-C): the pending signal is set aside meanwhile, so the next one is acted on at
+    the next `check()`; afterwards the set-aside signal is pending again."""
+    global _pending
+    saved, _pending = _pending, None
+    try:
+        yield
+    finally:
+        if _pending is None:
+            _pending = saved
+
+
 def _handler(signum: int, _frame) -> None:
     global _pending
     if _pending is not None and not _shielded:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import posixpath
 import shlex
+import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kerneldev import interrupt
 from kerneldev import service as service_mod
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.envfile import EnvFileEdit
@@ -77,6 +79,12 @@ def service_url(svc: ServiceConfig, host_name: str) -> str:
     )
 
 
+def _sleep_checked(seconds: float) -> None:
+    """The health wait's pause, then a safe point: Ctrl-C need not wait out the timeout."""
+    time.sleep(seconds)
+    interrupt.check()
+
+
 class RestartSkippedError(ServiceError):
     """A second Ctrl-C skipped the restart on the original settings."""
 
@@ -118,7 +126,9 @@ class VariantSwitcher:
         self.current = name
         shown = " ".join(f"{k}={v}" for k, v in env.items()) or "(no variables)"
         self.say(f"{name}: {shown} -> restart")
-        health = service_mod.restart(self.transport, self.svc, interval=self.interval)
+        health = service_mod.restart(
+            self.transport, self.svc, interval=self.interval, sleep=_sleep_checked
+        )
         self.say(f"{name}: healthy after {health.elapsed:.1f}s")
         return Switch(name, health.elapsed, dict(env))
 
@@ -129,11 +139,16 @@ class VariantSwitcher:
         self.restored = True
         if not self.edit.touched:
             return
-        self.edit.restore()
+        with interrupt.shield():  # a pending Ctrl-C must not stop the restore itself
+            self.edit.restore()
         self.say(f"restored {self.svc.env_file}; restarting on the original settings")
         try:
-            service_mod.restart(self.transport, self.svc, interval=self.interval)
-        except KeyboardInterrupt:
+            # Only a second Ctrl-C skips this restart (the first may still be pending).
+            with interrupt.set_aside():
+                service_mod.restart(
+                    self.transport, self.svc, interval=self.interval, sleep=_sleep_checked
+                )
+        except (KeyboardInterrupt, interrupt.Interrupted):
             self.restart_skipped = f"kerneldev restart --host {shlex.quote(self.host.name)}"
             raise RestartSkippedError(
                 f"interrupted again: {self.svc.env_file} is restored, but the service was not "

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,13 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kerneldev import interrupt, trace_summary
 from kerneldev import service_bench as sb
-from kerneldev import trace_summary
 from kerneldev.config import HostConfig, ServiceConfig, load_config
 from kerneldev.envfile import EnvFileEdit, render
-from kerneldev.errors import ConfigError, ServiceError, UsageError
+from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
-from kerneldev.service_variants import VariantSwitcher, check_variants, service_url
+from kerneldev.service_variants import (
+    RestartSkippedError,
+    VariantSwitcher,
+    check_variants,
+    service_url,
+)
 from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev
 from tests.localhost import local_host
@@ -122,6 +129,43 @@ def test_second_interrupt_skips_the_restart_and_names_the_command(tmp_path):
     assert err.value.hint == "run `kerneldev restart --host h`"
     assert int(err.value.exit_code) == 130
     assert not env.exists() or env.read_text() == ""  # restored before the restart
+
+
+def _ctrl_c_during_a_variant(tmp_path: Path, restart: str) -> tuple[Path, pytest.ExceptionInfo]:
+    """Switch to mma, then Ctrl-C as the CLI sees it (deferred signals, a safe point)."""
+    env = tmp_path / "svc.env"
+    env.write_text("# mine\nSGLANG_SM120_MMA_FLASHMLA=0\n")
+    host = _host(tmp_path, restart=restart, health="true", env_file=str(env), variants={"mma": MMA})
+    with pytest.raises(KerneldevError) as err:
+        with interrupt.deferred_signals():
+            with VariantSwitcher(LocalTransport(host), host) as switcher:
+                switcher.switch("mma")
+                os.kill(os.getpid(), signal.SIGINT)
+                interrupt.check()
+    return env, err
+
+
+def test_ctrl_c_restores_the_env_file_and_restarts_on_the_original_settings(tmp_path):
+    log = tmp_path / "restarts.log"
+    env, err = _ctrl_c_during_a_variant(tmp_path, f"cat {tmp_path / 'svc.env'} >> {log}")
+    assert isinstance(err.value, interrupt.Interrupted) and int(err.value.exit_code) == 130
+    assert env.read_text() == "# mine\nSGLANG_SM120_MMA_FLASHMLA=0\n"
+    restarts = log.read_text().splitlines()
+    # The restart on mma, then one on the original settings although Ctrl-C is pending.
+    assert "SGLANG_SM120_MMA_FLASHMLA=1" in restarts
+    assert restarts[-1] == "SGLANG_SM120_MMA_FLASHMLA=0"
+
+
+def test_a_second_ctrl_c_skips_the_restart_on_the_original_settings(tmp_path):
+    env_path = tmp_path / "svc.env"
+    # The restart on the original settings gets a second Ctrl-C while it runs.
+    second = f"kill -INT {os.getpid()}; sleep 20"
+    restart = f"if grep -q MMA_FLASHMLA=0 {env_path}; then {second}; fi"
+    env, err = _ctrl_c_during_a_variant(tmp_path, restart)
+    assert isinstance(err.value, RestartSkippedError), err.value
+    assert err.value.hint == "run `kerneldev restart --host h`"
+    assert int(err.value.exit_code) == 130
+    assert env.read_text() == "# mine\nSGLANG_SM120_MMA_FLASHMLA=0\n"  # restored first
 
 
 def test_variants_are_checked_before_connecting(tmp_path):
