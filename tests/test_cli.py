@@ -249,10 +249,12 @@ def test_host_typo_from_the_environment_says_so(env: Env, monkeypatch):
 
 
 def test_help_has_no_type_tags_and_version():
-    for args in (["--help"], ["pull", "--help"], ["push", "--help"], ["bench", "--help"]):
+    commands = ("pull", "push", "bench", "log", "demo", "profile", "sandbox up")
+    for args in (["--help"], *([*c.split(), "--help"] for c in commands)):
         run = kd(*args)
         assert run.exit_code == 0 and "Usage: kerneldev" in run.stdout
         assert "<bool>" not in run.stdout and "<str>" not in run.stdout
+        assert "<int>" not in run.stdout and "<path>" not in run.stdout, run.stdout
         assert "list[str]" not in run.stdout
     version = kd("--version")
     assert version.exit_code == 0 and version.stdout.startswith("kerneldev 0.")

@@ -16,6 +16,7 @@ from kerneldev.errors import ExitCode
 DIR_OPTION = typer.Option(
     None,
     "--dir",
+    metavar="DIR",
     help="Build the sandbox in this new or empty folder (default: a temporary folder).",
 )
 

@@ -486,7 +486,9 @@ def _render_rollback(result: sync.RollbackResult) -> None:
 
 def log_command(
     ctx: typer.Context,
-    limit: int = typer.Option(20, "--limit", "-n", help="Show the last N deploys (0: all)."),
+    limit: int = typer.Option(
+        20, "--limit", "-n", metavar="N", help="Show the last N deploys (0: all)."
+    ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:

@@ -21,6 +21,7 @@ app = typer.Typer(
 DIR_OPTION = typer.Option(
     ...,
     "--dir",
+    metavar="DIR",
     help="The sandbox folder (`kerneldev demo --keep --dir D` leaves one).",
 )
 
