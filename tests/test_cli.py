@@ -248,6 +248,14 @@ def test_host_typo_from_the_environment_says_so(env: Env, monkeypatch):
 # --- help, version, messages ----------------------------------------------------------------
 
 
+def test_config_without_a_value_after_the_subcommand_says_so():
+    run = kd("diff", "--json", "--config")
+    assert run.exit_code == 2
+    assert "'--config' requires an argument" in run.stderr, run.stderr
+    assert "No such option: --json" not in run.stderr + run.stdout
+    assert run.json()["error"]["code"] == 2  # --json still gets its JSON
+
+
 def test_help_has_no_type_tags_and_version():
     commands = ("pull", "push", "bench", "log", "demo", "profile", "sandbox up")
     for args in (["--help"], *([*c.split(), "--help"] for c in commands)):

@@ -117,6 +117,8 @@ def hoist_global_options(argv: Sequence[str]) -> list[str]:
         name = arg.split("=", 1)[0]
         takes_value = "=" not in arg and i + 1 < len(args)
         if name in GLOBAL_VALUE_OPTIONS:
+            if not takes_value and "=" not in arg:
+                return [arg]  # its value is missing: say so, instead of eating the command
             config += args[i : i + 2] if takes_value else [arg]
             i += 2 if takes_value else 1
             continue
@@ -144,8 +146,9 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> E
     from kerneldev.cli.output import error_json, print_error, print_json
 
     env = env if env is not None else environment.Environment()
-    args = hoist_global_options(sys.argv[1:] if argv is None else argv)
-    wants_json = _wants_json(args)
+    raw = sys.argv[1:] if argv is None else argv
+    args = hoist_global_options(raw)
+    wants_json = _wants_json(raw)
     _register_commands()
 
     def fail(code: ExitCode, kind: str, message: str, hint=None, report=None) -> ExitCode:
