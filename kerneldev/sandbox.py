@@ -124,9 +124,10 @@ class SSHServer:
         config.write_text(
             f"Port {self.port}\n"
             "ListenAddress 127.0.0.1\n"
-            f"HostKey {self.host_key}\n"
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}\n"
-            f"PidFile {self.dir / 'sshd.pid'}\n"
+            # Quoted: a sandbox folder may have spaces in its path.
+            f'HostKey "{self.host_key}"\n'
+            f'AuthorizedKeysFile "{self.dir / "authorized_keys"}"\n'
+            f'PidFile "{self.dir / "sshd.pid"}"\n'
             "PasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\n"
             "PubkeyAuthentication yes\n"

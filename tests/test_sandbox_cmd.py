@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from kerneldev import demo
 from kerneldev.errors import ExitCode
+from kerneldev.sandbox import find_sshd, start_sshd
 from tests.clirun import run_kerneldev
 
 
@@ -69,6 +73,17 @@ def test_sandbox_up_down_status(tmp_path, isolated_home):
         assert kerneldev("--config", str(config), "diff").returncode == 0
     finally:
         kerneldev("sandbox", "down", "--dir", str(folder))
+
+
+@pytest.mark.skipif(find_sshd() is None, reason="needs OpenSSH's sshd")
+def test_the_sandbox_sshd_starts_in_a_folder_with_a_space(tmp_path):
+    # `sandbox up --dir "my sandbox"` fell back to the local transport without saying why.
+    server = start_sshd(tmp_path / "my sandbox [1]" / "ssh")
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5):
+            pass
+    finally:
+        server.stop()
 
 
 def test_sandbox_status_of_a_folder_that_is_no_sandbox(tmp_path):
