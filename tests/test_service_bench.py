@@ -168,6 +168,28 @@ def test_a_second_ctrl_c_skips_the_restart_on_the_original_settings(tmp_path):
     assert env.read_text() == "# mine\nSGLANG_SM120_MMA_FLASHMLA=0\n"  # restored first
 
 
+def test_an_unhealthy_variant_shows_the_service_logs_it_points_to(tmp_path, isolated_home):
+    from tests.test_loop_cmd import kd
+
+    service = {
+        "restart": "true",
+        "health": "false",
+        "timeout": 0.5,
+        "logs": "echo engine failed: LOG-LINE-42",
+        "env_file": str(tmp_path / "svc.env"),
+        "url": "http://127.0.0.1:9",
+        "variants": {"mma": MMA},
+    }
+    entry = {"transport": "local", "root": str(tmp_path), "files": ["x.py"], "workspace": "ws"}
+    config = tmp_path / "hosts.yaml"
+    config.write_text(yaml.safe_dump({"hosts": {"h": {**entry, "service": service}}}))
+    for command in (["bench", "--service", "--requests", "1", "--rounds", "1"], ["profile"]):
+        run = kd("--config", str(config), *command, "--variants", "mma", "--concurrency", "1")
+        assert run.exit_code == 1, run.stderr
+        assert "the service logs are shown above" in run.stderr
+        assert "LOG-LINE-42" in run.stderr, run.stderr  # ... and they are
+
+
 def test_variants_are_checked_before_connecting(tmp_path):
     host = _host(tmp_path, restart="true", health="true", variants={"simt": SIMT})
     with pytest.raises(UsageError, match="env_file"):

@@ -95,6 +95,16 @@ class _Elapsed:
         return Text(text + (f", last check: {self.last}" if self.last else ""))
 
 
+def print_service_logs(err: service_core.UnhealthyError, command: str | None) -> None:
+    """The logs an UnhealthyError carries, on stderr (its hint says they are shown above)."""
+    if err.logs:
+        from rich.markup import escape
+
+        err_console.rule(escape(f"service logs ({command})"))
+        err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
+        err_console.rule()
+
+
 def restart_with_progress(
     transport: Transport, host: HostConfig, *, quiet: bool = False
 ) -> service_core.ServiceHealth:
@@ -122,12 +132,7 @@ def restart_with_progress(
         if status is not None:
             status.stop()
             status = None
-        if err.logs:
-            from rich.markup import escape
-
-            err_console.rule(escape(f"service logs ({svc.logs})"))
-            err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
-            err_console.rule()
+        print_service_logs(err, svc.logs)
         raise
     finally:
         if status is not None:

@@ -6,6 +6,8 @@ live on the bench command; this module does the work and the rendering.
 
 from __future__ import annotations
 
+import contextlib
+
 from kerneldev import service_bench
 from kerneldev.cli.output import (
     NUMBER,
@@ -40,6 +42,19 @@ def progress_printer():
     return lambda text: err_console.print(text, style="dim", markup=False, soft_wrap=True)
 
 
+@contextlib.contextmanager
+def service_logs_shown(host):
+    """An unhealthy restart's logs go to stderr, as `kerneldev restart` shows them."""
+    from kerneldev.cli.host_steps import print_service_logs
+    from kerneldev.service import UnhealthyError
+
+    try:
+        yield
+    except UnhealthyError as err:
+        print_service_logs(err, host.service.logs if host.service else None)
+        raise
+
+
 def run(
     config: Config,
     host_name: str | None,
@@ -62,7 +77,7 @@ def run(
     )
     request.check()
     check_variants(host, request.variants)  # exit 2 before connecting
-    with open_transport(host) as transport:
+    with open_transport(host) as transport, service_logs_shown(host):
         result = service_bench.run_service_bench(
             transport,
             host,
