@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import posixpath
 import shlex
-import time
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,12 +78,6 @@ def service_url(svc: ServiceConfig, host_name: str) -> str:
     )
 
 
-def _sleep_checked(seconds: float) -> None:
-    """The health wait's pause, then a safe point: Ctrl-C need not wait out the timeout."""
-    time.sleep(seconds)
-    interrupt.check()
-
-
 class RestartSkippedError(ServiceError):
     """A second Ctrl-C skipped the restart on the original settings."""
 
@@ -126,9 +119,8 @@ class VariantSwitcher:
         self.current = name
         shown = " ".join(f"{k}={v}" for k, v in env.items()) or "(no variables)"
         self.say(f"{name}: {shown} -> restart")
-        health = service_mod.restart(
-            self.transport, self.svc, interval=self.interval, sleep=_sleep_checked
-        )
+        # service.restart checks for Ctrl-C before each pause of its health wait.
+        health = service_mod.restart(self.transport, self.svc, interval=self.interval)
         self.say(f"{name}: healthy after {health.elapsed:.1f}s")
         return Switch(name, health.elapsed, dict(env))
 
@@ -145,9 +137,7 @@ class VariantSwitcher:
         try:
             # Only a second Ctrl-C skips this restart (the first may still be pending).
             with interrupt.set_aside():
-                service_mod.restart(
-                    self.transport, self.svc, interval=self.interval, sleep=_sleep_checked
-                )
+                service_mod.restart(self.transport, self.svc, interval=self.interval)
         except (KeyboardInterrupt, interrupt.Interrupted):
             self.restart_skipped = f"kerneldev restart --host {shlex.quote(self.host.name)}"
             raise RestartSkippedError(
