@@ -44,7 +44,7 @@ class ServiceConfig:
     logs: str | None = None  # shell command whose output is shown when health never comes
     env_file: str | None = None  # absolute path on the host of the KEY=VALUE file restart reads
     check: str | None = None  # import-check command after a push (default: import the modules)
-    # issue 12: decode timings from the running service
+    # decode timings from the running service (bench --service, profile)
     url: str | None = None  # base URL as seen from the host; default: scheme://host:port of health
     variants: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> env assignments
 

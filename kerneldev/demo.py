@@ -423,7 +423,7 @@ def step_bench(ctx: DemoContext) -> DemoStep:
     )
 
 
-# --- issue 12: decode timings from the running service ----------------------------------
+# --- decode timings from the running service -----------------------------------------------
 
 DEMO_CONCURRENCY = [1, 4]
 

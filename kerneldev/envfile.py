@@ -57,7 +57,7 @@ def export_prefix(env: dict[str, str]) -> str:
     )
 
 
-# --- editing (issue 12) ----------------------------------------------------------------
+# --- editing --------------------------------------------------------------------------
 
 _LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:,+@%-]*")

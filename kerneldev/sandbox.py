@@ -241,7 +241,7 @@ def _restart_script(
     command = f"{q(python)} {script} {port} {warmup}"
     env_setup = ""
     if decode_root is not None:
-        # The decode service (issue 12) reads its switches from the env file, as SGLang's
+        # The decode service reads its switches from the env file, as SGLang's
         # unit would read an EnvironmentFile; it imports the kernels from the live tree.
         env_file = q(str(service_dir / ENV_FILE_NAME))
         profiles = q(str(service_dir / "profiles"))

@@ -91,7 +91,7 @@ def bench_command(
     ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
-    # --- issue 12: `bench --service` (decode timings of the running service) ---
+    # --- `bench --service`: decode timings of the running service ---
     on_service: bool = typer.Option(
         False,
         "--service",
