@@ -74,12 +74,19 @@ class Config:
     default: str | None
     hosts: dict[str, HostConfig] = field(default_factory=dict)
     workspace_host: str | None = None  # the host whose workspace pointer led to this file
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names
 
     def host(self, name: str | None = None) -> HostConfig:
         """The named host, else $KERNELDEV_HOST, else the host of the workspace we are in, else
-        `default`, else the only host."""
+        `default`, else the only host. A group name is refused: use `hosts_for`."""
         from_env = os.environ.get(HOST_ENV) if not name else None
         chosen = name or from_env or self.workspace_host or self.default
+        if chosen is not None and chosen in self.groups:
+            raise ConfigError(
+                f"'{chosen}' is a group of hosts ({', '.join(self.groups[chosen])}) and this "
+                "command works on one host",
+                hint="pass --host NAME with one of the group's hosts",
+            )
         if chosen is None:
             if len(self.hosts) == 1:
                 return next(iter(self.hosts.values()))
@@ -99,6 +106,39 @@ class Config:
                 if from_env
                 else "use one of the known hosts with --host NAME, or add it under `hosts:`",
             ) from None
+
+
+    def hosts_for(self, spec: str | None = None) -> list[HostConfig]:
+        """The hosts a `--host` value names: a host, a group, or a comma list of either (in
+        order, each host once). Without a value: $KERNELDEV_HOST (which may also name a group or
+        list), else the workspace's host, else `default`, else the only host."""
+        from_env = os.environ.get(HOST_ENV) if not spec else None
+        chosen = spec or from_env or self.workspace_host or self.default
+        if chosen is None:
+            return [self.host(None)]
+        names = [part.strip() for part in chosen.split(",")]
+        if any(not n for n in names):
+            raise ConfigError(
+                f"--host {chosen!r}: an empty name in the list",
+                hint="write names separated by single commas, e.g. --host node0,node1",
+            )
+        out: list[HostConfig] = []
+        for name in names:
+            members = self.groups.get(name, (name,))
+            for member in members:
+                if member not in self.hosts:
+                    where = f" (from ${HOST_ENV})" if from_env else ""
+                    known = ", ".join(sorted(self.hosts)) or "none"
+                    groups = f"; groups: {', '.join(sorted(self.groups))}" if self.groups else ""
+                    raise ConfigError(
+                        f"{self.path}: no host or group named '{member}'{where} "
+                        f"(known hosts: {known}{groups})",
+                        hint="use a known host or group with --host NAME[,NAME...]",
+                    )
+                host = self.hosts[member]
+                if host not in out:
+                    out.append(host)
+        return out
 
 
 # --- loading ----------------------------------------------------------------------------
@@ -293,7 +333,7 @@ class _Validator:
 
     def _config(self, root: yaml.Node) -> Config:
         items = self.mapping(root, "")
-        self.check_keys(root, items, "", ("default", "hosts"), ("hosts",))
+        self.check_keys(root, items, "", ("default", "hosts", "groups"), ("hosts",))
         hosts_key_node, hosts_node = items["hosts"]
         host_items = self.mapping(hosts_node, "hosts")
         if not host_items:
@@ -302,18 +342,49 @@ class _Validator:
             name: self._host(name, value_node, f"hosts.{name}")
             for name, (_, value_node) in host_items.items()
         }
+        groups = self._groups(items["groups"][1], hosts) if "groups" in items else {}
         default = None
         if "default" in items:
             default_node = items["default"][1]
             default = self.string(default_node, "default")
-            if default not in hosts:
+            if default not in hosts and default not in groups:
                 raise self.fail(
                     default_node,
                     "default",
-                    f"names no configured host: '{default}' "
+                    f"names no configured host or group: '{default}' "
                     f"(known hosts: {', '.join(sorted(hosts))})",
                 )
-        return Config(path=Path(os.path.abspath(self.path)), default=default, hosts=hosts)
+        return Config(
+            path=Path(os.path.abspath(self.path)), default=default, hosts=hosts, groups=groups
+        )
+
+    def _groups(self, node: yaml.Node, hosts: dict[str, HostConfig]) -> dict[str, tuple[str, ...]]:
+        """`groups: {fleet: [node0, node1]}`: each a non-empty list of known host names, named
+        unlike any host (so `--host NAME` is never ambiguous)."""
+        groups: dict[str, tuple[str, ...]] = {}
+        for name, (key_node, value_node) in self.mapping(node, "groups").items():
+            kp = f"groups.{name}"
+            if name in hosts:
+                raise self.fail(key_node, kp, "a group may not have the name of a host")
+            if "," in name or not name.strip():
+                raise self.fail(key_node, kp, "a group name must be non-empty, without commas")
+            if not isinstance(value_node, yaml.SequenceNode) or not value_node.value:
+                raise self.fail(value_node, kp, "must be a non-empty list of host names")
+            members: list[str] = []
+            for item in value_node.value:
+                member = self.string(item, kp)
+                if member not in hosts:
+                    raise self.fail(
+                        item,
+                        kp,
+                        f"names no configured host: '{member}' "
+                        f"(known hosts: {', '.join(sorted(hosts))})",
+                    )
+                if member in members:
+                    raise self.fail(item, kp, f"lists '{member}' twice")
+                members.append(member)
+            groups[name] = tuple(members)
+        return groups
 
     def _host(self, name: str, node: yaml.Node, kp: str) -> HostConfig:
         items = self.mapping(node, kp)

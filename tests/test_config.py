@@ -260,6 +260,43 @@ def test_several_hosts_without_default_need_a_choice(tmp_path, monkeypatch):
     assert "--host" in caught.value.hint
 
 
+GROUPS = VALID.replace("default: dsv4\n", "default: dsv4\ngroups:\n  fleet: [dsv4, box]\n")
+
+
+def test_groups_and_comma_lists_name_hosts_in_order(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERNELDEV_HOST", raising=False)
+    config = load_config(write(tmp_path, GROUPS))
+    assert config.groups == {"fleet": ("dsv4", "box")}
+    names = lambda spec: [h.name for h in config.hosts_for(spec)]  # noqa: E731
+    assert names("fleet") == ["dsv4", "box"]
+    assert names("box,dsv4") == ["box", "dsv4"]
+    assert names("box,fleet") == ["box", "dsv4"]  # each host once, first mention wins
+    assert names(None) == ["dsv4"]  # the default
+    monkeypatch.setenv("KERNELDEV_HOST", "fleet")
+    assert names(None) == ["dsv4", "box"]
+    with pytest.raises(ConfigError, match="is a group of hosts"):
+        config.host("fleet")  # a one-host command refuses a group by name
+    for bad, what in (("dsv4,nope", "no host or group named 'nope'"), ("dsv4,", "empty name")):
+        with pytest.raises(ConfigError, match=what):
+            config.hosts_for(bad)
+
+
+@pytest.mark.parametrize(
+    "groups, what",
+    [
+        ("  dsv4: [box]\n", "name of a host"),
+        ("  fleet: []\n", "non-empty list"),
+        ("  fleet: box\n", "non-empty list"),
+        ("  fleet: [box, nope]\n", "names no configured host: 'nope'"),
+        ("  fleet: [box, box]\n", "lists 'box' twice"),
+    ],
+)
+def test_bad_groups_name_the_line(tmp_path, groups, what):
+    text = VALID.replace("default: dsv4\n", "default: dsv4\ngroups:\n" + groups)
+    err = error_for(tmp_path, text)
+    assert what in err.message and ":3: groups." in err.message
+
+
 def test_the_shipped_example_is_valid():
     example = Path(__file__).resolve().parent.parent / "hosts.example.yaml"
     config = load_config(example)
