@@ -107,7 +107,6 @@ class Config:
                 else "use one of the known hosts with --host NAME, or add it under `hosts:`",
             ) from None
 
-
     def hosts_for(self, spec: str | None = None) -> list[HostConfig]:
         """The hosts a `--host` value names: a host, a group, or a comma list of either (in
         order, each host once). Without a value: $KERNELDEV_HOST (which may also name a group or
