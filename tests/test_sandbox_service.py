@@ -8,6 +8,7 @@ and decodes under the Triton interpreter on tiny sizes (a step takes a few hundr
 from __future__ import annotations
 
 import json
+import socket
 import time
 
 import pytest
@@ -173,3 +174,45 @@ def test_unavailable_backend_never_gets_healthy(box):
     finally:
         edit.restore()
         assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+
+
+def test_a_request_longer_than_the_context_is_400(box):
+    resp = httpx.post(
+        url(box, "/v1/completions"),
+        json={"prompt": "a b c", "max_tokens": 8190},  # 3 + 8190 > 8192, the default context
+    )
+    assert resp.status_code == 400 and "context length of 8192" in resp.json()["message"]
+
+
+def _running(box) -> int:
+    info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
+    return info["running_requests"] + info["waiting_requests"]
+
+
+def _wait_for_load(box, want_busy: bool) -> int:
+    deadline = time.monotonic() + 60
+    while (_running(box) > 0) != want_busy and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _running(box)
+
+
+def test_a_client_that_hangs_up_is_aborted(box):
+    # Long enough that it cannot end by itself within the test (a CPU step is ~0.1-0.5 s).
+    body = {"text": "x", "sampling_params": {"max_new_tokens": 5000}}
+    # Streaming: read the first event, then close the connection.
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", url(box, "/generate"), json={**body, "stream": True}) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())  # the first token arrived: it is decoding
+    assert _wait_for_load(box, want_busy=False) == 0  # dropped, not decoded to its end
+    # Not streaming: no answer comes before the end, so hang up a raw connection meanwhile.
+    parsed = httpx.URL(url(box, "/generate"))
+    payload = json.dumps(body).encode()
+    with socket.create_connection((parsed.host, parsed.port), timeout=10) as sock:
+        head = (
+            f"POST /generate HTTP/1.1\r\nHost: {parsed.host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+        )
+        sock.sendall(head.encode() + payload)
+        assert _wait_for_load(box, want_busy=True) == 1
+    assert _wait_for_load(box, want_busy=False) == 0

@@ -13,6 +13,10 @@ Endpoints (request and response shapes as SGLang's):
     POST /stop_profile      writes `<output_dir>/<time>-TP-0.trace.json.gz` (Chrome trace);
                             output_dir defaults to $SGLANG_TORCH_PROFILER_DIR, else /tmp
 
+A request whose prompt plus new tokens exceed `--context-length` is a 400, as SGLang refuses it.
+A request whose client hangs up (streaming or not) is aborted: it leaves the batch at the next
+step instead of decoding to its end for nobody.
+
 One scheduler thread owns the engine: every step it admits waiting requests (up to the
 engine's max batch), runs one decode step for all running requests together, hands each its
 token, and retires finished ones. Every `decode_log_interval` steps it logs SGLang's line
@@ -43,6 +47,8 @@ log = logging.getLogger("sandbox_service")
 MODEL_NAME = "kerneldev-sandbox-dsv4"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_CONTEXT_LENGTH = 8192
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
 
 def token_text(token_id: int) -> str:
@@ -58,6 +64,8 @@ class GenRequest:
     queue: asyncio.Queue  # receives token ids, then None when finished (or an error string)
     created: float = field(default_factory=time.perf_counter)
     output_ids: list[int] = field(default_factory=list)
+    cancelled: bool = False  # the client went away: drop it at the next step
+    ended: bool = False  # the scheduler finished it (all tokens, or a failed step)
 
 
 class Scheduler:
@@ -81,6 +89,20 @@ class Scheduler:
         with self.cond:
             self.waiting.append(req)
             self.cond.notify()
+
+    def cancel(self, req: GenRequest) -> None:
+        """Abort a request whose client is gone (the scheduler drops it before its next step)."""
+        with self.cond:
+            if req.cancelled:
+                return
+            req.cancelled = True
+            if req in self.waiting:
+                self.waiting.remove(req)
+        log.info("Abort request %s (client disconnected)", req.rid)
+
+    def load_counts(self) -> dict:
+        with self.cond:
+            return {"running_requests": len(self.running), "waiting_requests": len(self.waiting)}
 
     def profile(self, action: str, body: dict, timeout: float = 600.0) -> dict:
         """Run start/stop in the scheduler thread (the profiler follows the thread that runs
@@ -125,6 +147,7 @@ class Scheduler:
                 while not self.waiting and not self.running and self.profile_cmd is None:
                     self.cond.wait()
                 cmd, self.profile_cmd = self.profile_cmd, None
+                self.running = [r for r in self.running if not r.cancelled]
                 while self.waiting and len(self.running) < eng.sizes.max_batch:
                     self.running.append(self.waiting.popleft())
                 queued = len(self.waiting)
@@ -256,6 +279,15 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
     app = FastAPI(title="kerneldev sandbox decode service")
+    context_length = int(server_args.get("context_length") or DEFAULT_CONTEXT_LENGTH)
+
+    def _check_length(prompt_tokens: int, max_new: int) -> None:
+        total = prompt_tokens + max_new
+        if total > context_length:
+            raise BadRequest(
+                f"the request needs {total} tokens ({prompt_tokens} prompt + {max_new} new), "
+                f"more than the context length of {context_length}"
+            )
 
     async def _enqueue(prompt_tokens: int, max_new: int) -> GenRequest:
         req = GenRequest(
@@ -271,11 +303,43 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
     async def _tokens(req: GenRequest):
         while True:
             item = await req.queue.get()
+            if item is None or isinstance(item, str):
+                req.ended = True
             if item is None:
                 return
             if isinstance(item, str):
                 raise RuntimeError(item)
             yield item
+
+    def _abort_unless_done(req: GenRequest) -> None:
+        # Starlette cancels a stream whose client went away; the request must leave the batch.
+        if not req.ended:
+            scheduler.cancel(req)
+
+    async def _all_tokens(req: GenRequest, request: Request) -> bool:
+        """Wait for a non-streaming request to finish; False when its client hung up first
+        (the request is then aborted). Uvicorn does not cancel a handler on disconnect, so the
+        connection is polled."""
+
+        async def drain() -> None:
+            async for _ in _tokens(req):
+                pass
+
+        task = asyncio.ensure_future(drain())
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if done:
+                    task.result()
+                    return True
+                if await request.is_disconnected():
+                    task.cancel()
+                    _abort_unless_done(req)
+                    return False
+        except asyncio.CancelledError:
+            task.cancel()
+            _abort_unless_done(req)
+            raise
 
     def _not_ready() -> JSONResponse | None:
         if scheduler.engine is None:
@@ -306,6 +370,7 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
         info = dict(server_args)
         info["version"] = "kerneldev-sandbox"
         kd = {"ready": scheduler.engine is not None, "load_error": scheduler.load_error}
+        kd.update(scheduler.load_counts())
         if scheduler.engine is not None:
             kd.update(scheduler.engine.info())
             info["attention_backend"] = f"flashmla_sm120_{scheduler.engine.backend}"
@@ -323,31 +388,35 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
             max_new = _positive_int(
                 sp.get("max_new_tokens"), "max_new_tokens", DEFAULT_MAX_NEW_TOKENS
             )
+            _check_length(prompt, max_new)
         except (BadRequest, ValueError) as err:
             return _error(400, str(err))
         if (resp := _not_ready()) is not None:
             return resp
         req = await _enqueue(prompt, max_new)
         if not body.get("stream"):
-            async for _ in _tokens(req):
-                pass
+            if not await _all_tokens(req, request):
+                return _error(499, "client disconnected")
             text = "".join(token_text(t) for t in req.output_ids)
             return {"text": text, "output_ids": req.output_ids, "meta_info": _meta(req, True)}
 
         async def events():
             text = ""
-            async for tok in _tokens(req):
-                text += token_text(tok)
-                finished = len(req.output_ids) >= req.max_new_tokens
-                yield _sse(
-                    {
-                        "text": text,
-                        "output_ids": list(req.output_ids),
-                        "meta_info": _meta(req, finished),
-                        "index": 0,
-                    }
-                )
-            yield SSE_DONE
+            try:
+                async for tok in _tokens(req):
+                    text += token_text(tok)
+                    finished = len(req.output_ids) >= req.max_new_tokens
+                    yield _sse(
+                        {
+                            "text": text,
+                            "output_ids": list(req.output_ids),
+                            "meta_info": _meta(req, finished),
+                            "index": 0,
+                        }
+                    )
+                yield SSE_DONE
+            finally:
+                _abort_unless_done(req)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -362,6 +431,7 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
                 prompt = prompt[0]
             prompt_tokens = _prompt_tokens(prompt, None)
             max_new = _positive_int(body.get("max_tokens"), "max_tokens", DEFAULT_MAX_TOKENS)
+            _check_length(prompt_tokens, max_new)
         except (BadRequest, ValueError) as err:
             return _error(400, str(err))
         if (resp := _not_ready()) is not None:
@@ -389,8 +459,8 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
             }
 
         if not body.get("stream"):
-            async for _ in _tokens(req):
-                pass
+            if not await _all_tokens(req, request):
+                return _error(499, "client disconnected")
             text = "".join(token_text(t) for t in req.output_ids)
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
             return chunk([choice], usage=usage())
@@ -398,18 +468,21 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
         async def events():
-            async for tok in _tokens(req):
-                finished = len(req.output_ids) >= req.max_new_tokens
-                choice = {
-                    "index": 0,
-                    "text": token_text(tok),
-                    "logprobs": None,
-                    "finish_reason": "length" if finished else None,
-                }
-                yield _sse(chunk([choice]))
-            if include_usage:
-                yield _sse(chunk([], usage=usage()))
-            yield SSE_DONE
+            try:
+                async for tok in _tokens(req):
+                    finished = len(req.output_ids) >= req.max_new_tokens
+                    choice = {
+                        "index": 0,
+                        "text": token_text(tok),
+                        "logprobs": None,
+                        "finish_reason": "length" if finished else None,
+                    }
+                    yield _sse(chunk([choice]))
+                if include_usage:
+                    yield _sse(chunk([], usage=usage()))
+                yield SSE_DONE
+            finally:
+                _abort_unless_done(req)
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -454,6 +527,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--decode-log-interval", type=int, default=40, help="steps between decode log lines"
     )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=DEFAULT_CONTEXT_LENGTH,
+        help="most prompt + new tokens per request (longer requests are a 400)",
+    )
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     return p.parse_args(argv)
 
@@ -491,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": device,
         "max_running_requests": sizes.max_batch,
         "decode_log_interval": args.decode_log_interval,
+        "context_length": args.context_length,
     }
     app = create_app(scheduler, server_args)
     threading.Thread(
