@@ -528,6 +528,7 @@ class SandboxStatus:
     service_running: bool
     service_health: str | None  # the health URL
     created: bool = False  # `up` built the sandbox (the folder was new or empty)
+    notes: list[str] = field(default_factory=list)  # what creating it had to settle for
 
 
 def sandbox_status(folder: Path) -> SandboxStatus:
@@ -551,9 +552,10 @@ def sandbox_up(folder: Path) -> SandboxStatus:
     empty folder gets a new sandbox first."""
     folder = Path(os.path.abspath(folder))
     created = False
+    notes: list[str] = []
     if not (folder / "hosts.yaml").exists() and (not folder.exists() or not any(folder.iterdir())):
         try:
-            create_sandbox(folder, detach=True)  # starts its sshd, which keeps running
+            notes = create_sandbox(folder, detach=True).notes  # its sshd keeps running
         except (RuntimeError, OSError, subprocess.CalledProcessError) as err:
             raise SandboxError(f"cannot create a sandbox in {folder}: {err}") from None
         created = True
@@ -571,6 +573,7 @@ def sandbox_up(folder: Path) -> SandboxStatus:
             )
     status = sandbox_status(folder)
     status.created = created
+    status.notes = notes
     return status
 
 

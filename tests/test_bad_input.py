@@ -114,6 +114,15 @@ def test_config_errors_exit_2_without_traceback(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
 
 
+def test_a_negative_log_limit_is_a_usage_error(tmp_path):
+    # `log --limit -1` used to list everything, as if it were 0 ("all").
+    from tests.sshutil import run_cli
+
+    proc = run_cli("log", "--limit", "-1", config=tmp_path / "none.yaml")
+    assert proc.returncode == 2 and "--limit" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 # --- files ---------------------------------------------------------------------------------
 
 

@@ -75,6 +75,28 @@ def test_sandbox_up_down_status(tmp_path, isolated_home):
         kerneldev("sandbox", "down", "--dir", str(folder))
 
 
+def test_sandbox_up_says_what_a_new_sandbox_settled_for(tmp_path, isolated_home):
+    # Without ssh-keygen on PATH the new sandbox falls back to the local transport; `up` must
+    # say so (it printed nothing, and the user saw "sshd: none" without a reason).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(folder):
+            continue
+        for name in os.listdir(folder):
+            link = bin_dir / name
+            if name not in ("ssh-keygen", "sshd") and not link.exists():
+                link.symlink_to(os.path.join(folder, name))
+    folder = tmp_path / "sb"
+    try:
+        up = run_kerneldev("sandbox", "up", "--dir", str(folder), env={"PATH": str(bin_dir)})
+        assert up.returncode == 0, up.stderr
+        assert "sshd:    none (local transport)" in up.stdout
+        assert "note: sshd is not installed: the sandbox uses the local transport" in up.stderr
+    finally:
+        kerneldev("sandbox", "down", "--dir", str(folder))
+
+
 @pytest.mark.skipif(find_sshd() is None, reason="needs OpenSSH's sshd")
 def test_the_sandbox_sshd_starts_in_a_folder_with_a_space(tmp_path):
     # `sandbox up --dir "my sandbox"` fell back to the local transport without saying why.

@@ -487,7 +487,7 @@ def _render_rollback(result: sync.RollbackResult) -> None:
 def log_command(
     ctx: typer.Context,
     limit: int = typer.Option(
-        20, "--limit", "-n", metavar="N", help="Show the last N deploys (0: all)."
+        20, "--limit", "-n", metavar="N", min=0, help="Show the last N deploys (0: all)."
     ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,

@@ -79,6 +79,8 @@ def render(status: SandboxStatus) -> None:
         print_line(f"  sshd:    {state} on 127.0.0.1:{status.sshd_port}")
     state = "running" if status.service_running else "stopped"
     print_line(f"  service: {state}, health {status.service_health}")
+    for note in status.notes:
+        print_info(f"note: {note}")
 
 
 def register(root: typer.Typer) -> None:
