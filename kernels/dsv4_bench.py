@@ -482,7 +482,7 @@ def make_calls(entry, input_sets: list[dict], variant: str, config=None) -> list
 # Keys of --config: the table row to start from, its fields, the config fields set after the
 # rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
 _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
-             "exact_block_h", "small_grid_block_n")  # fmt: skip
+             "exact_block_h", "small_grid_block_n", "exact_in_launch")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
@@ -561,7 +561,10 @@ class _KernelRecorder:
             if compiled is not None and id(compiled) not in self.seen:
                 ptx = getattr(compiled, "asm", {}).get("ptx", "")
                 self.seen[id(compiled)] = {
-                    "exact_pass": bool(kwargs.get("EXACT_PASS_BELOW", 0)),
+                    # few-token requests take the exact PV in this launch (older files: a
+                    # second launch, EXACT_PASS_BELOW)
+                    "exact_below": kwargs.get("EXACT_BELOW", kwargs.get("EXACT_PASS_BELOW", 0)),
+                    "num_stages": kwargs.get("num_stages"),
                     "block_h": kwargs.get("BLOCK_H"),
                     "block_n": kwargs.get("BLOCK_N"),
                     "n_regs": getattr(compiled, "n_regs", None),
@@ -832,7 +835,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LABEL=key:value,...",
         help="an extra MMA variant LABEL with the kernel file's mma_config rule on a table row "
         "with overrides: row:sm90|sm120, block_h, block_n, num_warps, num_stages, "
-        "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, then num_splits, "
+        "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, exact_in_launch, then "
+        "num_splits, "
         "pv_split, pv_split_below; "
         "mma_v2:1 compiles it with DISABLE_MMA_V3=1 (mma.sync on Hopper); repeatable",
     )

@@ -403,6 +403,7 @@ def _attend_split_mma(
     DOT_DTYPE: tl.constexpr,
     PV_SPLIT: tl.constexpr,
     S_BY_GROUP: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):  # fmt: skip
     """Online softmax (base 2) of BLOCK_H heads over the split's tokens: [start, end) of the
     main cache, then [e_start, e_end) of the extra cache, in one loop whose tile picks its
@@ -418,7 +419,7 @@ def _attend_split_mma(
     n_tiles = n_main
     if HAS_EXTRA:
         n_tiles += tl.cdiv(tl.maximum(e_end - e_start, 0), BLOCK_N)
-    for i in range(0, n_tiles):
+    for i in tl.range(0, n_tiles, num_stages=NUM_STAGES):
         if HAS_EXTRA:
             in_main = i < n_main
             kv = tl.where(in_main, KV_ptr, EKV_ptr)
@@ -448,6 +449,59 @@ def _attend_split_mma(
             acc = tl.dot(p_op, k, acc * alpha[:, None])
         m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def _split_heads(
+    heads, b, split, H, num_splits,
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    PO_ptr, PLSE_ptr, qk_scale_log2,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):  # fmt: skip
+    """One split of one request for the heads `heads`: attend over the split's tiles, then
+    store the result (final bf16 out and lse with one split, else the fp32 partial)."""
+    head_mask = heads < H
+    d = tl.arange(0, D_QK)
+    q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
+    q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
+    q = q.to(DOT_DTYPE)
+    acc = tl.zeros([heads.shape[0], D_QK], dtype=tl.float32)
+    m_i = tl.full([heads.shape[0]], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([heads.shape[0]], dtype=tl.float32)
+    acc, m_i, l_i = _attend_split_mma(
+        acc, m_i, l_i, q, q_row, stride_qd, head_mask,
+        KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+        EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+        e_start, e_end,
+        qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT, S_BY_GROUP, NUM_STAGES,
+    )  # fmt: skip
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    else:
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -501,21 +555,22 @@ def _mma_split_kernel(
     PV_SPLIT: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
     S_BY_GROUP: tl.constexpr,
-    EXACT_PASS_BELOW: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    RUN_BF16_P: tl.constexpr,
+    EXACT_BELOW: tl.constexpr,
+    EXACT_BLOCK_H: tl.constexpr,
     COUNT_BLOCK: tl.constexpr,
     COUNT_ONE_BLOCK: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(BLOCK_H % EXACT_BLOCK_H == 0, "the exact path splits the head block")
     pid_bh = tl.program_id(0)
     split = tl.program_id(1)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
-    heads = (pid_bh % num_head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)
-    head_mask = heads < H
-    d = tl.arange(0, D_QK)
+    h0 = (pid_bh % num_head_blocks) * BLOCK_H
 
-    q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
     # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
     # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
@@ -534,11 +589,11 @@ def _mma_split_kernel(
         e_end = tl.minimum(tl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length)
     idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
     e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
-    if EXACT_PASS_BELOW > 0:
-        # Second pass of the launcher (PV_SPLIT on): redo, with the exact PV, the requests with
-        # at most EXACT_PASS_BELOW valid tokens, overwriting what the bf16-P pass wrote for
-        # them (counted here from the index rows: no host sync); return for the others. The
-        # first pass stays the plain kernel, and few-token requests cost it little.
+    exact = False
+    if EXACT_BELOW > 0:
+        # Requests with at most EXACT_BELOW valid tokens (counted here from the index rows: no
+        # host sync) take the exact PV, in sub-blocks of EXACT_BLOCK_H heads (its doubled
+        # tile must fit).
         n_valid = _count_valid(
             idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK, COUNT_ONE_BLOCK
         )
@@ -547,36 +602,34 @@ def _mma_split_kernel(
                 e_idx_row, stride_eit, e_length, e_topk, e_num_tokens, COUNT_BLOCK,
                 COUNT_ONE_BLOCK,
             )  # fmt: skip
-        if n_valid > EXACT_PASS_BELOW:
-            return
-    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
-    q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
-    q = q.to(DOT_DTYPE)
-    acc = tl.zeros([BLOCK_H, D_QK], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc, m_i, l_i = _attend_split_mma(
-        acc, m_i, l_i, q, q_row, stride_qd, head_mask,
-        KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-        EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-        e_start, e_end,
-        qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT, S_BY_GROUP,
-    )  # fmt: skip
-    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if SINGLE_SPLIT:
-        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+        exact = n_valid <= EXACT_BELOW
+    if exact:
+        for sub in tl.static_range(BLOCK_H // EXACT_BLOCK_H):
+            _split_heads(
+                h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_start, e_end,
+                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
+                S_BY_GROUP, 1,
+            )  # fmt: skip
     else:
-        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-        o_row = PO_ptr + row[:, None] * D_QK
-        out = acc * inv_l[:, None]
-        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+        # RUN_BF16_P off: the second of two launches, which only redoes few-token requests.
+        if RUN_BF16_P:
+            _split_heads(
+                h0 + tl.arange(0, BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_start, e_end,
+                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
+                S_BY_GROUP, NUM_STAGES,
+            )  # fmt: skip
 
 
 @triton.jit
@@ -636,29 +689,37 @@ class MMARow(NamedTuple):
     block_h: int  # heads per program, at most (fewer when H is smaller: next power of 2, >= 16)
     block_n: int  # tokens per tile
     num_warps: int
-    num_stages: int  # Triton's software pipelining of the tile loads (1: none)
+    # Triton's software pipelining of the bf16-P loop's tile loads (1: none; grids capped by
+    # the tile count, one or two tiles per split, always run 1)
+    num_stages: int
     programs_per_sm: int  # resident programs the split rule fills each SM with
     s_by_group: bool  # S as 8 products 64 deep (mma.sync holds its A operand in registers)
     exact_block_h: int  # heads per program of the exact-PV pass (its doubled tile must fit)
     # Tokens per tile when the grid is capped by the tile count (every split one tile and SMs
     # left idle, the B1 shapes): smaller tiles, more splits.
     small_grid_block_n: int
+    # The exact PV for few-token requests as a branch of the same launch (True) or as a
+    # second launch (False): the branch costs the bf16-P loop registers on some rows.
+    exact_in_launch: bool
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
-# checks every row's two passes against it). Measured rows: docs/benchmarks.md.
+# checks every build of every row against it). Measured rows: docs/benchmarks.md.
 MMA_ROWS: dict[str, MMARow] = {
     # wgmma, 64 heads x 64 tokens: q 64 KB + K tile 64 KB in shared memory (192 KB for the
-    # exact pass); the 64 x 512 fp32 accumulator is 128 registers per thread: one program/SM.
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32),
-    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; 96 KB
-    # with triton 3.6, 80 KB with 3.9 (exact pass: 16 heads, 82 KB). 255 registers x 128
-    # threads: two programs per SM by
-    # registers (one on sm_120 by shared memory, 100 KB per SM). Measured on an H200 as a
-    # proxy (mma.sync forced): docs/benchmarks.md.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32),
+    # exact pass); the 64 x 512 fp32 accumulator is 128 registers per thread: one program per
+    # SM. Unpipelined (2 or 3 stages fit, 169-172 KB, but measured 3-13% slower), and the
+    # exact PV a second launch (as a branch of the first it made the bf16-P loop spill:
+    # +20-30%).
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False),
+    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
+    # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
+    # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
+    # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
+    # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced).
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16),
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False),
 }
 
 
@@ -680,11 +741,12 @@ class MMAConfig(NamedTuple):
     num_warps: int
     num_stages: int
     pv_split: bool = False  # exact PV (P's bf16 rounding residue added) in the first pass
-    # Second launch: redo with the exact PV the requests with at most this many valid tokens
-    # (counted on the device), overwriting the first pass's results; 0: none.
+    # Requests with at most this many valid tokens (counted on the device) take the exact PV;
+    # 0: none.
     pv_split_below: int = 0
     s_by_group: bool = False
-    exact_block_h: int = 0  # heads per program of the second launch (0: block_h)
+    exact_block_h: int = 0  # heads per exact-PV sub-block of a program (0: block_h)
+    exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
 
 
 MAX_SPLITS = 64
@@ -722,14 +784,15 @@ def mma_config(
     block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
     programs = B * triton.cdiv(H, block_h)
     slots = sm_count * row.programs_per_sm
-    block_n = row.block_n
+    block_n, stages = row.block_n, row.num_stages
     if programs * _tiles(topk, extra_topk, block_n) < slots:
-        block_n = row.small_grid_block_n
+        # one or two tiles per split: smaller tiles, nothing to pipeline
+        block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
     # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
-    # shapes: a second launch redoes the requests whose valid tokens are few (the interpreter
-    # computes in fp32 and needs neither).
+    # shapes: the requests whose valid tokens are few take it (the interpreter computes in
+    # fp32 and needs neither).
     pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
     exact_block_h = min(row.exact_block_h, block_h)
@@ -737,8 +800,8 @@ def mma_config(
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     return MMAConfig(
-        block_h, block_n, splits, row.num_warps, row.num_stages, pv_split, below,
-        row.s_by_group, exact_block_h,
+        block_h, block_n, splits, row.num_warps, stages, pv_split, below,
+        row.s_by_group, exact_block_h, row.exact_in_launch,
     )  # fmt: skip
 
 
@@ -815,26 +878,30 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
     # unsupported interpreter limitation), so on CPU the operands are float32 instead.
     dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
-    # Passes (PV_SPLIT, EXACT_PASS_BELOW, heads per program): one; or, with pv_split_below,
-    # the bf16-P kernel for every request, then the exact-PV kernel over the same splits, which
-    # redoes only the requests with few valid tokens (each pass a straight code path; an
-    # in-kernel branch between the two PVs cost 13-33% on the common path).
-    passes = [(cfg.pv_split, 0, cfg.block_h)]
-    if not cfg.pv_split and cfg.pv_split_below > 0:
-        passes.append((True, cfg.pv_split_below, cfg.exact_block_h or cfg.block_h))
-    # The exact pass counts each request's valid indices in one block up to COUNT_BLOCK_MAX.
+    # pv_split: the exact PV for every request (small topk), one launch. Otherwise, with
+    # pv_split_below > 0, requests with at most that many valid tokens (each program counts its
+    # request's indices: one block up to COUNT_BLOCK_MAX) take the exact PV: in the same launch
+    # as the bf16-P loop (exact_in_launch), or in a second launch over the same grid that
+    # overwrites the first one's results for them and returns for the others.
+    exact_below = 0 if cfg.pv_split else cfg.pv_split_below
+    if exact_below == 0 or cfg.exact_in_launch:
+        launches = [(True, exact_below)]
+    else:
+        launches = [(True, 0), (False, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
-    for pv_split, exact_below, block_h in passes:
-        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+    for run_bf16_p, below in launches:
+        # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
+        stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
+        _mma_split_kernel[(B * triton.cdiv(H, cfg.block_h), splits)](
             **common, **main, **extra,
             tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
             H=H, num_splits=splits, **flags,
-            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-            DOT_DTYPE=dot_dtype, PV_SPLIT=pv_split, S_BY_GROUP=cfg.s_by_group,
-            EXACT_PASS_BELOW=exact_below, COUNT_BLOCK=count_block,
-            COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
-            # The exact-PV builds run unpipelined: their doubled tile leaves no room for stages.
-            num_warps=cfg.num_warps, num_stages=1 if pv_split else cfg.num_stages,
+            SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
+            NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
+            EXACT_BLOCK_H=min(cfg.exact_block_h or cfg.block_h, cfg.block_h),
+            COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
+            num_warps=cfg.num_warps, num_stages=stages,
         )  # fmt: skip
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)

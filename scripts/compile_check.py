@@ -2,9 +2,11 @@
 
 Triton lowers a kernel to PTX with no device present (its CUDA backend and ptxas ship in the
 pip wheel), so the per-architecture table can be checked where there is no such GPU: the shared
-memory each table row needs (both launches: the bf16-P pass and the exact-PV pass, with and
-without the extra cache) against the architecture's per-block limit, and, when a ptxas is
-found, registers and spills. Used for sm_120 / sm_89, which we have no hardware for.
+memory each table row needs (every build the launcher uses for it, with and without the extra
+cache: the bf16-P loop, the exact PV for few-token requests as a branch of that launch or as
+a second launch, and the exact PV for the whole call) against the architecture's per-block
+limit, and, when a ptxas is found, registers and spills. Used for sm_120 / sm_89, which we
+have no hardware for.
 
     python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json]
 
@@ -42,12 +44,18 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
     cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
     return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
-            "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h}  # fmt: skip
+            "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
+            "exact_in_launch": cfg.exact_in_launch}  # fmt: skip
 
 
-def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_pass: bool):
-    """Compile `_mma_split_kernel` for `cc` with a table row's parameters; the exact-PV builds
-    (`pv_split`) with the row's EXACT_BLOCK_H heads, as `mma_config` and the launcher do."""
+def compile_kernel(
+    fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_branch: bool,
+    run_bf16_p: bool = True,
+):  # fmt: skip
+    """Compile `_mma_split_kernel` for `cc` with a table row's parameters, as `mma_config` and
+    the launcher do: `pv_split` (exact PV for the whole call) with the row's EXACT_BLOCK_H
+    heads; `exact_branch`: the exact PV for few-token requests, beside the bf16-P loop or
+    (`run_bf16_p` off) alone, as the second launch."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -55,11 +63,14 @@ def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exac
 
     fn = fl._mma_split_kernel
     block_h = row.get("EXACT_BLOCK_H", row["BLOCK_H"]) if pv_split else row["BLOCK_H"]
+    stages = row["num_stages"] if run_bf16_p and not pv_split else 1
     const = dict(
         SINGLE_SPLIT=False, BLOCK_H=block_h, BLOCK_N=row["BLOCK_N"],
         HAS_EXTRA=has_extra, HAS_SINK=True, DOT_DTYPE=tl.bfloat16,
         PV_SPLIT=pv_split, RNE_BY_HAND=False, S_BY_GROUP=row.get("S_BY_GROUP", False),
-        EXACT_PASS_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_pass else 0,
+        NUM_STAGES=stages, RUN_BF16_P=run_bf16_p,
+        EXACT_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_branch else 0,
+        EXACT_BLOCK_H=min(row.get("EXACT_BLOCK_H", block_h), block_h),
         COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
@@ -77,7 +88,7 @@ def compile_kernel(fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exac
             sig[name] = "i32"
             if name in _DIV16:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    options = {"num_warps": row["num_warps"], "num_stages": 1 if pv_split else row["num_stages"]}
+    options = {"num_warps": row["num_warps"], "num_stages": stages}
     return triton.compile(
         ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32), options=options
     )
@@ -119,12 +130,19 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
     rows = []
     for cc in ccs:
         row = table_row(fl, cc)
-        # (pass, extra cache, pv_split): the bf16-P pass, the exact pass, and the whole-call
-        # exact PV the table takes for topk + extra topk <= 256.
-        for label, exact_pass, pv_split in (("bf16-P", False, False), ("exact", True, True),
-                                            ("exact-all", False, True)):  # fmt: skip
+        # (build, exact branch, pv_split, bf16-P loop): the row's launches for few-token
+        # requests (one launch with both loops, or two), and the whole-call exact PV the table
+        # takes for topk + extra topk <= 256.
+        if row["exact_in_launch"]:
+            builds = [("bf16-P+exact", True, False, True)]
+        else:
+            builds = [("bf16-P", False, False, True), ("exact", True, False, False)]
+        for label, exact_branch, pv_split, run_bf16_p in (
+            *builds,
+            ("exact-all", False, True, True),
+        ):
             for has_extra in (False, True):
-                ck = compile_kernel(fl, cc, row, has_extra, pv_split, exact_pass)
+                ck = compile_kernel(fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p)
                 shared = ck.metadata.shared
                 limit = SMEM_LIMIT.get(cc)
                 rows.append({
@@ -152,7 +170,7 @@ def main() -> int:
         for r in rows:
             print(
                 f"sm_{r['cc']:<4d} H/N/w {r['BLOCK_H']}/{r['BLOCK_N']}/{r['num_warps']} "
-                f"{r['pass']:9s} extra={int(r['extra_cache'])} smem {r['shared_bytes']:>7d} / "
+                f"{r['pass']:12s} extra={int(r['extra_cache'])} smem {r['shared_bytes']:>7d} / "
                 f"{r['limit_bytes']} {'ok' if r['fits'] else 'OVER'}  {r['ptxas']}"
             )
     return 0 if all(r["fits"] for r in rows) else 1

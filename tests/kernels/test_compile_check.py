@@ -29,7 +29,7 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout)
     assert {(r["cc"], r["pass"], r["extra_cache"]) for r in rows} == {
-        (cc, p, e) for cc in (120, 89) for p in ("bf16-P", "exact", "exact-all") for e in (0, 1)
+        (cc, p, e) for cc in (120, 89) for p in ("bf16-P+exact", "exact-all") for e in (0, 1)
     }
     for r in rows:
         assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (32, 32, 16)

@@ -249,6 +249,9 @@ CASES = [
             MMAConfig(64, BN, 1, W, 1, pv_split_below=30),
             MMAConfig(64, BN, 3, W, 1, pv_split_below=30),
             G(2, pv_split=False, pv_split_below=30),
+            # the same choice as a branch of the one launch (16-head sub-blocks on G)
+            MMAConfig(64, BN, 3, W, 1, pv_split_below=30, exact_in_launch=True),
+            G(2, pv_split=False, pv_split_below=30, exact_in_launch=True),
         ],
     ),
     (
@@ -330,7 +333,15 @@ if ON_GPU:  # bf16 operands at production sizes
                 page_stride="pad576",
             ),
             ("mma",),
-            [None],
+            # the sm_90 row (two launches), with the exact PV in its launch, and pipelined
+            # (two stages: the per-loop stage count, the exact loop unpipelined)
+            [
+                None,
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_in_launch=True),
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(
+                    exact_in_launch=True, num_stages=2
+                ),
+            ],
         ),
         (
             "gpu_B64_main128_extra512_full",
@@ -370,7 +381,11 @@ if ON_GPU:  # bf16 operands at production sizes
             "gpu_sm120row_B64_main128_extra512",
             GPU_DUAL_PARTIAL,
             ("mma",),
-            [fl.mma_config((12, 0), 132, 64, 64, 128, 512)],
+            # the row's one launch, and the exact PV as a second launch
+            [
+                fl.mma_config((12, 0), 132, 64, 64, 128, 512),
+                fl.mma_config((12, 0), 132, 64, 64, 128, 512)._replace(exact_in_launch=False),
+            ],
         ),
         (
             "gpu_sm120row_B1_topk2048",
@@ -391,6 +406,8 @@ def _cfg_id(cfg):
         + (f"-pv2below{cfg.pv_split_below}" if cfg.pv_split_below else "")
         + ("-grp" if cfg.s_by_group else "")
         + (f"-x{cfg.exact_block_h}" if cfg.exact_block_h else "")
+        + ("-inlaunch" if cfg.exact_in_launch else "")
+        + (f"-st{cfg.num_stages}" if cfg.num_stages > 1 else "")
     )
 
 
@@ -508,6 +525,11 @@ def test_mma_config_rule():
     sm90 = fl.mma_config((9, 0), 132, 64, 64, 2048, 0)
     assert (sm90.block_h, sm90.block_n, sm90.num_splits, sm90.num_warps) == (64, 64, 2, 8)
     assert (sm90.pv_split, sm90.pv_split_below, sm90.s_by_group) == (False, 256, False)
+    assert (sm90.num_stages, sm90.exact_in_launch) == (1, False)  # two launches
+    piped = fl.MMA_ROWS["sm90"]._replace(num_stages=2)
+    assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=piped).num_stages == 2
+    # a tile-capped grid (one tile per split) runs unpipelined whatever the row says
+    assert fl.mma_config((9, 0), 132, 1, 64, 2048, 0, row=piped).num_stages == 1
     assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).num_splits == 1
     b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0)  # 32 tiles of 64 < 132 SMs: tiles of 32
     assert (b1.block_n, b1.num_splits) == (32, 64)
@@ -519,6 +541,7 @@ def test_mma_config_rule():
     sm120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)
     assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.s_by_group) == (32, 32, 4, True)
     assert (sm120.num_splits, sm120.exact_block_h) == (2, 16)  # 188 SMs x 2 // 128 programs
+    assert (sm120.num_stages, sm120.exact_in_launch) == (1, True)  # one launch
     assert fl.mma_config((12, 0), 188, 4, 64, 37, 0).block_h == 16  # exact PV: 16 heads
     assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config((12, 0), 128, 64, 64,
                                                                          2048, 0)  # fmt: skip
@@ -528,18 +551,21 @@ def test_mma_config_rule():
     assert big.num_splits == fl.MAX_SPLITS
 
 
+@pytest.mark.parametrize("in_launch", [False, True])
 @pytest.mark.parametrize("count_block_max", [16, 4096])
-def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max):
-    """The exact pass's per-request count of valid indices, in one block (index rows up to
-    COUNT_BLOCK_MAX) and in a loop (longer rows; forced here with a 16-entry block): the
-    few-token requests must be redone exactly once and the others left as the first pass
-    wrote them, so every output is written and accurate."""
+def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, in_launch):
+    """The per-request count of valid indices that picks the exact PV, in one block (index
+    rows up to COUNT_BLOCK_MAX) and in a loop (longer rows; forced here with a 16-entry
+    block), as a second launch or a branch of the one launch: the few-token requests must
+    get the exact PV and the others the bf16-P result, so every output is written and
+    accurate."""
     monkeypatch.setattr(fl, "COUNT_BLOCK_MAX", count_block_max)
     inputs = ref.make_inputs(
         B=4, H=64, topk=40, page_size=64, extra_topk=24, extra_page_size=32,
         topk_length="partial", invalid_fraction=0.2, with_sink=True, device=DEVICE, seed=77,
     )  # fmt: skip
-    _run_and_check(inputs, "mma", MMAConfig(64, BN, 2, W, 1, pv_split_below=30))
+    cfg = MMAConfig(64, BN, 2, W, 1, pv_split_below=30, exact_in_launch=in_launch)
+    _run_and_check(inputs, "mma", cfg)
 
 
 def test_splits_agree_with_single_split():
