@@ -33,9 +33,11 @@ Kernels:
     With one split it finishes in place (sink, normalisation, bf16 store); otherwise it
     writes a normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
     (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink. For accuracy on
-    requests with few valid tokens a second launch of the same kernel (exact PV: P's bf16
-    rounding residue added) redoes those requests; it counts each request's valid tokens on
-    the device and returns at once for the others.
+    requests with few valid tokens each program counts its request's valid tokens on the
+    device and gives those requests the exact PV (P's bf16 rounding residue added): as a
+    branch of the same launch (the sm_120 row), or in a second launch of the same kernel that
+    redoes them and returns at once for the others (the sm_90 row, where the branch made the
+    bf16-P loop spill).
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
