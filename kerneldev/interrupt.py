@@ -51,6 +51,15 @@ def check() -> None:
         raise Interrupted(_pending)
 
 
+def consume() -> int | None:
+    """Take the pending signal as handled and return it (None: there was none). For a command
+    whose normal end is a signal between operations (`kerneldev watch`): it then ends as a
+    success instead of as interrupted."""
+    global _pending
+    taken, _pending = _pending, None
+    return taken
+
+
 @contextmanager
 def shield() -> Iterator[None]:
     """Clean-up that must finish (remove temporary files, release the lock, save the record):

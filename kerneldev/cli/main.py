@@ -84,6 +84,7 @@ def _register_commands() -> None:
         sandbox_cmd,
         service_cmd,
         trust_cmd,
+        watch_cmd,
     )
 
     for module in (
@@ -95,6 +96,7 @@ def _register_commands() -> None:
         kernels_cmd,
         sandbox_cmd,
         profile_cmd,
+        watch_cmd,
     ):
         module.register(app)
     _registered = True

@@ -1,0 +1,265 @@
+"""`kerneldev watch` as a user runs it: a child process watching a workspace, pushing to a real
+sshd on 127.0.0.1; the test edits files the way editors save them and reads the watch's lines.
+
+Every wait below has a generous bound only so that a broken watch fails the test instead of
+hanging it; nothing asserts how fast anything happens."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kerneldev.watch import is_editor_temp
+from tests.clirun import run_kerneldev, start_kerneldev
+from tests.sshutil import kill_sshd_and_sessions, ssh_entry
+
+A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
+B = "python/sglang/srt/layers/attention/flash_mla_sm120.py"
+ORIGINAL_A = b'"""triton kernel"""\nBLOCK_N = 64\n'
+ORIGINAL_B = b'"""wrapper"""\nNUM_SPLITS = 8\n'
+WAIT = 60.0  # seconds: the bound of every wait (a hang fails instead of blocking the suite)
+
+
+class Setup:
+    """A live root on the test sshd, its hosts.yaml and a pulled workspace."""
+
+    def __init__(self, tmp_path: Path, server, **host) -> None:
+        self.root = tmp_path / "live"
+        for path, data in ((A, ORIGINAL_A), (B, ORIGINAL_B)):
+            (self.root / path).parent.mkdir(parents=True, exist_ok=True)
+            (self.root / path).write_bytes(data)
+        self.workspace = tmp_path / "ws"
+        entry = ssh_entry(server, tmp_path)
+        entry.update(root=str(self.root), files=[A, B], workspace=str(self.workspace))
+        entry.update(host)
+        self.config = tmp_path / "hosts.yaml"
+        self.config.write_text(yaml.safe_dump({"default": "h", "hosts": {"h": entry}}))
+        pulled = self.kd("pull")
+        assert pulled.returncode == 0, pulled.stderr
+
+    def kd(self, *args: str) -> subprocess.CompletedProcess:
+        return run_kerneldev("--config", str(self.config), *args, timeout=WAIT)
+
+    def history(self) -> list[dict]:
+        path = self.root / ".kerneldev" / "history.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def deploys(self) -> list[dict]:
+        state = json.loads((self.workspace / ".kerneldev" / "state.json").read_text())
+        return state["deploys"]
+
+
+class Watch:
+    """`kerneldev watch ARGS` in the background; its stdout lines arrive on a queue."""
+
+    def __init__(self, setup: Setup, *args: str) -> None:
+        self.proc = start_kerneldev("--config", str(setup.config), "watch", *args)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def line(self, match) -> str:
+        """The next stdout line for which `match(line)` is true."""
+        while True:
+            try:
+                line = self.lines.get(timeout=WAIT)
+            except queue.Empty:
+                raise AssertionError(f"no matching line; saw: {self.seen}") from None
+            if line is None:
+                err = self.proc.stderr.read() if self.proc.stderr else ""
+                raise AssertionError(f"watch ended early ({self.proc.poll()}): {self.seen}\n{err}")
+            self.seen.append(line)
+            if match(line):
+                return line
+
+    def event(self, kind: str) -> dict:
+        """The next JSON event of this kind (with --json)."""
+        return json.loads(self.line(lambda s: json.loads(s)["kind"] in (kind, "error")))
+
+    def stop(self, sig: int = signal.SIGINT) -> tuple[int, list[str], str]:
+        """Send `sig` as a terminal would; (exit code, the remaining stdout lines, stderr)."""
+        os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=WAIT)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        rest = []
+        while True:
+            line = self.lines.get(timeout=WAIT)
+            if line is None:
+                break
+            rest.append(line)
+        self.seen += rest
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        return self.proc.returncode, rest, err
+
+
+@pytest.fixture
+def setup(sshd_server, tmp_path, isolated_home) -> Setup:
+    return Setup(tmp_path, sshd_server)
+
+
+def pushes(lines: list[str]) -> list[dict]:
+    return [e for e in map(json.loads, lines) if e["kind"] == "push"]
+
+
+def test_a_plain_save_is_live_once(setup: Setup):
+    """The human output: a ready line, one line for the save, a line when Ctrl-C stops it."""
+    watch = Watch(setup)
+    ready = watch.line(lambda s: "watching" in s)
+    assert "2 file(s) of h" in ready
+    new = ORIGINAL_A + b"# tuned\n"
+    (setup.workspace / A).write_bytes(new)
+    line = watch.line(lambda s: "#1" in s)
+    assert f"pushed {A} as " in line
+    assert (setup.root / A).read_bytes() == new
+    assert (setup.root / B).read_bytes() == ORIGINAL_B
+    code, rest, err = watch.stop()
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert [s for s in watch.seen if " #" in s] == [line]  # one push, no second one
+    assert rest and "stopped watching h (SIGINT) after 1 push(es)" in rest[-1]
+    history, deploys = setup.history(), setup.deploys()
+    assert len(history) == 1 and len(deploys) == 1
+    assert history[0]["id"] == deploys[0]["id"] and history[0]["kind"] == "push"
+    assert [f["path"] for f in history[0]["files"]] == [A]
+    backup = setup.root / ".kerneldev" / "backups" / history[0]["id"] / A
+    assert backup.read_bytes() == ORIGINAL_A
+    assert not (setup.root / ".kerneldev" / "lock").exists()  # released after the push
+
+
+def test_editor_saves_give_one_push_each(setup: Setup):
+    """Save by temp file + rename (most editors), then as vim does by default (4913 probe,
+    backup~ made by renaming the file, new file written in several writes, backup removed)."""
+    watch = Watch(setup, "--json")
+    watch.event("ready")
+    folder = (setup.workspace / A).parent
+    first = ORIGINAL_A + b"# saved via rename\n"
+    tmp = folder / ".flash_mla_sm120_triton.py.tmp"
+    with open(tmp, "wb") as f:
+        f.write(first[:10])
+        f.flush()
+        f.write(first[10:])
+    os.replace(tmp, setup.workspace / A)
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert (setup.root / A).read_bytes() == first
+
+    second = first + b"# saved by vim\n"
+    probe = folder / "4913"
+    probe.write_bytes(b"")
+    probe.unlink()
+    os.rename(setup.workspace / A, folder / "flash_mla_sm120_triton.py~")
+    with open(setup.workspace / A, "wb") as f:
+        for i in range(0, len(second), 8):
+            f.write(second[i : i + 8])
+            f.flush()
+    (folder / "flash_mla_sm120_triton.py~").unlink()
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert (setup.root / A).read_bytes() == second
+
+    code, rest, err = watch.stop()
+    assert code == 0, err
+    assert len(pushes(watch.seen)) == 2  # one push per save, nothing for the temp files
+    stopped = json.loads(rest[-1])
+    assert stopped["kind"] == "stopped" and stopped["waiting"] == []
+    assert len(setup.history()) == 2
+    assert not (setup.root / A).with_name("flash_mla_sm120_triton.py~").exists()
+    assert not (setup.root / A).with_name("4913").exists()
+
+
+def test_a_drifted_file_is_refused_and_watch_goes_on(setup: Setup):
+    watch = Watch(setup, "--json")
+    watch.event("ready")
+    hotfix = ORIGINAL_B + b"# hotfix made on the host\n"
+    (setup.root / B).write_bytes(hotfix)
+    (setup.workspace / B).write_bytes(ORIGINAL_B + b"# my edit\n")
+    event = watch.event("push")
+    assert event["outcome"] == "refused", event
+    assert [(f["path"], f["status"]) for f in event["refused"]] == [(B, "conflict")]
+    assert event["deployed"] == [] and event["deploy_id"] is None
+    assert (setup.root / B).read_bytes() == hotfix  # not overwritten
+
+    # Still watching: the next save of another file goes out.
+    (setup.workspace / A).write_bytes(ORIGINAL_A + b"# next\n")
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert (setup.root / B).read_bytes() == hotfix
+
+    code, rest, err = watch.stop(signal.SIGTERM)
+    assert code == 0, err
+    assert json.loads(rest[-1])["signal"] == "SIGTERM"
+    assert [r["files"][0]["path"] for r in setup.history()] == [A]
+
+
+def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
+    fresh_sshd, tmp_path, isolated_home
+):
+    setup = Setup(tmp_path, fresh_sshd)
+    watch = Watch(setup, "--json")
+    watch.event("ready")
+    kill_sshd_and_sessions(fresh_sshd)  # the host goes away with the watch's connection
+    new = ORIGINAL_A + b"# saved while the host was away\n"
+    (setup.workspace / A).write_bytes(new)
+    lost = watch.event("disconnected")
+    assert lost["waiting"] == [A] and lost["attempt"] == 1
+    fresh_sshd.start()
+    back = watch.event("reconnected")
+    assert back["waiting"] == [A]
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert (setup.root / A).read_bytes() == new
+    code, _, err = watch.stop()
+    assert code == 0, err
+    assert len(setup.history()) == 1
+
+
+# --- usage, without a watch running --------------------------------------------------------
+
+
+def test_bad_usage_exits_2_before_watching(setup: Setup):
+    run = setup.kd("watch", "--bench", "B=1,H=oops")
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+    run = setup.kd("watch", "no/such/file.py", "--json")
+    assert run.returncode == 2, run.stderr
+    assert json.loads(run.stdout.splitlines()[-1])["error"]["code"] == 2
+    data = yaml.safe_load(setup.config.read_text())
+    data["groups"] = {"fleet": ["h"]}
+    setup.config.write_text(yaml.safe_dump(data))
+    run = setup.kd("watch", "--host", "fleet")
+    assert run.returncode == 2 and "one host" in run.stderr, run.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "temp"),
+    [
+        ("flash_mla.py~", True),
+        ("4913", True),
+        (".flash_mla.py.swp", True),
+        (".#flash_mla.py", True),
+        ("#flash_mla.py#", True),
+        ("flash_mla.py.tmp", True),
+        ("flash_mla.py", False),
+        ("flash_mla_sm120_triton.py", False),
+    ],
+)
+def test_editor_temporaries_are_recognised(name: str, temp: bool):
+    assert is_editor_temp(name) is temp
