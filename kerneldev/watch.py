@@ -505,7 +505,13 @@ class Watcher:
         started = time.monotonic()
         try:
             self._push_locked(event, existing, started)
-        except interrupt.Interrupted:
+        except interrupt.Interrupted as err:
+            # As `push` says it: what landed (the deploy record has it too) and what did not.
+            if "\nDeployed: " not in err.message:
+                if event.deploy_id:
+                    err.message += f"\nDeployed: {', '.join(event.deployed)} as {event.deploy_id}"
+                else:
+                    err.message += "\nDeployed: (none)\nNot deployed: " + ", ".join(existing)
             raise
         except HostKeyError:
             raise
@@ -522,7 +528,13 @@ class Watcher:
                 return False
         self.last_contact = time.monotonic()
         if event.outcome == PUSHED and self.options.bench_shapes is not None:
-            event.check = self._check()
+            try:
+                event.check = self._check()
+            except interrupt.Interrupted:
+                # The push is complete: its line still comes, then the signal ends the watch.
+                event.check = CheckSummary(False, "error", message="interrupted")
+                self.on_event(event)
+                raise
         self.on_event(event)
         return True
 
@@ -611,7 +623,7 @@ class Watcher:
             second = "healthy again with the previous files"
         except ServiceError as err:
             second = f"still not healthy after the rollback: {err.message}"
-        event.message = f"{first}; rolled back as {undo.deploy_id}: {second}"
+        event.message = f"{first}; after the rollback: {second}"
         event.hint = "fix the kernel and save again"
 
     def _check(self) -> CheckSummary:

@@ -6,19 +6,23 @@ hanging it; nothing asserts how fast anything happens."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import queue
 import signal
-import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from kerneldev.cli.environment import Environment
+from kerneldev.cli.main import main
 from kerneldev.watch import is_editor_temp
-from tests.clirun import run_kerneldev, start_kerneldev
+from tests.clirun import start_kerneldev
 from tests.sshutil import kill_sshd_and_sessions, ssh_entry
 
 A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
@@ -42,11 +46,15 @@ class Setup:
         entry.update(host)
         self.config = tmp_path / "hosts.yaml"
         self.config.write_text(yaml.safe_dump({"default": "h", "hosts": {"h": entry}}))
-        pulled = self.kd("pull")
-        assert pulled.returncode == 0, pulled.stderr
+        code, _, err = self.kd("pull")
+        assert code == 0, err
 
-    def kd(self, *args: str) -> subprocess.CompletedProcess:
-        return run_kerneldev("--config", str(self.config), *args, timeout=WAIT)
+    def kd(self, *args: str) -> tuple[int, str, str]:
+        """`kerneldev --config <this> ARGS` in this process: (exit code, stdout, stderr)."""
+        out, err = io.StringIO(), io.StringIO()
+        env = Environment(stdout=out, stderr=err, stdin=io.StringIO())
+        code = main(["--config", str(self.config), *args], env=env)
+        return int(code), out.getvalue(), err.getvalue()
 
     def history(self) -> list[dict]:
         path = self.root / ".kerneldev" / "history.jsonl"
@@ -116,6 +124,15 @@ def setup(sshd_server, tmp_path, isolated_home) -> Setup:
     return Setup(tmp_path, sshd_server)
 
 
+def wait_until(condition) -> bool:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def pushes(lines: list[str]) -> list[dict]:
     return [e for e in map(json.loads, lines) if e["kind"] == "push"]
 
@@ -148,7 +165,7 @@ def test_a_plain_save_is_live_once(setup: Setup):
 def test_editor_saves_give_one_push_each(setup: Setup):
     """Save by temp file + rename (most editors), then as vim does by default (4913 probe,
     backup~ made by renaming the file, new file written in several writes, backup removed)."""
-    watch = Watch(setup, "--json")
+    watch = Watch(setup, "--json", "--no-import-check")
     watch.event("ready")
     folder = (setup.workspace / A).parent
     first = ORIGINAL_A + b"# saved via rename\n"
@@ -214,7 +231,7 @@ def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
     fresh_sshd, tmp_path, isolated_home
 ):
     setup = Setup(tmp_path, fresh_sshd)
-    watch = Watch(setup, "--json")
+    watch = Watch(setup, "--json", "--no-import-check")
     watch.event("ready")
     kill_sshd_and_sessions(fresh_sshd)  # the host goes away with the watch's connection
     new = ORIGINAL_A + b"# saved while the host was away\n"
@@ -236,16 +253,16 @@ def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
 
 
 def test_bad_usage_exits_2_before_watching(setup: Setup):
-    run = setup.kd("watch", "--bench", "B=1,H=oops")
-    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
-    run = setup.kd("watch", "no/such/file.py", "--json")
-    assert run.returncode == 2, run.stderr
-    assert json.loads(run.stdout.splitlines()[-1])["error"]["code"] == 2
+    code, _, err = setup.kd("watch", "--bench", "B=1,H=oops")
+    assert code == 2 and "bad shape spec" in err, err
+    code, out, err = setup.kd("watch", "no/such/file.py", "--json")
+    assert code == 2 and "is not one of the files configured" in err, err
+    assert json.loads(out.splitlines()[-1])["error"]["code"] == 2
     data = yaml.safe_load(setup.config.read_text())
     data["groups"] = {"fleet": ["h"]}
     setup.config.write_text(yaml.safe_dump(data))
-    run = setup.kd("watch", "--host", "fleet")
-    assert run.returncode == 2 and "one host" in run.stderr, run.stderr
+    code, _, err = setup.kd("watch", "--host", "fleet")
+    assert code == 2 and "works on one host" in err, err
 
 
 @pytest.mark.parametrize(
@@ -263,3 +280,53 @@ def test_bad_usage_exits_2_before_watching(setup: Setup):
 )
 def test_editor_temporaries_are_recognised(name: str, temp: bool):
     assert is_editor_temp(name) is temp
+
+
+def test_ctrl_c_while_a_push_waits_for_health_ends_it_as_push_does(
+    sshd_server, tmp_path, isolated_home
+):
+    """Ctrl-C in flight (the service never gets healthy): exit 130 with push's `Deployed:`
+    summary, the deploy complete and recorded, the host's lock released."""
+    waiting = tmp_path / "health-checked"
+    service = {"restart": "true", "health": f"touch '{waiting}'; false", "timeout": 300}
+    setup = Setup(tmp_path, sshd_server, service=service)
+    watch = Watch(setup, "--json", "--restart", "--no-import-check")
+    watch.event("ready")
+    new = ORIGINAL_A + b"# tuned\n"
+    (setup.workspace / A).write_bytes(new)
+    assert wait_until(waiting.exists)  # pushed, restarted, now waiting for health
+    code, rest, err = watch.stop()
+    assert code == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    error = json.loads(rest[-1])  # JSON lines to the end
+    assert error["kind"] == "error" and error["error"]["code"] == 130
+    assert f"Deployed: {A} as " in error["error"]["message"]
+    assert (setup.root / A).read_bytes() == new
+    assert len(setup.history()) == 1 and setup.history()[0]["complete"] is True
+    assert not (setup.root / ".kerneldev" / "lock").exists()
+
+
+def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
+    """--bench: the bundled kernel saved over the workspace copy is pushed, then checked on the
+    host (Triton interpreter, one tiny shape) and its verdict is in the push's event."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from kerneldev.harness import bundled_file
+
+    setup = Setup(tmp_path, sshd_server, python=sys.executable)
+    shape = "B=1,H=16,topk=16,page=16"
+    watch = Watch(
+        setup, "--json", "--no-import-check", "--bench", shape, "--cpu", "--variants", "simt"
+    )
+    watch.event("ready")
+    kernel = bundled_file("flash_mla_sm120_triton.py").read_bytes()
+    (setup.workspace / A).write_bytes(kernel)
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    check = event["check"]
+    assert (check["verdict"], check["ok"], check["failed"]) == ("ok", True, []), check
+    assert check["median_us"]["simt"] > 0 and check["cpu"] is True
+    assert Path(check["saved_to"]).is_file()
+    assert (setup.root / A).read_bytes() == kernel
+    code, _, err = watch.stop()
+    assert code == 0, err

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kerneldev import host_lock
+from kerneldev import host_lock, interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import print_error, print_line, to_jsonable
@@ -113,7 +113,10 @@ def watch_command(
             raise
         # JSON lines stay JSON lines: the error is one more object, then the exit code.
         _json_line({"kind": "error", "host": host.name, "error": _error(err)})
-        print_error(err.message, err.hint)
+        if isinstance(err, interrupt.Interrupted):
+            interrupt.consume()  # reported here; kerneldev's main says "interrupted" (130/143)
+        else:
+            print_error(err.message, err.hint)
         raise typer.Exit(int(err.exit_code)) from None
     finally:
         status.stop()
@@ -241,7 +244,8 @@ def _check_part(check: watch.CheckSummary) -> str:
     )
     ratios = ", ".join(f"{label} {s:.2f}x" for label, s in check.speedup.items() if s)
     text = "check ok" if check.ok else f"check FAILED ({'; '.join(check.failed)})"
-    text += f": {times}" + (f" ({ratios})" if ratios else "")
+    took = f" in {check.seconds:.1f}s" if check.seconds is not None else ""
+    text += f"{took}: {times}" + (f" ({ratios})" if ratios else "")
     if check.cpu:
         text += " [interpreter: times meaningless]"
     return text
