@@ -268,7 +268,8 @@ class _FileChanges:
 
     def stop(self) -> None:
         self.stop_event.set()
-        self.thread.join(timeout=2)
+        if self.thread.is_alive():
+            self.thread.join(timeout=2)
 
 
 class Watcher:
@@ -319,6 +320,14 @@ class Watcher:
             return rel in self.selected
         return is_configured(self.host, rel)
 
+    def _named(self, rels: list[str] | None) -> list[str] | None:
+        """Root-relative paths as absolute workspace paths: what `sync` reads them as
+        whatever the current folder is (a relative one could be read from there)."""
+        if rels is None:
+            return None
+        workspace = Path(os.path.abspath(self.host.workspace))
+        return [str(workspace / rel) for rel in rels]
+
     def _event(self, kind: str, **fields) -> WatchEvent:
         event = WatchEvent(kind=kind, host=self.host.name, time=now_iso(), **fields)
         self.on_event(event)
@@ -334,7 +343,7 @@ class Watcher:
             Path(self.host.workspace), self.tracked, int(self.options.debounce * 1000)
         )
         try:
-            plan = sync.plan_push(self.transport, self.host, self.selected)  # connects
+            plan = sync.plan_push(self.transport, self.host, self._named(self.selected))
             self.last_contact = time.monotonic()
             changes.start()
             edited = [f.path for f in plan.uploads]
@@ -574,7 +583,7 @@ class Watcher:
         in `event.refused`. None when every file was refused."""
         assert self.transport is not None
         push = lambda chosen: sync.push(  # noqa: E731
-            self.transport, self.host, chosen, import_check=self.options.import_check
+            self.transport, self.host, self._named(chosen), import_check=self.options.import_check
         )
         try:
             return push(paths)

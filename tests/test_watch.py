@@ -23,6 +23,7 @@ from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.watch import is_editor_temp
 from tests.clirun import start_kerneldev
+from tests.sshd import free_port
 from tests.sshutil import kill_sshd_and_sessions, ssh_entry
 
 A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
@@ -164,8 +165,9 @@ def test_a_plain_save_is_live_once(setup: Setup):
 
 def test_editor_saves_give_one_push_each(setup: Setup):
     """Save by temp file + rename (most editors), then as vim does by default (4913 probe,
-    backup~ made by renaming the file, new file written in several writes, backup removed)."""
-    watch = Watch(setup, "--json", "--no-import-check")
+    backup~ made by renaming the file, new file written in several writes, backup removed).
+    Only the PATHS named are watched: a save of another configured file is not pushed."""
+    watch = Watch(setup, "--json", "--no-import-check", A)
     watch.event("ready")
     folder = (setup.workspace / A).parent
     first = ORIGINAL_A + b"# saved via rename\n"
@@ -179,6 +181,7 @@ def test_editor_saves_give_one_push_each(setup: Setup):
     assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
     assert (setup.root / A).read_bytes() == first
 
+    (setup.workspace / B).write_bytes(ORIGINAL_B + b"# not watched\n")
     second = first + b"# saved by vim\n"
     probe = folder / "4913"
     probe.write_bytes(b"")
@@ -190,8 +193,9 @@ def test_editor_saves_give_one_push_each(setup: Setup):
             f.flush()
     (folder / "flash_mla_sm120_triton.py~").unlink()
     event = watch.event("push")
-    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert (event["outcome"], event["changed"], event["deployed"]) == ("pushed", [A], [A])
     assert (setup.root / A).read_bytes() == second
+    assert (setup.root / B).read_bytes() == ORIGINAL_B
 
     code, rest, err = watch.stop()
     assert code == 0, err
@@ -252,7 +256,7 @@ def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
 # --- usage, without a watch running --------------------------------------------------------
 
 
-def test_bad_usage_exits_2_before_watching(setup: Setup):
+def test_bad_usage_exits_2_and_an_unreachable_host_3_before_watching(setup: Setup):
     code, _, err = setup.kd("watch", "--bench", "B=1,H=oops")
     assert code == 2 and "bad shape spec" in err, err
     code, out, err = setup.kd("watch", "no/such/file.py", "--json")
@@ -263,6 +267,11 @@ def test_bad_usage_exits_2_before_watching(setup: Setup):
     setup.config.write_text(yaml.safe_dump(data))
     code, _, err = setup.kd("watch", "--host", "fleet")
     assert code == 2 and "works on one host" in err, err
+    data["hosts"]["h"]["port"] = free_port()  # nothing listens there
+    setup.config.write_text(yaml.safe_dump(data))
+    code, out, err = setup.kd("watch", "--json")
+    assert code == 3 and "Traceback" not in err, err
+    assert [json.loads(line)["kind"] for line in out.splitlines()] == ["error"]
 
 
 @pytest.mark.parametrize(
