@@ -398,7 +398,6 @@ class Watcher:
     def _next_burst(self, changes: _FileChanges) -> set[str]:
         """The paths of the next burst of saves (empty when there was none before the next
         keepalive or reconnect is due, or a signal came)."""
-        now = time.monotonic()
         if self.down_since is not None:
             until = self.next_attempt
         else:
@@ -415,7 +414,7 @@ class Watcher:
                 burst |= got
         # More changes within `debounce` belong to the same save.
         quiet_until = time.monotonic() + self.options.debounce
-        cap = now + MAX_BURST
+        cap = time.monotonic() + MAX_BURST
         while not interrupt.requested():
             left = min(quiet_until, cap) - time.monotonic()
             if left <= 0:

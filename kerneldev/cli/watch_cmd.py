@@ -233,6 +233,7 @@ def _push_parts(event: watch.WatchEvent) -> list[str]:
         parts.append(f"FAILED: {event.message}")
     if event.check is not None:
         parts.append(_check_part(event.check))
+    parts += [f"note: {note}" for note in event.notes]  # a stale lock taken over, leftovers
     return parts
 
 
