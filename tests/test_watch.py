@@ -209,8 +209,13 @@ def test_editor_saves_give_one_push_each(setup: Setup):
     assert not (setup.root / A).with_name("4913").exists()
 
 
-def test_a_drifted_file_is_refused_and_watch_goes_on(setup: Setup):
-    watch = Watch(setup, "--json")
+def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isolated_home):
+    """A conflict is refused and left alone; the watch goes on: with --restart, a save whose
+    service never gets healthy is rolled back, and the next save is live."""
+    sick = tmp_path / "service-is-sick"
+    service = {"restart": "true", "health": f"test ! -e '{sick}'", "timeout": 1}
+    setup = Setup(tmp_path, sshd_server, service=service)
+    watch = Watch(setup, "--json", "--restart", "--no-import-check")
     watch.event("ready")
     hotfix = ORIGINAL_B + b"# hotfix made on the host\n"
     (setup.root / B).write_bytes(hotfix)
@@ -221,16 +226,27 @@ def test_a_drifted_file_is_refused_and_watch_goes_on(setup: Setup):
     assert event["deployed"] == [] and event["deploy_id"] is None
     assert (setup.root / B).read_bytes() == hotfix  # not overwritten
 
-    # Still watching: the next save of another file goes out.
-    (setup.workspace / A).write_bytes(ORIGINAL_A + b"# next\n")
+    sick.touch()
+    (setup.workspace / A).write_bytes(ORIGINAL_A + b"# breaks the service\n")
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("rolled-back", [A]), event
+    assert event["health"]["healthy"] is False and event["rollback_id"]
+    assert (setup.root / A).read_bytes() == ORIGINAL_A
+
+    sick.unlink()
+    fixed = ORIGINAL_A + b"# fixed\n"
+    (setup.workspace / A).write_bytes(fixed)
     event = watch.event("push")
     assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+    assert event["health"]["healthy"] is True
+    assert (setup.root / A).read_bytes() == fixed
     assert (setup.root / B).read_bytes() == hotfix
 
     code, rest, err = watch.stop(signal.SIGTERM)
     assert code == 0, err
     assert json.loads(rest[-1])["signal"] == "SIGTERM"
-    assert [r["files"][0]["path"] for r in setup.history()] == [A]
+    kinds = [(r["kind"], r["outcome"]) for r in setup.history()]
+    assert kinds == [("push", "deployed"), ("rollback", "auto-rollback"), ("push", "deployed")]
 
 
 def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
