@@ -453,6 +453,10 @@ class Watcher:
         transport = self.opener(self.host, connect_timeout=RECONNECT_TIMEOUT)
         try:
             transport.run("true", timeout=RECONNECT_TIMEOUT * 2)
+        except interrupt.Interrupted:
+            with interrupt.shield():
+                transport.close()
+            return  # Ctrl-C while reconnecting: between events, the loop ends the watch
         except HostKeyError:
             transport.close()
             raise  # a changed host key is not a dropped connection: stop and say so
@@ -477,6 +481,8 @@ class Watcher:
         assert self.transport is not None
         try:
             self.transport.run("true", timeout=10)
+        except interrupt.Interrupted:
+            return True  # Ctrl-C during an idle check: the loop ends the watch (exit 0)
         except HostKeyError:
             raise
         except HostConnectionError as err:
