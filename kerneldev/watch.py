@@ -385,7 +385,7 @@ class Watcher:
                     if self._push(paths):
                         pending.clear()
                 elif time.monotonic() - self.last_contact >= self.options.keepalive:
-                    self._keepalive([])
+                    self._keepalive()
         finally:
             with interrupt.shield():
                 changes.stop()
@@ -476,22 +476,27 @@ class Watcher:
             waiting=list(waiting),
         )
 
-    def _keepalive(self, waiting: list[str]) -> bool:
-        """Check the idle connection; False (and a reconnect scheduled) when it is gone."""
+    def _probe(self) -> HostConnectionError | None:
+        """One round trip on the connection: the error when it is gone, else None."""
         assert self.transport is not None
         try:
             self.transport.run("true", timeout=10)
         except interrupt.Interrupted:
-            return True  # Ctrl-C during an idle check: the loop ends the watch (exit 0)
+            return None  # Ctrl-C during the check: the loop ends the watch (exit 0)
         except HostKeyError:
             raise
         except HostConnectionError as err:
-            self._lost(err, waiting)
-            return False
+            return err
         except KerneldevError:
             pass  # a slow host is not a lost connection
         self.last_contact = time.monotonic()
-        return True
+        return None
+
+    def _keepalive(self) -> None:
+        """Check the idle connection; schedule a reconnect when it is gone."""
+        lost = self._probe()
+        if lost is not None:
+            self._lost(lost, [])
 
     # --- one burst -------------------------------------------------------------------------
     def _push(self, paths: list[str]) -> bool:
@@ -530,14 +535,23 @@ class Watcher:
         except HostKeyError:
             raise
         except KerneldevError as err:
-            if not isinstance(err, HostConnectionError) and self._keepalive(paths):
+            lost = err if isinstance(err, HostConnectionError) else self._probe()
+            if lost is None:
                 event.outcome = FAILED
                 event.message, event.hint = err.message, err.hint
+            elif event.deploy_id:
+                # Lost after the deploy (during the restart or its rollback): the files are
+                # live and recorded; pushing them again would change nothing, so say so.
+                event.outcome = FAILED
+                event.message = f"the connection was lost after the push: {lost.message}"
+                event.hint = "the pushed files are live; run `kerneldev restart` if needed"
+                self.on_event(event)
+                self._lost(lost, [])
+                return True
             else:
                 # The connection went away: nothing is lost (uploads are atomic, the record
                 # lists what landed); the burst is pushed again once reconnected.
-                if isinstance(err, HostConnectionError):
-                    self._lost(err, paths)
+                self._lost(lost, paths)
                 self.seq -= 1
                 return False
         self.last_contact = time.monotonic()
