@@ -12,7 +12,7 @@ from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import print_error, print_line, to_jsonable
 from kerneldev.config import load_config
-from kerneldev.errors import KerneldevError
+from kerneldev.errors import ExitCode, KerneldevError
 
 if TYPE_CHECKING:
     from kerneldev import watch
@@ -114,8 +114,8 @@ def watch_command(
         # JSON lines stay JSON lines: the error is one more object, then the exit code.
         _json_line({"kind": "error", "host": host.name, "error": _error(err)})
         if isinstance(err, interrupt.Interrupted):
-            interrupt.consume()  # reported here; kerneldev's main says "interrupted" (130/143)
-        else:
+            interrupt.consume()  # reported here, not again when the command returns
+        if err.exit_code != ExitCode.INTERRUPTED:  # for 130 kerneldev's main says "interrupted"
             print_error(err.message, err.hint)
         raise typer.Exit(int(err.exit_code)) from None
     finally:
