@@ -21,7 +21,16 @@ from kerneldev.errors import ExitCode, KerneldevError
 
 _pending: int | None = None
 _active = False
-_shielded = 0
+
+
+class _Shields(threading.local):
+    """Per thread: a clean-up shielded in one host's worker thread (kerneldev/fleet.py) must
+    not keep Ctrl-C from the others, and the count is never updated by two threads at once."""
+
+    count = 0
+
+
+_shields = _Shields()
 
 
 class Interrupted(KerneldevError):
@@ -41,13 +50,13 @@ def pending() -> int | None:
 
 def requested() -> bool:
     """True when `check()` would raise: a signal is pending and no clean-up is shielded."""
-    return _pending is not None and not _shielded
+    return _pending is not None and not _shields.count
 
 
 def check() -> None:
     """Raise `Interrupted` if a signal arrived since `deferred_signals()` began (not inside
     `shield()`)."""
-    if _pending is not None and not _shielded:
+    if _pending is not None and not _shields.count:
         raise Interrupted(_pending)
 
 
@@ -64,12 +73,11 @@ def consume() -> int | None:
 def shield() -> Iterator[None]:
     """Clean-up that must finish (remove temporary files, release the lock, save the record):
     `check()` does not raise inside it."""
-    global _shielded
-    _shielded += 1
+    _shields.count += 1
     try:
         yield
     finally:
-        _shielded -= 1
+        _shields.count -= 1
 
 
 @contextmanager
@@ -88,7 +96,7 @@ def set_aside() -> Iterator[None]:
 
 def _handler(signum: int, _frame) -> None:
     global _pending
-    if _pending is not None and not _shielded:
+    if _pending is not None and not _shields.count:
         raise Interrupted(signum)  # second signal: stop now, wherever we are
     _pending = signum
 
