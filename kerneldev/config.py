@@ -66,6 +66,9 @@ class HostConfig:
     python: str = "python3"  # interpreter on the host for the bench harness
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for bench on the host
     keep_backups: int = 20  # host backups are pruned to those of the last N deploys
+    # Other hosts of this host's groups with the same `workspace`: they share it, each with its
+    # own record in its state file (state.py); filled by the loader from `groups:`.
+    workspace_peers: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -342,6 +345,7 @@ class _Validator:
             for name, (_, value_node) in host_items.items()
         }
         groups = self._groups(items["groups"][1], hosts) if "groups" in items else {}
+        hosts = _with_workspace_peers(hosts, groups)
         default = None
         if "default" in items:
             default_node = items["default"][1]
@@ -569,6 +573,25 @@ class _Validator:
         if isinstance(v, bool) or not isinstance(v, (str, int)):
             raise self.fail(node, kp, f"must be a string or an integer, got {_describe(v)}")
         return str(v)
+
+
+def _with_workspace_peers(
+    hosts: dict[str, HostConfig], groups: dict[str, tuple[str, ...]]
+) -> dict[str, HostConfig]:
+    """Hosts that are in a group together and name the same workspace may share it."""
+    out = {}
+    for name, host in hosts.items():
+        peers = sorted(
+            {
+                other
+                for members in groups.values()
+                if name in members
+                for other in members
+                if other != name and hosts[other].workspace == host.workspace
+            }
+        )
+        out[name] = dataclasses.replace(host, workspace_peers=tuple(peers)) if peers else host
+    return out
 
 
 _VARIANT_NAME = re.compile(r"[A-Za-z0-9_.-]+")

@@ -138,7 +138,7 @@ def install(
                 )
             targets.append((s.wrapper, WRAPPER_FILE, "wrapper"))
     paths = [t[0] for t in targets]
-    state = load_state(host.workspace)
+    state = load_state(host.workspace, host.name)
     workspace = Path(host.workspace)
     stale = [
         p

@@ -177,7 +177,7 @@ def pull(
                 state.set_base(path, sha, size, mode, "pull")
 
         with interrupt.shield():
-            update_state(workspace, change)
+            update_state(workspace, change, host.name)
     return result
 
 
@@ -573,7 +573,7 @@ def _save(
         if record is not None and all(d.id != record.id for d in state.deploys):
             state.deploys.append(record)
 
-    update_state(Path(host.workspace), change)
+    update_state(Path(host.workspace), change, host.name)
 
 
 def _append_history(transport: Transport, host: HostConfig, record: DeployRecord) -> None:
@@ -637,7 +637,7 @@ class RollbackResult:
 def deploy_history(transport: Transport, host: HostConfig) -> list[DeployRecord]:
     """Every deploy known: the host's shared history plus this workspace's records (a deploy
     cut off before it reached the host's history), in time order."""
-    records = {r.id: r for r in load_state(host.workspace).deploys}
+    records = {r.id: r for r in load_state(host.workspace, host.name).deploys}
     records.update({r.id: r for r in history.load_history(transport, host.root).records})
     return [records[k] for k in sorted(records)]
 
@@ -700,7 +700,7 @@ def rollback(
     With `to`: put every file changed since deploy `to` back to its bytes right after it.
     Recorded as a deploy of its own, so a second rollback re-applies what the first undid.
     Call it holding the host lock."""
-    state = load_state(host.workspace)
+    state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     records = deploy_history(transport, host)
     target, todo, _ = _restore_plan(records, to)

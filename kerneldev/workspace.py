@@ -200,7 +200,7 @@ def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None)
     """The files to act on (`selected`, or every file the configured entries match on the host,
     in the workspace or in the last sync) with their three sides. Raises `FileSetError` when a
     configured glob matches nothing anywhere."""
-    state = load_state(host.workspace)
+    state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     live_files, _ = transport.hash_files(host.root, hash_patterns(host, selected))
     live = {f.path: f for f in live_files}
@@ -253,9 +253,19 @@ def _empty_entries_error(transport: Transport, host: HostConfig, empty: list[str
 
 
 def check_state_owner(state: State, host: HostConfig) -> None:
-    """One workspace belongs to one host and root: bases recorded for another would make every
-    status (and push's drift check) meaningless."""
+    """A workspace belongs to one host and root, or is shared by the hosts of a group (each
+    with its own record, `host.workspace_peers`): bases recorded for another host would make
+    every status (and push's drift check) meaningless."""
     if state.host is None:
+        strangers = [o for o in state.others if o not in host.workspace_peers]
+        if strangers:
+            raise StateError(
+                f"the workspace {host.workspace} belongs to host '{strangers[0]}', "
+                f"not to '{host.name}' (root {host.root})",
+                hint="give each host its own `workspace:`, or put the hosts that share it in a "
+                "group (`groups:` in hosts.yaml); if you renamed the host, edit 'host' in "
+                f"{state_path(host.workspace)}",
+            )
         return
     if (state.host, state.root) != (host.name, host.root):
         raise StateError(
