@@ -235,11 +235,11 @@ def run_in_waves(
     outcomes: list[HostOutcome] = []
     stopped_by: str | None = None
     for number, wave in enumerate(waves, 1):
+        if interrupt.requested() or any(o.status == INTERRUPTED for o in outcomes):
+            outcomes += [_not_started_by_signal(h.name) for h in wave]
+            continue
         if stopped_by is not None:
             outcomes += [skipped_outcome(h.name, stopped_by) for h in wave]
-            continue
-        if interrupt.requested():
-            outcomes += [_not_started_by_signal(h.name) for h in wave]
             continue
         if on_wave is not None:
             on_wave(number, wave)

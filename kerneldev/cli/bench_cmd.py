@@ -8,7 +8,14 @@ import typer
 
 from kerneldev import bench
 from kerneldev.cli import environment
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
+from kerneldev.cli.common import (
+    HOST_OPTION,
+    JSON_OPTION,
+    PARALLEL_OPTION,
+    config_path,
+    select_hosts,
+    variants_option,
+)
 from kerneldev.cli.output import (
     NUMBER,
     Cell,
@@ -20,7 +27,7 @@ from kerneldev.cli.output import (
     print_warning,
 )
 from kerneldev.config import load_config
-from kerneldev.errors import ExitCode
+from kerneldev.errors import ExitCode, UsageError
 from kerneldev.transport import open_transport
 
 VERDICT_STYLE = {
@@ -89,6 +96,7 @@ def bench_command(
         help="Input sets per shape (default 3).",
         show_default=False,
     ),
+    parallel: int = PARALLEL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
     # --- `bench --service`: decode timings of the running service ---
@@ -125,12 +133,20 @@ def bench_command(
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
     With --service: decode timings of the running service per variant (restarts it)."""
     config = load_config(config_path(ctx))
+    hosts = select_hosts(config, host_name)
     if on_service:
         from kerneldev.cli import service_bench_cmd
 
         if requests is None:
             levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
             requests = max(8, 4 * max(levels))
+        if len(hosts) > 1:
+            from kerneldev.cli import group_cmd
+
+            request = service_bench_cmd.make_request(
+                variants, concurrency, requests, input_len, max_new_tokens, rounds
+            )
+            return group_cmd.service_bench(config, hosts, request, parallel, as_json)
         code = service_bench_cmd.run(
             config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
             rounds, as_json,
@@ -138,10 +154,21 @@ def bench_command(
         if code:
             raise typer.Exit(code)
         return
-    host = config.host(host_name)
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
+    if len(hosts) > 1:
+        from kerneldev.cli import group_cmd
+
+        if compare_to is not None:
+            raise UsageError(
+                "--compare works on one host", hint="run it with --host NAME for that host"
+            )
+        return group_cmd.bench(
+            config, hosts, variant_list, shape_list, source=source, gpu=gpu, cpu=cpu,
+            rotate=rotate, parallel=parallel, as_json=as_json,
+        )  # fmt: skip
+    host = hosts[0]
     baseline = bench.load_result(compare_to) if compare_to else None
 
     with open_transport(host) as transport:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
-from kerneldev.config import Config, HostConfig, load_config
+from kerneldev.config import HOST_ENV, Config, HostConfig, load_config
 
 HOST_OPTION = typer.Option(
     None,
@@ -13,8 +15,16 @@ HOST_OPTION = typer.Option(
     # $KERNELDEV_HOST is read by Config.host (not by typer), so a typo in it is reported as
     # coming from the environment.
     help="Host name from the config (default: $KERNELDEV_HOST, then the host of the workspace "
-    "you are in, then the config's `default`, or its only host). May precede the subcommand.",
+    "you are in, then the config's `default`, or its only host). May precede the subcommand. "
+    "pull, diff, push, restart, rollback and bench also take a group name or a comma list.",
     show_default=False,
+)
+PARALLEL_OPTION = typer.Option(
+    8,  # kerneldev.fleet.DEFAULT_PARALLEL (not imported here: --help stays light)
+    "--parallel",
+    min=1,
+    metavar="N",
+    help="With a group of hosts: work on at most N hosts at a time (one connection each).",
 )
 JSON_OPTION = typer.Option(
     False, "--json", help="Print the result as JSON on stdout (also on failure)."
@@ -38,6 +48,22 @@ def load(ctx: typer.Context, host_name: str | None) -> tuple[Config, HostConfig]
     """The config (found as `load_config` says; ConfigError exits 2) and the chosen host."""
     config = load_config(config_path(ctx))
     return config, config.host(host_name)
+
+
+def load_hosts(ctx: typer.Context, host_name: str | None) -> tuple[Config, list[HostConfig]]:
+    """The config and the hosts `--host` names: one host exactly as `load` picks it (same
+    errors), or, for a group name or a comma list (also from $KERNELDEV_HOST or `default`),
+    every host of it (`Config.hosts_for`)."""
+    config = load_config(config_path(ctx))
+    return config, select_hosts(config, host_name)
+
+
+def select_hosts(config: Config, host_name: str | None) -> list[HostConfig]:
+    """See `load_hosts`."""
+    chosen = host_name or os.environ.get(HOST_ENV) or config.workspace_host or config.default
+    if chosen is not None and ("," in chosen or chosen in config.groups):
+        return config.hosts_for(host_name)
+    return [config.host(host_name)]
 
 
 def load_host(ctx: typer.Context, host_name: str | None) -> HostConfig:

@@ -9,7 +9,13 @@ import typer
 
 from kerneldev import drift, history, host_lock, interrupt, sync
 from kerneldev.cli import environment, output
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load, load_host
+from kerneldev.cli.common import (
+    HOST_OPTION,
+    JSON_OPTION,
+    PARALLEL_OPTION,
+    load_host,
+    load_hosts,
+)
 from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_with_progress
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
@@ -44,6 +50,15 @@ LOCK_WAIT_OPTION = typer.Option(
     "--lock-wait",
     metavar="SECONDS",
     help="How long to wait for another command's lock on the host.",
+)
+SERIAL_OPTION = typer.Option(
+    None,
+    "--serial",
+    min=1,
+    metavar="N",
+    help="With a group and --restart: restart in waves of N hosts (default 1); the first wave "
+    "with a host that does not become healthy stops the rest.",
+    show_default=False,
 )
 
 
@@ -122,11 +137,25 @@ def pull_command(
     force: bool = typer.Option(
         False, "--force", help="Overwrite workspace files that have unpushed edits."
     ),
+    from_host: str | None = typer.Option(
+        None,
+        "--from",
+        metavar="HOST",
+        help="With a group: the host to pull from (default: the group's first); the others "
+        "are compared with it.",
+        show_default=False,
+    ),
+    parallel: int = PARALLEL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy the live files from the host into the workspace (only what changed)."""
-    config, host = load(ctx, host_name)
+    config, hosts = load_hosts(ctx, host_name)
+    if len(hosts) > 1:
+        from kerneldev.cli import group_cmd
+
+        return group_cmd.pull(config, hosts, paths, force, from_host, parallel, as_json)
+    host = hosts[0]
     with _open(host) as transport:
         result = sync.pull(transport, host, paths, force=force, on_progress=_progress("pulling"))
     # The workspace now knows its config: kerneldev run inside it finds both.
@@ -169,11 +198,17 @@ def diff_command(
     patch: bool = typer.Option(
         False, "--patch", "-p", help="Print unified diffs (live vs workspace, mirror vs live)."
     ),
+    parallel: int = PARALLEL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Compare live, workspace, last sync and mirror. Exit 0 only when all is in sync."""
-    host = load_host(ctx, host_name)
+    _, hosts = load_hosts(ctx, host_name)
+    if len(hosts) > 1:
+        from kerneldev.cli import group_cmd
+
+        return group_cmd.diff(hosts, paths, patch, parallel, as_json)
+    host = hosts[0]
     with _open(host) as transport:
         report = drift.compute_drift(transport, host, paths, patch=patch)
         _report_leftovers(transport, host)
@@ -232,11 +267,30 @@ def push_command(
     ),
     break_lock: bool = BREAK_LOCK_OPTION,
     lock_wait: float = LOCK_WAIT_OPTION,
+    parallel: int = PARALLEL_OPTION,
+    serial: int | None = SERIAL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload the workspace files that differ from live: atomic, backed up, recorded."""
-    host = load_host(ctx, host_name)
+    _, hosts = load_hosts(ctx, host_name)
+    if len(hosts) > 1:
+        from kerneldev import fleet_ops
+        from kerneldev.cli import group_cmd
+
+        request = fleet_ops.PushRequest(
+            paths=paths,
+            force=force,
+            dry_run=dry_run,
+            restart=restart,
+            no_rollback=no_rollback,
+            import_check=not no_import_check,
+            create_root=create_root,
+            break_lock=break_lock,
+            lock_wait=lock_wait,
+        )
+        return group_cmd.push(hosts, request, parallel, serial, as_json)
+    host = hosts[0]
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
     with _open(host) as transport:
@@ -423,12 +477,28 @@ def rollback_command(
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     break_lock: bool = BREAK_LOCK_OPTION,
     lock_wait: float = LOCK_WAIT_OPTION,
+    parallel: int = PARALLEL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Put back the files replaced by the last deploy (anyone's, from the host's history);
     a second rollback re-applies it."""
-    host = load_host(ctx, host_name)
+    _, hosts = load_hosts(ctx, host_name)
+    if len(hosts) > 1:
+        from kerneldev import fleet_ops
+        from kerneldev.cli import group_cmd
+
+        request = fleet_ops.RollbackRequest(
+            force=force,
+            to=to,
+            dry_run=dry_run,
+            restart=restart,
+            import_check=not no_import_check,
+            break_lock=break_lock,
+            lock_wait=lock_wait,
+        )
+        return group_cmd.rollback(hosts, request, parallel, as_json)
+    host = hosts[0]
     if restart and not dry_run:
         require_service(host.service, host.name)
     result = None

@@ -55,6 +55,27 @@ def service_logs_shown(host):
         raise
 
 
+def make_request(
+    variants: str,
+    concurrency: str,
+    requests: int,
+    input_len: int,
+    max_new_tokens: int,
+    rounds: int,
+) -> service_bench.ServiceBenchRequest:
+    """The checked request (exit 2 on bad values, before connecting)."""
+    request = service_bench.ServiceBenchRequest(
+        variants=parse_variants(variants),
+        concurrency=service_bench.parse_concurrency(concurrency),
+        requests=requests,
+        input_len=input_len,
+        max_new_tokens=max_new_tokens,
+        rounds=rounds,
+    )
+    request.check()
+    return request
+
+
 def run(
     config: Config,
     host_name: str | None,
@@ -67,15 +88,7 @@ def run(
     as_json: bool,
 ) -> int:
     host = config.host(host_name)
-    request = service_bench.ServiceBenchRequest(
-        variants=parse_variants(variants),
-        concurrency=service_bench.parse_concurrency(concurrency),
-        requests=requests,
-        input_len=input_len,
-        max_new_tokens=max_new_tokens,
-        rounds=rounds,
-    )
-    request.check()
+    request = make_request(variants, concurrency, requests, input_len, max_new_tokens, rounds)
     check_variants(host, request.variants)  # exit 2 before connecting
     with open_transport(host) as transport, service_logs_shown(host):
         result = service_bench.run_service_bench(

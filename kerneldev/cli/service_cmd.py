@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from kerneldev import service as service_core
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, PARALLEL_OPTION, load_hosts
 from kerneldev.cli.host_steps import locked, restart_with_progress
 from kerneldev.cli.output import print_json
 from kerneldev.errors import RemoteCommandError
@@ -21,11 +21,26 @@ def restart_command(
     lock_wait: float = typer.Option(
         60.0, "--lock-wait", metavar="SECONDS", help="How long to wait for the host's lock."
     ),
+    parallel: int = PARALLEL_OPTION,
+    serial: int | None = typer.Option(
+        None,
+        "--serial",
+        min=1,
+        metavar="N",
+        help="With a group: restart in waves of N hosts; the first wave with a host that does "
+        "not become healthy stops the rest (default: all hosts at once, up to --parallel).",
+        show_default=False,
+    ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run the service's restart command on the host and wait until it is healthy."""
-    host = load_host(ctx, host_name)
+    _, hosts = load_hosts(ctx, host_name)
+    if len(hosts) > 1:
+        from kerneldev.cli import group_cmd
+
+        return group_cmd.restart(hosts, break_lock, lock_wait, parallel, serial, as_json)
+    host = hosts[0]
     service_core.require_service(host.service, host.name)
     with open_transport(host) as transport:
         _connect(transport)  # say "restarting" only once the host answered

@@ -1,0 +1,260 @@
+"""Host groups: three real loopback sshd instances stand in for a fleet (node0, node1, node2),
+sharing one workspace, driven through the CLI as a user would (`python -m kerneldev`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from kerneldev import fleet, interrupt
+from kerneldev.config import HostConfig
+from kerneldev.errors import ExitCode, HostConnectionError, RefusedError, UsageError
+from kerneldev.state import load_state
+from tests.clirun import run_kerneldev
+from tests.sshd import find_sshd, free_port, start_sshd
+from tests.sshutil import ssh_entry
+
+NODES = ("node0", "node1", "node2")
+FILES = ("k/a.py", "k/b.py")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    if find_sshd() is None:
+        pytest.skip("sshd is not installed (.ci/run installs openssh-server)")
+    started = [start_sshd(tmp_path_factory.mktemp(f"sshd-{n}")) for n in NODES]
+    yield dict(zip(NODES, started, strict=True))
+    for s in started:
+        s.stop()
+
+
+class Fleet:
+    """Three hosts on three sshds, each with its own live tree, one shared workspace."""
+
+    def __init__(self, tmp: Path, servers, unhealthy: str | None = None) -> None:
+        self.tmp = tmp
+        self.workspace = tmp / "ws"
+        self.roots = {n: tmp / f"live-{n}" for n in NODES}
+        self.old: dict[str, bytes] = {}
+        for root in self.roots.values():
+            for path in FILES:
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                data = f"# {path} v1\nx = 1\n".encode()
+                (root / path).write_bytes(data)
+                self.old[path] = data
+        hosts = {}
+        for name, server in servers.items():
+            (tmp / name).mkdir()
+            entry = ssh_entry(server, tmp / name)
+            root = self.roots[name]
+            # The host named `unhealthy` is healthy only while a.py has its old bytes: the
+            # new kernel "crashes its server".
+            health = f"grep -q v1 '{root / 'k/a.py'}'" if name == unhealthy else "true"
+            entry.update(
+                root=str(root),
+                files=["k/*.py"],
+                workspace=str(self.workspace),
+                service={
+                    "restart": f"echo restart >> '{tmp / ('restarts-' + name)}'",
+                    "health": health,
+                    "timeout": 1,
+                    "logs": f"echo {name} log: kernel crashed",
+                },
+            )
+            hosts[name] = entry
+        # A host nobody listens for: a port just freed.
+        down = ssh_entry(servers["node0"], tmp / "node0")
+        down.update(port=free_port(), root="/nonexistent", files=["k/*.py"])
+        down["workspace"] = str(tmp / "ws-down")
+        hosts["down"] = down
+        self.config = tmp / "hosts.yaml"
+        self.config.write_text(
+            json.dumps({"groups": {"fleet": list(NODES)}, "default": "node0", "hosts": hosts})
+        )
+
+    def kd(self, *args: str):
+        return run_kerneldev(
+            *args, env={"KERNELDEV_CONFIG": str(self.config), "KERNELDEV_HOST": ""}, timeout=120
+        )
+
+    def live(self, name: str, path: str) -> bytes:
+        return (self.roots[name] / path).read_bytes()
+
+    def restarts(self, name: str) -> int:
+        marker = self.tmp / f"restarts-{name}"
+        return marker.read_text().count("restart") if marker.exists() else 0
+
+
+def _entries(run) -> dict[str, dict]:
+    data = json.loads(run.stdout)
+    return {e["host"]: e for e in data["hosts"]}
+
+
+def test_group_push_restart_stops_at_the_unhealthy_wave_and_rolls_that_host_back(tmp_path, servers):
+    f = Fleet(tmp_path, servers, unhealthy="node1")
+    pull = f.kd("pull", "--host", "fleet", "--json")
+    assert pull.returncode == 0, pull.stderr
+    assert [e["status"] for e in json.loads(pull.stdout)["hosts"]] == ["ok", "ok", "ok"]
+
+    new = b"# k/a.py v2: the new kernel\nx = 2\n"
+    (f.workspace / "k/a.py").write_bytes(new)
+    run = f.kd("push", "--restart", "--serial", "1", "--host", "fleet", "--json")
+    assert run.returncode == int(ExitCode.FAILURE), run.stderr
+    entries = _entries(run)
+    assert list(entries) == list(NODES)  # one entry per host, in the group's order
+    assert [entries[n]["status"] for n in NODES] == ["ok", "failed", "skipped"]
+    assert entries["node0"]["result"]["health"]["healthy"] is True
+    failed = entries["node1"]
+    assert failed["error"]["type"] == "UnhealthyError"
+    assert "rolled back" in failed["error"]["message"]
+    assert failed["result"]["auto_rollback"]["rolls_back"] == failed["result"]["deploy_id"]
+    assert "not started: wave 2 failed on node1" in entries["node2"]["error"]["message"]
+    assert json.loads(run.stdout)["error"]["code"] == 1
+
+    # Byte for byte: the healthy wave keeps the new file, the unhealthy host has its old bytes
+    # back, the wave after it was never touched.
+    assert f.live("node0", "k/a.py") == new
+    assert f.live("node1", "k/a.py") == f.old["k/a.py"]
+    assert f.live("node2", "k/a.py") == f.old["k/a.py"]
+    for name in NODES:
+        assert f.live(name, "k/b.py") == f.old["k/b.py"]
+    assert (f.restarts("node0"), f.restarts("node1"), f.restarts("node2")) == (1, 2, 0)
+    assert "kernel crashed" in run.stderr  # the failing host's service logs
+
+    # One shared workspace, one record per host: node0's deploy, node1's deploy and its
+    # automatic rollback; node2 deployed nothing. Nobody's record overwrote another's.
+    records = {n: load_state(f.workspace, n) for n in NODES}
+    assert [d.kind for d in records["node0"].deploys] == ["push"]
+    assert [(d.kind, d.outcome) for d in records["node1"].deploys] == [
+        ("push", "deployed"),
+        ("rollback", "auto-rollback"),
+    ]
+    assert records["node2"].deploys == []
+    assert records["node0"].files["k/a.py"].sha256 != records["node1"].files["k/a.py"].sha256
+    raw = json.loads((f.workspace / ".kerneldev/state.json").read_text())
+    assert raw["version"] == 3 and raw["host"] == "node0"
+    assert sorted(raw["hosts"]) == ["node1", "node2"]
+
+    # The group's diff afterwards: node0 alone has the new bytes.
+    again = f.kd("diff", "--host", "fleet")
+    assert again.returncode == 1
+    line = next(x for x in again.stdout.splitlines() if x.startswith("k/a.py"))
+    assert line.split()[1:] == ["in-sync", "edited", "edited", "differs:", "node0"]
+
+
+def test_diff_across_hosts_flags_the_host_whose_file_differs(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    in_sync = f.kd("diff", "--host", "fleet", "--json")
+    assert in_sync.returncode == 0, in_sync.stderr
+    assert all(e["status"] == "ok" for e in _entries(in_sync).values())
+
+    (f.roots["node2"] / "k/b.py").write_bytes(b"# hand edit on node2\n")
+    run = f.kd("diff", "--host", "fleet", "--json")
+    assert run.returncode == 1
+    data = json.loads(run.stdout)
+    across = {e["path"]: e["differs_on"] for e in data["across_hosts"]}
+    assert across == {"k/a.py": [], "k/b.py": ["node2"]}
+    entries = _entries(run)
+    assert [entries[n]["status"] for n in NODES] == ["ok", "ok", "failed"]
+    statuses = {f["path"]: f["status"] for f in entries["node2"]["result"]["files"]}
+    assert statuses == {"k/a.py": "in-sync", "k/b.py": "drifted"}
+
+    text = f.kd("diff", "--host", "node0,node1,node2")
+    assert text.returncode == 1
+    line = next(x for x in text.stdout.splitlines() if x.startswith("k/b.py"))
+    assert line.split()[1:] == ["in-sync", "in-sync", "drifted", "differs:", "node2"]
+    assert "live differs from the other hosts: k/b.py" in text.stderr
+
+    # pull from the group compares the others with the reference (--from node1).
+    pull = f.kd("pull", "--host", "fleet", "--from", "node1", "--json")
+    assert pull.returncode == 1
+    entries = _entries(pull)
+    assert list(entries) == ["node1", "node0", "node2"]
+    assert entries["node2"]["result"]["files"] == {"k/a.py": "same", "k/b.py": "differs"}
+    assert entries["node0"]["status"] == "ok"
+
+
+def test_one_unreachable_host_does_not_hide_the_others(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    assert f.kd("pull").returncode == 0  # node0 alone (the default): single-host output
+    run = f.kd("diff", "--host", "node0,down", "--json")
+    assert run.returncode == int(ExitCode.UNREACHABLE), run.stderr
+    entries = _entries(run)
+    assert entries["node0"]["status"] == "ok" and entries["node0"]["exit_code"] == 0
+    assert [x["status"] for x in entries["node0"]["result"]["files"]] == ["in-sync", "in-sync"]
+    assert entries["down"]["status"] == "unreachable" and entries["down"]["exit_code"] == 3
+    assert entries["down"]["error"]["type"] == "HostConnectionError"
+
+    text = f.kd("diff", "--host", "node0,down")
+    assert text.returncode == 3
+    summary = {ln.split()[0]: ln.split()[1:3] for ln in text.stdout.splitlines()[-2:]}
+    assert summary == {"node0": ["ok", "0"], "down": ["unreachable", "3"]}
+    assert "down:" in text.stderr and "Traceback" not in text.stderr
+
+
+def test_single_host_and_bad_group_usage(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    one = f.kd("pull", "--host", "node1", "--json")
+    assert one.returncode == 0
+    assert set(json.loads(one.stdout)) == {"host", "workspace", "files", "missing"}
+    bad = f.kd("pull", "--host", "fleet", "--from", "elsewhere")
+    assert bad.returncode == 2 and "--from elsewhere" in bad.stderr
+    nope = f.kd("diff", "--host", "node0,nobody")
+    assert nope.returncode == 2 and "nobody" in nope.stderr
+
+
+# --- the runner itself -------------------------------------------------------------------------
+
+
+def _hosts(tmp_path: Path, n: int) -> list[HostConfig]:
+    return [
+        HostConfig(f"h{i}", str(tmp_path), ("*.py",), tmp_path / "ws", transport="local")
+        for i in range(n)
+    ]
+
+
+def test_worst_exit_order_and_per_host_errors(tmp_path):
+    errors = {"h1": RefusedError("refused"), "h2": HostConnectionError("down"), "h3": None}
+
+    def fn(host, transport, progress):
+        progress(f"working on {host.name}")
+        err = errors.get(host.name)
+        if err is not None:
+            raise err
+        return host.name
+
+    events = []
+    out = fleet.run_on_hosts(_hosts(tmp_path, 4), fn, parallel=2, on_event=events.append)
+    assert [(o.host, o.status, o.exit_code) for o in out] == [
+        ("h0", "ok", 0),
+        ("h1", "failed", 1),
+        ("h2", "unreachable", 3),
+        ("h3", "ok", 0),
+    ]
+    assert out[0].result == "h0" and out[1].message == "refused"
+    assert fleet.worst_exit(out) == 3
+    for name in ("h0", "h1", "h2", "h3"):  # per host: started, progress, done, in that order
+        assert [e.kind for e in events if e.host == name] == ["started", "progress", "done"]
+    usage = fleet.failed_outcome("x", UsageError("bad"))
+    assert fleet.worst_exit([*out, usage]) == 2
+    stopped = fleet.failed_outcome("y", interrupt.Interrupted(signal.SIGINT))
+    assert fleet.worst_exit([*out, usage, stopped]) == 130
+
+
+def test_interrupt_leaves_unstarted_hosts_not_started(tmp_path, monkeypatch):
+    started = []
+
+    def fn(host, transport, progress):
+        started.append(host.name)
+        monkeypatch.setattr(interrupt, "_pending", signal.SIGINT)  # Ctrl-C while h0 works
+        interrupt.check()
+
+    out = fleet.run_in_waves(_hosts(tmp_path, 3), fn, serial=1)
+    assert started == ["h0"]
+    assert [(o.status, o.exit_code) for o in out] == [("interrupted", 130)] * 3
+    assert "not started" in out[1].message and "not started" in out[2].message
+    assert fleet.worst_exit(out) == 130
