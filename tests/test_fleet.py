@@ -4,7 +4,9 @@ sharing one workspace, driven through the CLI as a user would (`python -m kernel
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,7 @@ from kerneldev import fleet, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, HostConnectionError, RefusedError, UsageError
 from kerneldev.state import load_state
-from tests.clirun import run_kerneldev
+from tests.clirun import run_kerneldev, start_kerneldev
 from tests.sshd import find_sshd, free_port, start_sshd
 from tests.sshutil import ssh_entry
 
@@ -34,7 +36,9 @@ def servers(tmp_path_factory):
 class Fleet:
     """Three hosts on three sshds, each with its own live tree, one shared workspace."""
 
-    def __init__(self, tmp: Path, servers, unhealthy: str | None = None) -> None:
+    def __init__(
+        self, tmp: Path, servers, unhealthy: str | None = None, never_healthy: bool = False
+    ) -> None:
         self.tmp = tmp
         self.workspace = tmp / "ws"
         self.roots = {n: tmp / f"live-{n}" for n in NODES}
@@ -59,8 +63,8 @@ class Fleet:
                 workspace=str(self.workspace),
                 service={
                     "restart": f"echo restart >> '{tmp / ('restarts-' + name)}'",
-                    "health": health,
-                    "timeout": 1,
+                    "health": "false" if never_healthy else health,
+                    "timeout": 60 if never_healthy else 1,
                     "logs": f"echo {name} log: kernel crashed",
                 },
             )
@@ -75,10 +79,11 @@ class Fleet:
             json.dumps({"groups": {"fleet": list(NODES)}, "default": "node0", "hosts": hosts})
         )
 
+    def env(self) -> dict[str, str]:
+        return {"KERNELDEV_CONFIG": str(self.config), "KERNELDEV_HOST": ""}
+
     def kd(self, *args: str):
-        return run_kerneldev(
-            *args, env={"KERNELDEV_CONFIG": str(self.config), "KERNELDEV_HOST": ""}, timeout=120
-        )
+        return run_kerneldev(*args, env=self.env(), timeout=120)
 
     def live(self, name: str, path: str) -> bytes:
         return (self.roots[name] / path).read_bytes()
@@ -194,6 +199,35 @@ def test_one_unreachable_host_does_not_hide_the_others(tmp_path, servers):
     summary = {ln.split()[0]: ln.split()[1:3] for ln in text.stdout.splitlines()[-2:]}
     assert summary == {"node0": ["ok", "0"], "down": ["unreachable", "3"]}
     assert "down:" in text.stderr and "Traceback" not in text.stderr
+
+
+def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, servers):
+    f = Fleet(tmp_path, servers, never_healthy=True)
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    new = b"# k/a.py v2\n"
+    (f.workspace / "k/a.py").write_bytes(new)
+    proc = start_kerneldev("push", "--restart", "--serial", "3", "--host", "fleet", env=f.env())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(f.restarts(n) for n in NODES):
+        time.sleep(0.05)
+    assert all(f.restarts(n) for n in NODES), "the restarts never began"
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C while every host waits for health
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    # Every host: pushed, its restart stopped; the summary says so per host.
+    assert "where each host stands" in err
+    for name in NODES:
+        assert f.live(name, "k/a.py") == new
+        assert next(ln for ln in out.splitlines() if ln.startswith(name)).split()[1:3] == [
+            "interrupted",
+            "130",
+        ]
+        assert any(
+            ln.startswith(f"  {name}:") and "Deployed: k/a.py" in ln for ln in err.splitlines()
+        )
+    assert not list(tmp_path.glob("live-*/.kerneldev/lock"))  # every lock released
 
 
 def test_single_host_and_bad_group_usage(tmp_path, servers):
