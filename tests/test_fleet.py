@@ -230,6 +230,32 @@ def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, server
     assert not list(tmp_path.glob("live-*/.kerneldev/lock"))  # every lock released
 
 
+def test_dry_run_push_restart_and_rollback_on_a_group(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    new = b"# k/b.py v2\n"
+    (f.workspace / "k/b.py").write_bytes(new)
+    plan = f.kd("push", "--dry-run", "--host", "node0,node2", "--json")
+    assert plan.returncode == 0, plan.stderr
+    assert [e["result"]["dry_run"] for e in _entries(plan).values()] == [True, True]
+    assert all(f.live(n, "k/b.py") == f.old["k/b.py"] for n in NODES)
+
+    push = f.kd("push", "--host", "fleet")
+    assert push.returncode == 0, push.stderr
+    assert all(f.live(n, "k/b.py") == new for n in NODES)
+    restart = f.kd("restart", "--host", "fleet", "--serial", "2", "--json")
+    assert restart.returncode == 0, restart.stderr
+    assert all(e["result"]["healthy"] for e in _entries(restart).values())
+    assert [f.restarts(n) for n in NODES] == [1, 1, 1]
+
+    back = f.kd("rollback", "--host", "fleet")
+    assert back.returncode == 0, back.stderr
+    assert all(f.live(n, "k/b.py") == f.old["k/b.py"] for n in NODES)
+    assert "rolled back" in back.stdout
+    bad = f.kd("bench", "--host", "fleet", "--variants", "nonsense")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
 def test_single_host_and_bad_group_usage(tmp_path, servers):
     f = Fleet(tmp_path, servers)
     one = f.kd("pull", "--host", "node1", "--json")
