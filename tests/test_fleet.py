@@ -318,3 +318,40 @@ def test_interrupt_leaves_unstarted_hosts_not_started(tmp_path, monkeypatch):
     assert [(o.status, o.exit_code) for o in out] == [("interrupted", 130)] * 3
     assert "not started" in out[1].message and "not started" in out[2].message
     assert fleet.worst_exit(out) == 130
+
+
+def test_state_version_2_is_read_and_each_host_keeps_its_own_record(tmp_path):
+    from kerneldev.state import state_path, update_state
+
+    ws = tmp_path / "ws"
+    state_path(ws).parent.mkdir(parents=True)
+    base = {"path": "k/a.py", "sha256": "aa", "size": 1, "mode": 420}
+    v2 = {
+        "version": 2,
+        "host": "node0",
+        "root": "/r",
+        "files": {"k/a.py": {**base, "synced_at": "t", "synced_by": "pull"}},
+        "deploys": [],
+    }
+    state_path(ws).write_text(json.dumps(v2))
+    assert load_state(ws).files["k/a.py"].sha256 == "aa"  # no host named: the first one's
+    assert load_state(ws, "node1").files == {} and load_state(ws, "node1").others == ["node0"]
+
+    def set_base(sha):
+        def change(state):
+            state.root = "/r"
+            state.set_base("k/a.py", sha, 1, 420, "push")
+
+        return change
+
+    update_state(ws, set_base("bb"), "node1")
+    update_state(ws, set_base("cc"), "node2")
+    update_state(ws, set_base("dd"), "node1")
+    raw = json.loads(state_path(ws).read_text())
+    assert raw["version"] == 3 and raw["host"] == "node0"
+    assert raw["files"]["k/a.py"]["sha256"] == "aa"  # node0's record untouched
+    assert {n: r["files"]["k/a.py"]["sha256"] for n, r in raw["hosts"].items()} == {
+        "node1": "dd",
+        "node2": "cc",
+    }
+    assert load_state(ws, "node2").files["k/a.py"].sha256 == "cc"

@@ -69,7 +69,7 @@ class HostsView:
 
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
         for name in ("host", "state", "time", "last"):
-            table.add_column(name, no_wrap=name != "last", overflow="ellipsis")
+            table.add_column(name, no_wrap=True, overflow="ellipsis")
         now = time.monotonic()
         for name in self.names:
             start = self.started.get(name)
