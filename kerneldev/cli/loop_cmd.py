@@ -19,7 +19,7 @@ from kerneldev.cli.common import (
 from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_with_progress
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
-from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError
+from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError, UsageError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
@@ -156,6 +156,11 @@ def pull_command(
 
         return group_cmd.pull(config, hosts, paths, force, from_host, parallel, as_json)
     host = hosts[0]
+    if from_host is not None and from_host != host.name:
+        raise UsageError(
+            f"--from {from_host}: not the host this pull works on ({host.name})",
+            hint="--from picks the reference host of a group (--host GROUP)",
+        )
     with _open(host) as transport:
         result = sync.pull(transport, host, paths, force=force, on_progress=_progress("pulling"))
     # The workspace now knows its config: kerneldev run inside it finds both.
