@@ -180,9 +180,11 @@ def finish(
     *,
     result_json: Callable[[Any], Any] | None = None,
     extra: dict[str, Any] | None = None,
+    judged: bool = False,
 ) -> None:
     """Print the per-host summary (or the JSON), each failed host's error, and end with the
-    worst host's exit code."""
+    worst host's exit code. `judged`: a `failed` host is a verdict the tables already show
+    (diff's drift), not an error to repeat on stderr (as a single-host diff prints none)."""
     code = fleet.worst_exit(outcomes)
     data = {
         "command": command,
@@ -212,6 +214,8 @@ def finish(
             ],
         )
     for o in outcomes:
+        if judged and o.status == fleet.FAILED:
+            continue
         if o.error is not None and o.status not in (fleet.OK, fleet.SKIPPED):
             if getattr(o.error, "logs", None):  # an unhealthy service: its logs first
                 print_service_logs(o.error, o.host)
@@ -338,6 +342,7 @@ def diff(
         describe,
         result_json=lambda report: report.as_json(),
         extra={"across_hosts": table.as_json()["files"]},
+        judged=True,
     )
 
 
