@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import typer
+
 from kerneldev import fleet, fleet_ops
 from kerneldev.cli import environment
 from kerneldev.cli.host_steps import print_service_logs, print_table
@@ -220,9 +222,11 @@ def finish(
             if getattr(o.error, "logs", None):  # an unhealthy service: its logs first
                 print_service_logs(o.error, o.host)
             print_error(f"{o.host}: {o.error.message}", o.error.hint)
-    if code == ExitCode.OK:
+    if code == ExitCode.OK or (judged and code == ExitCode.FAILURE):
         if as_json:
             print_json(data)
+        if code:
+            raise typer.Exit(code)  # drift is a result, as for a single-host diff
         return
     raise fleet_ops.GroupError(
         fleet_ops.describe_failures(outcomes),
