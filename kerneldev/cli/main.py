@@ -83,6 +83,7 @@ def _register_commands() -> None:
         profile_cmd,
         sandbox_cmd,
         service_cmd,
+        status_cmd,
         trust_cmd,
         watch_cmd,
     )
@@ -97,6 +98,7 @@ def _register_commands() -> None:
         sandbox_cmd,
         profile_cmd,
         watch_cmd,
+        status_cmd,
     ):
         module.register(app)
     _registered = True

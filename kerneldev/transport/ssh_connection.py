@@ -167,6 +167,7 @@ class SSHConnection:
         self._sftp: paramiko.SFTPClient | None = None
         self.hops: list[paramiko.Transport] = []  # jump-host connections, closed with us
         self.proxy_commands: list = []  # ProxyCommand processes, closed with us
+        self.authenticated_with: str | None = None  # the key that logged in (for doctor)
 
     @property
     def known_hosts_files(self) -> list[Path]:
@@ -409,6 +410,8 @@ class SSHConnection:
                         break
                     notes.append(f"{label}: {describe_error(err)}")
                 if t.is_authenticated():
+                    if jump_host is None:
+                        self.authenticated_with = label
                     return
         finally:
             if agent is not None:

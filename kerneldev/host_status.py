@@ -1,0 +1,239 @@
+"""`kerneldev status`: where each host stands, read-only.
+
+Per host: whether it can be reached (and why not), its last deploy from the host's shared
+history (`<root>/.kerneldev/history.jsonl`, everyone's deploys), whether the live files still
+hold the bytes the history says were deployed (hashed on the host in one command), the
+service's health when `service.health` is configured, and the GPUs nvidia-smi reports.
+
+"What should be live" is taken from the whole history, later deploys winning per file: a
+file an earlier deploy wrote and nobody redeployed is checked too, so an edit on the host is
+flagged whichever deploy it overwrote.
+
+The exit status of a host (worst wins across hosts): 0 reachable and every deployed file
+matches (and healthy, when a health check is configured); 1 reachable with a problem (a file
+changed since its deploy, an unhealthy service, a step that failed); 3 unreachable (connection,
+authentication or host key).
+
+Several hosts are looked at in a small thread pool, one connection each (`run_per_host`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from kerneldev import gpus as gpus_core
+from kerneldev import history
+from kerneldev.config import HostConfig
+from kerneldev.errors import ExitCode, HostConnectionError, HostKeyError, KerneldevError
+from kerneldev.service import check_health
+from kerneldev.transport import open_transport
+from kerneldev.transport.base import Transport
+from kerneldev.workspace import glob_escape
+
+MAX_WORKERS = 8  # hosts looked at at once; each holds one SSH connection
+HEALTH_TIMEOUT = 10.0  # seconds for one health check
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a host could not be reached, or a step that failed on a reachable host."""
+
+    type: str  # the error's class name, e.g. HostConnectionError
+    message: str
+    hint: str | None = None
+
+
+@dataclass(frozen=True)
+class LastDeploy:
+    id: str
+    time: str
+    user: str
+    kind: str  # push or rollback
+    outcome: str  # deployed, partial, interrupted, auto-rollback
+    rolls_back: str | None
+    files: list[str]
+
+
+@dataclass(frozen=True)
+class LiveFile:
+    """A file the history deployed: the bytes it says are live, and what is live."""
+
+    path: str
+    deploy_id: str  # the last deploy that wrote (or removed) it
+    deployed_sha256: str | None  # None: that deploy removed the file
+    live_sha256: str | None  # None: not on the host
+
+    @property
+    def matches(self) -> bool:
+        return self.deployed_sha256 == self.live_sha256
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    health: str  # the URL or command checked
+    healthy: bool
+    last_check: str  # "HTTP 200", "exit 1", "no answer"
+
+
+@dataclass
+class HostStatus:
+    host: str
+    reachable: bool
+    unreachable: Problem | None = None  # why not
+    last_deploy: LastDeploy | None = None
+    deploys: int = 0  # records in the host's history
+    live: list[LiveFile] = field(default_factory=list)
+    service: ServiceStatus | None = None  # None: no `service.health` configured
+    gpus: gpus_core.GpuReport | None = None
+    problems: list[Problem] = field(default_factory=list)  # steps that failed on the host
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> list[str]:
+        """Files whose live bytes differ from what their last deploy put there."""
+        return [f.path for f in self.live if not f.matches]
+
+    @property
+    def live_matches(self) -> bool | None:
+        """None when nothing was ever deployed (there is nothing to match)."""
+        return None if not self.live else not self.changed
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if not self.reachable:
+            return ExitCode.UNREACHABLE
+        if self.problems or self.changed or (self.service and not self.service.healthy):
+            return ExitCode.FAILURE
+        return ExitCode.OK
+
+    def as_json(self) -> dict:
+        from dataclasses import asdict
+
+        data = asdict(self)
+        data["live_matches"] = self.live_matches
+        data["changed"] = self.changed
+        data["exit_code"] = int(self.exit_code)
+        for entry, live in zip(data["live"], self.live, strict=True):
+            entry["matches"] = live.matches
+        return data
+
+
+def worst_exit(statuses: list[ExitCode]) -> ExitCode:
+    """The exit code of several hosts: the worst one (unreachable > problem > ok)."""
+    order = (ExitCode.OK, ExitCode.FAILURE, ExitCode.UNREACHABLE)
+    return max(statuses, key=order.index, default=ExitCode.OK)
+
+
+def host_status(transport: Transport, host: HostConfig) -> HostStatus:
+    """Look at one host over `transport` (connected on first use). Never raises for the host's
+    own problems: an unreachable host comes back with `reachable=False` and why."""
+    status = HostStatus(host=host.name, reachable=True)
+    steps: list[Callable[[], None]] = [
+        lambda: _deploys(transport, host, status),
+        lambda: _service(transport, host, status),
+        lambda: _gpus(transport, status),
+    ]
+    for step in steps:
+        try:
+            step()
+        except (HostConnectionError, HostKeyError) as err:  # incl. a dropped connection
+            status.reachable = False
+            status.unreachable = _problem(err)
+            return status
+        except KerneldevError as err:
+            status.problems.append(_problem(err))
+    return status
+
+
+def collect_status(
+    hosts: list[HostConfig],
+    *,
+    connect_timeout: float | None = None,
+    workers: int = MAX_WORKERS,
+) -> list[HostStatus]:
+    """`host_status` of every host, in the given order, several at a time."""
+
+    def one(host: HostConfig) -> HostStatus:
+        try:
+            transport = open_transport(host, connect_timeout=connect_timeout)
+        except (HostConnectionError, HostKeyError) as err:
+            return HostStatus(host=host.name, reachable=False, unreachable=_problem(err))
+        with transport:
+            return host_status(transport, host)
+
+    return run_per_host(hosts, one, workers)
+
+
+def run_per_host(hosts: list[HostConfig], work: Callable[[HostConfig], T], workers: int) -> list[T]:
+    """`work(host)` for every host in a small thread pool; results in the order of `hosts`.
+    An exception (a bug, or Ctrl-C reaching a worker) propagates after the others finish."""
+    if len(hosts) <= 1:
+        return [work(h) for h in hosts]
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts)))) as pool:
+        futures = [pool.submit(work, h) for h in hosts]
+        return [f.result() for f in futures]
+
+
+# --- the steps --------------------------------------------------------------------------
+
+
+def _deploys(transport: Transport, host: HostConfig, status: HostStatus) -> None:
+    if not transport.exists(host.root):
+        status.problems.append(
+            Problem(
+                "MissingRoot",
+                f"root {host.root} does not exist on {host.name}",
+                "fix `root` in hosts.yaml; `kerneldev doctor` checks the host step by step",
+            )
+        )
+        return
+    past = history.load_history(transport, host.root)
+    if past.unreadable_lines:
+        status.notes.append(
+            f"{past.unreadable_lines} unreadable line(s) in {history.history_path(host.root)}"
+        )
+    status.deploys = len(past.records)
+    if not past.records:
+        return
+    last = past.records[-1]
+    status.last_deploy = LastDeploy(
+        id=last.id,
+        time=last.time,
+        user=last.user,
+        kind=last.kind,
+        outcome=last.outcome,
+        rolls_back=last.rolls_back,
+        files=[f.path for f in last.files],
+    )
+    deployed: dict[str, tuple[str, str | None]] = {}  # path -> (deploy id, sha256)
+    for record in past.records:  # oldest first: the last deploy of a path wins
+        for f in record.files:
+            deployed[f.path] = (record.id, f.new_sha256)
+    if not deployed:
+        return
+    live, _ = transport.hash_files(host.root, [glob_escape(p) for p in deployed])
+    live_sha = {f.path: f.sha256 for f in live}
+    status.live = [
+        LiveFile(path, deploy_id, sha, live_sha.get(path))
+        for path, (deploy_id, sha) in sorted(deployed.items())
+    ]
+
+
+def _service(transport: Transport, host: HostConfig, status: HostStatus) -> None:
+    if host.service is None or not host.service.health:
+        return
+    healthy, seen = check_health(transport, host.service.health, HEALTH_TIMEOUT)
+    status.service = ServiceStatus(host.service.health, healthy, seen)
+
+
+def _gpus(transport: Transport, status: HostStatus) -> None:
+    status.gpus = gpus_core.query_gpus(transport)
+
+
+def _problem(err: KerneldevError) -> Problem:
+    return Problem(type(err).__name__, err.message, err.hint)
