@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from kerneldev import gpus as gpus_core
-from kerneldev import history
+from kerneldev import history, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, HostConnectionError, HostKeyError, KerneldevError
 from kerneldev.service import check_health
@@ -141,6 +141,8 @@ def host_status(transport: Transport, host: HostConfig) -> HostStatus:
     for step in steps:
         try:
             step()
+        except interrupt.Interrupted:
+            raise
         except (HostConnectionError, HostKeyError) as err:  # incl. a dropped connection
             status.reachable = False
             status.unreachable = _problem(err)

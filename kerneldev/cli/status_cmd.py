@@ -105,9 +105,13 @@ def render_status(statuses: list[HostStatus]) -> None:
         rows,
         styles=STYLES,
     )
+    env = environment.current()
     for s in statuses:
         for line in _status_lines(s):
-            print_line(f"{s.host}: {line}")
+            if env.stdout_isatty:  # wrapped at the terminal's width, never read as markup
+                env.out_console.print(f"{s.host}: {line}", markup=False, highlight=False)
+            else:  # one line each, for grep
+                print_line(f"{s.host}: {line}")
 
 
 def _status_lines(s: HostStatus) -> list[str]:
