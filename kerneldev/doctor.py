@@ -117,13 +117,9 @@ class DoctorReport:
         return ExitCode.FAILURE if failed else ExitCode.OK
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "config": asdict(self.config),
-            "hosts": [
-                {**asdict(h), "ok": not h.failed} for h in self.hosts
-            ],  # checks in the order they ran
-            "exit_code": int(self.exit_code),
-        }
+        """What `doctor --json` prints: each host's checks in the order they ran."""
+        hosts = [{**asdict(h), "ok": not h.failed} for h in self.hosts]
+        return {"config": asdict(self.config), "hosts": hosts, "exit_code": int(self.exit_code)}
 
 
 def diagnose(
