@@ -12,7 +12,8 @@ The checks, in order (each one verdict: ok, warn, FAIL, or skip):
     files     the `files` entries match files under root
     write     a file can be created and removed under root/.kerneldev
     gpu       nvidia-smi's GPUs and compute capability ("no nvidia-smi": warn)
-    python    the configured `python`'s version and its torch and triton versions
+    python    the configured `python`'s version and its torch and triton versions; on a GPU
+              host also that torch is a CUDA build that sees the GPUs (compute capability)
     service   `service.health` answers healthy (when configured)
 
 A check whose prerequisite failed is shown as skipped, naming it (no auth: nothing on the host
@@ -70,8 +71,9 @@ _VERSIONS_SCRIPT = """\
 import json, platform, sys
 try:
     from importlib.metadata import version, PackageNotFoundError
-except ImportError:
+except ImportError:  # before Python 3.8: present or not, without a version
     version = None
+    import imp
 out = {"python": platform.python_version(), "executable": sys.executable}
 for name in ("torch", "triton"):
     found = None
@@ -80,8 +82,27 @@ for name in ("torch", "triton"):
             found = version(name)
         except PackageNotFoundError:
             pass
+    else:
+        try:
+            imp.find_module(name)
+            found = "(version unknown)"
+        except ImportError:
+            pass
     out[name] = found
 print(json.dumps(out))
+"""
+
+# On a GPU host only: torch's own view of CUDA (importing torch takes seconds).
+_CUDA_SCRIPT = """\
+import json
+try:
+    import torch
+except Exception as err:
+    print(json.dumps({"error": "%s: %s" % (type(err).__name__, err)}))
+    raise SystemExit(0)
+n = torch.cuda.device_count() if torch.version.cuda else 0
+caps = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)]
+print(json.dumps({"cuda": torch.version.cuda, "devices": n, "caps": caps}))
 """
 
 
@@ -484,13 +505,25 @@ class _HostDoctor:
                 f"`{python}` did not run: {tail.splitlines()[-1]}",
                 "set `python:` in hosts.yaml to a Python 3 interpreter",
             )
+        if not str(versions.get("python", "")).startswith("3."):
+            return Check(
+                PYTHON,
+                FAIL,
+                f"`{python}` is Python {versions.get('python')}: kerneldev needs Python 3 there",
+                "set `python:` in hosts.yaml to a Python 3 interpreter (the server's)",
+                versions,
+            )
         missing = [name for name in ("torch", "triton") if not versions.get(name)]
         found = ", ".join(f"{n} {versions[n]}" for n in ("torch", "triton") if versions.get(n))
         detail = f"Python {versions.get('python')} ({versions.get('executable')})"
         detail += f", {found}" if found else ""
-        if not missing:
-            return Check(PYTHON, OK, detail, data=versions)
         gpu_host = self.host.gpu is not None or bool(self.gpus and self.gpus.gpus)
+        if not missing:
+            return (
+                self._cuda(detail, versions)
+                if gpu_host
+                else Check(PYTHON, OK, detail, data=versions)
+            )
         return Check(
             PYTHON,
             FAIL if gpu_host else WARN,
@@ -499,6 +532,38 @@ class _HostDoctor:
             f"`{python}`: install them there, or set `python:` to the server's interpreter"
             + ("" if gpu_host else " (fine for a host that never runs kernels)"),
             versions,
+        )
+
+    def _cuda(self, detail: str, versions: dict[str, Any]) -> Check:
+        """On a GPU host: torch must be a CUDA build that sees the GPUs (this imports torch,
+        a few seconds); reports the compute capability as torch sees it."""
+        python = self.host.python
+        result = self._transport().run(f"{python} -", stdin=_CUDA_SCRIPT.encode(), timeout=120)
+        try:
+            cuda = json.loads(result.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            tail = result.stderr.strip() or result.stdout.strip() or f"exit {result.exited}"
+            cuda = {"error": tail.splitlines()[-1]}
+        data = {**versions, **cuda}
+        fix = f"install a CUDA build of torch in `{python}` (the one the server runs)"
+        if cuda.get("error"):
+            return Check(PYTHON, FAIL, f"{detail}; import torch fails: {cuda['error']}", fix, data)
+        if not cuda.get("cuda"):
+            return Check(PYTHON, FAIL, f"{detail}; torch is a CPU build (no CUDA)", fix, data)
+        if not cuda.get("devices"):
+            return Check(
+                PYTHON,
+                FAIL,
+                f"{detail}; torch (CUDA {cuda['cuda']}) sees no GPU",
+                "check the driver and CUDA_VISIBLE_DEVICES in the login environment",
+                data,
+            )
+        caps = ", ".join(sorted(set(cuda.get("caps") or [])))
+        return Check(
+            PYTHON,
+            OK,
+            f"{detail}; CUDA {cuda['cuda']}, {cuda['devices']} GPU(s), compute capability {caps}",
+            data=data,
         )
 
     def service(self) -> Check:

@@ -185,20 +185,20 @@ def run_per_host(hosts: list[HostConfig], work: Callable[[HostConfig], T], worke
 
 
 def _deploys(transport: Transport, host: HostConfig, status: HostStatus) -> None:
-    if not transport.exists(host.root):
-        status.problems.append(
-            Problem(
-                "MissingRoot",
-                f"root {host.root} does not exist on {host.name}",
-                "fix `root` in hosts.yaml; `kerneldev doctor` checks the host step by step",
+    path = history.history_path(host.root)
+    if not transport.exists(path):
+        if not transport.exists(host.root):  # asked only here: a history implies a root
+            status.problems.append(
+                Problem(
+                    "MissingRoot",
+                    f"root {host.root} does not exist on {host.name}",
+                    "fix `root` in hosts.yaml; `kerneldev doctor` checks the host step by step",
+                )
             )
-        )
         return
-    past = history.load_history(transport, host.root)
+    past = history.parse_history(transport.read_bytes(path).decode("utf-8", "replace"))
     if past.unreadable_lines:
-        status.notes.append(
-            f"{past.unreadable_lines} unreadable line(s) in {history.history_path(host.root)}"
-        )
+        status.notes.append(f"{past.unreadable_lines} unreadable line(s) in {path}")
     status.deploys = len(past.records)
     if not past.records:
         return

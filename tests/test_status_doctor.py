@@ -4,6 +4,7 @@ key, unknown or changed host key, missing or read-only root, a closed port)."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -138,6 +139,25 @@ def test_doctor_passes_a_healthy_host_reached_through_an_ssh_config_alias(
     assert lines[0].startswith("ok    config    ")
     assert lines[1].startswith("host h (")
     assert [line.split()[1] for line in lines[2:] if not line.lstrip().startswith("fix:")] == CHECKS
+
+
+def test_doctor_through_a_proxyjump_dials_the_jump_host(sshd_server, tmp_path, monkeypatch):
+    # The sshd is its own jump host: dns and tcp look at the hop dialled from here, host-key
+    # and auth at the whole chain.
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host behind-jump\n  HostName 127.0.0.1\n  Port {sshd_server.port}\n"
+        f"  ProxyJump {sshd_server.user}@127.0.0.1:{sshd_server.port}\n"
+    )
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    entry = ssh_host_entry(sshd_server, tmp_path, live_tree(tmp_path), hostname="behind-jump")
+    del entry["port"]
+    run, checks = doctor(write_config(tmp_path, {"h": entry}))
+    assert verdicts(checks, ["dns", "tcp", "host-key", "auth", "root"]) == ["ok"] * 5, run.stdout
+    assert checks["dns"]["data"]["jump_host"] == "127.0.0.1"
+    assert checks["tcp"]["detail"].endswith(
+        f"(jump host 127.0.0.1) answers: {checks['tcp']['data']['banner']}"
+    )
 
 
 def test_doctor_with_the_wrong_key_fails_auth_and_skips_what_needs_a_login(sshd_server, tmp_path):
@@ -362,11 +382,18 @@ def test_status_after_a_push_shows_that_deploy_and_flags_a_later_edit_on_the_hos
 
 
 FAKE_NVIDIA_SMI = """#!/bin/sh
-# Answers like nvidia-smi --query-gpu=index,name,memory.used,memory.total,utilization.gpu,
-# compute_cap --format=csv,noheader,nounits on a two-GPU box (one has no memory reading).
-echo "$@" > "$(dirname "$0")/args"
-echo "0, NVIDIA H200, 40000, 143771, 12, 9.0"
-echo "1, NVIDIA H200, [N/A], 143771, 30, 9.0"
+# Answers like nvidia-smi --query-gpu=index,name,memory.used,memory.total,utilization.gpu
+# [,compute_cap] --format=csv,noheader,nounits on a two-GPU box (one without a memory reading);
+# with $FAKE_OLD_DRIVER, like a driver that does not know compute_cap.
+cap=""
+case "$*" in *compute_cap*)
+  if [ -n "$FAKE_OLD_DRIVER" ]; then
+    echo 'Field "compute_cap" is not a valid field to query.'; exit 2
+  fi
+  cap=", 9.0";;
+esac
+echo "0, NVIDIA H200, 40000, 143771, 12$cap"
+echo "1, NVIDIA H200, [N/A], 143771, 30$cap"
 """
 
 
@@ -399,7 +426,6 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
         (1, "NVIDIA H200", "9.0"),
     ]
     assert [g["memory_used_mib"] for g in gpus] == [40000, None]
-    assert "compute_cap" in (bin_dir / "args").read_text()
     table = kd("--config", str(config), "status")
     assert "2x H200 21% 39/281G" in table.stdout
     assert "gpubox: service unhealthy: exit 1 from false" in table.stdout
@@ -415,6 +441,24 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
     assert (
         checks["service"]["verdict"] == "FAIL" and "kerneldev restart" in checks["service"]["hint"]
     )
+
+    # A GPU host whose python has a CPU build of torch (this machine's, if it has one).
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("triton"):
+        entry["python"] = sys.executable
+        run, checks = doctor(write_config(tmp_path, {"gpubox": entry}))
+        assert checks["python"]["verdict"] == "FAIL", checks["python"]
+        assert "torch is a CPU build (no CUDA)" in checks["python"]["detail"]
+        assert "CUDA build of torch" in checks["python"]["hint"]
+        entry["python"] = f"{sys.executable} -S"
+        write_config(tmp_path, {"gpubox": entry})
+
+    # An older driver refuses the compute_cap field: asked again without it.
+    monkeypatch.setenv("FAKE_OLD_DRIVER", "1")
+    (host,) = kd("--config", str(config), "status", "--json").json()["hosts"]
+    assert [(g["name"], g["compute_cap"]) for g in host["gpus"]["gpus"]] == [
+        ("NVIDIA H200", None)
+    ] * 2
+    monkeypatch.delenv("FAKE_OLD_DRIVER")
 
     # Without GPUs the same python is only a warning.
     (bin_dir / "nvidia-smi").unlink()
