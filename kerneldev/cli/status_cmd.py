@@ -26,7 +26,11 @@ HOSTS_OPTION = typer.Option(
     show_default=False,
 )
 TIMEOUT_OPTION = typer.Option(
-    5.0, "--timeout", metavar="SECONDS", help="Seconds to wait for each host's connection steps."
+    5.0,
+    "--timeout",
+    min=0.1,
+    metavar="SECONDS",
+    help="Seconds to wait for each host's connection steps.",
 )
 
 STYLES = {
