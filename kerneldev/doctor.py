@@ -28,6 +28,7 @@ The doctor reads and connects; the only thing it writes is its test file under
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import secrets
@@ -37,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kerneldev import interrupt
+from kerneldev import fleet, interrupt
 from kerneldev.config import Config, HostConfig, load_config, locate_config
 from kerneldev.errors import (
     ConfigError,
@@ -47,7 +48,6 @@ from kerneldev.errors import (
     KerneldevError,
 )
 from kerneldev.gpus import GpuReport, query_gpus
-from kerneldev.host_status import MAX_WORKERS, run_per_host
 from kerneldev.service import check_health
 from kerneldev.transport.base import TEMP_MARK, Transport
 from kerneldev.workspace import display_pattern, is_glob
@@ -148,19 +148,26 @@ def diagnose(
     host_spec: str | None,
     *,
     connect_timeout: float = DEFAULT_TIMEOUT,
-    workers: int = MAX_WORKERS,
+    parallel: int = fleet.DEFAULT_PARALLEL,
 ) -> DoctorReport:
     """Check the config, then every host `host_spec` names (a host, group or comma list, as
-    `--host` takes it; None: the default host) in a small thread pool. A missing or invalid
-    config is a FAIL of the config check; a `host_spec` naming nothing raises `ConfigError`."""
+    `--host` takes it; None: the default host), at most `parallel` at a time. A missing or
+    invalid config is a FAIL of the config check; a `host_spec` naming nothing raises
+    `ConfigError`."""
     config_check, config = check_config(config_path)
     if config is None:
         return DoctorReport(config_check)
-    hosts = config.hosts_for(host_spec)
-    reports = run_per_host(
-        hosts, lambda h: diagnose_host(h, connect_timeout=connect_timeout), workers
+    outcomes = fleet.run_on_hosts(
+        config.hosts_for(host_spec),
+        lambda host, _transport, _progress: diagnose_host(host, connect_timeout=connect_timeout),
+        parallel=parallel,
+        # The doctor opens its own connections, step by step: no transport from the runner.
+        connect=lambda host: contextlib.nullcontext(),
     )
-    return DoctorReport(config_check, reports)
+    for outcome in outcomes:
+        if outcome.error is not None:
+            raise outcome.error  # Ctrl-C: `diagnose_host` lets nothing else out
+    return DoctorReport(config_check, [o.result for o in outcomes])
 
 
 def check_config(config_path: str | None) -> tuple[Check, Config | None]:

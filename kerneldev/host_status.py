@@ -14,18 +14,17 @@ matches (and healthy, when a health check is configured); 1 reachable with a pro
 changed since its deploy, an unhealthy service, a step that failed); 3 unreachable (connection,
 authentication or host key).
 
-Several hosts are looked at in a small thread pool, one connection each (`run_per_host`).
+Several hosts are looked at in parallel by `kerneldev.fleet` (a thread pool, one connection
+each).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
 
+from kerneldev import fleet, history, interrupt
 from kerneldev import gpus as gpus_core
-from kerneldev import history, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, HostConnectionError, HostKeyError, KerneldevError
 from kerneldev.service import check_health
@@ -33,10 +32,7 @@ from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
 from kerneldev.workspace import glob_escape
 
-MAX_WORKERS = 8  # hosts looked at at once; each holds one SSH connection
 HEALTH_TIMEOUT = 10.0  # seconds for one health check
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -123,10 +119,13 @@ class HostStatus:
         return data
 
 
-def worst_exit(statuses: list[ExitCode]) -> ExitCode:
-    """The exit code of several hosts: the worst one (unreachable > problem > ok)."""
-    order = (ExitCode.OK, ExitCode.FAILURE, ExitCode.UNREACHABLE)
-    return max(statuses, key=order.index, default=ExitCode.OK)
+def worst_exit(codes: list[ExitCode]) -> ExitCode:
+    """The exit code of several hosts: the worst one, ranked as for every group command
+    (`fleet.EXIT_ORDER`: unreachable 3 > problem 1 > ok 0)."""
+    for code in fleet.EXIT_ORDER:
+        if code in codes:
+            return ExitCode(code)
+    return ExitCode.OK
 
 
 def host_status(transport: Transport, host: HostConfig) -> HostStatus:
@@ -156,29 +155,24 @@ def collect_status(
     hosts: list[HostConfig],
     *,
     connect_timeout: float | None = None,
-    workers: int = MAX_WORKERS,
+    parallel: int = fleet.DEFAULT_PARALLEL,
 ) -> list[HostStatus]:
-    """`host_status` of every host, in the given order, several at a time."""
-
-    def one(host: HostConfig) -> HostStatus:
-        try:
-            transport = open_transport(host, connect_timeout=connect_timeout)
-        except (HostConnectionError, HostKeyError) as err:
-            return HostStatus(host=host.name, reachable=False, unreachable=_problem(err))
-        with transport:
-            return host_status(transport, host)
-
-    return run_per_host(hosts, one, workers)
+    """`host_status` of every host, in the given order, at most `parallel` at a time."""
+    outcomes = fleet.run_on_hosts(
+        hosts,
+        lambda host, transport, _progress: host_status(transport, host),
+        parallel=parallel,
+        connect=lambda host: open_transport(host, connect_timeout=connect_timeout),
+    )
+    return [_from_outcome(h, o) for h, o in zip(hosts, outcomes, strict=True)]
 
 
-def run_per_host(hosts: list[HostConfig], work: Callable[[HostConfig], T], workers: int) -> list[T]:
-    """`work(host)` for every host in a small thread pool; results in the order of `hosts`.
-    An exception (a bug, or Ctrl-C reaching a worker) propagates after the others finish."""
-    if len(hosts) <= 1:
-        return [work(h) for h in hosts]
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(hosts)))) as pool:
-        futures = [pool.submit(work, h) for h in hosts]
-        return [f.result() for f in futures]
+def _from_outcome(host: HostConfig, outcome: fleet.HostOutcome) -> HostStatus:
+    if outcome.error is None:
+        return outcome.result
+    if isinstance(outcome.error, (HostConnectionError, HostKeyError)):  # opening the transport
+        return HostStatus(host=host.name, reachable=False, unreachable=_problem(outcome.error))
+    raise outcome.error  # Ctrl-C: `host_status` itself lets nothing else out
 
 
 # --- the steps --------------------------------------------------------------------------

@@ -290,11 +290,19 @@ def test_doctor_and_status_on_a_closed_port_and_an_unknown_name(sshd_server, tmp
     assert re.search(r"^h +no ", status.stdout, re.M)
     assert f"h: unreachable: connection refused by 127.0.0.1:{closed}" in status.stdout
 
-    entry = ssh_host_entry(sshd_server, tmp_path, root, hostname="no-such-host.invalid")
-    run, checks = doctor(write_config(tmp_path, {"h": entry}))
+    # Both as one group: every host checked, reported in the group's order.
+    unknown_name = ssh_host_entry(sshd_server, tmp_path, root, hostname="no-such-host.invalid")
+    closed_port = ssh_host_entry(sshd_server, tmp_path, root, port=closed)
+    config = write_config(
+        tmp_path, {"g0": unknown_name, "g1": closed_port}, {"fleet": ["g0", "g1"]}
+    )
+    run, checks = doctor(config, "--host", "fleet")
     assert run.exit_code == 1
     assert checks["dns"]["verdict"] == "FAIL" and "cannot resolve" in checks["dns"]["detail"]
     assert checks["tcp"]["detail"] == "skipped: needs dns"
+    g0, g1 = run.json()["hosts"]
+    assert (g0["host"], g0["ok"], g1["host"], g1["ok"]) == ("g0", False, "g1", False)
+    assert [c["verdict"] for c in g1["checks"]][:2] == ["ok", "FAIL"]
 
 
 def test_doctor_reports_a_missing_or_invalid_config_as_its_first_check(tmp_path):

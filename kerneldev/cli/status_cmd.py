@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from kerneldev.cli import environment
-from kerneldev.cli.common import JSON_OPTION, config_path
+from kerneldev.cli.common import JSON_OPTION, PARALLEL_OPTION, config_path
 from kerneldev.cli.output import STATUS, TEXT, Column, print_json, print_line, print_table
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ def status_command(
     ctx: typer.Context,
     host_spec: str | None = HOSTS_OPTION,
     timeout: float = TIMEOUT_OPTION,
+    parallel: int = PARALLEL_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Per host: reachable, last deploy, live files vs that deploy, service health, GPUs.
@@ -67,7 +68,7 @@ def status_command(
     from kerneldev.config import load_config
 
     hosts = load_config(config_path(ctx)).hosts_for(host_spec)
-    statuses = host_status.collect_status(hosts, connect_timeout=timeout)
+    statuses = host_status.collect_status(hosts, connect_timeout=timeout, parallel=parallel)
     code = host_status.worst_exit([s.exit_code for s in statuses])
     if as_json:
         print_json({"hosts": [s.as_json() for s in statuses], "exit_code": int(code)})
@@ -191,13 +192,16 @@ def doctor_command(
     ctx: typer.Context,
     host_spec: str | None = HOSTS_OPTION,
     timeout: float = TIMEOUT_OPTION,
+    parallel: int = PARALLEL_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Check config, DNS, port, host key, login, root, files, write access, GPUs, Python,
     torch, triton and service health, one line each with a fix. Exit 1 when a check fails."""
     from kerneldev import doctor
 
-    report = doctor.diagnose(config_path(ctx), host_spec, connect_timeout=timeout)
+    report = doctor.diagnose(
+        config_path(ctx), host_spec, connect_timeout=timeout, parallel=parallel
+    )
     if as_json:
         print_json(report.as_json())
     else:
