@@ -30,6 +30,7 @@ from typing import Any
 
 from kerneldev.config import HostConfig
 from kerneldev.gitrepo import GitUnavailable, head_commit
+from kerneldev.history import Leftovers
 from kerneldev.transport.base import RemoteFile, Transport
 from kerneldev.workspace import LocalFile, local_file, resolve_paths, snapshot
 
@@ -66,6 +67,7 @@ class DriftReport:
     mirror_commit: str | None
     files: list[FileDrift] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    leftovers: Leftovers | None = None  # with `leftovers=True`; not part of `as_json`
 
     @property
     def ok(self) -> bool:
@@ -125,10 +127,13 @@ def compute_drift(
     *,
     patch: bool = False,
     use_mirror: bool = True,
+    leftovers: bool = False,
 ) -> DriftReport:
-    """Compare live, workspace, base and mirror for the configured files (or `paths`)."""
+    """Compare live, workspace, base and mirror for the configured files (or `paths`).
+    `leftovers`: also report what interrupted runs left on the host, found in the same
+    remote command as the hashes."""
     selected = resolve_paths(host, paths)
-    snap = snapshot(transport, host, selected)
+    snap = snapshot(transport, host, selected, leftovers=leftovers)
     warnings: list[str] = []
 
     mirror = host.mirror if use_mirror else None
@@ -142,7 +147,9 @@ def compute_drift(
             if warning:
                 warnings.append(warning)
 
-    report = DriftReport(host=host.name, mirror_commit=commit, warnings=warnings)
+    report = DriftReport(
+        host=host.name, mirror_commit=commit, warnings=warnings, leftovers=snap.leftovers
+    )
     for path in snap.paths:
         live = snap.live.get(path)
         local = snap.local[path]

@@ -94,7 +94,16 @@ def mark_incomplete(transport: Transport, root: str, planned: DeployRecord) -> N
 def _scan(transport: Transport, root: str) -> tuple[list[str], list[str]]:
     """(kerneldev temporary files under root, deploy ids of marked backup folders): one
     `find` on the host."""
-    found = transport.find_temp_files(root, markers=INCOMPLETE)
+    return _split(transport.find_temp_files(root, markers=INCOMPLETE), root)
+
+
+def leftovers_in(found: list[str], root: str) -> Leftovers:
+    """The leftovers among `found`, what `Transport.scan(root, ..., markers=INCOMPLETE)`
+    returned (the snapshot's round trip already looked, so no second `find`)."""
+    return Leftovers(*_split(found, root))
+
+
+def _split(found: list[str], root: str) -> tuple[list[str], list[str]]:
     backups = posixpath.join(root, BACKUP_DIR) + "/"
     temps, marked = [], []
     for path in found:
@@ -127,14 +136,20 @@ def find_leftovers(transport: Transport, root: str) -> Leftovers:
     return Leftovers(*_scan(transport, root))
 
 
-def clean_leftovers(transport: Transport, root: str, past: History) -> tuple[Leftovers, list[str]]:
+def clean_leftovers(
+    transport: Transport, root: str, past: History, found: Leftovers | None = None
+) -> tuple[Leftovers, list[str]]:
     """Remove leftovers of interrupted runs (caller holds the lock, so none is running).
     Returns (what was removed, notes). A marked backup folder is settled from the planned record
     in its marker: the files whose live bytes are the planned new ones landed, and the record of
-    those is appended to the history; when none landed, the folder is removed."""
+    those is appended to the history; when none landed, the folder is removed. `found`: what a
+    scan made under the same lock saw (else the host is searched here)."""
     removed = Leftovers()
     notes: list[str] = []
-    temps, marked = _scan(transport, root)
+    if found is None:
+        temps, marked = _scan(transport, root)
+    else:
+        temps, marked = list(found.temp_files), list(found.incomplete_backups)
     for path in temps:
         transport.remove(path)
     removed.temp_files = temps

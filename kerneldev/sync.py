@@ -30,9 +30,10 @@ import posixpath
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 from kerneldev import history, interrupt
-from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.drift import (
     CONFLICT,
@@ -45,6 +46,7 @@ from kerneldev.drift import (
 )
 from kerneldev.errors import (
     ConnectionLostError,
+    FileSetError,
     KerneldevError,
     NothingToRollBackError,
     PartialDeployError,
@@ -65,13 +67,12 @@ from kerneldev.state import (
     now_iso,
     update_state,
 )
-from kerneldev.transport.base import TEMP_MARK, ByteCallback, Transport
+from kerneldev.transport.base import TEMP_MARK, ByteCallback, LiveChangedError, PutItem, Transport
 from kerneldev.workspace import (
     Snapshot,
     check_state_owner,
     glob_escape,
     resolve_paths,
-    sha256_bytes,
     snapshot,
 )
 
@@ -136,6 +137,13 @@ def pull(
 
     bases: list[tuple[str, str, int, int]] = []
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    # Every file to transfer comes down one stream (one remote command), in this order.
+    fetch = [
+        p
+        for p in snap.paths
+        if p in snap.live and (snap.local[p] is None or snap.local[p].sha256 != snap.live[p].sha256)
+    ]
+    stream = transport.stream_files([posixpath.join(host.root, p) for p in fetch])
     try:
         for path in snap.paths:
             live, local = snap.live.get(path), snap.local[path]
@@ -157,18 +165,23 @@ def pull(
             if on_progress:
                 on_progress(path)
             interrupt.check()
-            data = transport.read_bytes(posixpath.join(host.root, path))
-            sha = sha256_bytes(data)  # what we got, even if live changed since the hash
+            _, chunks = next(stream)
             discarded = None
             if path in refused:
                 keep = workspace / STATE_DIR / "discarded" / stamp / path
-                _write_local_atomic(keep, target.read_bytes(), local.mode)
+                _copy_local_atomic(target, keep, local.mode)
                 discarded = str(keep)
-            _write_local_atomic(target, data, live.mode)
-            bases.append((path, sha, len(data), live.mode))
+            # Streamed to a temporary file in chunks (memory stays flat, Ctrl-C is honoured
+            # between chunks), renamed over the workspace file only when complete.
+            reader = _ChunkReader(chunks)
+            _write_local_stream(target, reader, live.mode)
+            sha = reader.hexdigest()  # what we got, even if live changed since the hash
+            bases.append((path, sha, reader.size, live.mode))
             action = "overwritten" if discarded else "pulled"
-            result.files.append(PulledFile(path, action, sha, len(data), live.mode, discarded))
+            result.files.append(PulledFile(path, action, sha, reader.size, live.mode, discarded))
     finally:
+        stream.close()  # an early stop (error, Ctrl-C) ends the transfer on the host too
+
         # What was pulled before a failure or Ctrl-C stays recorded; the rest is pulled next
         # time. Read-modify-write under the state lock: another terminal's records survive.
         def change(state: State) -> None:
@@ -181,9 +194,45 @@ def pull(
     return result
 
 
-def _write_local_atomic(path: Path, data: bytes, mode: int) -> None:
+class _ChunkReader:
+    """A binary file over an iterator of byte chunks (a transport's `stream_files`), hashing
+    and counting what is read."""
+
+    def __init__(self, chunks) -> None:
+        self.chunks = iter(chunks)
+        self.pending = b""
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        while not self.pending:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return b""
+            self.pending = chunk
+        if n < 0 or n >= len(self.pending):
+            data, self.pending = self.pending, b""
+        else:
+            data, self.pending = self.pending[:n], self.pending[n:]
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _write_local_stream(path: Path, source, mode: int) -> None:
     try:
-        write_bytes_atomic(path, data, mode)
+        write_stream_atomic(path, source, mode, on_chunk=lambda _n: interrupt.check())
+    except OSError as err:
+        raise TransferError(f"cannot write {path}: {err}") from None
+
+
+def _copy_local_atomic(source: Path, path: Path, mode: int) -> None:
+    try:
+        with open(source, "rb") as f:
+            write_stream_atomic(path, f, mode)
     except OSError as err:
         raise TransferError(f"cannot write {path}: {err}") from None
 
@@ -229,11 +278,23 @@ def plan_push(
     return _plan(transport, host, paths, force)[0]
 
 
+def _missing_root(host: HostConfig) -> RefusedError:
+    return RefusedError(
+        f"push refused: the root {host.root} does not exist on host '{host.name}'",
+        hint=f"check `root:` of host '{host.name}' in the config (a typo?); to create it "
+        "and push into it, run `kerneldev push --create-root`",
+    )
+
+
 def _plan(
-    transport: Transport, host: HostConfig, paths: list[str] | None, force: bool
+    transport: Transport,
+    host: HostConfig,
+    paths: list[str] | None,
+    force: bool,
+    leftovers: bool = False,
 ) -> tuple[PushResult, Snapshot]:
     selected = resolve_paths(host, paths)
-    snap = snapshot(transport, host, selected)
+    snap = snapshot(transport, host, selected, leftovers=leftovers)
     plan = PushResult(host=host.name, dry_run=True, deploy_id=None)
     for path in snap.paths:
         live, local = snap.live.get(path), snap.local[path]
@@ -296,13 +357,15 @@ def push(
     `import_check` (the CLI's default) scans the live tree's imports before the upload and
     imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
     """
-    if not create_root and not transport.exists(host.root):
-        raise RefusedError(
-            f"push refused: the root {host.root} does not exist on host '{host.name}'",
-            hint=f"check `root:` of host '{host.name}' in the config (a typo?); to create it "
-            "and push into it, run `kerneldev push --create-root`",
-        )
-    plan, snap = _plan(transport, host, paths, force)
+    # One remote command plans (hashes), sees whether root exists and finds leftovers.
+    try:
+        plan, snap = _plan(transport, host, paths, force, leftovers=True)
+    except FileSetError:
+        if not create_root and not transport.exists(host.root):
+            raise _missing_root(host) from None
+        raise
+    if not create_root and not snap.root_exists:
+        raise _missing_root(host)
     if dry_run:
         return plan
     refused = plan.refused
@@ -315,7 +378,7 @@ def push(
             report=plan,
         )
     plan.dry_run = False
-    plan.notes += _housekeeping(transport, host, snap.state)
+    plan.notes += _housekeeping(transport, host, snap.state, snap.leftovers)
     uploads = plan.uploads
     # Files that already match live get their base refreshed; a push is a sync point.
     in_sync = [snap.live[f.path] for f in plan.files if f.status == IN_SYNC and f.path in snap.live]
@@ -346,31 +409,62 @@ def push(
             )
         )
 
-    def land(step: _Step) -> DeployedFile:
-        source = Path(host.workspace) / step.path
-        try:
-            handle = open(source, "rb")  # noqa: SIM115 - closed below
-        except OSError as err:
-            raise TransferError(f"cannot read {source}: {err}") from None
-        with handle:
-            reader = _HashingReader(handle)
-            transport.put_file(
+    def land_all(todo: list[_Step], landed: Callable[[_Step, DeployedFile], None]) -> None:
+        # Every file in one transfer (one stream over SSH): each lands as put_file does,
+        # after the compare-and-swap check, and is recorded as soon as it is renamed.
+        items = [
+            PutItem(
                 posixpath.join(host.root, step.path),
-                reader,
-                mode=step.new_mode,
-                on_bytes=on_bytes,
-                before_rename=_compare(transport, host, step, force),
+                _opener(Path(host.workspace) / step.path),
+                step.new_mode,
+                step.old_sha256,
+                check=not force,
             )
-        new_mode = step.new_mode if step.new_mode is not None else step.old_mode
-        bases.append((step.path, reader.hexdigest(), reader.size, new_mode or 0o644))
-        return DeployedFile(
-            step.path, step.old_sha256, reader.hexdigest(), step.old_mode, new_mode, step.backup
-        )
+            for step in todo
+        ]
+
+        def started(i: int) -> None:
+            if on_progress:
+                on_progress(todo[i].path)
+            interrupt.check()
+
+        def done(i: int, sha: str, size: int) -> None:
+            step = todo[i]
+            new_mode = step.new_mode if step.new_mode is not None else step.old_mode
+            bases.append((step.path, sha, size, new_mode or 0o644))
+            landed(
+                step,
+                DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
+            )
+
+        try:
+            transport.put_files(items, on_landed=done, on_start=started, on_bytes=on_bytes)
+        except LiveChangedError as err:
+            raise _changed_while_deploying(todo[err.index].path) from None
 
     new = _python_sources(Path(host.workspace), [f.path for f in uploads], import_check)
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
-        _run_deploy(transport, host, record, steps, land, on_progress, plan.deployed, force, bases)
+        _run_deploy(
+            transport, host, record, steps, None, on_progress, plan.deployed, force, bases, land_all
+        )
     return plan
+
+
+def _opener(source: Path) -> Callable[[], BinaryIO]:
+    def open_source() -> BinaryIO:
+        try:
+            return open(source, "rb")  # noqa: SIM115 - the transport closes it
+        except OSError as err:
+            raise TransferError(f"cannot read {source}: {err}") from None
+
+    return open_source
+
+
+def _changed_while_deploying(path: str) -> RefusedError:
+    return RefusedError(
+        f"{path} changed on the host while deploying; it was left as it is",
+        hint="run `kerneldev diff` to see the change, then pull/merge or --force",
+    )
 
 
 def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, bytes | None]:
@@ -399,25 +493,6 @@ class _Step:
     restore_from: str | None = None  # rollback: root-relative backup to copy back
 
 
-class _HashingReader:
-    """Wraps a binary file: hashes and counts what is read, so the record holds the sha256 of
-    the bytes that were actually uploaded, without reading the file twice into memory."""
-
-    def __init__(self, handle) -> None:
-        self.handle = handle
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def read(self, n: int = -1) -> bytes:
-        data = self.handle.read(n)
-        self.digest.update(data)
-        self.size += len(data)
-        return data
-
-    def hexdigest(self) -> str:
-        return self.digest.hexdigest()
-
-
 def _compare(
     transport: Transport, host: HostConfig, step: _Step, force: bool
 ) -> Callable[[], None]:
@@ -429,10 +504,7 @@ def _compare(
             return
         current = transport.file_sha256(posixpath.join(host.root, step.path))
         if current != step.old_sha256:
-            raise RefusedError(
-                f"{step.path} changed on the host while deploying; it was left as it is",
-                hint="run `kerneldev diff` to see the change, then pull/merge or --force",
-            )
+            raise _changed_while_deploying(step.path)
 
     return check
 
@@ -487,24 +559,32 @@ def _run_deploy(
     host: HostConfig,
     record: DeployRecord,
     steps: list[_Step],
-    land: Callable[[_Step], DeployedFile],
+    land: Callable[[_Step], DeployedFile] | None,
     on_progress: ProgressCallback | None,
     deployed_paths: list[str],
     force: bool,
     bases: list[tuple[str, str | None, int, int]],
+    land_all: Callable[[list[_Step], Callable[[_Step, DeployedFile], None]], None] | None = None,
 ) -> None:
     """Back up, then land every step, recording each landed file. Whatever stops it (an error,
     Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
     local state and (when the host is still reachable) the host's history are written, and
-    the error says what was deployed and what was not."""
+    the error says what was deployed and what was not. `land(step)` lands one step;
+    `land_all(steps, landed)` instead lands them all in one go, calling `landed` per file."""
+
+    def landed(step: _Step, deployed: DeployedFile) -> None:
+        record.files.append(deployed)
+        deployed_paths.append(step.path)
+
     try:
         _back_up(transport, host, record, steps)
-        for step in steps:
+        if land_all is not None:
+            land_all(steps, landed)
+        for step in steps if land is not None else ():
             if on_progress:
                 on_progress(step.path)
             interrupt.check()
-            record.files.append(land(step))
-            deployed_paths.append(step.path)
+            landed(step, land(step))
     except BaseException as err:
         with interrupt.shield():
             stopped_by_signal = isinstance(err, interrupt.Interrupted)
@@ -591,10 +671,15 @@ def _drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> Non
         pass  # cleaned by the next push as an incomplete backup
 
 
-def _housekeeping(transport: Transport, host: HostConfig, state: State) -> list[str]:
-    """Under the lock, before changing anything: remove what interrupted runs left behind."""
+def _housekeeping(
+    transport: Transport, host: HostConfig, state: State, found: history.Leftovers | None = None
+) -> list[str]:
+    """Under the lock, before changing anything: remove what interrupted runs left behind.
+    `found`: what the plan's scan (made under the same lock) saw; nothing found, nothing to do."""
+    if found is not None and not found:
+        return []
     past = history.load_history(transport, host.root)
-    removed, notes = history.clean_leftovers(transport, host.root, past)
+    removed, notes = history.clean_leftovers(transport, host.root, past, found)
     if removed:
         notes.insert(0, f"removed leftovers of interrupted runs: {removed.describe()}")
     return notes

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from kerneldev.config import HostConfig
 from kerneldev.errors import FileSetError, StateError, UsageError
+from kerneldev.history import INCOMPLETE, Leftovers, leftovers_in
 from kerneldev.state import STATE_DIR, State, load_state, state_path
 from kerneldev.transport.base import RemoteFile, Transport
 
@@ -194,15 +195,31 @@ class Snapshot:
     live: dict[str, RemoteFile]
     local: dict[str, LocalFile | None]
     state: State
+    leftovers: Leftovers | None = None  # with `leftovers=True`: what interrupted runs left
+    root_exists: bool | None = None  # with `leftovers=True`: whether root exists on the host
 
 
-def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None) -> Snapshot:
+def snapshot(
+    transport: Transport,
+    host: HostConfig,
+    selected: list[str] | None,
+    *,
+    leftovers: bool = False,
+) -> Snapshot:
     """The files to act on (`selected`, or every file the configured entries match on the host,
     in the workspace or in the last sync) with their three sides. Raises `FileSetError` when a
-    configured glob matches nothing anywhere."""
+    configured glob matches nothing anywhere. `leftovers`: also look for what interrupted runs
+    left on the host and whether root exists, in the same round trip."""
     state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
-    live_files, _ = transport.hash_files(host.root, hash_patterns(host, selected))
+    patterns = hash_patterns(host, selected)
+    found, root_exists = None, None
+    if leftovers:
+        scan = transport.scan(host.root, patterns, markers=INCOMPLETE)
+        live_files, root_exists = scan.files, scan.root_exists
+        found = leftovers_in(scan.found, host.root)
+    else:
+        live_files, _ = transport.hash_files(host.root, patterns)
     live = {f.path: f for f in live_files}
     if selected is not None:
         paths = set(selected)  # a named file that is missing live shows up as missing-live
@@ -211,7 +228,7 @@ def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None)
         paths |= {p for p in state.files if is_configured(host, p)}
         paths |= workspace_matches(host.workspace, host.files)
         empty = [p for p in host.files if is_glob(p) and not any(path_matches(x, p) for x in paths)]
-        if empty or (not paths and not transport.exists(host.root)):
+        if empty or (not paths and not _root_exists(transport, host, root_exists)):
             # Nothing anywhere: a typo in `files`, or in `root` (named when that is the cause).
             raise _empty_entries_error(transport, host, empty or list(host.files))
         # A literal entry is a file of its own: when it is nowhere it is reported as such
@@ -219,7 +236,11 @@ def snapshot(transport: Transport, host: HostConfig, selected: list[str] | None)
         paths |= {lit for p in host.files if (lit := literal_path(p)) is not None}
     ordered = sorted(paths)
     local = {p: local_file(host.workspace, p) for p in ordered}
-    return Snapshot(ordered, live, local, state)
+    return Snapshot(ordered, live, local, state, found, root_exists)
+
+
+def _root_exists(transport: Transport, host: HostConfig, known: bool | None) -> bool:
+    return known if known is not None else transport.exists(host.root)
 
 
 def _empty_entries_error(transport: Transport, host: HostConfig, empty: list[str]) -> FileSetError:

@@ -170,10 +170,14 @@ def test_file_disappearing_mid_push_is_refused_not_recreated(ssh_env):
         (ws / f"k/{name}").write_bytes(b"v2\n")
 
     class Vanishing(type(open_transport(host))):
-        def put_file(self, path, source, **kw):
-            if path.endswith("k/a"):
-                (root / "k/b").unlink()  # someone deletes b on the host meanwhile
-            return super().put_file(path, source, **kw)
+        def put_files(self, items, *, on_start=None, **kw):
+            def start(i):
+                if items[i].path.endswith("k/a"):
+                    (root / "k/b").unlink()  # someone deletes b on the host meanwhile
+                if on_start is not None:
+                    on_start(i)
+
+            return super().put_files(items, on_start=start, **kw)
 
     with Vanishing(host) as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)

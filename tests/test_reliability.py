@@ -116,10 +116,14 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     class Meddler(type(open_transport(host))):
         """Someone edits k/b.py on the host (without the lock) while a.py is uploading."""
 
-        def put_file(self, path, source, **kw):
-            if path.endswith("k/a.py"):
-                (root / "k/b.py").write_bytes(b"hotfix by hand\n")
-            return super().put_file(path, source, **kw)
+        def put_files(self, items, *, on_start=None, **kw):
+            def start(i):
+                if items[i].path.endswith("k/a.py"):
+                    (root / "k/b.py").write_bytes(b"hotfix by hand\n")
+                if on_start is not None:
+                    on_start(i)
+
+            return super().put_files(items, on_start=start, **kw)
 
     with Meddler(host) as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)

@@ -302,3 +302,34 @@ def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, 
         # Neither: a clear message and exit 127, which hash_files turns into TransferError.
         missing = t.run(no_path + hash_command(["python3"]), stdin=request)
         assert missing.exited == 127 and "no python3 on the host" in missing.stderr
+
+
+# --- stream_files -----------------------------------------------------------------------
+
+
+def test_stream_files_byte_for_byte_hostile_names_and_empty(host):
+    t, root = host
+    contents = {name: (name.encode() * 7) for name in HOSTILE_NAMES}
+    contents["empty.py"] = b""
+    contents["big.bin"] = os.urandom(3 << 20)  # several stream records
+    for name, data in contents.items():
+        (root / name).write_bytes(data)
+    names = sorted(contents)
+    got = {}
+    for path, chunks in t.stream_files([str(root / n) for n in names]):
+        got[path] = b"".join(chunks)
+    assert got == {str(root / n): contents[n] for n in names}
+
+
+def test_stream_files_missing_file_raises_and_stops_early(host):
+    t, root = host
+    (root / "a.py").write_bytes(b"a")
+    (root / "b.py").write_bytes(b"b" * 100)
+    stream = t.stream_files([str(root / "a.py"), str(root / "gone.py"), str(root / "b.py")])
+    _, chunks = next(stream)
+    assert b"".join(chunks) == b"a"
+    _, chunks = next(stream)
+    with pytest.raises(TransferError, match="no such file"):
+        b"".join(chunks)
+    stream.close()  # an early stop: the transfer ends, the connection stays usable
+    assert t.run("echo still here").stdout == "still here\n"

@@ -122,10 +122,14 @@ def _report_leftovers(transport: Transport, host: HostConfig) -> None:
     except KerneldevError:
         return  # a report only: never fail the command for it
     if found:
-        print_warning(
-            f"{host.name} has leftovers of interrupted kerneldev runs: {found.describe()}; "
-            "the next `kerneldev push` removes them"
-        )
+        print_warning(_leftovers_warning(host, found))
+
+
+def _leftovers_warning(host: HostConfig, found: history.Leftovers) -> str:
+    return (
+        f"{host.name} has leftovers of interrupted kerneldev runs: {found.describe()}; "
+        "the next `kerneldev push` removes them"
+    )
 
 
 # --- pull -------------------------------------------------------------------------------
@@ -215,8 +219,10 @@ def diff_command(
         return group_cmd.diff(hosts, paths, patch, parallel, as_json)
     host = hosts[0]
     with _open(host) as transport:
-        report = drift.compute_drift(transport, host, paths, patch=patch)
-        _report_leftovers(transport, host)
+        # The leftovers are looked for in the hashes' round trip: one remote command in all.
+        report = drift.compute_drift(transport, host, paths, patch=patch, leftovers=True)
+    if report.leftovers:
+        print_warning(_leftovers_warning(host, report.leftovers))
     for warning in report.warnings:
         print_warning(warning)
     if as_json:

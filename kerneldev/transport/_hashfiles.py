@@ -12,8 +12,14 @@ Semantics (the same on both transports):
 - a pattern that is absolute, contains `..` leading out of root, or reaches outside root
   through a symlink matches nothing (it is reported as unmatched, never read);
 - results are de-duplicated and sorted by path.
+
+A request may also ask (`find`: file-name globs) for every regular file under root whose name
+matches one of them (kerneldev's temporary files and markers: symlinks are not followed),
+returned as absolute paths in `found`, and always says whether root exists: the snapshot of a
+read-only command needs no second round trip for those.
 """
 
+import fnmatch
 import glob
 import hashlib
 import json
@@ -72,9 +78,32 @@ def hash_tree(root, patterns):
     return {"files": [found[k] for k in sorted(found)], "unmatched": unmatched}
 
 
+def find_named(root, names):
+    """Regular files under root (not following symlinks) whose name matches a glob of `names`,
+    as sorted absolute paths; nothing when root is missing."""
+    found = []
+
+    def ignore(_err):
+        return None  # an unreadable folder is skipped, as `find ... 2>/dev/null` would
+
+    for folder, _dirs, files in os.walk(root, onerror=ignore):
+        for name in files:
+            if any(fnmatch.fnmatchcase(name, n) for n in names):
+                path = os.path.join(folder, name)
+                try:
+                    if stat.S_ISREG(os.lstat(path).st_mode):
+                        found.append(path)
+                except OSError:
+                    continue
+    return sorted(found)
+
+
 def main():
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     result = hash_tree(request["root"], request["patterns"])
+    if request.get("find") is not None:
+        result["found"] = find_named(request["root"], request["find"])
+        result["root_exists"] = os.path.lexists(request["root"])
     # ensure_ascii: names that are not valid UTF-8 travel as escapes, never as broken bytes.
     sys.stdout.write(json.dumps(result, ensure_ascii=True))
     sys.stdout.flush()

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import abc
 import glob
+import hashlib
 import io
 import posixpath
 import secrets
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -57,6 +58,41 @@ class RemoteFile:
     mode: int  # permission bits only (st_mode & 0o7777)
 
 
+@dataclass(frozen=True)
+class HostScan:
+    """What `Transport.scan` saw on the host in one look."""
+
+    files: list[RemoteFile]  # as hash_files
+    unmatched: list[str]  # as hash_files
+    root_exists: bool
+    found: list[str]  # as find_temp_files: kerneldev's temporary files and the named markers
+
+
+@dataclass(frozen=True)
+class PutItem:
+    """One file for `Transport.put_files`."""
+
+    path: str  # absolute on the host
+    open: Callable[[], BinaryIO]  # opens the source (called once, when its turn comes)
+    mode: int | None = None  # None: keep the replaced file's mode (0o644 for a new file)
+    expect_sha256: str | None = None  # live as planned (None: absent), for the check
+    check: bool = True  # compare-and-swap: refuse when live is no longer `expect_sha256`
+
+
+class LiveChangedError(TransferError):
+    """`put_files`' compare-and-swap found the live file changed; `index` names the item."""
+
+    def __init__(self, index: int, path: str) -> None:
+        super().__init__(f"{path} changed on the host")
+        self.index = index
+
+
+# put_files' callbacks: on_start(index) before an item's bytes go; on_landed(index, sha256,
+# size) once it is renamed over its target (sha256 and size of the bytes sent).
+IndexCallback = Callable[[int], None]
+LandedCallback = Callable[[int, str, int], None]
+
+
 class Transport(abc.ABC):
     """A connection to one host. Use as a context manager; connects lazily on first use."""
 
@@ -83,9 +119,25 @@ class Transport(abc.ABC):
         return (files found with sha256/size/mode, patterns that matched nothing). One round trip
         for all files. Matches are regular files only, sorted by path, never outside `root`."""
 
+    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
+        """`hash_files`, whether `root` exists, and `find_temp_files(root, markers)` together:
+        one round trip where the transport can (this default makes three)."""
+        files, unmatched = self.hash_files(root, patterns)
+        return HostScan(files, unmatched, self.exists(root), self.find_temp_files(root, markers))
+
     @abc.abstractmethod
     def read_bytes(self, path: str) -> bytes:
         """The file's bytes; `TransferError` when missing or unreadable."""
+
+    def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        """Read several files in one go: yields `(path, chunks)` in the order given, where
+        `chunks` yields the file's bytes in bounded pieces; consume it before asking for the
+        next file. A file that is missing or unreadable raises `TransferError` from its
+        `chunks` (possibly after some bytes: discard them). Closing the generator early (an
+        interrupt) stops the transfer. The default reads file by file; transports override
+        it with one stream for all files."""
+        for path in paths:
+            yield path, iter([self.read_bytes(path)])
 
     def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
         """Write to a temporary file in the same folder, then rename over `path`, so a reader
@@ -121,6 +173,41 @@ class Transport(abc.ABC):
         `before_rename()` (a compare-and-swap check; raising there leaves `path` untouched),
         then rename over `path`. The temporary file never outlives a failure or an interrupt.
         Same mode/owner rules as `write_atomic`."""
+
+    def put_files(
+        self,
+        items: list[PutItem],
+        *,
+        on_landed: LandedCallback,
+        on_start: IndexCallback | None = None,
+        on_bytes: ByteCallback | None = None,
+    ) -> None:
+        """Land several files, in order, each as `put_file` does (temporary file, the
+        compare-and-swap check when `check`, rename), stopping at the first failure:
+        `LiveChangedError` for a failed check, `TransferError` for the rest; Ctrl-C is
+        honoured between chunks. `on_landed` is called for exactly the files renamed over
+        their targets, even when a later one fails or the command is interrupted. This default
+        puts file by file; transports override it with one stream for all files."""
+        for i, item in enumerate(items):
+            if on_start is not None:
+                on_start(i)
+            with item.open() as handle:
+                reader = _HashingReader(handle)
+                self.put_file(
+                    item.path,
+                    reader,
+                    mode=item.mode,
+                    on_bytes=on_bytes,
+                    before_rename=self._compare_and_swap(i, item),
+                )
+            on_landed(i, reader.digest.hexdigest(), reader.size)
+
+    def _compare_and_swap(self, index: int, item: PutItem) -> Callable[[], None]:
+        def check() -> None:
+            if item.check and self.file_sha256(item.path) != item.expect_sha256:
+                raise LiveChangedError(index, item.path)
+
+        return check
 
     def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
         """Copy files on the host (no round trip through this machine), each atomically:
@@ -206,3 +293,18 @@ class Transport(abc.ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _HashingReader:
+    """Hashes and counts what is read from a binary file (the bytes actually sent)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n)
+        self.digest.update(data)
+        self.size += len(data)
+        return data

@@ -10,22 +10,26 @@ import codecs
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
-from kerneldev.transport._hashfiles import hash_tree
+from kerneldev.transport._hashfiles import find_named, hash_tree
 from kerneldev.transport.base import (
+    CHUNK,
+    TEMP_MARK,
     ByteCallback,
     CommandResult,
+    HostScan,
     OutputCallback,
     RemoteFile,
     Transport,
@@ -103,10 +107,30 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot hash files under {root}: {err}") from None
         return [RemoteFile(**f) for f in result["files"]], result["unmatched"]
 
+    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
+        files, unmatched = self.hash_files(root, patterns)
+        names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
+        return HostScan(files, unmatched, os.path.lexists(root), find_named(root, names))
+
     def read_bytes(self, path: str) -> bytes:
         try:
             with open(path, "rb") as f:
                 return f.read()
+        except FileNotFoundError:
+            raise TransferError(f"{path}: no such file on {self.host_name}") from None
+        except OSError as err:
+            raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
+
+    def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        for path in paths:
+            yield path, self._chunks(path)
+
+    def _chunks(self, path: str) -> Iterator[bytes]:
+        try:
+            with open(path, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    raise TransferError(f"{path} on {self.host_name} is not a regular file")
+                yield from iter(lambda: f.read(CHUNK), b"")
         except FileNotFoundError:
             raise TransferError(f"{path}: no such file on {self.host_name}") from None
         except OSError as err:

@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -41,13 +41,18 @@ from kerneldev.errors import (
     RemoteCommandError,
     TransferError,
 )
-from kerneldev.transport import _hashfiles
+from kerneldev.transport import _hashfiles, _receivefiles, _sendfiles
 from kerneldev.transport.base import (
     CHUNK,
     TEMP_MARK,
     ByteCallback,
     CommandResult,
+    HostScan,
+    IndexCallback,
+    LandedCallback,
+    LiveChangedError,
     OutputCallback,
+    PutItem,
     RemoteFile,
     Transport,
 )
@@ -82,6 +87,16 @@ __all__ = [
 ]
 
 EXIT_GRACE = 2.0  # seconds to keep reading output after a command exited (see run())
+# Receive window of a file-stream channel: large enough that the host never waits for us on a
+# fast link (paramiko's default of 2 MiB would stall a 50 MB transfer on acknowledgements).
+STREAM_WINDOW = 16 << 20
+STREAM_PACKET = 1 << 18  # bytes per SSH packet the host may send on it (paramiko: 32 KiB)
+# Fewer files than this go one by one over SFTP, more in one stream over an exec channel. An
+# exec channel starts the login shell (with its rc files: conda or pyenv init on many GPU
+# boxes) and a Python on the host, measured at 20-40 ms on a plain host and 0.5 s on one that
+# runs `pyenv init` in .bashrc; the sftp subsystem starts neither, and costs ~5 ms per small
+# file on loopback (more per round trip over a WAN). See docs/benchmarks.md, "Sync speed".
+BULK_MIN_FILES = 16
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
 _PID_MARK = "kerneldev-pid="
 # Runs `sh -c <command>` after naming its pid on stderr; the command keeps that pid (exec).
@@ -208,9 +223,19 @@ class SSHTransport(Transport):
 
     # --- files --------------------------------------------------------------------------
     def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
+        data = self._hash_request({"root": root, "patterns": list(patterns)})
+        return data["files"], data["unmatched"]
+
+    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
+        # The same one remote command as hash_files, which also walks root for leftovers.
+        names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
+        data = self._hash_request({"root": root, "patterns": list(patterns), "find": names})
+        return HostScan(data["files"], data["unmatched"], data["root_exists"], data["found"])
+
+    def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
-        request = json.dumps({"root": root, "patterns": list(patterns)}).encode("utf-8")
-        result = self.run(command, stdin=request)
+        root = request["root"]
+        result = self.run(command, stdin=json.dumps(request).encode("utf-8"))
         if result.exited == 127 and "no python3" in result.stderr:
             raise TransferError(
                 f"cannot hash files on {self.host_name}: no python3 on the host",
@@ -225,12 +250,77 @@ class SSHTransport(Transport):
             )
         try:
             data = json.loads(result.stdout)
-            files = [RemoteFile(**f) for f in data["files"]]
+            data["files"] = [RemoteFile(**f) for f in data["files"]]
+            data["unmatched"] = list(data["unmatched"])
+            if "find" in request:
+                data["found"] = [str(p) for p in data["found"]]
+                data["root_exists"] = bool(data["root_exists"])
         except (ValueError, KeyError, TypeError) as err:
             raise TransferError(
                 f"hashing files on {self.host_name} gave unreadable output: {err}"
             ) from None
-        return files, list(data["unmatched"])
+        return data
+
+    def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        # One exec channel for all files: `_sendfiles.py` runs under the host's python and
+        # frames each file's bytes in bounded records (see its docstring). No per-file SFTP
+        # round trips, and the bytes flow while the previous file is still being written here.
+        if len(paths) < BULK_MIN_FILES:
+            for path in paths:
+                yield path, self._sftp_chunks(path)
+            return
+        command = _python_command(["python3", self.host_config.python], _script(_sendfiles))
+        t = self._connection()
+        try:
+            chan = t.open_session(
+                window_size=STREAM_WINDOW,
+                max_packet_size=STREAM_PACKET,
+                timeout=self.connection.connect_timeout,
+            )
+            chan.exec_command(f"sh -c {shlex.quote(command)}")
+            chan.sendall(json.dumps({"paths": list(paths)}).encode("utf-8"))
+            chan.shutdown_write()
+        except (paramiko.SSHException, EOFError, OSError) as err:
+            raise self._dropped(err, "starting a file transfer") from None
+        reader = _ChannelReader(chan, self)
+        try:
+            for path in paths:
+                yield path, self._file_chunks(reader, path)
+        finally:
+            chan.close()
+
+    def _sftp_chunks(self, path: str) -> Iterator[bytes]:
+        sftp = self._sftp_client()
+        try:
+            with sftp.open(path, "rb") as f:
+                st = f.stat()
+                if not stat.S_ISREG(st.st_mode or 0):
+                    raise TransferError(f"{path} on {self.host_name} is not a regular file")
+                f.prefetch(st.st_size)  # pipelined reads: one round trip's latency, not many
+                # Chunks, checking for Ctrl-C between them: memory stays bounded.
+                for chunk in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
+                    interrupt.check()
+                    yield chunk
+        except TransferError:
+            raise
+        except (OSError, EOFError, paramiko.SSHException) as err:
+            raise self._file_error(err, path, "read") from None
+
+    def _file_chunks(self, reader: _ChannelReader, path: str) -> Iterator[bytes]:
+        while True:
+            kind, length = _sendfiles.HEADER.unpack(reader.read_exact(_sendfiles.HEADER.size))
+            payload = reader.read_exact(length) if length else b""
+            if kind == b"D":
+                yield payload
+            elif kind == b"E":
+                return
+            elif kind == b"X":
+                reason = payload.decode("utf-8", "replace")
+                if "No such file" in reason:
+                    raise TransferError(f"{path}: no such file on {self.host_name}")
+                raise TransferError(f"cannot read {path} on {self.host_name}: {reason}")
+            else:
+                raise TransferError(f"reading {path} from {self.host_name}: garbled stream")
 
     def _file_error(self, err: BaseException, path: str, doing: str) -> Exception:
         alive = self.connection.is_active()
@@ -310,6 +400,137 @@ class SSHTransport(Transport):
             if isinstance(err, (OSError, EOFError, paramiko.SSHException)):
                 raise self._file_error(err, path, "write") from None
             raise
+
+    def put_files(
+        self,
+        items: list[PutItem],
+        *,
+        on_landed: LandedCallback,
+        on_start: IndexCallback | None = None,
+        on_bytes: ByteCallback | None = None,
+    ) -> None:
+        # One exec channel for all files: `_receivefiles.py` on the host lands each one as
+        # put_file does (temporary file, compare-and-swap, rename) and reports it by one line.
+        # The bytes of the next file flow while the host renames the previous one.
+        if len(items) < BULK_MIN_FILES:
+            super().put_files(items, on_landed=on_landed, on_start=on_start, on_bytes=on_bytes)
+            return
+        command = _python_command(["python3", self.host_config.python], _script(_receivefiles))
+        request = json.dumps(
+            {
+                "mark": TEMP_MARK,
+                "files": [
+                    {"path": f.path, "mode": f.mode, "expect": f.expect_sha256, "check": f.check}
+                    for f in items
+                ],
+            }
+        ).encode("utf-8")
+        t = self._connection()
+        try:
+            chan = t.open_session(timeout=self.connection.connect_timeout)
+            chan.exec_command(f"sh -c {shlex.quote(command)}")
+        except (paramiko.SSHException, EOFError, OSError) as err:
+            raise self._dropped(err, "starting a file transfer") from None
+        sent: dict[int, tuple[str, int]] = {}
+        stopped: BaseException | None = None
+        try:
+            try:
+                chan.sendall(len(request).to_bytes(8, "big") + request)
+                for i, item in enumerate(items):
+                    if on_start is not None:
+                        on_start(i)
+                    interrupt.check()
+                    sent[i] = self._send_file(chan, item, on_bytes)
+            except (paramiko.SSHException, EOFError, OSError) as err:
+                if not self.connection.is_active():
+                    raise self._dropped(err, "uploading files") from None
+                # The host stopped reading (a failed check or write): its report says why.
+            except BaseException as err:  # Ctrl-C, or the workspace file could not be read
+                stopped = err
+                with interrupt.shield():
+                    try:
+                        chan.sendall(_sendfiles.HEADER.pack(b"A", 0))
+                    except (paramiko.SSHException, EOFError, OSError):
+                        pass
+            with interrupt.shield():
+                try:
+                    chan.shutdown_write()
+                except (paramiko.SSHException, EOFError, OSError):
+                    pass
+                # What landed is known only from the host's report: read it to the end even
+                # after Ctrl-C (shielded; bounded by IO_TIMEOUT).
+                reports = self._read_reports(chan)
+        finally:
+            chan.close()
+        for report in reports:
+            i = report.get("i")
+            if not isinstance(i, int) or not 0 <= i < len(items) or not report.get("ok"):
+                continue
+            if i not in sent or report.get("sha256") != sent[i][0]:
+                raise TransferError(
+                    f"{items[i].path} on {self.host_name}: the host wrote other bytes than "
+                    "were sent (sha256 differs)"
+                )
+            on_landed(i, sent[i][0], sent[i][1])
+        if stopped is not None:
+            raise stopped
+        for report in reports:
+            if not report.get("ok"):
+                i = report.get("i", 0)
+                if report.get("reason") == "changed":
+                    raise LiveChangedError(i, items[i].path)
+                raise TransferError(
+                    f"cannot write {items[i].path} on {self.host_name}: {report.get('error')}"
+                )
+        if len(reports) < len(items):
+            if not self.connection.is_active():
+                raise self._dropped(EOFError(), "uploading files")
+            raise TransferError(
+                f"uploading to {self.host_name} ended after {len(reports)} of {len(items)} "
+                "files without a reason (is python3 on the host?)"
+            )
+
+    def _send_file(
+        self, chan: paramiko.Channel, item: PutItem, on_bytes: ByteCallback | None
+    ) -> tuple[str, int]:
+        digest, size = hashlib.sha256(), 0
+        try:
+            handle = item.open()
+        except OSError as err:
+            raise TransferError(f"cannot read the file for {item.path}: {err}") from None
+        with handle:
+            # Chunks, checking for Ctrl-C between them: memory stays bounded.
+            for chunk in iter(lambda: handle.read(CHUNK), b""):  # noqa: B023
+                interrupt.check()
+                chan.sendall(_sendfiles.HEADER.pack(b"D", len(chunk)) + chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+        chan.sendall(_sendfiles.HEADER.pack(b"E", 0))
+        return digest.hexdigest(), size
+
+    def _read_reports(self, chan: paramiko.Channel) -> list[dict]:
+        """The host's one-line JSON reports, read until it closes its output."""
+        chan.settimeout(IO_TIMEOUT)
+        data = b""
+        try:
+            while True:
+                block = chan.recv(65536)
+                if not block:
+                    break
+                data += block
+        except (paramiko.SSHException, EOFError, OSError):
+            pass  # a timeout or a dropped connection: what arrived is all that is known
+        reports = []
+        for line in data.decode("utf-8", "replace").splitlines():
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(report, dict):
+                reports.append(report)
+        return reports
 
     def rename(self, src: str, dst: str) -> None:
         sftp = self._sftp_client()
@@ -565,23 +786,83 @@ def _feed_channel(chan: paramiko.Channel, data: bytes) -> None:
         pass  # the command closed its input or the connection went; run() reports the latter
 
 
+class _ChannelReader:
+    """Exact reads from a command's stdout, waking up to act on Ctrl-C and giving up after
+    `IO_TIMEOUT` seconds of silence; a command that ends early is reported with its stderr."""
+
+    def __init__(self, chan: paramiko.Channel, transport: SSHTransport) -> None:
+        self.chan = chan
+        self.transport = transport
+        self.buf = bytearray()
+        chan.settimeout(0.5)
+
+    def read_exact(self, n: int) -> bytes:
+        quiet_since = time.monotonic()
+        while len(self.buf) < n:
+            interrupt.check()
+            try:
+                data = self.chan.recv(max(n - len(self.buf), STREAM_WINDOW // 4))
+            except TimeoutError:
+                if time.monotonic() - quiet_since > IO_TIMEOUT:
+                    raise TransferError(
+                        f"no data from {self.transport.host_name} for {IO_TIMEOUT:g}s"
+                    ) from None
+                continue
+            except (paramiko.SSHException, EOFError, OSError) as err:
+                raise self.transport._dropped(err, "transferring files") from None
+            if not data:
+                self._ended_early()
+            self.buf += data
+            quiet_since = time.monotonic()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    def _ended_early(self) -> None:
+        t = self.transport
+        if not t.connection.is_active():
+            raise t._dropped(EOFError(), "transferring files")
+        self.chan.status_event.wait(EXIT_GRACE)
+        errs = b""
+        while self.chan.recv_stderr_ready():
+            errs += self.chan.recv_stderr(65536)
+        text = errs.decode("utf-8", "replace").strip()
+        if self.chan.exit_status == 127 and "no python3" in text:
+            raise TransferError(
+                f"cannot transfer files from {t.host_name}: no python3 on the host",
+                hint="set `python:` in the config to a Python 3 interpreter on the host",
+            )
+        tail = text.splitlines()[-1:] or [f"exit {self.chan.exit_status}"]
+        raise TransferError(f"file transfer from {t.host_name} ended early: {tail[0]}")
+
+
 def hash_command(pythons: list[str]) -> str:
     """The one shell command that hashes files on the host: the first interpreter of `pythons`
     found runs `_hashfiles.py` (request as JSON on stdin); none found -> exit 127."""
+    return _python_command(pythons, _hash_script())
+
+
+def _python_command(pythons: list[str], source: str) -> str:
+    """A shell command that runs `source` with the first interpreter of `pythons` found on the
+    host; none found -> exit 127 with 'no python3' on stderr."""
     candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
-    script = shlex.quote(_hash_script())
+    script = shlex.quote(source)
     return (
         f"for p in {candidates}; do "
-        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -c {script}; fi; '
+        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -S -c {script}; fi; '
         f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
     )
 
 
-_SCRIPT: str | None = None
+_SCRIPTS: dict[str, str] = {}
+
+
+def _script(module) -> str:
+    """The source of a self-contained helper module, to run on the host with `python3 -c`."""
+    if module.__name__ not in _SCRIPTS:
+        _SCRIPTS[module.__name__] = Path(module.__file__).read_text(encoding="utf-8")
+    return _SCRIPTS[module.__name__]
 
 
 def _hash_script() -> str:
-    global _SCRIPT
-    if _SCRIPT is None:
-        _SCRIPT = Path(_hashfiles.__file__).read_text(encoding="utf-8")
-    return _SCRIPT
+    return _script(_hashfiles)

@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""kerneldev pull / push / diff timed side by side with `rsync -a -e ssh` and `scp`.
+
+Starts its own OpenSSH sshd on 127.0.0.1 with fresh keys (kerneldev.sandbox's starter), and a
+temporary HOME whose ~/.ssh/config (given to OpenSSH with -F) names that server `kbench`, so
+rsync, scp, ssh and kerneldev (`hostname: kbench` in a temporary hosts.yaml) all reach the
+same server the way a user's tools would. Every tool gets its own folder on the "host" and locally.
+
+Cases: 1, 20 and 100 files of 13 KB, and one 50 MB file; operations: pull cold (nothing in
+the workspace), pull no-op, push cold (every file changed), push no-op, diff no-op (rsync's
+reference is a dry run, plain and with --checksum). Runs are interleaved: in each run every
+case and operation is timed for every tool, in an order rotated per run, so a load change on
+the machine hits all tools alike. kerneldev runs as its console script in a subprocess, as a
+user runs it; push uses `--no-import-check` (the import check is a separate feature that
+imports the pushed modules on the host; rsync has nothing like it).
+
+Fixed costs are measured the same way: `python -c pass`, `kerneldev --help`,
+`python -c "import paramiko"`, a bare paramiko connect + authenticate + `true`, `ssh kbench
+true`, plus a `-X importtime` summary of `kerneldev diff`.
+
+    python benchmarks/sync_vs_rsync.py [--runs 5] [--out docs/results/sync-vs-rsync.json]
+
+Not part of the test suite: times depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kerneldev.sandbox import start_sshd
+
+SMALL = 13 * 1024
+BIG = 50 * 1000 * 1000
+CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0}  # name -> number of small files (0: the big one)
+OPS = ("pull_cold", "pull_noop", "push_cold", "push_noop", "diff_noop")
+TOOLS = {  # which reference tools apply to each operation
+    "pull_cold": ("kerneldev", "rsync", "scp"),
+    "pull_noop": ("kerneldev", "rsync"),
+    "push_cold": ("kerneldev", "rsync", "scp"),
+    "push_noop": ("kerneldev", "rsync"),
+    "diff_noop": ("kerneldev", "rsync", "rsync-c"),
+}
+
+_PARAMIKO_PROBE = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import paramiko
+t1 = time.perf_counter()
+key = paramiko.Ed25519Key.from_private_key_file(sys.argv[3])
+c = paramiko.SSHClient()
+c.load_host_keys(sys.argv[4])
+c.connect("127.0.0.1", port=int(sys.argv[1]), username=sys.argv[2], pkey=key,
+          allow_agent=False, look_for_keys=False)
+t2 = time.perf_counter()
+_, out, _ = c.exec_command("true")
+out.channel.recv_exit_status()
+t3 = time.perf_counter()
+c.close()
+print(json.dumps({"import": t1 - t0, "connect_auth": t2 - t1, "exec_true": t3 - t2}))
+"""
+
+
+class Bench:
+    def __init__(self, tmp: Path, kerneldev: str, base: Path | None = None) -> None:
+        self.tmp = tmp
+        self.kerneldev = kerneldev
+        self.base = base  # another kerneldev source tree, timed as the tool "kerneldev-base"
+        self.own = ("kerneldev", "rsync", "scp") + (("kerneldev-base",) if base else ())
+        self.server = start_sshd(tmp / "sshd")
+        self.home = tmp / "home"
+        ssh_dir = self.home / ".ssh"
+        ssh_dir.mkdir(parents=True)
+        (ssh_dir / "known_hosts").write_text(self.server.host_key_line)
+        (ssh_dir / "config").write_text(
+            "Host kbench\n"
+            "  HostName 127.0.0.1\n"
+            f"  Port {self.server.port}\n"
+            f"  User {self.server.user}\n"
+            f"  IdentityFile {self.server.client_key}\n"
+            "  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
+            "  StrictHostKeyChecking yes\n"
+            "  BatchMode yes\n"
+        )
+        os.chmod(ssh_dir / "config", 0o600)
+        # OpenSSH finds ~ in the passwd entry, not $HOME: rsync, scp and ssh get -F; kerneldev
+        # reads the same file as ~/.ssh/config through $HOME.
+        self.ssh_config = ssh_dir / "config"
+        self.config = tmp / "hosts.yaml"
+        env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "KERNELDEV_HOST")}
+        env.update(HOME=str(self.home), KERNELDEV_CONFIG=str(self.config))
+        env.pop("KERNELDEV_SSH_CONFIG", None)
+        self.env = env
+        self.generation = 0
+        hosts = []
+        for case, n in CASES.items():
+            for tool in self.own:
+                self.remote(case, tool).mkdir(parents=True)
+                self.local(case, tool).mkdir(parents=True)
+            self.write_files(self.remote(case, "kerneldev"), case)
+            for tool in self.own[1:]:
+                _copy_tree(self.remote(case, "kerneldev"), self.remote(case, tool))
+            files = '["*.py"]' if n else '["big.bin"]'
+            for tool, name in (("kerneldev", f"c{case}"), ("kerneldev-base", f"b{case}")):
+                if tool in self.own:
+                    hosts.append(
+                        f"  {name}:\n    hostname: kbench\n    root: {self.remote(case, tool)}\n"
+                        f"    workspace: {self.local(case, tool)}\n    files: {files}\n"
+                    )
+        self.config.write_text("hosts:\n" + "".join(hosts))
+
+    def remote(self, case: str, tool: str) -> Path:
+        return self.tmp / "host" / case / tool
+
+    def local(self, case: str, tool: str) -> Path:
+        return self.tmp / "local" / case / tool
+
+    def write_files(self, folder: Path, case: str) -> None:
+        """New content for every file of the case (same sizes), with a fresh mtime."""
+        self.generation += 1
+        n = CASES[case]
+        stamp = time.time() + self.generation  # rsync compares whole seconds
+        if n == 0:
+            data = os.urandom(BIG)
+            (folder / "big.bin").write_bytes(data)
+            os.utime(folder / "big.bin", (stamp, stamp))
+            return
+        for i in range(n):
+            line = f"# generation {self.generation} file {i} " + "x" * 60 + "\n"
+            body = (line * (SMALL // len(line) + 1))[:SMALL]
+            path = folder / f"k_{i:03d}.py"
+            path.write_text(body)
+            os.utime(path, (stamp, stamp))
+
+    # --- one timed command per tool and operation ----------------------------------------
+    def prepare(self, case: str, op: str, tool: str) -> None:
+        local = self.local(case, "rsync" if tool == "rsync-c" else tool)
+        if op == "pull_cold":
+            shutil.rmtree(local)
+            local.mkdir()
+        elif op == "push_cold":
+            self.write_files(local, case)
+
+    def command(self, case: str, op: str, tool: str) -> list[str]:
+        local = self.local(case, "rsync" if tool == "rsync-c" else tool)
+        remote = "kbench:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
+        verb = op.split("_")[0]
+        ssh = f"ssh -F {self.ssh_config}"
+        if tool in ("kerneldev", "kerneldev-base"):
+            extra = ["--no-import-check"] if verb == "push" else []
+            name = f"{'c' if tool == 'kerneldev' else 'b'}{case}"
+            return [self.kerneldev, verb, "--host", name, *extra]
+        if tool in ("rsync", "rsync-c"):
+            flags = ["-a"] + (["-n"] if verb == "diff" else [])
+            flags += ["-c"] if tool == "rsync-c" else []
+            if verb == "pull":
+                return ["rsync", *flags, "-e", ssh, remote + "/", str(local) + "/"]
+            return ["rsync", *flags, "-e", ssh, str(local) + "/", remote + "/"]
+        if tool == "scp":
+            scp = ["scp", "-F", str(self.ssh_config), "-q", "-p"]
+            if verb == "pull":
+                return [*scp, remote + "/*", str(local) + "/"]
+            return [*scp, *sorted(str(p) for p in local.iterdir()), remote + "/"]
+        raise ValueError(tool)
+
+    def time_command(self, argv: list[str], tool: str = "") -> float:
+        env = self.env
+        if tool == "kerneldev-base":
+            env = {**env, "PYTHONPATH": str(self.base)}
+        start = time.perf_counter()
+        proc = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL)
+        took = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(
+                f"{' '.join(argv)} exited {proc.returncode}:\n"
+                f"{proc.stdout.decode(errors='replace')}{proc.stderr.decode(errors='replace')}"
+            )
+        return took
+
+    def check_same(self, cases: list[str]) -> list[str]:
+        """Every tool's local folder holds exactly its host folder's bytes."""
+        problems = []
+        for case in cases:
+            for tool in self.own:
+                a, b = _tree(self.local(case, tool)), _tree(self.remote(case, tool))
+                if a != b:
+                    problems.append(f"{case}/{tool}: local and host differ")
+        return problems
+
+    def close(self) -> None:
+        self.server.stop()
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    for p in src.iterdir():
+        shutil.copy2(p, dst / p.name)
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".")
+    }
+
+
+def _stats(samples: list[float]) -> dict:
+    return {
+        "median": statistics.median(samples),
+        "min": min(samples),
+        "max": max(samples),
+        "samples": samples,
+    }
+
+
+def fixed_costs(bench: Bench, runs: int) -> dict:
+    py = sys.executable
+    mux = ["ssh", "-F", str(bench.ssh_config), "-o", "ControlMaster=auto", "-o"]
+    mux += [f"ControlPath={bench.tmp}/cm-%C", "-o", "ControlPersist=300"]
+    probe_args = [
+        str(bench.server.port),
+        bench.server.user,
+        str(bench.server.client_key),
+        str(bench.home / ".ssh" / "known_hosts"),
+    ]
+    commands = {
+        "python -c pass": [py, "-c", "pass"],
+        "kerneldev --help": [bench.kerneldev, "--help"],
+        "python -c 'import paramiko'": [py, "-c", "import paramiko"],
+        "paramiko connect+auth+true (process)": [py, "-c", _PARAMIKO_PROBE, *probe_args],
+        "ssh kbench true": ["ssh", "-F", str(bench.ssh_config), "kbench", "true"],
+        # What reusing an authenticated connection (OpenSSH ControlMaster) would leave.
+        "ssh kbench true (ControlMaster, warm)": [*mux, "kbench", "true"],
+    }
+    bench.time_command([*mux, "kbench", "true"])  # starts the master
+    samples: dict[str, list[float]] = {k: [] for k in commands}
+    inside: list[dict] = []
+    for r in range(runs):
+        names = list(commands)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        for name in names:
+            if name.startswith("paramiko"):
+                start = time.perf_counter()
+                out = subprocess.run(
+                    commands[name], env=bench.env, capture_output=True, check=True, text=True
+                )
+                samples[name].append(time.perf_counter() - start)
+                inside.append(json.loads(out.stdout))
+            else:
+                samples[name].append(bench.time_command(commands[name]))
+    subprocess.run([*mux, "-O", "exit", "kbench"], env=bench.env, capture_output=True)
+    result = {k: _stats(v) for k, v in samples.items()}
+    result["paramiko inside the process"] = {
+        k: statistics.median(d[k] for d in inside) for k in inside[0]
+    }
+    result["importtime"] = {
+        "kerneldev --help": importtime(bench, ["--help"]),
+        "kerneldev diff": importtime(bench, ["diff", "--host", "c1"]),
+    }
+    return result
+
+
+def importtime(bench: Bench, args: list[str]) -> dict:
+    """-X importtime of one kerneldev command: total and the top-level packages by time."""
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "kerneldev", *args],
+        env=bench.env,
+        capture_output=True,
+        text=True,
+    )
+    per_package: dict[str, int] = {}
+    total = 0
+    for line in proc.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _cumulative, name = (x.strip() for x in line[len("import time:") :].split("|"))
+        top = name.strip().split(".")[0]
+        per_package[top] = per_package.get(top, 0) + int(self_us)
+        total += int(self_us)
+    top = sorted(per_package.items(), key=lambda kv: -kv[1])[:10]
+    return {"total_ms": total / 1000, "top_ms": {k: v / 1000 for k, v in top}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--cases", default=",".join(CASES), help="comma list of " + ",".join(CASES))
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--out", default=None, help="JSON results (default: docs/results/...)")
+    parser.add_argument("--label", default="", help="a name for this run, kept in the JSON")
+    parser.add_argument(
+        "--kerneldev",
+        default=str(Path(sys.executable).with_name("kerneldev")),
+        help="the kerneldev console script to time",
+    )
+    parser.add_argument("--no-fixed", action="store_true", help="skip the fixed-cost part")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="a folder holding another kerneldev package (e.g. `git archive main kerneldev`), "
+        "timed interleaved as the tool kerneldev-base through PYTHONPATH",
+    )
+    args = parser.parse_args()
+    cases = [c for c in args.cases.split(",") if c]
+    ops = [o for o in args.ops.split(",") if o]
+
+    tmp = Path(tempfile.mkdtemp(prefix="kerneldev-bench-"))
+    bench = Bench(tmp, args.kerneldev, args.base)
+    times: dict[tuple[str, str, str], list[float]] = {}
+    try:
+        # One untimed pull, so every tool starts from the same local state (and the push
+        # cases have a workspace whose state knows the files).
+        for case in cases:
+            for tool in bench.own:
+                bench.time_command(bench.command(case, "pull_cold", tool), tool)
+        for r in range(args.runs):
+            for case in cases:
+                for op in ops:
+                    tools = list(TOOLS[op]) + (["kerneldev-base"] if args.base else [])
+                    tools = tools[r % len(tools) :] + tools[: r % len(tools)]
+                    for tool in tools:
+                        bench.prepare(case, op, tool)
+                        took = bench.time_command(bench.command(case, op, tool), tool)
+                        times.setdefault((case, op, tool), []).append(took)
+            print(f"run {r + 1}/{args.runs} done", file=sys.stderr)
+        problems = bench.check_same(cases)
+        print("timing the fixed costs", file=sys.stderr)
+        try:
+            fixed = None if args.no_fixed else fixed_costs(bench, args.runs)
+        except Exception as err:  # noqa: BLE001 - keep the timings already made
+            print(f"fixed costs failed: {err!r}", file=sys.stderr)
+            fixed = None
+    finally:
+        bench.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    rows = []
+    for case in cases:
+        for op in ops:
+            entry = {"case": case, "op": op}
+            for tool in TOOLS[op] + (("kerneldev-base",) if args.base else ()):
+                entry[tool] = _stats(times[(case, op, tool)])
+            entry["ratio_vs_rsync"] = entry["kerneldev"]["median"] / entry["rsync"]["median"]
+            if args.base:
+                base = entry["kerneldev-base"]["median"]
+                entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
+            rows.append(entry)
+    result = {
+        "label": args.label,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_avg": os.getloadavg(),
+            "python": sys.version.split()[0],
+            "rsync": _first_line(["rsync", "--version"]),
+            "ssh": _first_line(["ssh", "-V"]),
+            "paramiko": _module_version("paramiko"),
+            "kerneldev_commit": _first_line(["git", "rev-parse", "--short", "HEAD"]),
+        },
+        "runs": args.runs,
+        "command": " ".join(["python", *sys.argv]),
+        "rows": rows,
+        "fixed_costs": fixed,
+        "problems": problems,
+    }
+    out = Path(args.out) if args.out else _default_out()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(render(result))
+    print(f"\nfull results: {out}")
+    return 1 if problems else 0
+
+
+def render(result: dict) -> str:
+    has_base = any("kerneldev-base" in row for row in result["rows"])
+    lines = [
+        f"{'case':>5} {'operation':<10} {'kerneldev':>18} {'rsync':>18} {'other':>24} {'ratio':>6}"
+        + (f" {'base':>18} {'base ratio':>10}" if has_base else "")
+    ]
+
+    def cell(s: dict) -> str:
+        return f"{s['median']:.3f} ({s['min']:.2f}-{s['max']:.2f})"
+
+    for row in result["rows"]:
+        other = ""
+        for tool in ("scp", "rsync-c"):
+            if tool in row:
+                other = f"{tool} {cell(row[tool])}"
+        lines.append(
+            f"{row['case']:>5} {row['op']:<10} {cell(row['kerneldev']):>18} "
+            f"{cell(row['rsync']):>18} {other:>24} {row['ratio_vs_rsync']:>6.2f}"
+            + (
+                f" {cell(row['kerneldev-base']):>18} {row['base_ratio_vs_rsync']:>10.2f}"
+                if has_base
+                else ""
+            )
+        )
+    fixed = result.get("fixed_costs")
+    if fixed:
+        lines.append("\nfixed costs (median, s):")
+        for name, s in fixed.items():
+            if isinstance(s, dict) and "median" in s:
+                lines.append(f"  {name:<40} {s['median']:.3f}")
+        inside = fixed["paramiko inside the process"]
+        lines.append("  paramiko inside: " + ", ".join(f"{k} {v:.3f}" for k, v in inside.items()))
+        for name, it in fixed["importtime"].items():
+            top = ", ".join(f"{k} {v:.0f}" for k, v in list(it["top_ms"].items())[:6])
+            lines.append(f"  importtime {name}: {it['total_ms']:.0f} ms ({top})")
+    if result["problems"]:
+        lines.append("PROBLEMS: " + "; ".join(result["problems"]))
+    return "\n".join(lines)
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True)
+    except OSError:
+        return "?"
+    return (proc.stdout or proc.stderr).strip().splitlines()[0]
+
+
+def _module_version(name: str) -> str:
+    try:
+        from importlib.metadata import version
+
+        return version(name)
+    except Exception:  # noqa: BLE001 - informational only
+        return "?"
+
+
+def _default_out() -> Path:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H%M")
+    results = Path(__file__).resolve().parent.parent / "docs" / "results"
+    return results / f"sync-vs-rsync-{stamp}.json"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Receive several files on the host from one stream, each landing atomically.
+
+Self-contained like `_hashfiles.py`: `SSHTransport.put_files` runs this source on the host with
+`python3 -c` and writes to its stdin an 8-byte big-endian length and a JSON request
+(`{"mark": TEMP_MARK, "files": [{"path", "mode", "expect", "check"}...]}`), then per file the
+records of `_sendfiles.py`'s framing: `D` chunks and one `E` (end of this file); an `A` record
+or the end of the input mid-file aborts (the client was interrupted or went away).
+
+Per file, the same rules as `SSHTransport.put_file`: a symlink is written through to its
+target; parent folders are created; the bytes go to `.<name><mark><random>` next to the target
+(exclusive create, mode set before any byte lands, the replaced file's owner kept where
+allowed); then, when `check` is set, the live file is hashed again and must still be `expect`
+(None: absent) - the compare-and-swap - and only then is the temporary file renamed over the
+target. A temporary file never outlives a failure or an abort.
+
+One JSON line per file on stdout: `{"i": n, "ok": true, "sha256", "size"}` once it is renamed,
+or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"error", "error": text}`; after the
+first failure nothing more is written or read. Standard library only, Python 3.6 compatible.
+"""
+
+import hashlib
+import json
+import os
+import stat
+import struct
+import sys
+
+CHUNK = 1 << 20
+HEADER = struct.Struct(">cQ")
+
+
+class Aborted(Exception):
+    pass
+
+
+class Changed(Exception):
+    pass
+
+
+def read_exact(inp, n):
+    parts = []
+    while n:
+        block = inp.read(min(n, CHUNK))
+        if not block:
+            raise Aborted("the stream ended early")
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
+                digest.update(block)
+    except FileNotFoundError:
+        return None
+    return digest.hexdigest()
+
+
+def receive(inp, item, mark):
+    """Land one file; returns (sha256, size) of what was written, raises on failure."""
+    path = item["path"]
+    if os.path.islink(path):
+        path = os.path.realpath(path)
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    owner = None
+    mode = item["mode"]
+    try:
+        st = os.stat(path)
+        owner = (st.st_uid, st.st_gid)
+        if mode is None:
+            mode = stat.S_IMODE(st.st_mode)
+    except FileNotFoundError:
+        if mode is None:
+            mode = 0o644
+    tmp = os.path.join(folder, "." + name + mark + os.urandom(6).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), mode)
+            now = os.fstat(f.fileno())
+            if owner is not None and (now.st_uid, now.st_gid) != owner:
+                try:
+                    os.fchown(f.fileno(), *owner)
+                except PermissionError:
+                    pass  # only root may give a file away
+            digest = hashlib.sha256()
+            size = 0
+            while True:
+                kind, length = HEADER.unpack(read_exact(inp, HEADER.size))
+                if kind == b"E":
+                    break
+                if kind != b"D":
+                    raise Aborted("aborted by the client")
+                block = read_exact(inp, length)
+                f.write(block)
+                digest.update(block)
+                size += len(block)
+        if item["check"] and sha256_of(path) != item["expect"]:
+            raise Changed()
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return digest.hexdigest(), size
+
+
+def main():
+    inp, out = sys.stdin.buffer, sys.stdout
+    (length,) = struct.unpack(">Q", read_exact(inp, 8))
+    request = json.loads(read_exact(inp, length).decode("utf-8"))
+    for i, item in enumerate(request["files"]):
+        try:
+            sha, size = receive(inp, item, request["mark"])
+            line = {"i": i, "ok": True, "sha256": sha, "size": size}
+        except Changed:
+            line = {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}
+        except Aborted as err:
+            line = {"i": i, "ok": False, "reason": "aborted", "error": str(err)}
+        except OSError as err:
+            line = {"i": i, "ok": False, "reason": "error", "error": err.strerror or str(err)}
+        out.write(json.dumps(line) + "\n")
+        out.flush()
+        if not line["ok"]:
+            return
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (BrokenPipeError, Aborted):
+        pass  # the client went away: every temporary file is already removed

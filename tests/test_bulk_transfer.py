@@ -1,0 +1,244 @@
+"""The bulk transfer paths over the real sshd: pull's files down and push's files up, in one
+exec stream or one by one over SFTP (byte for byte, any name, empty files, modes, the
+compare-and-swap, Ctrl-C mid-file), and the number of remote commands a no-op `diff`, `pull`
+and `push` make after authentication (counted on the SSH channels opened)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import stat
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from kerneldev import interrupt, sync
+from kerneldev.cli.environment import Environment
+from kerneldev.cli.main import main
+from kerneldev.state import load_state
+from kerneldev.transport import ssh
+from kerneldev.transport.base import LiveChangedError, PutItem
+from kerneldev.transport.ssh import SSHTransport
+from tests.sshutil import ssh_host, write_hosts_yaml
+from tests.test_transport import HOSTILE_NAMES
+
+
+@pytest.fixture(params=["stream", "sftp"])
+def host(request, sshd_server, tmp_path, isolated_home, monkeypatch):
+    """The test sshd, with files moving in one exec stream or one by one over SFTP (the
+    transport picks by the number of files; both paths must keep every guarantee)."""
+    monkeypatch.setattr(ssh, "BULK_MIN_FILES", 1 if request.param == "stream" else 10**6)
+    return ssh_host(sshd_server, tmp_path, files=("*.py", "*.bin"))
+
+
+def _temp_files(folder: Path) -> list[str]:
+    return [str(p) for p in folder.rglob("*") if ".kerneldev-tmp-" in p.name]
+
+
+def test_pull_streams_every_name_empty_files_and_modes_byte_for_byte(host):
+    root, ws = Path(host.root), Path(host.workspace)
+    contents = {name: name.encode() * 50 for name in HOSTILE_NAMES}
+    contents["empty.py"] = b""
+    contents["big.bin"] = os.urandom(3 << 20) + bytes(range(256))
+    modes = {"plain.py": 0o755, "empty.py": 0o600, "-dash.py": 0o640}
+    for name, data in contents.items():
+        (root / name).write_bytes(data)
+        (root / name).chmod(modes.get(name, 0o644))
+    with SSHTransport(host) as t:
+        result = sync.pull(t, host)
+        assert {f.path for f in result.files if f.action == "pulled"} == set(contents)
+        for name, data in contents.items():
+            assert (ws / name).read_bytes() == data, name
+            assert stat.S_IMODE((ws / name).stat().st_mode) == modes.get(name, 0o644), name
+        # Changed on the host: the workspace copies are replaced, again byte for byte.
+        for name in ("with space.py", "-dash.py", "big.bin"):
+            contents[name] = b"v2 " + contents[name][::-1]
+            (root / name).write_bytes(contents[name])
+        again = sync.pull(t, host)
+    assert sorted(f.path for f in again.files if f.action == "pulled") == sorted(
+        ["with space.py", "-dash.py", "big.bin"]
+    )
+    for name, data in contents.items():
+        assert (ws / name).read_bytes() == data, name
+    assert _temp_files(ws) == []
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_ctrl_c_mid_file_leaves_no_partial_workspace_file(host, existing):
+    root, ws = Path(host.root), Path(host.workspace)
+    (root / "a.py").write_bytes(b"a v1\n")
+    big = os.urandom(4 << 20)
+    (root / "big.bin").write_bytes(big)
+    with SSHTransport(host) as t:
+        if existing:
+            sync.pull(t, host)
+            (root / "a.py").write_bytes(b"a v2\n")
+            (root / "big.bin").write_bytes(big[::-1])
+        real = t.stream_files
+
+        def first_chunk_then_ctrl_c(chunks):
+            yield next(chunks)
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it, mid-file
+            yield from chunks
+
+        def spy(paths):
+            for path, chunks in real(paths):
+                yield path, first_chunk_then_ctrl_c(chunks) if path.endswith("big.bin") else chunks
+
+        t.stream_files = spy
+        with pytest.raises(interrupt.Interrupted), interrupt.deferred_signals():
+            sync.pull(t, host)
+        assert _temp_files(ws) == []
+        # a.py (before big.bin) landed and is recorded; big.bin is its old self or absent.
+        assert (ws / "a.py").read_bytes() == (root / "a.py").read_bytes()
+        assert load_state(ws).files["a.py"].sha256 is not None
+        if existing:
+            assert (ws / "big.bin").read_bytes() == big
+        else:
+            assert not (ws / "big.bin").exists()
+        # The connection is still usable, and the next pull finishes the job.
+        t.stream_files = real
+        sync.pull(t, host)
+    assert (ws / "big.bin").read_bytes() == (root / "big.bin").read_bytes()
+
+
+class ChannelCounter:
+    """Every exec command and subsystem (sftp) started on any SSH connection of this process."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.opened: list[str] = []
+        exec_command, invoke_subsystem = (
+            paramiko.Channel.exec_command,
+            paramiko.Channel.invoke_subsystem,
+        )
+
+        def counted_exec(chan, command):
+            self.opened.append(f"exec {command[:60]}")
+            return exec_command(chan, command)
+
+        def counted_subsystem(chan, name):
+            self.opened.append(f"subsystem {name}")
+            return invoke_subsystem(chan, name)
+
+        monkeypatch.setattr(paramiko.Channel, "exec_command", counted_exec)
+        monkeypatch.setattr(paramiko.Channel, "invoke_subsystem", counted_subsystem)
+
+    def during(self, *args: str) -> list[str]:
+        self.opened.clear()
+        out, err = io.StringIO(), io.StringIO()
+        code = main(list(args), env=Environment(stdout=out, stderr=err, stdin=io.StringIO()))
+        assert code in (0, 1), err.getvalue()
+        return list(self.opened)
+
+
+def test_no_op_diff_and_pull_make_one_remote_command(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    for i in range(20):
+        (root / f"k{i}.py").write_bytes(b"x" * 13000 + bytes([i]))
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    counter = ChannelCounter(monkeypatch)
+    cold = counter.during("--config", str(config), "pull")
+    assert len(cold) == 2, cold  # the hashes, then every file in one stream
+    assert len(counter.during("--config", str(config), "pull")) == 1
+    assert len(counter.during("--config", str(config), "diff")) == 1
+    # A no-op push: the lock taken, the plan (hashes, root, leftovers), the lock released.
+    push = counter.during("--config", str(config), "push", "--no-import-check")
+    assert len(push) == 3, push
+    # Leftovers of an interrupted run are still reported by the one-command diff.
+    (root / f".k1.py.kerneldev-tmp-{'0' * 12}").write_bytes(b"half")
+    out, err = io.StringIO(), io.StringIO()
+    main(["--config", str(config), "diff"], env=Environment(stdout=out, stderr=err))
+    assert "leftovers of interrupted kerneldev runs: 1 temporary file" in err.getvalue()
+
+
+# --- put_files: push's one stream up ---------------------------------------------------------
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _item(root: Path, name: str, data: bytes, **fields) -> PutItem:
+    return PutItem(str(root / name), lambda: io.BytesIO(data), **fields)
+
+
+def test_put_files_every_name_empty_files_and_modes_byte_for_byte(host):
+    root = Path(host.root)
+    contents = {name: b"new " + name.encode() * 30 for name in HOSTILE_NAMES}
+    contents["empty.py"] = b""
+    contents["sub dir/big.bin"] = os.urandom(3 << 20)
+    (root / "plain.py").write_bytes(b"old")
+    (root / "plain.py").chmod(0o750)  # an existing file keeps its mode
+    (root / "-dash.py").write_bytes(b"old")
+    names = sorted(contents)
+    items = [
+        _item(
+            root,
+            n,
+            contents[n],
+            mode=None if n in ("plain.py", "-dash.py") else 0o600 if n == "empty.py" else 0o644,
+            expect_sha256=_sha(b"old") if n in ("plain.py", "-dash.py") else None,
+        )
+        for n in names
+    ]
+    landed = []
+    with SSHTransport(host) as t:
+        t.put_files(items, on_landed=lambda i, sha, size: landed.append((names[i], sha, size)))
+    assert landed == [(n, _sha(contents[n]), len(contents[n])) for n in names]
+    for name, data in contents.items():
+        assert (root / name).read_bytes() == data, name
+    assert stat.S_IMODE((root / "plain.py").stat().st_mode) == 0o750
+    assert stat.S_IMODE((root / "empty.py").stat().st_mode) == 0o600
+    assert _temp_files(root) == []
+
+
+def test_put_files_compare_and_swap_stops_at_the_changed_file(host):
+    root = Path(host.root)
+    for name in ("a.py", "b.py", "c.py"):
+        (root / name).write_bytes(b"v1 " + name.encode())
+    (root / "b.py").write_bytes(b"changed by hand")  # since the plan saw v1
+    items = [
+        _item(root, n, b"v2", expect_sha256=_sha(b"v1 " + n.encode()))
+        for n in ("a.py", "b.py", "c.py")
+    ]
+    landed = []
+    with SSHTransport(host) as t:
+        with pytest.raises(LiveChangedError) as caught:
+            t.put_files(items, on_landed=lambda i, sha, size: landed.append(i))
+        assert t.run("true").ok  # the connection is still usable
+    assert caught.value.index == 1 and landed == [0]
+    assert (root / "a.py").read_bytes() == b"v2"
+    assert (root / "b.py").read_bytes() == b"changed by hand"
+    assert (root / "c.py").read_bytes() == b"v1 c.py"
+    assert _temp_files(root) == []
+
+
+def test_put_files_ctrl_c_mid_file_lands_nothing_half_written(host):
+    root = Path(host.root)
+    (root / "a.py").write_bytes(b"a v1")
+    (root / "big.bin").write_bytes(b"big v1")
+    big = os.urandom(4 << 20)
+    items = [_item(root, "a.py", b"a v2"), _item(root, "big.bin", big)]
+    items = [PutItem(i.path, i.open, check=False) for i in items]
+    sent = []
+
+    def on_bytes(n: int) -> None:
+        sent.append(n)
+        if len(sent) == 2:  # the first chunk of big.bin is out
+            os.kill(os.getpid(), signal.SIGINT)
+
+    landed = []
+    with SSHTransport(host) as t:
+        with pytest.raises(interrupt.Interrupted), interrupt.deferred_signals():
+            t.put_files(items, on_landed=lambda i, sha, size: landed.append(i), on_bytes=on_bytes)
+        assert t.run("true").ok
+    assert landed == [0]  # exactly what the host renamed is reported as landed
+    assert (root / "a.py").read_bytes() == b"a v2"
+    assert (root / "big.bin").read_bytes() == b"big v1"
+    assert _temp_files(root) == []
