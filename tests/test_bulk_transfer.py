@@ -19,7 +19,6 @@ from kerneldev import interrupt, sync
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.state import load_state
-from kerneldev.transport import ssh
 from kerneldev.transport.base import LiveChangedError, PutItem
 from kerneldev.transport.ssh import SSHTransport
 from tests.sshutil import ssh_host, write_hosts_yaml
@@ -30,7 +29,8 @@ from tests.test_transport import HOSTILE_NAMES
 def host(request, sshd_server, tmp_path, isolated_home, monkeypatch):
     """The test sshd, with files moving in one exec stream or one by one over SFTP (the
     transport picks by the number of files; both paths must keep every guarantee)."""
-    monkeypatch.setattr(ssh, "BULK_MIN_FILES", 1 if request.param == "stream" else 10**6)
+    stream = request.param == "stream"
+    monkeypatch.setattr(SSHTransport, "_stream_pays", lambda self, *args: stream)
     return ssh_host(sshd_server, tmp_path, files=("*.py", "*.bin"))
 
 
@@ -103,6 +103,19 @@ def test_ctrl_c_mid_file_leaves_no_partial_workspace_file(host, existing):
         t.stream_files = real
         sync.pull(t, host)
     assert (ws / "big.bin").read_bytes() == (root / "big.bin").read_bytes()
+
+
+def test_stream_or_sftp_is_chosen_by_what_this_host_costs(sshd_server, tmp_path, isolated_home):
+    host = ssh_host(sshd_server, tmp_path)
+    with SSHTransport(host) as t:
+        assert not t._stream_pays(1, 4, host.root)  # one file never needs a stream
+        assert t._stream_pays(16, 4, host.root)  # nothing measured yet: by the file count
+        t.hash_files(host.root, ["*.py"])  # timed: the cost of a helper command here
+        t._exec_seconds, t._sftp_seconds = 0.5, 0.001  # a slow login shell, fast SFTP
+        assert not t._stream_pays(100, 4, host.root)
+        assert t._stream_pays(200, 4, host.root)
+        t._exec_seconds, t._sftp_seconds = 0.03, 0.02  # a plain shell, a WAN round trip
+        assert t._stream_pays(2, 4, host.root)
 
 
 class ChannelCounter:

@@ -91,12 +91,16 @@ EXIT_GRACE = 2.0  # seconds to keep reading output after a command exited (see r
 # fast link (paramiko's default of 2 MiB would stall a 50 MB transfer on acknowledgements).
 STREAM_WINDOW = 16 << 20
 STREAM_PACKET = 1 << 18  # bytes per SSH packet the host may send on it (paramiko: 32 KiB)
-# Fewer files than this go one by one over SFTP, more in one stream over an exec channel. An
-# exec channel starts the login shell (with its rc files: conda or pyenv init on many GPU
-# boxes) and a Python on the host, measured at 20-40 ms on a plain host and 0.5 s on one that
-# runs `pyenv init` in .bashrc; the sftp subsystem starts neither, and costs ~5 ms per small
-# file on loopback (more per round trip over a WAN). See docs/benchmarks.md, "Sync speed".
+# Files move one by one over SFTP or all in one stream over an exec channel, whichever this
+# host makes cheaper. An exec channel starts the login shell (with its rc files: conda or pyenv
+# init on many GPU boxes) and a Python on the host: 20-40 ms on a plain host, 0.5 s measured
+# on one whose .bashrc runs `pyenv init`. The sftp subsystem starts neither; it costs a few
+# requests per file (SFTP_REQUESTS_*), each one network round trip. The command's own hash
+# request times the first, an SFTP stat the second (see docs/benchmarks.md, "Sync speed").
+# Before either is known, BULK_MIN_FILES files or more go in one stream.
 BULK_MIN_FILES = 16
+SFTP_REQUESTS_READ = 4  # open, fstat, the pipelined reads, close
+SFTP_REQUESTS_WRITE = 12  # lstat, stat, open, chmod, writes, close, the check's 4, rename
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
 _PID_MARK = "kerneldev-pid="
 # Runs `sh -c <command>` after naming its pid on stderr; the command keeps that pid (exec).
@@ -110,6 +114,8 @@ class SSHTransport(Transport):
         self.connection = host if isinstance(host, SSHConnection) else SSHConnection(host)
         self.host_config = self.connection.host_config
         self.host_name = self.connection.host_name
+        self._exec_seconds: float | None = None  # fastest helper command seen (hash request)
+        self._sftp_seconds: float | None = None  # one SFTP request's round trip
 
     def close(self) -> None:
         self.connection.close()
@@ -235,7 +241,10 @@ class SSHTransport(Transport):
     def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
         root = request["root"]
+        started = time.monotonic()
         result = self.run(command, stdin=json.dumps(request).encode("utf-8"))
+        took = time.monotonic() - started
+        self._exec_seconds = min(took, self._exec_seconds or took)
         if result.exited == 127 and "no python3" in result.stderr:
             raise TransferError(
                 f"cannot hash files on {self.host_name}: no python3 on the host",
@@ -265,7 +274,7 @@ class SSHTransport(Transport):
         # One exec channel for all files: `_sendfiles.py` runs under the host's python and
         # frames each file's bytes in bounded records (see its docstring). No per-file SFTP
         # round trips, and the bytes flow while the previous file is still being written here.
-        if len(paths) < BULK_MIN_FILES:
+        if not self._stream_pays(len(paths), SFTP_REQUESTS_READ, paths[0] if paths else "/"):
             for path in paths:
                 yield path, self._sftp_chunks(path)
             return
@@ -288,6 +297,24 @@ class SSHTransport(Transport):
                 yield path, self._file_chunks(reader, path)
         finally:
             chan.close()
+
+    def _stream_pays(self, files: int, requests: int, probe: str) -> bool:
+        """Whether one exec stream is cheaper than `files` x `requests` SFTP round trips."""
+        if files < 2:
+            return False
+        if self._exec_seconds is None:
+            return files >= BULK_MIN_FILES
+        if self._sftp_seconds is None:
+            sftp = self._sftp_client()
+            started = time.monotonic()
+            try:
+                sftp.stat(probe)
+            except OSError:
+                pass  # a missing path answers as fast
+            except (EOFError, paramiko.SSHException) as err:
+                raise self._dropped(err, "starting a file transfer") from None
+            self._sftp_seconds = time.monotonic() - started
+        return self._exec_seconds < files * requests * self._sftp_seconds
 
     def _sftp_chunks(self, path: str) -> Iterator[bytes]:
         sftp = self._sftp_client()
@@ -412,7 +439,7 @@ class SSHTransport(Transport):
         # One exec channel for all files: `_receivefiles.py` on the host lands each one as
         # put_file does (temporary file, compare-and-swap, rename) and reports it by one line.
         # The bytes of the next file flow while the host renames the previous one.
-        if len(items) < BULK_MIN_FILES:
+        if not self._stream_pays(len(items), SFTP_REQUESTS_WRITE, posixpath.dirname(items[0].path)):
             super().put_files(items, on_landed=on_landed, on_start=on_start, on_bytes=on_bytes)
             return
         command = _python_command(["python3", self.host_config.python], _script(_receivefiles))
