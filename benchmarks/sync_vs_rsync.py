@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -317,6 +318,8 @@ def main() -> int:
     cases = [c for c in args.cases.split(",") if c]
     ops = [o for o in args.ops.split(",") if o]
 
+    # SIGTERM unwinds like Ctrl-C, so the sshd started below is stopped and its folder removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = Path(tempfile.mkdtemp(prefix="kerneldev-bench-"))
     bench = Bench(tmp, args.kerneldev, args.base)
     times: dict[tuple[str, str, str], list[float]] = {}

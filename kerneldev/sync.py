@@ -137,7 +137,8 @@ def pull(
 
     bases: list[tuple[str, str, int, int]] = []
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    # Every file to transfer comes down one stream (one remote command), in this order.
+    # Every file to transfer comes down in one transfer, in this order (one stream, or SFTP file
+    # by file: the transport picks what is cheaper on this host).
     fetch = [
         p
         for p in snap.paths

@@ -241,6 +241,7 @@ class SSHTransport(Transport):
     def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
         root = request["root"]
+        self._connection()  # connected first: the timing below is one command, not the login
         started = time.monotonic()
         result = self.run(command, stdin=json.dumps(request).encode("utf-8"))
         took = time.monotonic() - started
@@ -271,8 +272,9 @@ class SSHTransport(Transport):
         return data
 
     def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
-        # One exec channel for all files: `_sendfiles.py` runs under the host's python and
-        # frames each file's bytes in bounded records (see its docstring). No per-file SFTP
+        # Few files (or a host where commands are slow to start): SFTP, file by file, in
+        # chunks. Else one exec channel for all: `_sendfiles.py` runs under the host's python
+        # and frames each file's bytes in bounded records (see its docstring); no per-file
         # round trips, and the bytes flow while the previous file is still being written here.
         if not self._stream_pays(len(paths), SFTP_REQUESTS_READ, paths[0] if paths else "/"):
             for path in paths:
@@ -436,9 +438,10 @@ class SSHTransport(Transport):
         on_start: IndexCallback | None = None,
         on_bytes: ByteCallback | None = None,
     ) -> None:
-        # One exec channel for all files: `_receivefiles.py` on the host lands each one as
-        # put_file does (temporary file, compare-and-swap, rename) and reports it by one line.
-        # The bytes of the next file flow while the host renames the previous one.
+        # Few files (or slow-to-start commands): put_file one by one over SFTP. Else one exec
+        # channel for all: `_receivefiles.py` on the host lands each one as put_file does
+        # (temporary file, compare-and-swap, rename) and reports it by one line; the bytes of
+        # the next file flow while the host renames the previous one.
         if not self._stream_pays(len(items), SFTP_REQUESTS_WRITE, posixpath.dirname(items[0].path)):
             super().put_files(items, on_landed=on_landed, on_start=on_start, on_bytes=on_bytes)
             return
