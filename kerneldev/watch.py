@@ -192,11 +192,28 @@ class _FileChanges:
             return None
         return rel
 
-    def _keep(self, _change, path: str) -> bool:
+    def _keep(self, change, path: str) -> bool:
         if path == str(self.probe):
             return True
         rel = self._rel(path)
-        return rel is not None and self.tracked(rel)
+        if rel is None:
+            return False
+        # A folder moved or copied in (a checkout swapped in, `mv new old`): inotify reports
+        # only the folder, not the files it brings, so it is kept and looked into.
+        if change == self._watchfiles.Change.added and os.path.isdir(path):
+            return rel != STATE_DIR and not rel.startswith(STATE_DIR + "/")
+        return self.tracked(rel)
+
+    def _tracked_under(self, folder: str) -> set[str]:
+        """The tracked files inside a folder that appeared in the workspace."""
+        found = set()
+        for parent, dirs, names in os.walk(folder):
+            dirs[:] = [d for d in dirs if d != STATE_DIR]
+            for name in names:
+                rel = self._rel(os.path.join(parent, name))
+                if rel is not None and self.tracked(rel):
+                    found.add(rel)
+        return found
 
     def _run(self) -> None:
         try:
@@ -214,7 +231,9 @@ class _FileChanges:
                         self.ready.set()
                         continue
                     rel = self._rel(path)
-                    if rel is not None:
+                    if rel is not None and os.path.isdir(path):
+                        paths |= self._tracked_under(path)
+                    elif rel is not None:
                         paths.add(rel)
                 if paths:
                     self.queue.put(paths)

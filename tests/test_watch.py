@@ -209,6 +209,27 @@ def test_editor_saves_give_one_push_each(setup: Setup):
     assert not (setup.root / A).with_name("4913").exists()
 
 
+def test_a_folder_swapped_in_pushes_the_tracked_files_it_brings(setup: Setup, tmp_path):
+    """`mv` of a folder into the workspace (a tree prepared elsewhere and swapped in): inotify
+    names only the folder; its tracked files that changed are still pushed."""
+    watch = Watch(setup, "--json", "--no-import-check")
+    watch.event("ready")
+    folder = (setup.workspace / A).parent
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    new = ORIGINAL_A + b"# prepared elsewhere\n"
+    (staged / Path(A).name).write_bytes(new)
+    (staged / Path(B).name).write_bytes(ORIGINAL_B)
+    os.rename(folder, tmp_path / "old")
+    os.rename(staged, folder)
+    event = watch.line(lambda s: json.loads(s)["kind"] == "push" and json.loads(s)["deployed"])
+    assert json.loads(event)["deployed"] == [A], event
+    assert (setup.root / A).read_bytes() == new
+    assert (setup.root / B).read_bytes() == ORIGINAL_B
+    code, _, err = watch.stop()
+    assert code == 0, err
+
+
 def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isolated_home):
     """A conflict is refused and left alone; the watch goes on: with --restart, a save whose
     service never gets healthy is rolled back, and the next save is live."""
@@ -357,3 +378,4 @@ def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
     assert (setup.root / A).read_bytes() == kernel
     code, _, err = watch.stop()
     assert code == 0, err
+
