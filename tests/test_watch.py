@@ -379,3 +379,14 @@ def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
     code, _, err = watch.stop()
     assert code == 0, err
 
+
+def test_the_line_of_a_save_that_deleted_the_files_says_so():
+    from kerneldev.cli.watch_cmd import describe
+    from kerneldev.watch import UNCHANGED, WatchEvent
+
+    event = WatchEvent(kind="push", host="h", time="2026-11-30T07:00:00Z", seq=3)
+    event.outcome, event.changed, event.ignored = UNCHANGED, [A], [A]
+    event.message = "the saved files were deleted from the workspace; watch never deletes"
+    line = describe(event)
+    assert "deleted from the workspace" in line, line
+    assert "live already has these bytes" not in line, line

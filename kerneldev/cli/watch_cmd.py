@@ -211,6 +211,8 @@ def _push_parts(event: watch.WatchEvent) -> list[str]:
     parts = []
     if event.deployed:
         parts.append(f"pushed {_files(event.deployed)} as {event.deploy_id}{took}")
+    elif event.outcome == watch.UNCHANGED and event.message:  # e.g. the files were deleted
+        parts.append(f"{_files(event.changed)}: {event.message}")
     elif event.outcome == watch.UNCHANGED:
         parts.append(f"{_files(event.changed)}: live already has these bytes, nothing pushed")
     elif event.outcome == watch.FAILED and not event.deploy_id:
