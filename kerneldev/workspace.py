@@ -117,19 +117,29 @@ def resolve_paths(host: HostConfig, paths: list[str] | None) -> list[str] | None
 def _to_root_relative(host: HostConfig, workspace: Path, raw: str) -> str | None:
     expanded = os.path.expanduser(raw)
     local = Path(os.path.normpath(os.path.abspath(expanded)))
-    if local == workspace or workspace in local.parents:
-        rel = local.relative_to(workspace).as_posix()
-    elif posixpath.isabs(expanded):
+    rel = _relative_to(local, workspace)
+    if rel is None:
+        # The workspace, or the user's path, through a symlink (the current folder is always
+        # the real one): compare the real folders; the file's own name is not followed.
+        real = Path(os.path.realpath(local.parent)) / local.name
+        rel = _relative_to(real, Path(os.path.realpath(workspace)))
+    if rel is None and posixpath.isabs(expanded):
         norm = posixpath.normpath(expanded)
         root = host.root.rstrip("/") or "/"
         if not norm.startswith(root.rstrip("/") + "/"):
             return None
         rel = norm[len(root.rstrip("/")) + 1 :]
-    else:
+    elif rel is None:
         rel = posixpath.normpath(expanded.replace(os.sep, "/"))
     if rel in (".", "") or rel == ".." or rel.startswith("../"):
         return None
     return rel
+
+
+def _relative_to(path: Path, folder: Path) -> str | None:
+    if path == folder or folder in path.parents:
+        return path.relative_to(folder).as_posix()
+    return None
 
 
 def hash_patterns(host: HostConfig, selected: list[str] | None) -> list[str]:

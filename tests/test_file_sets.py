@@ -108,6 +108,23 @@ def test_literal_path_and_is_glob():
     assert workspace.path_matches("a/star[1].py", workspace.glob_escape("a/star[1].py"))
 
 
+def test_paths_in_a_workspace_reached_through_a_symlink(tmp_path, monkeypatch):
+    """The configured workspace is a symlink (or the user's path goes through one): a path
+    relative to the current folder (which the OS reports as the real one) or through the
+    other name still names the workspace file."""
+    real = tmp_path / "disk" / "ws"
+    (real / "k").mkdir(parents=True)
+    (real / K).write_text("V = 1\n")
+    (tmp_path / "ws").symlink_to(real)
+    host = load_config(make_config(tmp_path, [K])).host("h")
+    monkeypatch.chdir(tmp_path / "ws" / "k")
+    assert workspace.resolve_paths(host, ["kernel.py", str(real / K)]) == [K]
+    other = load_config(make_config(tmp_path, [K], workspace=str(real))).host("h")
+    assert workspace.resolve_paths(other, [str(tmp_path / "ws" / K)]) == [K]
+    with pytest.raises(workspace.UsageError):
+        workspace.resolve_paths(host, [str(tmp_path / "disk" / "other.py")])
+
+
 def test_push_into_a_root_that_does_not_exist_is_refused(tmp_path, isolated_home):
     config = make_config(tmp_path, [K])
     assert kerneldev(config, "pull").returncode == 0
