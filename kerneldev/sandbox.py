@@ -688,6 +688,8 @@ def _restart_sshd(folder: Path) -> None:
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        # As sshd binds: connections of a killed sshd left in TIME_WAIT do not block it.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -122,3 +122,24 @@ def test_demo_reports_a_step_it_could_not_run_as_skipped(monkeypatch):
     assert demo.passed([ran, step])  # a skip is not a failure of the demo ...
     assert not demo.passed([step])  # ... and a demo that ran nothing did not pass
     assert not demo.passed([ran, step, demo.DemoStep("push", "", "", False)])
+
+
+def test_a_port_left_in_time_wait_by_a_killed_sshd_counts_as_free():
+    """`sandbox up` after its sshd was killed with clients connected: the old port only has
+    connections in TIME_WAIT, which sshd's own bind ignores; keeping the port keeps
+    hosts.yaml (and a running `watch`, which reconnects to it) valid."""
+    from kerneldev.sandbox import _port_free
+
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    server, _ = listener.accept()
+    server.close()  # the server closes first: its side of the connection enters TIME_WAIT
+    client.recv(1)
+    client.close()
+    assert not _port_free(port)  # still listening
+    listener.close()
+    assert _port_free(port)
