@@ -365,6 +365,7 @@ class Watcher:
             plan = sync.plan_push(self.transport, self.host, self._named(self.selected))
             self.last_contact = time.monotonic()
             changes.start()
+            workspace_dir = Path(self.host.workspace)
             edited = [f.path for f in plan.uploads]
             watching = [f.path for f in plan.files] if self.selected is None else self.selected
             notes = []
@@ -372,6 +373,13 @@ class Watcher:
                 notes.append(
                     f"not pushed yet (save them again, or `kerneldev push`): {', '.join(edited)}"
                 )
+            if self.selected is not None:
+                absent = [p for p in self.selected if not (workspace_dir / p).is_file()]
+                if absent:
+                    notes.append(
+                        f"not in the workspace (yet): {', '.join(absent)}; a PATH is one file "
+                        "by its literal name (a glob in it is not expanded)"
+                    )
             if plan.refused:
                 notes.append(
                     "changed on the host since the last pull/push: "

@@ -230,6 +230,20 @@ def test_a_folder_swapped_in_pushes_the_tracked_files_it_brings(setup: Setup, tm
     assert code == 0, err
 
 
+def test_a_path_that_names_no_workspace_file_is_noted(sshd_server, tmp_path, isolated_home):
+    """`kerneldev watch 'attention/*.py'` with that glob configured: PATHS are literal names,
+    so it names one file that does not exist; the ready line says so instead of watching in
+    silence."""
+    glob_path = str(Path(A).parent / "*.py")
+    setup = Setup(tmp_path, sshd_server, files=[glob_path])
+    watch = Watch(setup, "--json", A, glob_path)
+    ready = watch.event("ready")
+    assert any("not in the workspace (yet): " + glob_path in n for n in ready["notes"]), ready
+    assert not any(A + "," in n or n.endswith(A) for n in ready["notes"]), ready
+    code, _, err = watch.stop()
+    assert code == 0, err
+
+
 def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isolated_home):
     """A conflict is refused and left alone; the watch goes on: with --restart, a save whose
     service never gets healthy is rolled back, and the next save is live."""
