@@ -114,12 +114,20 @@ def test_config_errors_exit_2_without_traceback(tmp_path):
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
 
 
-def test_a_negative_log_limit_is_a_usage_error(tmp_path):
-    # `log --limit -1` used to list everything, as if it were 0 ("all").
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("log", "--limit", "-1"),  # used to list everything, as if it were 0 ("all")
+        ("push", "--lock-wait", "-1"),
+        ("restart", "--lock-wait", "-1"),
+        ("watch", "--lock-wait", "-1"),
+    ],
+)
+def test_a_negative_count_or_wait_is_a_usage_error(tmp_path, args):
     from tests.sshutil import run_cli
 
-    proc = run_cli("log", "--limit", "-1", config=tmp_path / "none.yaml")
-    assert proc.returncode == 2 and "--limit" in proc.stderr, proc.stderr
+    proc = run_cli(*args, config=tmp_path / "none.yaml")
+    assert proc.returncode == 2 and args[1] in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
 

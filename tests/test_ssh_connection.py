@@ -198,8 +198,11 @@ def test_host_going_away_mid_session(fresh_sshd, tmp_path):
     with pytest.raises(ConnectionLostError) as caught:
         t.run("echo up")
     assert "connection to host 'testhost' was lost" in caught.value.message
-    with pytest.raises(HostConnectionError):
+    with pytest.raises(HostConnectionError) as caught:
         t.read_bytes(str(Path(host.root) / "a.py"))
+    # "lost while reading <path>: <reason>", not "while read ...:" with an empty reason
+    assert "while read " not in caught.value.message
+    assert not caught.value.message.rstrip().endswith(":"), caught.value.message
     t.close()
 
 

@@ -49,6 +49,7 @@ LOCK_WAIT_OPTION = typer.Option(
     host_lock.DEFAULT_WAIT,
     "--lock-wait",
     metavar="SECONDS",
+    min=0,
     help="How long to wait for another command's lock on the host.",
 )
 SERIAL_OPTION = typer.Option(

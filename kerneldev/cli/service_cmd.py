@@ -19,7 +19,7 @@ def restart_command(
         False, "--break-lock", help="Remove the host's lock even if its holder may still run."
     ),
     lock_wait: float = typer.Option(
-        60.0, "--lock-wait", metavar="SECONDS", help="How long to wait for the host's lock."
+        60.0, "--lock-wait", metavar="SECONDS", min=0, help="How long to wait for the host's lock."
     ),
     parallel: int = PARALLEL_OPTION,
     serial: int | None = typer.Option(

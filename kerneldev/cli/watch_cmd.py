@@ -74,6 +74,7 @@ def watch_command(
         host_lock.DEFAULT_WAIT,
         "--lock-wait",
         metavar="SECONDS",
+        min=0,
         help="How long each push waits for another command's lock on the host.",
     ),
     host_name: str | None = HOST_OPTION,

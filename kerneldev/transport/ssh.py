@@ -107,6 +107,16 @@ _PID_MARK = "kerneldev-pid="
 _PID_PREAMBLE = f"printf '{_PID_MARK}%s\\n' $$ >&2; exec sh -c "
 
 
+# "lost while <gerund> <path>" for the verbs of `_file_error`
+_GERUNDS = {
+    "read": "reading",
+    "stat": "checking",
+    "write": "writing",
+    "create folder": "creating the folder",
+    "rename onto": "renaming onto",
+}
+
+
 class SSHTransport(Transport):
     def __init__(self, host: HostConfig | SSHConnection) -> None:
         """Work over `host`'s connection: an `SSHConnection` (made with the ssh_config file or
@@ -352,13 +362,14 @@ class SSHTransport(Transport):
                 raise TransferError(f"reading {path} from {self.host_name}: garbled stream")
 
     def _file_error(self, err: BaseException, path: str, doing: str) -> Exception:
+        """`doing` is a verb ("read"): "cannot read X", "lost while reading X"."""
         alive = self.connection.is_active()
         if (
             not alive
             or isinstance(err, (EOFError, paramiko.SSHException, socket.timeout))
             or not isinstance(err, OSError)
         ):
-            return self._dropped(err, f"{doing} {path}")
+            return self._dropped(err, f"{_GERUNDS.get(doing, doing)} {path}")
         if err.errno == errno.ENOENT:
             return TransferError(f"{path}: no such file on {self.host_name}")
         return TransferError(f"cannot {doing} {path} on {self.host_name}: {describe_error(err)}")

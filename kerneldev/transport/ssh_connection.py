@@ -504,7 +504,7 @@ class SSHConnection:
 
 def describe_error(err: BaseException) -> str:
     """A short reason for a socket or paramiko error, for messages."""
-    text = str(err).strip()
+    text = str(err).strip().rstrip(":").strip()  # paramiko: "Server connection dropped: "
     if isinstance(err, EOFError) or not text:
         return (
             "the server closed the connection" if isinstance(err, EOFError) else type(err).__name__
