@@ -79,10 +79,12 @@ def load_history(transport: Transport, root: str) -> History:
     return parse_history(transport.read_bytes(path).decode("utf-8", "replace"))
 
 
-def append_record(transport: Transport, root: str, record: DeployRecord) -> None:
-    """Append the record (caller holds the host lock), then drop the backup folder's marker."""
+def append_record(transport: Transport, root: str, record: DeployRecord, then: str = "") -> None:
+    """Append the record (caller holds the host lock), then drop the backup folder's marker;
+    `then`: a shell command run after that, in the same remote command (a lock release)."""
     marker = shlex.quote(posixpath.join(backup_folder(root, record.id), INCOMPLETE))
-    transport.append_text(history_path(root), record_line(record), then=f"rm -f -- {marker}")
+    after = f"rm -f -- {marker}" + (f" && {then}" if then else "")
+    transport.append_text(history_path(root), record_line(record), then=after)
 
 
 def mark_incomplete(transport: Transport, root: str, planned: DeployRecord) -> None:

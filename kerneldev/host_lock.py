@@ -10,6 +10,11 @@ A second command waits up to `wait` seconds, saying who holds the lock, then fai
 gone (a killed or crashed kerneldev, a cut connection) is stale: it is taken over with a note.
 A holder on another machine cannot be checked from here; `break_lock` (`--break-lock`) removes
 whatever lock is there, after the user has made sure its holder is gone.
+
+A push takes the lock in its first remote command, the scan (`scan_request` / `took`), and, when
+its caller allows, drops it in its last (`release_command` / `released_on_host`): one login on
+the host instead of three. A lock found busy falls back to `acquire` (the wait, stale detection,
+`--break-lock`).
 """
 
 from __future__ import annotations
@@ -151,12 +156,7 @@ class HostLock:
         if result.exited == 3:
             return False, result.stdout
         if result.exited == 5:
-            host = self.transport.host_name
-            raise RefusedError(
-                f"{self.command} refused: the root {self.root} does not exist on host '{host}'",
-                hint=f"check `root:` of host '{host}' in the config (a typo?); to create it "
-                "and push into it, run `kerneldev push --create-root`",
-            )
+            raise self._no_root()
         raise TransferError(
             f"cannot create the lock {self.path} on {self.transport.host_name}: "
             f"{result.stderr.strip() or f'exit {result.exited}'}",
@@ -171,6 +171,64 @@ class HostLock:
         else:
             script = f"grep -qF {shlex.quote(token)} {q} 2>/dev/null && rm -f -- {q}; exit 0"
         self.transport.run(script, timeout=60)
+
+    # --- the lock taken and released inside other commands (push) -----------------------
+    def scan_request(self, release_if_same: dict[str, str] | None = None) -> dict:
+        """The `lock` part of a scan request (`Transport.scan`): take the lock before hashing;
+        with `release_if_same` (path -> workspace sha256), release it again in the same
+        command when live already has all of those bytes and nothing was left over.
+        Until the answer is known this lock counts as held, so an error on the way still
+        releases it (`release` removes the file only if it holds our token)."""
+        self.held = True
+        _held_tokens.add(self.me.token)
+        return {
+            "path": self.path,
+            "line": json.dumps(asdict(self.me), sort_keys=True),
+            "token": self.me.token,
+            "root_must_exist": not self.create_root,
+            "release_if_same": release_if_same,
+        }
+
+    def took(self, answer: dict | None) -> bool:
+        """Settle a scan's lock outcome: True when the scan ran under this lock (still held, or
+        already released by the host when nothing could change); False when the lock was busy
+        (or the transport could not take it): then call `acquire`."""
+        state = (answer or {}).get("state")
+        if state == "taken":
+            if answer.get("released"):
+                self._forget()
+            return True
+        self._forget()
+        if state == "no_root":
+            raise self._no_root()
+        if state == "error":
+            raise TransferError(
+                f"cannot create the lock {self.path} on {self.transport.host_name}: "
+                f"{answer.get('error')}",
+                hint="kerneldev needs write access to <root>/.kerneldev on the host",
+            )
+        return False
+
+    def release_command(self) -> str:
+        """A shell command that releases this lock, to run at the end of another command."""
+        q = shlex.quote(self.path)
+        return f"{{ grep -qF {shlex.quote(self.me.token)} {q} 2>/dev/null && rm -f -- {q}; true; }}"
+
+    def released_on_host(self) -> None:
+        """`release_command` ran on the host: the lock is no longer ours."""
+        self._forget()
+
+    def _forget(self) -> None:
+        self.held = False
+        _held_tokens.discard(self.me.token)
+
+    def _no_root(self) -> RefusedError:
+        host = self.transport.host_name
+        return RefusedError(
+            f"{self.command} refused: the root {self.root} does not exist on host '{host}'",
+            hint=f"check `root:` of host '{host}' in the config (a typo?); to create it "
+            "and push into it, run `kerneldev push --create-root`",
+        )
 
     # --- acquire / release ---------------------------------------------------------------
     def acquire(self) -> None:

@@ -54,6 +54,7 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
+from kerneldev.host_lock import HostLock
 from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
 from kerneldev.service import ServiceHealth
@@ -293,9 +294,17 @@ def _plan(
     paths: list[str] | None,
     force: bool,
     leftovers: bool = False,
+    lock: HostLock | None = None,
+    release_lock: bool = False,
 ) -> tuple[PushResult, Snapshot]:
     selected = resolve_paths(host, paths)
-    snap = snapshot(transport, host, selected, leftovers=leftovers)
+    request = None
+    if lock is not None:
+
+        def request(local: dict[str, str]) -> dict:
+            return lock.scan_request(local if release_lock else None)
+
+    snap = snapshot(transport, host, selected, leftovers=leftovers, lock=request)
     plan = PushResult(host=host.name, dry_run=True, deploy_id=None)
     for path in snap.paths:
         live, local = snap.live.get(path), snap.local[path]
@@ -345,6 +354,8 @@ def push(
     on_bytes: ByteCallback | None = None,
     import_check: bool = False,
     create_root: bool = False,
+    lock: HostLock | None = None,
+    release_lock: bool = False,
 ) -> PushResult:
     """Upload workspace files that differ from live, with host backups and a deploy record.
 
@@ -357,10 +368,29 @@ def push(
     `on_progress(path)` is called before each file, `on_bytes(n)` as bytes go out.
     `import_check` (the CLI's default) scans the live tree's imports before the upload and
     imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
+    `lock`: instead of holding the lock already, the caller may hand it over not yet taken:
+    push takes it in its first remote command (the scan); `release_lock` (nothing after the
+    push needs the lock: no restart) lets push release it in its last one - in the scan itself
+    when nothing can change, in the history append when the import check is off. A no-op push
+    is then one remote command, a cold one three (scan, backups, record).
     """
-    # One remote command plans (hashes), sees whether root exists and finds leftovers.
+    # One remote command plans (hashes), sees whether root exists and finds leftovers, and
+    # takes the host lock first when it was handed over.
+    taking = lock is not None and not lock.held and not dry_run
     try:
-        plan, snap = _plan(transport, host, paths, force, leftovers=True)
+        if taking:
+            plan, snap = _plan(transport, host, paths, force, True, lock, release_lock)
+            if not lock.took(snap.lock):  # busy: wait for it (or take over / break it)
+                lock.acquire()
+                plan, snap = _plan(transport, host, paths, force, leftovers=True)
+            elif not lock.held and (plan.uploads or plan.refused or snap.leftovers):
+                # The host dropped the lock (its view: nothing to change) but this plan has
+                # work after all: never change anything unlocked; take it and plan again.
+                lock.acquire()
+                plan, snap = _plan(transport, host, paths, force, leftovers=True)
+            plan.notes += lock.notes
+        else:
+            plan, snap = _plan(transport, host, paths, force, leftovers=True)
     except FileSetError:
         if not create_root and not transport.exists(host.root):
             raise _missing_root(host) from None
@@ -444,9 +474,22 @@ def push(
             raise _changed_while_deploying(todo[err.index].path) from None
 
     new = _python_sources(Path(host.workspace), [f.path for f in uploads], import_check)
+    # The lock may go with the record's append when nothing follows it (no import check: its
+    # failure rolls back, under the lock).
+    release = lock if release_lock and lock is not None and not import_check else None
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
         _run_deploy(
-            transport, host, record, steps, None, on_progress, plan.deployed, force, bases, land_all
+            transport,
+            host,
+            record,
+            steps,
+            None,
+            on_progress,
+            plan.deployed,
+            force,
+            bases,
+            land_all,
+            release=release,
         )
     return plan
 
@@ -566,12 +609,15 @@ def _run_deploy(
     force: bool,
     bases: list[tuple[str, str | None, int, int]],
     land_all: Callable[[list[_Step], Callable[[_Step, DeployedFile], None]], None] | None = None,
+    release: HostLock | None = None,
 ) -> None:
     """Back up, then land every step, recording each landed file. Whatever stops it (an error,
     Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
     local state and (when the host is still reachable) the host's history are written, and
     the error says what was deployed and what was not. `land(step)` lands one step;
-    `land_all(steps, landed)` instead lands them all in one go, calling `landed` per file."""
+    `land_all(steps, landed)` instead lands them all in one go, calling `landed` per file.
+    `release`: a held lock to release in the same command as the record's append (pruning
+    goes first, so all of it stays under the lock)."""
 
     def landed(step: _Step, deployed: DeployedFile) -> None:
         record.files.append(deployed)
@@ -626,8 +672,8 @@ def _run_deploy(
             ) from None
     with interrupt.shield():
         _save(host, bases, record)
-        _append_history(transport, host, record)
-        _prune(transport, host)
+        _prune(transport, host, record)
+        _append_history(transport, host, record, release if release and release.held else None)
 
 
 def _names(paths: list[str], limit: int = 20) -> str:
@@ -657,11 +703,19 @@ def _save(
     update_state(Path(host.workspace), change, host.name)
 
 
-def _append_history(transport: Transport, host: HostConfig, record: DeployRecord) -> None:
+def _append_history(
+    transport: Transport, host: HostConfig, record: DeployRecord, release: HostLock | None = None
+) -> None:
+    """Append the record to the host's history; `release`: and release that lock in the same
+    command (else the caller's `release` does it)."""
     try:
-        history.append_record(transport, host.root, record)
+        history.append_record(
+            transport, host.root, record, then=release.release_command() if release else ""
+        )
     except KerneldevError:
-        pass  # the host went away; the next push from this workspace records it there
+        return  # the host went away; the next push from this workspace records it there
+    if release is not None:
+        release.released_on_host()
 
 
 def _drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None:
@@ -686,9 +740,13 @@ def _housekeeping(
     return notes
 
 
-def _prune(transport: Transport, host: HostConfig) -> None:
+def _prune(transport: Transport, host: HostConfig, pending: DeployRecord | None = None) -> None:
+    """Prune old backups; `pending`: a record about to be appended, counted as in the history
+    already (so pruning can run before the append that releases the lock)."""
     try:
         past = history.load_history(transport, host.root)
+        if pending is not None and pending.id not in past.ids:
+            past.records.append(pending)
         if len(past.records) <= host.keep_backups:
             return
         history.prune_backups(transport, host.root, past, host.keep_backups)

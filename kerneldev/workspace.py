@@ -21,6 +21,7 @@ import hashlib
 import os
 import posixpath
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,6 +208,7 @@ class Snapshot:
     state: State
     leftovers: Leftovers | None = None  # with `leftovers=True`: what interrupted runs left
     root_exists: bool | None = None  # with `leftovers=True`: whether root exists on the host
+    lock: dict | None = None  # with `lock`: the host lock's outcome (`HostScan.lock`)
 
 
 def snapshot(
@@ -215,19 +217,38 @@ def snapshot(
     selected: list[str] | None,
     *,
     leftovers: bool = False,
+    lock: Callable[[dict[str, str]], dict] | None = None,
 ) -> Snapshot:
     """The files to act on (`selected`, or every file the configured entries match on the host,
     in the workspace or in the last sync) with their three sides. Raises `FileSetError` when a
     configured glob matches nothing anywhere. `leftovers`: also look for what interrupted runs
-    left on the host and whether root exists, in the same round trip."""
+    left on the host and whether root exists, in the same round trip. `lock(workspace files)`:
+    the scan request's `lock` part (`HostLock.scan_request`), given every workspace file that
+    can be in the snapshot (path -> sha256), so the host can tell whether anything can change."""
     state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     patterns = hash_patterns(host, selected)
-    found, root_exists = None, None
+    found, root_exists, held = None, None, None
+    hashed: dict[str, LocalFile | None] = {}
     if leftovers:
-        scan = transport.scan(host.root, patterns, markers=INCOMPLETE)
-        live_files, root_exists = scan.files, scan.root_exists
+        request = None
+        if lock is not None:
+            # Every workspace file the snapshot can hold (more only keeps the lock longer).
+            if selected is not None:
+                candidates = set(selected)
+            else:
+                candidates = {p for p in state.files if is_configured(host, p)}
+                candidates |= workspace_matches(host.workspace, host.files)
+                candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
+            hashed = {p: local_file(host.workspace, p) for p in sorted(candidates)}
+            request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
+        scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
+        live_files, root_exists, held = scan.files, scan.root_exists, scan.lock
         found = leftovers_in(scan.found, host.root)
+        if lock is not None and (held or {}).get("state") != "taken":
+            # Not scanned under the lock (busy, or the transport cannot take it): the caller
+            # takes it the usual way and scans again.
+            return Snapshot([], {}, {}, state, found, root_exists, held)
     else:
         live_files, _ = transport.hash_files(host.root, patterns)
     live = {f.path: f for f in live_files}
@@ -245,8 +266,8 @@ def snapshot(
         # (missing-live; pull names it), like a file deleted on the host.
         paths |= {lit for p in host.files if (lit := literal_path(p)) is not None}
     ordered = sorted(paths)
-    local = {p: local_file(host.workspace, p) for p in ordered}
-    return Snapshot(ordered, live, local, state, found, root_exists)
+    local = {p: hashed[p] if p in hashed else local_file(host.workspace, p) for p in ordered}
+    return Snapshot(ordered, live, local, state, found, root_exists, held)
 
 
 def _root_exists(transport: Transport, host: HostConfig, known: bool | None) -> bool:

@@ -160,9 +160,21 @@ def test_no_op_diff_and_pull_make_one_remote_command(
     assert len(cold) == 2, cold  # the hashes, then every file in one stream
     assert len(counter.during("--config", str(config), "pull")) == 1
     assert len(counter.during("--config", str(config), "diff")) == 1
-    # A no-op push: the lock taken, the plan (hashes, root, leftovers), the lock released.
+    # A no-op push: one command takes the lock, plans (hashes, root, leftovers) and, as
+    # nothing can change, releases the lock.
     push = counter.during("--config", str(config), "push", "--no-import-check")
-    assert len(push) == 3, push
+    assert len(push) == 1, push
+    assert not (root / ".kerneldev" / "lock").exists()
+    # A cold push: lock + plan, backups, the files (SFTP here), the record + the unlock.
+    workspace = Path(host.workspace)
+    for i in range(3):
+        (workspace / f"k{i}.py").write_bytes(b"y" * 13000 + bytes([i]))
+    push = counter.during("--config", str(config), "push", "--no-import-check")
+    assert len([c for c in push if c.startswith("exec")]) == 3, push
+    assert len(push) == 4, push
+    assert (root / "k2.py").read_bytes() == b"y" * 13000 + bytes([2])
+    assert not (root / ".kerneldev" / "lock").exists()
+    assert '"files": [{' in (root / ".kerneldev" / "history.jsonl").read_text()
     # Leftovers of an interrupted run are still reported by the one-command diff.
     (root / f".k1.py.kerneldev-tmp-{'0' * 12}").write_bytes(b"half")
     out, err = io.StringIO(), io.StringIO()

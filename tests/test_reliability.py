@@ -107,6 +107,89 @@ def test_lock_waits_names_holder_detects_stale_and_breaks(tmp_path):
     assert not (root / host_lock.LOCK_FILE).exists()
 
 
+def test_push_takes_the_lock_in_its_scan_and_keeps_every_lock_rule(ssh_env, monkeypatch):
+    """`sync.push(lock=...)` takes the lock in its first remote command (a no-op drops it in
+    the same command, a deploy in its record's append) and keeps every rule of `acquire`:
+    waits for and names a live holder, takes over a stale one, breaks with --break-lock, holds
+    on while there are leftovers to clean or the caller still needs it (a restart), and never
+    changes anything unlocked when the host released it on a wrong premise."""
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    lock_file = root / host_lock.LOCK_FILE
+    with open_transport(host) as t:
+
+        def push(lock_kwargs=None, **kwargs):
+            lock = host_lock.HostLock(t, host.root, "push", **(lock_kwargs or {"wait": 0}))
+            try:
+                return sync.push(t, host, lock=lock, **kwargs), lock
+            finally:
+                held, lock_there = lock.held, lock_file.exists()
+                lock.release()
+                push.held, push.lock_there = held, lock_there
+
+        # No-op, release allowed: the scan took and dropped the lock.
+        result, _ = push(release_lock=True)
+        assert not result.uploads and not push.held and not push.lock_there
+        # No-op, the caller still needs it (--restart): held after the push.
+        push(release_lock=False)
+        assert push.held and push.lock_there
+        # Leftovers: held on (cleaned under the lock), then released by the caller.
+        (root / "k/.a.py.kerneldev-tmp-0123abcd").write_bytes(b"half")
+        result, _ = push(release_lock=True)
+        assert push.held and not temp_files(root)
+        assert any("removed leftovers" in n for n in result.notes)
+        # A deploy: the lock goes with the record's append.
+        (ws / "k/a.py").write_bytes(b"a = 2\n")
+        result, _ = push(release_lock=True)
+        assert result.deployed == ["k/a.py"] and not push.held and not push.lock_there
+        assert result.deploy_id in _history_text(root)
+        # A live holder: waited for, named, refused; nothing changed.
+        (ws / "k/b.py").write_bytes(b"b = 2\n")
+        other = host_lock.HostLock(t, host.root, "rollback")
+        other.acquire()
+        with pytest.raises(host_lock.LockBusyError, match="rollback"):
+            push({"wait": 0.3}, release_lock=True)
+        assert lock_file.exists() and (root / "k/b.py").read_bytes() != b"b = 2\n"
+        other.release()
+        # A stale holder (this machine, process gone): taken over with a note.
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        lock_file.write_text(json.dumps(replace(other.me, pid=dead.pid, token="dead").__dict__))
+        result, _ = push(release_lock=True)
+        assert any("stale" in n for n in result.notes) and result.deployed == ["k/b.py"]
+        # Another machine's holder: only --break-lock takes it over.
+        (ws / "k/c.py").write_bytes(b"c = 2\n")
+        elsewhere = replace(other.me, machine="elsewhere", user="alice", token="cafe")
+        lock_file.write_text(json.dumps(elsewhere.__dict__))
+        with pytest.raises(host_lock.LockBusyError, match="alice@elsewhere"):
+            push(release_lock=True)
+        result, _ = push({"wait": 0, "break_lock": True}, release_lock=True)
+        assert any("alice@elsewhere" in n for n in result.notes)
+        assert result.deployed == ["k/c.py"] and not lock_file.exists()
+        # The host dropped the lock believing nothing would change: the push takes it again
+        # (the usual way) before it changes anything.
+        (ws / "k/a.py").write_bytes(b"a = 3\n")
+        taken = []
+        real_acquire = host_lock.HostLock.acquire
+        real_request = host_lock.HostLock.scan_request
+
+        def acquire(self):
+            real_acquire(self)
+            taken.append(lock_file.exists())
+
+        monkeypatch.setattr(host_lock.HostLock, "acquire", acquire)
+        monkeypatch.setattr(
+            host_lock.HostLock, "scan_request", lambda self, same=None: real_request(self, {})
+        )
+        result, _ = push(release_lock=True)
+        assert taken == [True] and result.deployed == ["k/a.py"] and not lock_file.exists()
+        assert (root / "k/a.py").read_bytes() == b"a = 3\n"
+
+
+def _history_text(root: Path) -> str:
+    return (root / history.HISTORY_FILE).read_text()
+
+
 def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     host = ssh_env
     root, ws = _seed_and_pull(host)
@@ -141,7 +224,8 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
 
 def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, isolated_home):
     """Two engineers push different edits of the same files at the same moment: exactly one
-    deploys, the other is refused naming the changed file, no edit is lost."""
+    deploys, the other is refused naming the changed file, no edit is lost (half the runs with
+    the lock taken before the push, half with it taken in the push's own scan)."""
     alice = ssh_host(sshd_server, tmp_path, files=("k/*.py",), workspace=tmp_path / "alice")
     bob = replace(alice, workspace=tmp_path / "bob")
     root = Path(alice.root)
@@ -159,12 +243,21 @@ def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, isolated_ho
         results: dict[str, object] = {}
         start = threading.Barrier(2)
 
-        def go(who, results=results, start=start):
+        def go(who, results=results, start=start, rep=rep):
             t = conn[who.workspace.name]
             start.wait()
             try:
-                with host_lock.HostLock(t, who.root, "push", wait=30):
-                    results[who.workspace.name] = sync.push(t, who)
+                if rep % 2:  # as `kerneldev push` does: the lock taken in the push's scan
+                    lock = host_lock.HostLock(t, who.root, "push", wait=30)
+                    try:
+                        results[who.workspace.name] = sync.push(
+                            t, who, lock=lock, release_lock=True
+                        )
+                    finally:
+                        lock.release()
+                else:
+                    with host_lock.HostLock(t, who.root, "push", wait=30):
+                        results[who.workspace.name] = sync.push(t, who)
             except KerneldevError as err:
                 results[who.workspace.name] = err
 

@@ -56,9 +56,11 @@ def locked(
     break_lock: bool,
     wait: float,
     create_root: bool = False,
+    defer: bool = False,
 ) -> host_lock.HostLock:
     """The host's lock for a command that changes live files or restarts the service; says on
-    stderr whom it waits for, and notes a stale or broken lock it took over."""
+    stderr whom it waits for, and notes a stale or broken lock it took over. `defer`: not taken
+    here; `sync.push` takes it in its first remote command (its notes come in the result's)."""
 
     def on_wait(holder: host_lock.LockHolder | None) -> None:
         who = holder.describe() if holder else "another command"
@@ -73,6 +75,8 @@ def locked(
         on_wait=on_wait,
         create_root=create_root,
     )
+    if defer:
+        return lock
     lock.acquire()
     for note in lock.notes:
         print_warning(note)

@@ -317,10 +317,20 @@ def push_command(
             # The whole push, restart and any automatic rollback hold the host's lock.
             result = None
             with _summary_on_interrupt(lambda: result.deployed if result else None):
-                lock = locked(transport, host, "push", break_lock, lock_wait, create_root)
+                # Taken by the push's first remote command; released by its last unless the
+                # restart still needs it.
+                lock = locked(transport, host, "push", break_lock, lock_wait, create_root, True)
                 try:
                     result = _push_locked(
-                        transport, host, paths, force, not no_import_check, as_json, create_root
+                        transport,
+                        host,
+                        paths,
+                        force,
+                        not no_import_check,
+                        as_json,
+                        create_root,
+                        lock,
+                        not restart,
                     )
                     if restart:
                         _restart_or_roll_back(transport, host, result, no_rollback, as_json)
@@ -348,7 +358,7 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
 
 
 def _push_locked(
-    transport, host, paths, force, import_check, as_json, create_root
+    transport, host, paths, force, import_check, as_json, create_root, lock=None, release=False
 ) -> sync.PushResult:
     progress, on_bytes = _byte_progress(transport, host, paths, force)
     if progress is not None:
@@ -363,6 +373,8 @@ def _push_locked(
             on_bytes=on_bytes,
             import_check=import_check,
             create_root=create_root,
+            lock=lock,
+            release_lock=release,
         )
     finally:
         if progress is not None:

@@ -17,6 +17,13 @@ A request may also ask (`find`: file-name globs) for every regular file under ro
 matches one of them (kerneldev's temporary files and markers: symlinks are not followed),
 returned as absolute paths in `found`, and always says whether root exists: the snapshot of a
 read-only command needs no second round trip for those.
+
+A push's request may also carry `lock` (see `host_lock.HostLock.scan_request`): the host lock
+is taken first, in the same command (an exclusive create, as the shell's `set -C` does), and
+the files are hashed only when it was taken; when the caller's workspace files
+(`release_if_same`: path -> sha256) are all live already and nothing was left over, nothing can
+change, so the lock is released again before answering. A push with nothing to do is then one
+remote command.
 """
 
 import fnmatch
@@ -98,12 +105,71 @@ def find_named(root, names):
     return sorted(found)
 
 
-def main():
-    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+def take_lock(root, lock):
+    """Create the lock file exclusively, holding `lock["line"]`. Returns {"state": "taken"},
+    {"state": "busy", "holder": its content}, {"state": "no_root"} or {"state": "error"}."""
+    if lock.get("root_must_exist") and not os.path.isdir(root):
+        return {"state": "no_root"}
+    path = lock["path"]
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        try:
+            with open(path, "rb") as f:
+                holder = f.read(65536).decode("utf-8", "replace")
+        except OSError:
+            holder = ""
+        return {"state": "busy", "holder": holder}
+    except OSError as err:
+        return {"state": "error", "error": str(err)}
+    with os.fdopen(fd, "w") as f:
+        f.write(lock["line"] + "\n")
+    return {"state": "taken"}
+
+
+def release_lock(lock):
+    """Remove the lock file if it still holds our token."""
+    try:
+        with open(lock["path"], "rb") as f:
+            mine = lock["token"].encode("ascii") in f.read(65536)
+        if mine:
+            os.remove(lock["path"])
+    except OSError:
+        return False
+    return mine
+
+
+def answer(request):
+    """The reply to one request (a dict), as `main` prints it."""
+    lock = request.get("lock")
+    if lock is not None:
+        outcome = take_lock(request["root"], lock)
+        if outcome["state"] != "taken":  # hashing without the lock would be wasted
+            result = {"files": [], "unmatched": list(request["patterns"]), "lock": outcome}
+            if request.get("find") is not None:
+                result["found"], result["root_exists"] = [], os.path.lexists(request["root"])
+            return result
     result = hash_tree(request["root"], request["patterns"])
     if request.get("find") is not None:
         result["found"] = find_named(request["root"], request["find"])
         result["root_exists"] = os.path.lexists(request["root"])
+    if lock is not None:
+        same = lock.get("release_if_same")
+        live = dict((f["path"], f["sha256"]) for f in result["files"])
+        idle = (
+            same is not None
+            and not result.get("found")
+            and all(live.get(p) == sha for p, sha in same.items())
+        )
+        outcome["released"] = bool(idle and release_lock(lock))
+        result["lock"] = outcome
+    return result
+
+
+def main():
+    request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    result = answer(request)
     # ensure_ascii: names that are not valid UTF-8 travel as escapes, never as broken bytes.
     sys.stdout.write(json.dumps(result, ensure_ascii=True))
     sys.stdout.flush()

@@ -66,6 +66,9 @@ class HostScan:
     unmatched: list[str]  # as hash_files
     root_exists: bool
     found: list[str]  # as find_temp_files: kerneldev's temporary files and the named markers
+    # The host lock's outcome when the scan was asked to take it (`_hashfiles.answer`); None
+    # when not asked or the transport cannot (the caller then takes the lock on its own).
+    lock: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -119,9 +122,13 @@ class Transport(abc.ABC):
         return (files found with sha256/size/mode, patterns that matched nothing). One round trip
         for all files. Matches are regular files only, sorted by path, never outside `root`."""
 
-    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
+    def scan(
+        self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
+    ) -> HostScan:
         """`hash_files`, whether `root` exists, and `find_temp_files(root, markers)` together:
-        one round trip where the transport can (this default makes three)."""
+        one round trip where the transport can (this default makes three). `lock`: take the
+        host lock in the same command first (`HostLock.scan_request`); this default cannot,
+        and says so with `HostScan.lock` None."""
         files, unmatched = self.hash_files(root, patterns)
         return HostScan(files, unmatched, self.exists(root), self.find_temp_files(root, markers))
 

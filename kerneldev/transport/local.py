@@ -23,7 +23,7 @@ from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
-from kerneldev.transport._hashfiles import find_named, hash_tree
+from kerneldev.transport._hashfiles import answer, find_named, hash_tree
 from kerneldev.transport.base import (
     CHUNK,
     TEMP_MARK,
@@ -107,9 +107,20 @@ class LocalTransport(Transport):
             raise TransferError(f"cannot hash files under {root}: {err}") from None
         return [RemoteFile(**f) for f in result["files"]], result["unmatched"]
 
-    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
-        files, unmatched = self.hash_files(root, patterns)
+    def scan(
+        self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
+    ) -> HostScan:
         names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
+        if lock is not None:  # the same code as on an SSH host: lock, scan, maybe release
+            request = {"root": root, "patterns": list(patterns), "find": names, "lock": lock}
+            try:
+                data = answer(request)
+            except OSError as err:
+                raise TransferError(f"cannot hash files under {root}: {err}") from None
+            files = [RemoteFile(**f) for f in data["files"]]
+            found, exists = data["found"], data["root_exists"]
+            return HostScan(files, data["unmatched"], exists, found, data["lock"])
+        files, unmatched = self.hash_files(root, patterns)
         return HostScan(files, unmatched, os.path.lexists(root), find_named(root, names))
 
     def read_bytes(self, path: str) -> bytes:

@@ -242,11 +242,19 @@ class SSHTransport(Transport):
         data = self._hash_request({"root": root, "patterns": list(patterns)})
         return data["files"], data["unmatched"]
 
-    def scan(self, root: str, patterns: list[str], markers: str | None = None) -> HostScan:
-        # The same one remote command as hash_files, which also walks root for leftovers.
+    def scan(
+        self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
+    ) -> HostScan:
+        # The same one remote command as hash_files, which also walks root for leftovers (and
+        # takes the host lock first when asked).
         names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
-        data = self._hash_request({"root": root, "patterns": list(patterns), "find": names})
-        return HostScan(data["files"], data["unmatched"], data["root_exists"], data["found"])
+        request = {"root": root, "patterns": list(patterns), "find": names}
+        if lock is not None:
+            request["lock"] = lock
+        data = self._hash_request(request)
+        return HostScan(
+            data["files"], data["unmatched"], data["root_exists"], data["found"], data.get("lock")
+        )
 
     def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
