@@ -383,18 +383,7 @@ class SSHTransport(Transport):
         return TransferError(f"cannot {doing} {path} on {self.host_name}: {describe_error(err)}")
 
     def read_bytes(self, path: str) -> bytes:
-        sftp = self._sftp_client()
-        try:
-            with sftp.open(path, "rb") as f:
-                st = f.stat()
-                if not stat.S_ISREG(st.st_mode or 0):
-                    raise TransferError(f"{path} on {self.host_name} is not a regular file")
-                f.prefetch(st.st_size)  # pipelined reads: one round trip's latency, not many
-                return f.read()
-        except TransferError:
-            raise
-        except (OSError, EOFError, paramiko.SSHException) as err:
-            raise self._file_error(err, path, "read") from None
+        return b"".join(self._sftp_chunks(path))
 
     def put_file(
         self,
