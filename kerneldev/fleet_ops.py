@@ -266,8 +266,15 @@ def diff_group(
         if not o.ok:
             continue
         problems = []
-        if not o.result.ok:
-            problems.append("not in sync with the workspace")
+        # Name the reason: a host whose files are all in sync can still fail on the mirror.
+        unsynced = [f.path for f in o.result.files if f.status != drift.IN_SYNC]
+        off_mirror = [f.path for f in o.result.files if f.mirror == drift.MIRROR_DIFFERS]
+        if unsynced:
+            problems.append(f"not in sync with the workspace: {len(unsynced)} file(s)")
+        if off_mirror:
+            problems.append("live differs from the mirror: " + ", ".join(off_mirror))
+        if not o.result.files:
+            problems.append("no files to compare")
         if o.host in flagged:
             odd = [p for p, hs in table.odd.items() if o.host in hs]
             problems.append("live differs from the other hosts: " + ", ".join(odd))

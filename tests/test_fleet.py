@@ -184,6 +184,25 @@ def test_diff_across_hosts_flags_the_host_whose_file_differs(tmp_path, servers):
     assert entries["node0"]["status"] == "ok"
 
 
+def test_group_diff_names_the_mirror_when_only_the_mirror_differs(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    mirror = tmp_path / "mirror-node1"
+    (mirror / "k").mkdir(parents=True)
+    (mirror / "k/a.py").write_bytes(b"# upstream a.py\n")
+    (mirror / "k/b.py").write_bytes(f.old["k/b.py"])
+    config = json.loads(f.config.read_text())
+    config["hosts"]["node1"]["mirror"] = str(mirror)
+    f.config.write_text(json.dumps(config))
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    run = f.kd("diff", "--host", "fleet", "--json")
+    assert run.returncode == 1
+    node1 = _entries(run)["node1"]
+    assert [x["status"] for x in node1["result"]["files"]] == ["in-sync", "in-sync"]
+    assert node1["status"] == "failed"
+    assert node1["error"]["message"] == "live differs from the mirror: k/a.py"
+    assert _entries(run)["node0"]["status"] == "ok"
+
+
 def test_one_unreachable_host_does_not_hide_the_others(tmp_path, servers):
     f = Fleet(tmp_path, servers)
     assert f.kd("pull").returncode == 0  # node0 alone (the default): single-host output
