@@ -217,6 +217,19 @@ def test_connection_drops_while_a_command_runs(fresh_sshd, tmp_path):
         assert time.monotonic() - start < 10
 
 
+def test_connection_lost_error_quotes_only_the_start_of_a_long_remote_script(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path)
+    with SSHTransport(host) as t:
+        t.run("true")
+        threading.Timer(0.5, kill_sshd_and_sessions, args=(fresh_sshd,)).start()
+        script = "sleep 20; " + "true; " * 100 + "\necho second-line"
+        with pytest.raises(ConnectionLostError) as caught:
+            t.run(script)
+    message = caught.value.message
+    assert "running `sleep 20; true;" in message and " ...`" in message
+    assert "second-line" not in message and len(message) < 250
+
+
 # --- ssh_config -------------------------------------------------------------------------
 
 

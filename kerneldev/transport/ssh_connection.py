@@ -144,6 +144,9 @@ def parse_jump(spec: str) -> tuple[str, str | None, int | None]:
 # --- the connection -----------------------------------------------------------------------
 
 
+MAX_DOING = 100  # characters of a failed step quoted in a connection-lost error
+
+
 class SSHConnection:
     """One logged-in SSH connection to a configured host (opened lazily; a context manager)."""
 
@@ -490,6 +493,10 @@ class SSHConnection:
         self, err: BaseException, doing: str, jump_host: str | None = None
     ) -> ConnectionLostError:
         """The error for a connection that went away while `doing` something."""
+        # `doing` may quote a whole remote script (the lock, a hashing loop): its start is enough.
+        first = doing.split("\n", 1)[0]
+        if first != doing or len(first) > MAX_DOING:
+            doing = first[:MAX_DOING] + " ..." + ("`" if doing.endswith("`") else "")
         return ConnectionLostError(
             f"the connection to host '{self.host_name}' was lost while {doing}: "
             f"{describe_error(err)}",
