@@ -311,12 +311,26 @@ def check_state_owner(state: State, host: HostConfig) -> None:
     if state.host is None:
         strangers = [o for o in state.others if o not in host.workspace_peers]
         if strangers:
+            # Renamed hosts are the usual cause in a group: name the records to rename.
+            rename = (
+                f"if you renamed the host(s), rename the records in {state_path(host.workspace)} "
+                "(its top-level 'host' and the keys of 'hosts')"
+            )
+            if host.workspace_peers:
+                hint = (
+                    f"'{host.name}' shares this workspace with {', '.join(host.workspace_peers)} "
+                    f"(a group), but it holds records of {', '.join(strangers)}, not in that "
+                    f"group: give the group its own `workspace:`; {rename}"
+                )
+            else:
+                hint = (
+                    "give each host its own `workspace:`, or put the hosts that share it in a "
+                    f"group (`groups:` in hosts.yaml); {rename}"
+                )
             raise StateError(
                 f"the workspace {host.workspace} belongs to host '{strangers[0]}', "
                 f"not to '{host.name}' (root {host.root})",
-                hint="give each host its own `workspace:`, or put the hosts that share it in a "
-                "group (`groups:` in hosts.yaml); if you renamed the host, edit 'host' in "
-                f"{state_path(host.workspace)}",
+                hint=hint,
             )
         return
     if (state.host, state.root) != (host.name, host.root):

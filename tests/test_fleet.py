@@ -3,6 +3,7 @@ sharing one workspace, driven through the CLI as a user would (`python -m kernel
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -11,10 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import fleet, interrupt
+from kerneldev import drift, fleet, interrupt, sync
 from kerneldev.config import HostConfig
-from kerneldev.errors import ExitCode, HostConnectionError, RefusedError, UsageError
+from kerneldev.errors import (
+    ExitCode,
+    HostConnectionError,
+    RefusedError,
+    StateError,
+    UsageError,
+)
 from kerneldev.state import load_state
+from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev, start_kerneldev
 from tests.sshd import find_sshd, free_port, start_sshd
 from tests.sshutil import ssh_entry
@@ -375,3 +383,18 @@ def test_state_version_2_is_read_and_each_host_keeps_its_own_record(tmp_path):
         "node2": "cc",
     }
     assert load_state(ws, "node2").files["k/a.py"].sha256 == "cc"
+
+
+def test_a_group_renamed_over_a_shared_workspace_is_told_which_records_to_rename(tmp_path):
+    live, ws = tmp_path / "live", tmp_path / "ws"
+    (live / "k").mkdir(parents=True)
+    (live / "k/a.py").write_text("x = 1\n")
+    old = HostConfig("node0", str(live), ("k/*.py",), ws, transport="local")
+    sync.pull(LocalTransport(old), old)
+    renamed = dataclasses.replace(old, name="gpu0", workspace_peers=("gpu1",))
+    with pytest.raises(StateError) as caught:
+        drift.compute_drift(LocalTransport(renamed), renamed)
+    hint = caught.value.hint
+    assert "'gpu0' shares this workspace with gpu1 (a group)" in hint
+    assert "records of node0, not in that group" in hint
+    assert "the keys of 'hosts'" in hint
