@@ -134,6 +134,8 @@ def pull_group(
     others = [h for h in hosts if h.name != reference.name]
     if not ref.ok:
         why = f"not compared: the pull from the reference host {reference.name} failed"
+        if ref.status == fleet.UNREACHABLE and others:
+            why += f"; `--from {others[0].name}` pulls from another host of the group"
         return [ref] + [fleet.skipped_outcome(h.name, why) for h in others]
     pulled: sync.PullResult = ref.result
     ref_sha = {f.path: f.sha256 for f in pulled.files}

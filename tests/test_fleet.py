@@ -229,6 +229,16 @@ def test_one_unreachable_host_does_not_hide_the_others(tmp_path, servers):
     assert "down:" in text.stderr and "Traceback" not in text.stderr
 
 
+def test_group_pull_from_an_unreachable_reference_names_the_way_out(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    run = f.kd("pull", "--host", "down,node1", "--json")
+    assert run.returncode == 3
+    entries = _entries(run)
+    assert entries["down"]["status"] == "unreachable"
+    assert entries["node1"]["status"] == "skipped"
+    assert "`--from node1` pulls from another host" in entries["node1"]["error"]["message"]
+
+
 def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, servers):
     f = Fleet(tmp_path, servers, never_healthy=True)
     assert f.kd("pull", "--host", "fleet").returncode == 0
