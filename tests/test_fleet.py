@@ -239,6 +239,14 @@ def test_group_pull_from_an_unreachable_reference_names_the_way_out(tmp_path, se
     assert "`--from node1` pulls from another host" in entries["node1"]["error"]["message"]
 
 
+def test_push_serial_without_restart_is_a_usage_error(tmp_path, servers):
+    f = Fleet(tmp_path, servers)
+    run = f.kd("push", "--serial", "2", "--host", "fleet", "--json")
+    assert run.returncode == 2
+    assert "--serial needs --restart" in json.loads(run.stdout)["error"]["message"]
+    assert not (tmp_path / "ws").exists()  # nothing ran
+
+
 def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, servers):
     f = Fleet(tmp_path, servers, never_healthy=True)
     assert f.kd("pull", "--host", "fleet").returncode == 0

@@ -285,6 +285,12 @@ def push_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload the workspace files that differ from live: atomic, backed up, recorded."""
+    if serial is not None and not restart:
+        # Without a restart a group push has no waves: say so rather than ignore --serial.
+        raise UsageError(
+            "--serial needs --restart: only restarts go in waves",
+            hint="use `push --restart --serial N`, or `--parallel N` to bound a plain push",
+        )
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
         from kerneldev import fleet_ops
