@@ -330,6 +330,23 @@ def test_doctor_reports_a_missing_or_invalid_config_as_its_first_check(tmp_path)
     assert unknown.exit_code == 2 and "no host or group named 'typo'" in unknown.stderr
 
 
+def test_a_config_from_the_environment_is_named_as_such(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELDEV_CONFIG", str(tmp_path / "nope.yaml"))
+    missing = kd("doctor")
+    assert missing.exit_code == 1
+    assert "fix: check the path given with $KERNELDEV_CONFIG" in missing.stdout
+    good = tmp_path / "good.yaml"
+    good.write_text(
+        yaml.safe_dump(
+            {"hosts": {"h": {"transport": "local", "root": "/x", "files": ["a"], "workspace": "w"}}}
+        )
+    )
+    monkeypatch.setenv("KERNELDEV_CONFIG", str(good))
+    found = kd("doctor", "--json")
+    assert "(from $KERNELDEV_CONFIG)" in found.json()["config"]["detail"]
+    assert "(given with --config)" in kd("--config", str(good), "doctor", "--json").stdout
+
+
 # --- status -----------------------------------------------------------------------------
 
 

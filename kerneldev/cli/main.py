@@ -63,6 +63,10 @@ def _global_options(
         help="Print kerneldev's version and exit.",
     ),
 ) -> None:
+    # A path from $KERNELDEV_CONFIG is left to load_config, so messages name the variable.
+    source = ctx.get_parameter_source("config")
+    if source is not None and source.name == "ENVIRONMENT":
+        config = None
     ctx.obj = {"config_path": config}
 
 
