@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
@@ -60,7 +60,14 @@ EXIT_ORDER: tuple[int, ...] = (
     int(ExitCode.OK),
 )
 
-Progress = Callable[[str], None]
+
+class Progress(Protocol):
+    """`progress(text)`: the host's latest step for the live view; `warning=True`: something
+    the user must read afterwards too (a stale lock taken over), printed as a warning."""
+
+    def __call__(self, text: str, *, warning: bool = False) -> None: ...
+
+
 HostFunction = Callable[[HostConfig, Transport, Progress], Any]
 OpenTransport = Callable[[HostConfig], Transport]
 
@@ -92,8 +99,8 @@ class HostOutcome:
 
 @dataclass
 class HostEvent:
-    """What a renderer sees: `kind` is "started", "progress" (with `text`) or "done" (with
-    `outcome`)."""
+    """What a renderer sees: `kind` is "started", "progress" or "warning" (with `text`) or
+    "done" (with `outcome`)."""
 
     host: str
     kind: str
@@ -162,8 +169,8 @@ def run_on_hosts(
         events.put(HostEvent(host.name, "started"))
         start = time.monotonic()
 
-        def progress(text: str) -> None:
-            events.put(HostEvent(host.name, "progress", text=text))
+        def progress(text: str, *, warning: bool = False) -> None:
+            events.put(HostEvent(host.name, "warning" if warning else "progress", text=text))
 
         try:
             with connect(host) as transport:

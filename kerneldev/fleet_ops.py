@@ -82,8 +82,8 @@ def _locked(
         create_root=create_root,
     )
     lock.acquire()
-    for note in lock.notes:
-        progress(note)
+    for note in lock.notes:  # a stale lock taken over, a lock broken: worth a warning
+        progress(note, warning=True)
     return lock
 
 

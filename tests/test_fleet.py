@@ -247,6 +247,24 @@ def test_push_serial_without_restart_is_a_usage_error(tmp_path, servers):
     assert not (tmp_path / "ws").exists()  # nothing ran
 
 
+def test_a_stale_lock_taken_over_in_a_group_is_a_warning(tmp_path, servers):
+    import socket
+    import subprocess
+
+    f = Fleet(tmp_path, servers)
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    holder = {"user": "bob", "machine": socket.gethostname(), "pid": dead.pid}
+    holder.update(command="push", since="2026-11-30T06:00:00Z", token="deadbeef")
+    (f.roots["node1"] / ".kerneldev").mkdir(exist_ok=True)
+    (f.roots["node1"] / ".kerneldev/lock").write_text(json.dumps(holder))
+    run = f.kd("restart", "--host", "fleet")
+    assert run.returncode == 0, run.stderr
+    assert "kerneldev: warning: node1: took over a stale lock: bob@" in run.stderr
+    assert "node0: took over" not in run.stderr
+
+
 def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, servers):
     f = Fleet(tmp_path, servers, never_healthy=True)
     assert f.kd("pull", "--host", "fleet").returncode == 0

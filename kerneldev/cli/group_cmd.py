@@ -115,6 +115,9 @@ class HostsView:
                 print_info(f"{name}: started")
         elif event.kind == "progress":
             self.text[name] = event.text or ""
+        elif event.kind == "warning":
+            self.text[name] = event.text or ""
+            print_warning(f"{name}: {event.text}")  # the live view's console: printed above it
         elif event.kind == "done" and event.outcome is not None:
             o = event.outcome
             # "done", not "ok": a command may still judge the result (diff across hosts).
