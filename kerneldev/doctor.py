@@ -165,8 +165,10 @@ def diagnose(
         connect=lambda host: contextlib.nullcontext(),
     )
     for outcome in outcomes:
+        if isinstance(outcome.error, interrupt.Interrupted):  # the run's, not "not started"
+            raise interrupt.Interrupted(outcome.error.signum)
         if outcome.error is not None:
-            raise outcome.error  # Ctrl-C: `diagnose_host` lets nothing else out
+            raise outcome.error  # `diagnose_host` lets nothing else out
     return DoctorReport(config_check, [o.result for o in outcomes])
 
 

@@ -172,7 +172,9 @@ def _from_outcome(host: HostConfig, outcome: fleet.HostOutcome) -> HostStatus:
         return outcome.result
     if isinstance(outcome.error, (HostConnectionError, HostKeyError)):  # opening the transport
         return HostStatus(host=host.name, reachable=False, unreachable=_problem(outcome.error))
-    raise outcome.error  # Ctrl-C: `host_status` itself lets nothing else out
+    if isinstance(outcome.error, interrupt.Interrupted):  # the run's, not "not started"
+        raise interrupt.Interrupted(outcome.error.signum)
+    raise outcome.error  # `host_status` itself lets nothing else out
 
 
 # --- the steps --------------------------------------------------------------------------

@@ -492,3 +492,22 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
     assert checks["python"]["verdict"] == "warn"
     status = kd("--config", str(config), "status")
     assert re.search(r"^gpubox .* no nvidia-smi", status.stdout, re.M)
+
+
+def test_ctrl_c_before_the_hosts_start_is_reported_as_the_interrupt(tmp_path, monkeypatch):
+    import signal
+
+    from kerneldev import doctor, host_status, interrupt
+    from kerneldev.config import load_config
+
+    config = tmp_path / "hosts.yaml"
+    entry = {"transport": "local", "root": str(tmp_path), "files": ["a"], "workspace": "w"}
+    config.write_text(yaml.safe_dump({"hosts": {"h1": entry, "h2": entry}}))
+    monkeypatch.setattr(interrupt, "_pending", signal.SIGINT)  # Ctrl-C before any host began
+    with pytest.raises(interrupt.Interrupted) as caught:
+        doctor.diagnose(str(config), "h1,h2")
+    assert caught.value.message == "interrupted by Ctrl-C"
+    hosts = load_config(str(config)).hosts_for("h1,h2")
+    with pytest.raises(interrupt.Interrupted) as caught:
+        host_status.collect_status(hosts)
+    assert caught.value.message == "interrupted by Ctrl-C"
