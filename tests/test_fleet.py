@@ -291,6 +291,7 @@ def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, server
         assert any(
             ln.startswith(f"  {name}:") and "Deployed: k/a.py" in ln for ln in err.splitlines()
         )
+    assert err.count("Deployed: k/a.py") == 3  # said once per host, not again as its error
     assert not list(tmp_path.glob("live-*/.kerneldev/lock"))  # every lock released
 
 

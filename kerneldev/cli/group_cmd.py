@@ -186,10 +186,12 @@ def finish(
     result_json: Callable[[Any], Any] | None = None,
     extra: dict[str, Any] | None = None,
     judged: bool = False,
+    stands_shown: bool = False,
 ) -> None:
     """Print the per-host summary (or the JSON), each failed host's error, and end with the
     worst host's exit code. `judged`: a `failed` host is a verdict the tables already show
-    (diff's drift), not an error to repeat on stderr (as a single-host diff prints none)."""
+    (diff's drift), not an error to repeat on stderr (as a single-host diff prints none).
+    `stands_shown`: an interrupted host's Deployed/Not deployed lines were printed already."""
     code = fleet.worst_exit(outcomes)
     data = {
         "command": command,
@@ -224,7 +226,10 @@ def finish(
         if o.error is not None and o.status not in (fleet.OK, fleet.SKIPPED):
             if getattr(o.error, "logs", None):  # an unhealthy service: its logs first
                 print_service_logs(o.error, o.host)
-            print_error(f"{o.host}: {o.error.message}", o.error.hint)
+            message = o.error.message
+            if stands_shown and o.status == fleet.INTERRUPTED:
+                message = _first_line(message)
+            print_error(f"{o.host}: {message}", o.error.hint)
     if code == ExitCode.OK or (judged and code == ExitCode.FAILURE):
         if as_json:
             print_json(data)
@@ -385,7 +390,8 @@ def push(
         outcomes = fleet_ops.push_group(
             hosts, req, parallel=parallel, serial=serial, on_event=view, on_wave=view.on_wave
         )
-    if any(o.status == fleet.INTERRUPTED for o in outcomes):
+    interrupted = any(o.status == fleet.INTERRUPTED for o in outcomes)
+    if interrupted:
         print_info(_interrupt_summary(outcomes))
     failed_dry_run = req.dry_run and any(o.ok and o.result.refused for o in outcomes)
     if failed_dry_run:
@@ -394,7 +400,7 @@ def push(
                 o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
                 names = ", ".join(f.path for f in o.result.refused)
                 o.error = KerneldevError(f"would refuse {names}")
-    finish("push", outcomes, as_json, _describe_push)
+    finish("push", outcomes, as_json, _describe_push, stands_shown=interrupted)
 
 
 def _interrupt_summary(outcomes: list[HostOutcome]) -> str:
