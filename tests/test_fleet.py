@@ -72,7 +72,8 @@ class Fleet:
                 service={
                     "restart": f"echo restart >> '{tmp / ('restarts-' + name)}'",
                     "health": "false" if never_healthy else health,
-                    "timeout": 60 if never_healthy else 1,
+                    # 5 s: long enough for a `true` over SSH on a busy 2-core CI machine
+                    "timeout": 60 if never_healthy else 5,
                     "logs": f"echo {name} log: kernel crashed",
                 },
             )
