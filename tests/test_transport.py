@@ -88,13 +88,32 @@ def test_run_streams_output_as_it_arrives(host):
     assert seen[0][1] == "one\n" and seen[-1][0] - seen[0][0] > 0.25
 
 
-def test_run_timeout_raises_promptly(host):
+def test_run_timeout_ends_the_command_on_the_host(host, tmp_path):
+    # A health command that hangs was left running on the host after each timed-out check.
     t, _ = host
+    pidfile = tmp_path / "pid"
     start = time.monotonic()
     with pytest.raises(RemoteCommandError, match="timed out"):
-        t.run("sleep 10", timeout=0.5)
-    assert time.monotonic() - start < 3
+        t.run(f"echo $$ > {pidfile}; exec sleep 30", timeout=0.5)
+    assert time.monotonic() - start < 20  # not the command's 30 s
+    assert _gone(int(pidfile.read_text()))
     assert t.run("echo still usable").stdout == "still usable\n"
+
+
+def _gone(pid: int) -> bool:
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{pid}/stat")
+        try:  # a zombie nobody reaped yet is gone too
+            if stat.read_text().split(")")[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_run_does_not_wait_for_a_background_daemon(host):

@@ -177,8 +177,9 @@ class SSHTransport(Transport):
                 if deadline is not None:
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        # Closing the channel is all SSH offers without a pty: the command
-                        # loses its pipes (and dies on its next write) but gets no signal.
+                        # Closing the channel alone would leave the command running on the
+                        # host (SSH sends no signal without a pty): end its process group.
+                        self._end_remote(errs.pid)
                         chan.close()
                         raise RemoteCommandError(
                             f"command timed out after {timeout:g}s on {self.host_name}: {command}",
