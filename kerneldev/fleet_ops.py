@@ -28,7 +28,7 @@ from typing import Any
 from kerneldev import drift, fleet, host_lock, interrupt, sync
 from kerneldev import service as service_core
 from kerneldev.config import HostConfig
-from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError
+from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.fleet import HostEvent, HostOutcome, Progress
 from kerneldev.transport.base import Transport
 from kerneldev.workspace import hash_patterns, resolve_paths
@@ -363,16 +363,12 @@ def _restart_or_roll_back(
             raise again from None
         first, unhealthy = err.message, err
     progress(f"not healthy; rolling back deploy {result.deploy_id}")
-    undo = sync.rollback(transport, host, outcome="auto-rollback")
+    undo, second = sync.roll_back_unhealthy(
+        transport, host, lambda _undo: _restart(transport, host, progress)
+    )
     result.auto_rollback = undo
-    try:
-        undo.health = _restart(transport, host, progress)
-        second = "healthy again with the previous files"
-    except ServiceError as err:
-        second = f"still not healthy after the rollback: {err.message}"
     failed = UnhealthyError(
-        f"deploy {result.deploy_id} never became healthy ({first}); it was rolled back "
-        f"as {undo.deploy_id} and the service restarted: {second}",
+        sync.rolled_back_message(result.deploy_id, first, undo, second),
         unhealthy.logs,
         hint="see the service logs; fix the kernel and push again "
         "(`--no-rollback` keeps a failing deploy in place for debugging)",

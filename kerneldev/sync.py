@@ -51,6 +51,7 @@ from kerneldev.errors import (
     NothingToRollBackError,
     PartialDeployError,
     RefusedError,
+    ServiceError,
     TransferError,
     UsageError,
 )
@@ -956,6 +957,30 @@ def rollback(
         _run_deploy(transport, host, record, steps, land, on_progress, [], force, bases)
         result.files = record.files
     return result
+
+
+# --- automatic rollback of an unhealthy deploy ------------------------------------------
+
+
+def roll_back_unhealthy(
+    transport: Transport, host: HostConfig, restart: Callable[[RollbackResult], ServiceHealth]
+) -> tuple[RollbackResult, str]:
+    """Undo the last deploy after its restart never became healthy (recorded as
+    `auto-rollback`) and restart again with `restart(the rollback)`: (the rollback, how the
+    service came back). push --restart, group pushes and watch share it."""
+    undo = rollback(transport, host, outcome="auto-rollback")
+    try:
+        undo.health = restart(undo)
+        return undo, "healthy again with the previous files"
+    except ServiceError as err:
+        return undo, f"still not healthy after the rollback: {err.message}"
+
+
+def rolled_back_message(deploy_id: str | None, why: str, undo: RollbackResult, after: str) -> str:
+    return (
+        f"deploy {deploy_id} never became healthy ({why}); it was rolled back "
+        f"as {undo.deploy_id} and the service restarted: {after}"
+    )
 
 
 # --- log --------------------------------------------------------------------------------

@@ -670,14 +670,13 @@ class Watcher:
             event.message = first
             return
         self.on_progress(f"rolling back {result.deploy_id} on {self.host.name}")
-        undo = sync.rollback(transport, self.host, outcome="auto-rollback")
-        event.outcome = ROLLED_BACK
-        event.rollback_id = undo.deploy_id
-        try:
-            service.restart(transport, self.host.service)
-            second = "healthy again with the previous files"
-        except ServiceError as err:
-            second = f"still not healthy after the rollback: {err.message}"
+
+        def restart_again(undo: sync.RollbackResult) -> ServiceHealth:
+            event.outcome = ROLLED_BACK  # recorded even if the restart below fails
+            event.rollback_id = undo.deploy_id
+            return service.restart(transport, self.host.service)
+
+        _, second = sync.roll_back_unhealthy(transport, self.host, restart_again)
         event.message = f"{first}; after the rollback: {second}"
         event.hint = "fix the kernel and save again"
 

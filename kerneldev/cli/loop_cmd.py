@@ -19,7 +19,7 @@ from kerneldev.cli.common import (
 from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_with_progress
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
-from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UnhealthyError, UsageError
+from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
@@ -405,20 +405,18 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
             raise
         first, unhealthy = err.message, err
     print_warning(f"rolling back deploy {result.deploy_id} automatically: {first}")
-    undo = sync.rollback(transport, host, outcome="auto-rollback")
+
+    def restart_again(undo: sync.RollbackResult):
+        print_info(
+            f"rolled back {', '.join(f.path for f in undo.files)} (recorded as "
+            f"{undo.deploy_id}); restarting again"
+        )
+        return restart_with_progress(transport, host, quiet=as_json)
+
+    undo, second = sync.roll_back_unhealthy(transport, host, restart_again)
     result.auto_rollback = undo
-    print_info(
-        f"rolled back {', '.join(f.path for f in undo.files)} (recorded as {undo.deploy_id}); "
-        "restarting again"
-    )
-    try:
-        undo.health = restart_with_progress(transport, host, quiet=as_json)
-        second = "healthy again with the previous files"
-    except ServiceError as err:
-        second = f"still not healthy after the rollback: {err.message}"
     failed = UnhealthyError(
-        f"deploy {result.deploy_id} never became healthy ({first}); it was rolled back "
-        f"as {undo.deploy_id} and the service restarted: {second}",
+        sync.rolled_back_message(result.deploy_id, first, undo, second),
         unhealthy.logs,
         hint="see the service logs above; fix the kernel and push again "
         "(`--no-rollback` keeps a failing deploy in place for debugging)",
