@@ -60,6 +60,8 @@ RESULT_KEYS = {
     "kernel": str,
     "variant": str,
     "label": str,
+    "phase": (str, type(None)),
+    "phase_of": (str, type(None)),
     "status": str,
     "error": (str, type(None)),
     "accuracy": (dict, type(None)),
@@ -149,6 +151,7 @@ def assert_valid_result(data: dict) -> None:
             "l2_flush": bool,
             "seed": int,
             "time_failed": bool,
+            "phases": list,
             "env": dict,
             "argv": list,
         },
@@ -164,6 +167,8 @@ def assert_valid_result(data: dict) -> None:
                 "size": int,
                 "git_commit": (str, type(None)),
                 "git_dirty": (bool, type(None)),
+                "phase": (str, type(None)),
+                "ablated_from": (str, type(None)),
             },
             f"kernels[{i}]",
         )
@@ -176,9 +181,10 @@ def assert_valid_result(data: dict) -> None:
     for i, r in enumerate(data["results"]):
         _types(r, RESULT_KEYS, f"results[{i}]")
         assert r["shape"] in names
-        assert r["status"] in ("ok", "failed", "error")
-        if r["status"] == "ok":
-            assert r["accuracy"]["ok"] is True
+        assert r["status"] in ("ok", "failed", "error", "ablated")
+        assert (r["status"] == "ablated") <= (r["phase"] is not None)  # only copies are ablated
+        if r["status"] in ("ok", "ablated"):
+            assert r["accuracy"]["ok"] is True or r["status"] == "ablated"
             assert r["median_us"] > 0 and r["p20_us"] <= r["p80_us"]
             assert r["timing_method"] in ("cuda-graph", "eager", "cpu-wallclock")
         if r["status"] == "error":
@@ -186,7 +192,7 @@ def assert_valid_result(data: dict) -> None:
         if r["accuracy"] is not None:
             assert isinstance(r["accuracy"]["sets"], list) and r["accuracy"]["sets"]
             assert all(isinstance(s["ok"], bool) for s in r["accuracy"]["sets"])
-    assert data["ok"] == all(r["status"] == "ok" for r in data["results"])
+    assert data["ok"] == all(r["status"] in ("ok", "ablated") for r in data["results"])
     assert data["exit_code"] == (0 if data["ok"] else 1)
 
 
@@ -228,6 +234,45 @@ def test_smoke_shapes_end_to_end_on_cpu(tmp_path):
     # progress on stderr, the table on stdout
     assert "[4/4]" in proc.stderr
     assert "simt" in proc.stdout and "cpu-wallclock" in proc.stdout
+
+
+def test_phases_time_ablated_copies_on_cpu(tmp_path):
+    """--phases: the bundled file's ablated copies import and run under the interpreter, next
+    to the real file on the same inputs, timed although wrong, marked ablated."""
+    out = tmp_path / "result.json"
+    proc = run_harness(
+        "--cpu-mode", "--shapes", "smoke", "--variants", "simt,mma", "--rotate", "1",
+        "--phases", "--out", str(out),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert_valid_result(data)
+    phases = ["l2tile", "nomma", "nogather"]
+    assert data["settings"]["phases"] == phases
+    assert [(k["name"], k["phase"], k["ablated_from"]) for k in data["kernels"]] == [
+        ("bundled", None, None),
+        *((f"bundled@{p}", p, "bundled") for p in phases),
+    ]
+    smoke = [s.name for s in harness.SHAPE_SETS["smoke"]]
+    # simt's loop is not ablated: only mma gets copies
+    labels = ["simt", "mma", *(f"phase:{p}:mma" for p in phases)]
+    assert [(r["shape"], r["label"]) for r in data["results"]] == [
+        (s, label) for s in smoke for label in labels
+    ]
+    for r in data["results"]:
+        if r["phase"] is None:
+            assert r["status"] == "ok" and r["phase_of"] is None
+        else:
+            assert r["status"] == "ablated" and r["phase_of"] == "mma"
+            assert r["kernel"] == f"bundled@{r['phase']}"
+            assert r["median_us"] > 0
+            assert r["accuracy"]["ok"] is False  # the substitution took effect
+    assert [(row["shape"], row["label"]) for row in data["phases"]] == [(s, "mma") for s in smoke]
+    assert all(row[f"{p}_us"] > 0 for row in data["phases"] for p in ["full", *phases])
+    # the phase table is printed last
+    last = proc.stdout.strip().splitlines()
+    assert last[-1].startswith("l2tile: every tile gathers the same slots")
+    assert "full-l2tile" in last[-4] and "full-nomma" in last[-4]
 
 
 # --- failure paths, with fast fake kernels --------------------------------------------------

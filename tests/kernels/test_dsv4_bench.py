@@ -4,9 +4,12 @@ GPU: parsing, the config each variant resolves to, and the usage errors."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -81,3 +84,148 @@ def test_config_needs_a_gpu(capsys):
     code = bench.main(["--cpu-mode", "--shapes", "smoke", "--sm120-proxy"])
     assert code == bench.EXIT_USAGE
     assert "need a CUDA device" in capsys.readouterr().err
+
+
+# --- --phases: ablated copies of the kernel file ----------------------------------------------
+
+KERNEL_FILE = KERNELS / "flash_mla_sm120_triton.py"
+
+
+def test_every_phase_applies_to_the_bundled_kernel():
+    source = KERNEL_FILE.read_text()
+    for phase, substitutions in bench.PHASES.items():
+        ablated = bench.ablate(source, phase, str(KERNEL_FILE))
+        for line, replacement in substitutions:
+            # each line of the real loop is there once and replaced by its stand-in
+            assert sum(x.strip() == line for x in source.splitlines()) == 1, line
+            assert not any(x.strip() == line for x in ablated.splitlines()), line
+            assert f"{replacement}  # phase:{phase}" in ablated
+        # on the same line: the compiler's line numbers are the real file's
+        assert len(ablated.splitlines()) == len(source.splitlines())
+    assert bench.parse_phases(None) == []
+    assert bench.parse_phases("nomma,l2tile,nomma") == ["nomma", "l2tile"]
+    for bad in ("", "l2", "nomma,mma"):
+        with pytest.raises(bench.HarnessError) as err:
+            bench.parse_phases(bad)
+        assert err.value.exit_code == bench.EXIT_USAGE
+
+
+@pytest.mark.parametrize("duplicate", [False, True])
+def test_a_missing_phase_line_is_one_line_and_exit_2(tmp_path, capsys, duplicate):
+    line = "s = tl.dot(q, tl.trans(k))"
+    source = KERNEL_FILE.read_text()
+    indent = " " * 12  # the line's indentation in the loop
+    twice = line + "\n" + indent + line  # a second copy of the whole line
+    edited = source.replace(line, twice if duplicate else "s = tl.dot(q, k.T)", 1)
+    kernel = tmp_path / "edited.py"
+    kernel.write_text(edited)
+    code = bench.main(["--cpu-mode", "--kernel", f"e={kernel}", "--phases", "--shapes", "smoke"])
+    err = capsys.readouterr().err
+    assert code == bench.EXIT_USAGE
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert f"line `{line}`" in err and str(kernel) in err
+    assert ("found 2 times" if duplicate else "not found") in err
+
+
+def test_phases_need_an_mma_variant(capsys):
+    code = bench.main(["--cpu-mode", "--variants", "simt", "--phases", "--shapes", "smoke"])
+    assert code == bench.EXIT_USAGE and "--phases" in capsys.readouterr().err
+
+
+def test_phase_table_reads_off_each_phase():
+    report = {
+        "settings": {"phases": ["l2tile", "nomma"]},
+        "results": [
+            {"shape": "B64", "label": "mma", "status": "ok", "median_us": 100.0, "phase": None},
+            {
+                "shape": "B64",
+                "label": "phase:l2tile:mma",
+                "status": "ablated",
+                "median_us": 60.0,
+                "phase": "l2tile",
+                "phase_of": "mma",
+            },  # fmt: skip
+            {
+                "shape": "B64",
+                "label": "phase:nomma:mma",
+                "status": "ablated",
+                "median_us": 70.0,
+                "phase": "nomma",
+                "phase_of": "mma",
+            },  # fmt: skip
+            {"shape": "B64", "label": "simt", "status": "ok", "median_us": 900.0, "phase": None},
+        ],
+    }
+    (row,) = bench.phase_rows(report)
+    assert row == {"shape": "B64", "label": "mma", "status": "ok", "full_us": 100.0,
+                   "l2tile_us": 60.0, "nomma_us": 70.0}  # fmt: skip
+    text = bench.phase_table([row], ["l2tile", "nomma"])
+    header, values = text.splitlines()[1:3]
+    assert header.split() == ["shape", "variant", "full", "us", "l2tile", "us", "nomma", "us",
+                              "full-l2tile", "full-nomma"]  # fmt: skip
+    assert values.split() == ["B64", "mma", "100.0", "60.0", "70.0", "40.0", "30.0"]
+
+
+def test_nogather_compiles_for_sm120_and_sm90_without_tensor_core_products(tmp_path):
+    """The interpreter row runs neither S_BY_GROUP nor PV_SPLIT: compile those branches of the
+    ablated copy for sm_120 (scores by group) and sm_90 (PV_SPLIT), no GPU needed."""
+    pytest.importorskip("triton")
+    ablated = tmp_path / "flash_mla_sm120_triton.py"
+    ablated.write_text(bench.ablate(KERNEL_FILE.read_text(), "nogather", "bundled"))
+    code = (
+        "import sys; sys.path.insert(0, 'scripts')\n"
+        "import importlib.util, compile_check as cc\n"
+        f"spec = importlib.util.spec_from_file_location('ablated', {str(ablated)!r})\n"
+        "fl = importlib.util.module_from_spec(spec); spec.loader.exec_module(fl)\n"
+        "for cap in (120, 90):\n"
+        "    row = cc.table_row(fl, cap)\n"
+        "    ptx = cc.compile_kernel(fl, cap, row, True, True, False).asm['ptx']\n"
+        "    print(cap, row['S_BY_GROUP'], ptx.count('mma.sync'), ptx.count('wgmma'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = KERNELS.parent
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
+        timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split("\n")[:2] == ["120 True 0 0", "90 False 0 0"]
+
+
+# --- --config combine_in_kernel ---------------------------------------------------------------
+
+
+class _Row(NamedTuple):
+    block_n: int
+    s_by_group: bool
+
+
+class _OldConfig(NamedTuple):  # a kernel file from before combine_in_kernel
+    block_n: int
+    s_by_group: bool = False
+
+
+class _NewConfig(NamedTuple):
+    block_n: int
+    s_by_group: bool = False
+    combine_in_kernel: bool = False
+
+
+def _fake_kernel_module(config_type):
+    return types.SimpleNamespace(
+        MMA_ROWS={"sm90": _Row(32, False)},
+        mma_row_name=lambda cc: "sm90",
+        mma_config=lambda cc, sms, b, h, topk, extra, row: config_type(row.block_n, row.s_by_group),
+    )
+
+
+def test_combine_in_kernel_is_a_config_key():
+    conf = bench.parse_config("c=combine_in_kernel:1,s_by_group:1")
+    assert dict(conf.config_over) == {"combine_in_kernel": 1}
+    shape = bench.make_shape(64, topk=2048)
+    cfg = conf.config(_fake_kernel_module(_NewConfig), _fake_torch(9, 0, 132), shape)
+    assert cfg.combine_in_kernel is True and cfg.s_by_group is True  # bool fields take 0/1
+    # a kernel file without the field: one clear line, not a traceback
+    with pytest.raises(bench.HarnessError, match="no field combine_in_kernel"):
+        conf.config(_fake_kernel_module(_OldConfig), _fake_torch(9, 0, 132), shape)
+    assert "combine_in_kernel" in bench.build_parser().format_help()
