@@ -43,9 +43,10 @@ times are wall-clock of the interpreter and meaningless (`"timing": "cpu-wallclo
 Output: progress on stderr, a short table on stdout, the JSON of `docs/bench-json.md` in
 `--out` (rewritten after every entry, so a crash leaves what was measured).
 
-Exit codes: 0 every entry passed; 1 some entry failed accuracy or raised (the JSON is still
-complete); 2 bad command line or shape spec; 3 environment problem (no CUDA, torch/triton
-missing, a kernel file that cannot be imported).
+Exit codes: 0 every entry passed (or is ablated); 1 some entry failed accuracy or raised (the
+JSON is still complete); 2 bad command line or shape spec, or a `--phases` line missing from a
+kernel file; 3 environment problem (no CUDA, torch/triton missing, a kernel file that cannot
+be imported).
 """
 
 from __future__ import annotations
