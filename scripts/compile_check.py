@@ -45,7 +45,7 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
     return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
             "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
-            "exact_in_launch": cfg.exact_in_launch}  # fmt: skip
+            "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next}  # fmt: skip
 
 
 def compile_kernel(
@@ -71,7 +71,7 @@ def compile_kernel(
         NUM_STAGES=stages, RUN_BF16_P=run_bf16_p,
         EXACT_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_branch else 0,
         EXACT_BLOCK_H=min(row.get("EXACT_BLOCK_H", block_h), block_h),
-        COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True,
+        COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True, PREFETCH=row["prefetch_next"],
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):

@@ -57,3 +57,23 @@ def test_refuses_to_run_under_the_interpreter():
         [sys.executable, str(SCRIPT), "--cc", "120"], capture_output=True, text=True, env=env
     )
     assert res.returncode == 2 and "TRITON_INTERPRET" in res.stdout
+
+
+def test_l2_prefetch_only_where_the_row_asks_for_it():
+    """The sm_90 row's tile loop asks L2 for the next tile's rows (`prefetch.global.L2` in
+    its PTX); the sm_120 row, where the prefetch addresses spilled, has none."""
+    code = (
+        "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'kernels')\n"
+        "import compile_check as cc, flash_mla_sm120_triton as fl\n"
+        "for arch in (90, 120):\n"
+        "    row = cc.table_row(fl, arch)\n"
+        "    ptx = cc.compile_kernel(fl, arch, row, True, False, False).asm['ptx']\n"
+        "    print(arch, row['prefetch_next'], ptx.count('prefetch.global.L2'))\n"
+    )
+    res = _run([], code)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in res.stdout.strip().splitlines())
+    on90, n90 = lines["90"].split()
+    on120, n120 = lines["120"].split()
+    assert on90 == "True" and int(n90) > 0
+    assert on120 == "False" and int(n120) == 0

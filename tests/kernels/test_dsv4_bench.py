@@ -192,40 +192,43 @@ def test_nogather_compiles_for_sm120_and_sm90_without_tensor_core_products(tmp_p
     assert res.stdout.split("\n")[:2] == ["120 True 0 0", "90 False 0 0"]
 
 
-# --- --config combine_in_kernel ---------------------------------------------------------------
+# --- --config on a field an older kernel file lacks --------------------------------------------
 
 
-class _Row(NamedTuple):
+class _OldRow(NamedTuple):  # a kernel file from before prefetch_next
     block_n: int
     s_by_group: bool
 
 
-class _OldConfig(NamedTuple):  # a kernel file from before combine_in_kernel
+class _NewRow(NamedTuple):
+    block_n: int
+    s_by_group: bool
+    prefetch_next: bool = False
+
+
+class _Config(NamedTuple):
     block_n: int
     s_by_group: bool = False
+    prefetch_next: bool = False
 
 
-class _NewConfig(NamedTuple):
-    block_n: int
-    s_by_group: bool = False
-    combine_in_kernel: bool = False
-
-
-def _fake_kernel_module(config_type):
+def _fake_kernel_module(row):
     return types.SimpleNamespace(
-        MMA_ROWS={"sm90": _Row(32, False)},
+        MMA_ROWS={"sm90": row},
         mma_row_name=lambda cc: "sm90",
-        mma_config=lambda cc, sms, b, h, topk, extra, row: config_type(row.block_n, row.s_by_group),
+        mma_config=lambda cc, sms, b, h, topk, extra, row: _Config(
+            row.block_n, row.s_by_group, getattr(row, "prefetch_next", False)
+        ),
     )
 
 
-def test_combine_in_kernel_is_a_config_key():
-    conf = bench.parse_config("c=combine_in_kernel:1,s_by_group:1")
-    assert dict(conf.config_over) == {"combine_in_kernel": 1}
+def test_prefetch_next_is_a_row_key():
+    conf = bench.parse_config("c=prefetch_next:1,s_by_group:1")
+    assert dict(conf.row_over) == {"prefetch_next": 1, "s_by_group": 1}
     shape = bench.make_shape(64, topk=2048)
-    cfg = conf.config(_fake_kernel_module(_NewConfig), _fake_torch(9, 0, 132), shape)
-    assert cfg.combine_in_kernel is True and cfg.s_by_group is True  # bool fields take 0/1
+    cfg = conf.config(_fake_kernel_module(_NewRow(32, False)), _fake_torch(9, 0, 132), shape)
+    assert cfg.prefetch_next is True and cfg.s_by_group is True  # bool fields take 0/1
     # a kernel file without the field: one clear line, not a traceback
-    with pytest.raises(bench.HarnessError, match="no field combine_in_kernel"):
-        conf.config(_fake_kernel_module(_OldConfig), _fake_torch(9, 0, 132), shape)
-    assert "combine_in_kernel" in bench.build_parser().format_help()
+    with pytest.raises(bench.HarnessError, match="no field prefetch_next"):
+        conf.config(_fake_kernel_module(_OldRow(32, False)), _fake_torch(9, 0, 132), shape)
+    assert "prefetch_next" in bench.build_parser().format_help()
