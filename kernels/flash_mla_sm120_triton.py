@@ -942,25 +942,29 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # pv_split: the exact PV for every request (small topk), one launch. Otherwise, with
     # pv_split_below > 0, requests with at most that many valid tokens (each program counts its
     # request's indices: one block up to COUNT_BLOCK_MAX) take the exact PV: in the same launch
-    # as the bf16-P loop (exact_in_launch), or in a second launch over the same grid that
-    # overwrites the first one's results for them and returns for the others.
+    # as the bf16-P loop (exact_in_launch), or in a second launch over the same splits that
+    # overwrites the first one's results for them and returns for the others. The second
+    # launch's programs hold exact_block_h heads each: the few requests it redoes are spread
+    # over more SMs, and the doubled tile and smaller accumulator do not spill.
     exact_below = 0 if cfg.pv_split else cfg.pv_split_below
     if exact_below == 0 or cfg.exact_in_launch:
         launches = [(True, exact_below)]
     else:
         launches = [(True, 0), (False, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
+    exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
     for run_bf16_p, below in launches:
         # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
-        _mma_split_kernel[(B * triton.cdiv(H, cfg.block_h), splits)](
+        block_h = cfg.block_h if run_bf16_p else exact_block_h
+        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
             **common, **main, **extra,
             tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
             H=H, num_splits=splits, **flags,
-            SINGLE_SPLIT=splits == 1, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
             DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
             NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
-            EXACT_BLOCK_H=min(cfg.exact_block_h or cfg.block_h, cfg.block_h),
+            EXACT_BLOCK_H=exact_block_h,
             COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
             PREFETCH=cfg.prefetch_next and q.is_cuda,
             num_warps=cfg.num_warps, num_stages=stages,

@@ -62,7 +62,9 @@ def compile_kernel(
     from triton.compiler import ASTSource
 
     fn = fl._mma_split_kernel
-    block_h = row.get("EXACT_BLOCK_H", row["BLOCK_H"]) if pv_split else row["BLOCK_H"]
+    # the exact PV for the whole call, and the second launch, run exact-pass-sized programs
+    exact_program = pv_split or not run_bf16_p
+    block_h = row.get("EXACT_BLOCK_H", row["BLOCK_H"]) if exact_program else row["BLOCK_H"]
     stages = row["num_stages"] if run_bf16_p and not pv_split else 1
     const = dict(
         SINGLE_SPLIT=False, BLOCK_H=block_h, BLOCK_N=row["BLOCK_N"],

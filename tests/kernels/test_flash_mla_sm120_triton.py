@@ -248,6 +248,8 @@ CASES = [
         [
             MMAConfig(64, BN, 1, W, 1, pv_split_below=30),
             MMAConfig(64, BN, 3, W, 1, pv_split_below=30),
+            # the second launch with 16-head programs (4 per head block of the first)
+            MMAConfig(64, BN, 3, W, 1, pv_split_below=30, exact_block_h=16),
             G(2, pv_split=False, pv_split_below=30),
             # the same choice as a branch of the one launch (16-head sub-blocks on G)
             MMAConfig(64, BN, 3, W, 1, pv_split_below=30, exact_in_launch=True),
@@ -341,6 +343,9 @@ if ON_GPU:  # bf16 operands at production sizes
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(
                     exact_in_launch=True, num_stages=2
                 ),
+                # the second launch with 16- and 32-head programs
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=16),
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=32),
             ],
         ),
         (
