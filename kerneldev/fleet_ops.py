@@ -67,7 +67,11 @@ def _locked(
     break_lock: bool,
     lock_wait: float,
     create_root: bool = False,
+    defer: bool = False,
 ) -> host_lock.HostLock:
+    """The host's lock, taken here, or with `defer` handed to `sync.push` not yet taken (it
+    takes it in its first remote command; its notes are then told by the caller)."""
+
     def on_wait(holder: host_lock.LockHolder | None) -> None:
         who = holder.describe() if holder else "another command"
         progress(f"waiting up to {lock_wait:g}s for the lock, held by {who}")
@@ -81,6 +85,8 @@ def _locked(
         on_wait=on_wait,
         create_root=create_root,
     )
+    if defer:
+        return lock
     lock.acquire()
     for note in lock.notes:  # a stale lock taken over, a lock broken: worth a warning
         progress(note, warning=True)
@@ -315,21 +321,30 @@ def push_host(
         service_core.require_service(host.service, host.name)
     result: sync.PushResult | None = None
     try:
+        # As a single-host push: the lock is taken by the push's first remote command and
+        # released by its last unless the restart still needs it.
         lock = _locked(
-            transport, host, "push", progress, req.break_lock, req.lock_wait, req.create_root
+            transport, host, "push", progress, req.break_lock, req.lock_wait, req.create_root, True
         )
         try:
-            result = sync.push(
-                transport,
-                host,
-                req.paths,
-                force=req.force,
-                on_progress=lambda path: progress(f"uploading {path}"),
-                import_check=req.import_check,
-                create_root=req.create_root,
-            )
+            try:
+                result = sync.push(
+                    transport,
+                    host,
+                    req.paths,
+                    force=req.force,
+                    on_progress=lambda path: progress(f"uploading {path}"),
+                    import_check=req.import_check,
+                    create_root=req.create_root,
+                    lock=lock,
+                    release_lock=not req.restart,
+                )
+            finally:
+                for note in lock.notes:  # a stale lock taken over, a lock broken: a warning
+                    progress(note, warning=True)
             for note in result.notes:
-                progress(note)
+                if note not in lock.notes:
+                    progress(note)
             if req.restart:
                 _restart_or_roll_back(transport, host, result, req.no_rollback, progress)
         finally:

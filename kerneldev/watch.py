@@ -602,13 +602,13 @@ class Watcher:
             who = holder.describe() if holder else "another command"
             self.on_progress(f"waiting for the lock on {self.host.name}, held by {who}")
 
+        # Taken by the push's first remote command (its scan), released by its last unless
+        # the restart still needs it: a no-op save is one remote command (host_lock.py).
         lock = host_lock.HostLock(
             transport, self.host.root, "watch", wait=self.options.lock_wait, on_wait=on_wait
         )
-        lock.acquire()
-        event.notes += lock.notes
         try:
-            result = self._push_unrefused(event, paths)
+            result = self._push_unrefused(event, paths, lock)
             event.seconds = time.monotonic() - started
             if result is None:
                 return
@@ -624,12 +624,20 @@ class Watcher:
         finally:
             lock.release()
 
-    def _push_unrefused(self, event: WatchEvent, paths: list[str]) -> sync.PushResult | None:
-        """`sync.push`; when some files drifted or conflict, push the others and list those
-        in `event.refused`. None when every file was refused."""
+    def _push_unrefused(
+        self, event: WatchEvent, paths: list[str], lock: host_lock.HostLock
+    ) -> sync.PushResult | None:
+        """`sync.push` handed the not yet taken `lock`; when some files drifted or conflict,
+        push the others (still under that lock) and list those in `event.refused`. None when
+        every file was refused."""
         assert self.transport is not None
         push = lambda chosen: sync.push(  # noqa: E731
-            self.transport, self.host, self._named(chosen), import_check=self.options.import_check
+            self.transport,
+            self.host,
+            self._named(chosen),
+            import_check=self.options.import_check,
+            lock=lock,
+            release_lock=not self.options.restart,
         )
         try:
             return push(paths)
@@ -637,6 +645,7 @@ class Watcher:
             plan = err.report if isinstance(err.report, sync.PushResult) else None
             if plan is None or not plan.refused:
                 raise  # the import check, a missing root: a failure of the whole burst
+            event.notes += plan.notes  # a stale lock taken over, in the refused plan's notes
             event.refused = [RefusedFile(f.path, f.status, f.reason) for f in plan.refused]
             event.hint = (
                 "see the changes with `kerneldev diff --patch`; pull and merge them, or "

@@ -182,6 +182,96 @@ def test_no_op_diff_and_pull_make_one_remote_command(
     assert "leftovers of interrupted kerneldev runs: 1 temporary file" in err.getvalue()
 
 
+def test_watch_and_group_pushes_take_the_lock_in_the_plan_like_push(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """A save pushed by `watch` and a push to a group make the single-host push's commands: a
+    no-op is one remote command per host (lock, plan, unlock), a cold one three."""
+    import json
+    import queue
+    import socket
+    import subprocess
+    import threading
+
+    from kerneldev import watch
+    from kerneldev.config import load_config
+
+    hosts = {}
+    for name in ("n0", "n1"):
+        (tmp_path / name).mkdir()
+        h = ssh_host(sshd_server, tmp_path / name, name=name)
+        (Path(h.root) / "k.py").write_bytes(b"k v1\n" * 3000)
+        hosts[name] = {
+            "hostname": "127.0.0.1",
+            "port": h.port,
+            "user": h.user,
+            "identity_file": str(h.identity_file),
+            "known_hosts": str(h.known_hosts),
+            "root": h.root,
+            "files": ["*.py"],
+            "workspace": str(h.workspace),
+        }
+    config = tmp_path / "hosts.yaml"
+    config.write_text(json.dumps({"default": "n0", "groups": {"g": ["n0", "n1"]}, "hosts": hosts}))
+    counter = ChannelCounter(monkeypatch)
+    counter.during("--config", str(config), "pull", "--host", "g")
+    execs = lambda opened: [c for c in opened if c.startswith("exec")]  # noqa: E731
+
+    push = counter.during("--config", str(config), "push", "--host", "g", "--no-import-check")
+    assert len(push) == 2, push  # one per host
+    for name in hosts:
+        (Path(hosts[name]["workspace"]) / "k.py").write_bytes(b"k v2\n" * 3000)
+    push = counter.during("--config", str(config), "push", "--host", "g", "--no-import-check")
+    assert len(execs(push)) == 6, push
+    for name in hosts:
+        assert (Path(hosts[name]["root"]) / "k.py").read_bytes() == b"k v2\n" * 3000
+        assert not (Path(hosts[name]["root"]) / ".kerneldev" / "lock").exists()
+
+    # watch: the same counts for one save that changes nothing and one that is pushed.
+    host = load_config(str(config)).host("n0")
+    events: queue.Queue = queue.Queue()
+    options = watch.WatchOptions(import_check=False, debounce=0.05, keepalive=3600)
+    watcher = watch.Watcher(host, options, events.put)
+    thread = threading.Thread(target=watcher.run, daemon=True)
+    thread.start()
+
+    def next_push() -> watch.WatchEvent:
+        while True:
+            event = events.get(timeout=60)
+            assert event.kind in (watch.READY, watch.PUSH), event
+            if event.kind == watch.PUSH:
+                return event
+
+    try:
+        assert events.get(timeout=60).kind == watch.READY
+        counter.opened.clear()
+        (Path(host.workspace) / "k.py").write_bytes(b"k v2\n" * 3000)  # saved, unchanged
+        assert next_push().outcome == watch.UNCHANGED
+        assert len(counter.opened) == 1, counter.opened
+        counter.opened.clear()
+        (Path(host.workspace) / "k.py").write_bytes(b"k v3\n" * 3000)
+        assert next_push().outcome == watch.PUSHED
+        assert len(execs(counter.opened)) == 3, counter.opened
+        assert (Path(host.root) / "k.py").read_bytes() == b"k v3\n" * 3000
+        assert not (Path(host.root) / ".kerneldev" / "lock").exists()
+        # The lock rules stay: a stale lock (its process is gone) is taken over, with a note.
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        stale = {"user": "bob", "machine": socket.gethostname(), "pid": dead.pid}
+        stale.update(command="push", since="2026-11-30T06:00:00Z", token="deadbeef")
+        (Path(host.root) / ".kerneldev" / "lock").write_text(json.dumps(stale))
+        (Path(host.workspace) / "k.py").write_bytes(b"k v4\n" * 3000)
+        event = next_push()
+        assert event.outcome == watch.PUSHED, event
+        assert any(n.startswith("took over a stale lock: bob@") for n in event.notes), event
+        assert (Path(host.root) / "k.py").read_bytes() == b"k v4\n" * 3000
+        assert not (Path(host.root) / ".kerneldev" / "lock").exists()
+    finally:
+        monkeypatch.setattr(interrupt, "_pending", signal.SIGINT)  # ends the watch
+        thread.join(timeout=60)
+    assert events.get(timeout=5).kind == watch.STOPPED
+
+
 # --- put_files: push's one stream up ---------------------------------------------------------
 
 
