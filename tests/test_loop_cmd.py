@@ -196,6 +196,35 @@ def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
     assert (env.root / A).read_bytes() == ORIGINAL_A and lock.exists()
 
 
+def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
+    """Ctrl-C arriving while the push writes its record (its last, shielded step): the files
+    are live and recorded, so the push exits 0 and says it had completed; --json is the
+    result alone."""
+    import signal
+
+    from kerneldev import history, interrupt
+
+    assert env.kd("pull").exit_code == 0
+    (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")
+    append = history.append_record
+
+    def ctrl_c_then_append(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            pass
+        return append(*args, **kwargs)
+
+    monkeypatch.setattr(history, "append_record", ctrl_c_then_append)
+    run = env.kd("push", "--no-import-check", "--json")  # the record is the last step
+    assert run.exit_code == 0, run.stderr
+    result = run.json()  # one JSON document: the push's result, no error object
+    assert result["deployed"] == [A] and "error" not in result
+    assert f"Ctrl-C came after deploy {result['deploy_id']} had completed" in run.stderr
+    assert (env.root / A).read_bytes() == ORIGINAL_A + b"# tuned\n"
+    assert env.state()["deploys"][-1]["id"] == result["deploy_id"]
+    assert not (env.root / ".kerneldev" / "lock").exists()
+
+
 def test_drift_refused_then_force(env: Env):
     env.kd("pull")
     (env.root / B).write_bytes(ORIGINAL_B + b"# hotfix on the host\n")

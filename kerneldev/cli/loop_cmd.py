@@ -344,6 +344,11 @@ def push_command(
                     lock.release()
     if as_json:
         print_json(result)
+    if not dry_run and interrupt.consume() is not None:
+        # The signal came during the push's last, shielded steps (the record, the unlock) or
+        # after them: nothing was cut short, so the push succeeded and says so.
+        what = f"deploy {result.deploy_id}" if result.deploy_id else "the push"
+        print_info(f"Ctrl-C came after {what} had completed; nothing was interrupted")
     if dry_run and result.refused:
         raise typer.Exit(int(ExitCode.FAILURE))
 
