@@ -121,6 +121,7 @@ class HostReport:
     transport: str
     address: str | None = None  # user@hostname:port once known (ssh)
     checks: list[Check] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C / SIGTERM: the checks after the last one did not run
 
     @property
     def failed(self) -> bool:
@@ -131,6 +132,7 @@ class HostReport:
 class DoctorReport:
     config: Check
     hosts: list[HostReport] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C / SIGTERM came before every check had run
 
     @property
     def exit_code(self) -> ExitCode:
@@ -140,7 +142,12 @@ class DoctorReport:
     def as_json(self) -> dict[str, Any]:
         """What `doctor --json` prints: each host's checks in the order they ran."""
         hosts = [{**asdict(h), "ok": not h.failed} for h in self.hosts]
-        return {"config": asdict(self.config), "hosts": hosts, "exit_code": int(self.exit_code)}
+        return {
+            "config": asdict(self.config),
+            "hosts": hosts,
+            "exit_code": int(self.exit_code),
+            "interrupted": self.interrupted,
+        }
 
 
 def diagnose(
@@ -153,23 +160,38 @@ def diagnose(
     """Check the config, then every host `host_spec` names (a host, group or comma list, as
     `--host` takes it; None: the default host), at most `parallel` at a time. A missing or
     invalid config is a FAIL of the config check; a `host_spec` naming nothing raises
-    `ConfigError`."""
+    `ConfigError`. Ctrl-C / SIGTERM raises `Interrupted` whose `report` is the
+    `DoctorReport` as far as it got (`interrupted` set on it and on the hosts cut short)."""
     config_check, config = check_config(config_path)
     if config is None:
         return DoctorReport(config_check)
+    hosts = config.hosts_for(host_spec)
     outcomes = fleet.run_on_hosts(
-        config.hosts_for(host_spec),
+        hosts,
         lambda host, _transport, _progress: diagnose_host(host, connect_timeout=connect_timeout),
         parallel=parallel,
         # The doctor opens its own connections, step by step: no transport from the runner.
         connect=lambda host: contextlib.nullcontext(),
     )
-    for outcome in outcomes:
-        if isinstance(outcome.error, interrupt.Interrupted):  # the run's, not "not started"
-            raise interrupt.Interrupted(outcome.error.signum)
+    report = DoctorReport(config_check)
+    stopped: interrupt.Interrupted | None = None
+    for host, outcome in zip(hosts, outcomes, strict=True):
+        if isinstance(outcome.error, interrupt.Interrupted):
+            stopped = stopped or outcome.error
+            partial = outcome.error.report
+            if not isinstance(partial, HostReport):  # not started: nothing was checked
+                partial = HostReport(host.name, host.transport, interrupted=True)
+            report.hosts.append(partial)
+            continue
         if outcome.error is not None:
             raise outcome.error  # `diagnose_host` lets nothing else out
-    return DoctorReport(config_check, [o.result for o in outcomes])
+        report.hosts.append(outcome.result)
+    if stopped is not None:
+        report.interrupted = True
+        err = interrupt.Interrupted(stopped.signum)  # the run's, not "not started"
+        err.report = report
+        raise err
+    return report
 
 
 def check_config(config_path: str | None) -> tuple[Check, Config | None]:
@@ -219,7 +241,12 @@ class _HostDoctor:
         ]
         try:
             for name, needs, step in steps:
+                interrupt.check()  # Ctrl-C between checks: the next one is not started
                 self.step(name, needs, step)
+        except interrupt.Interrupted as err:
+            self.report.interrupted = True
+            err.report = self.report  # the checks that ran before the signal
+            raise
         finally:
             if self.transport is not None:
                 self.transport.close()

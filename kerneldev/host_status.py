@@ -88,6 +88,7 @@ class HostStatus:
     gpus: gpus_core.GpuReport | None = None
     problems: list[Problem] = field(default_factory=list)  # steps that failed on the host
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C / SIGTERM: what is here was collected before it
 
     @property
     def changed(self) -> list[str]:
@@ -139,8 +140,11 @@ def host_status(transport: Transport, host: HostConfig) -> HostStatus:
     ]
     for step in steps:
         try:
+            interrupt.check()  # Ctrl-C between steps: the next one is not started
             step()
-        except interrupt.Interrupted:
+        except interrupt.Interrupted as err:
+            status.interrupted = True
+            err.report = status  # what was collected before the signal
             raise
         except (HostConnectionError, HostKeyError) as err:  # incl. a dropped connection
             status.reachable = False
@@ -157,14 +161,22 @@ def collect_status(
     connect_timeout: float | None = None,
     parallel: int = fleet.DEFAULT_PARALLEL,
 ) -> list[HostStatus]:
-    """`host_status` of every host, in the given order, at most `parallel` at a time."""
+    """`host_status` of every host, in the given order, at most `parallel` at a time.
+    Ctrl-C / SIGTERM raises `Interrupted` whose `report` is every host's status as far as it
+    got (`interrupted` set on the hosts it cut short or kept from starting)."""
     outcomes = fleet.run_on_hosts(
         hosts,
         lambda host, transport, _progress: host_status(transport, host),
         parallel=parallel,
         connect=lambda host: open_transport(host, connect_timeout=connect_timeout),
     )
-    return [_from_outcome(h, o) for h, o in zip(hosts, outcomes, strict=True)]
+    statuses = [_from_outcome(h, o) for h, o in zip(hosts, outcomes, strict=True)]
+    stopped = [o.error for o in outcomes if isinstance(o.error, interrupt.Interrupted)]
+    if stopped:
+        err = interrupt.Interrupted(stopped[0].signum)  # the run's, not "not started"
+        err.report = statuses
+        raise err
+    return statuses
 
 
 def _from_outcome(host: HostConfig, outcome: fleet.HostOutcome) -> HostStatus:
@@ -172,8 +184,13 @@ def _from_outcome(host: HostConfig, outcome: fleet.HostOutcome) -> HostStatus:
         return outcome.result
     if isinstance(outcome.error, (HostConnectionError, HostKeyError)):  # opening the transport
         return HostStatus(host=host.name, reachable=False, unreachable=_problem(outcome.error))
-    if isinstance(outcome.error, interrupt.Interrupted):  # the run's, not "not started"
-        raise interrupt.Interrupted(outcome.error.signum)
+    if isinstance(outcome.error, interrupt.Interrupted):
+        if isinstance(outcome.error.report, HostStatus):
+            return outcome.error.report
+        # Not started, or stopped while connecting: nothing is known about it.
+        return HostStatus(
+            host=host.name, reachable=False, interrupted=True, notes=[outcome.error.message]
+        )
     raise outcome.error  # `host_status` itself lets nothing else out
 
 

@@ -511,3 +511,67 @@ def test_ctrl_c_before_the_hosts_start_is_reported_as_the_interrupt(tmp_path, mo
     with pytest.raises(interrupt.Interrupted) as caught:
         host_status.collect_status(hosts)
     assert caught.value.message == "interrupted by Ctrl-C"
+
+
+def test_ctrl_c_mid_run_still_gives_json_with_what_was_collected(
+    sshd_server, tmp_path, monkeypatch
+):
+    """Ctrl-C while `status --json` / `doctor --json` look at the first of two hosts: one
+    JSON document with that host as far as it got, the other host marked as not looked at,
+    `interrupted: true`, exit 130."""
+    import signal
+
+    from kerneldev import doctor as doctor_core
+    from kerneldev import host_status, interrupt
+
+    root = live_tree(tmp_path)
+    entry = ssh_host_entry(sshd_server, tmp_path, root, service={"health": "true"})
+    config = write_config(tmp_path, {"h1": entry, "h2": entry}, {"both": ["h1", "h2"]})
+
+    def ctrl_c() -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            pass
+
+    service = host_status._service
+
+    def service_then_ctrl_c(transport, host, status):
+        service(transport, host, status)
+        ctrl_c()
+
+    monkeypatch.setattr(host_status, "_service", service_then_ctrl_c)
+    run = kd("--config", str(config), "status", "--host", "both", "--parallel", "1", "--json")
+    assert run.exit_code == 130, run.stderr
+    data = run.json()
+    assert data["interrupted"] is True and data["exit_code"] == 130
+    assert data["error"]["code"] == 130
+    h1, h2 = data["hosts"]
+    assert (h1["host"], h1["reachable"], h1["interrupted"]) == ("h1", True, True)
+    assert h1["service"]["healthy"] is True and h1["gpus"] is None  # stopped before the GPUs
+    assert (h2["host"], h2["interrupted"]) == ("h2", True)
+    assert "not started" in h2["notes"][0]
+    monkeypatch.setattr(host_status, "_service", service)
+
+    gpu = doctor_core._HostDoctor.gpu
+
+    def gpu_then_ctrl_c(self):
+        check = gpu(self)
+        ctrl_c()
+        return check
+
+    monkeypatch.setattr(doctor_core._HostDoctor, "gpu", gpu_then_ctrl_c)
+    run = kd("--config", str(config), "doctor", "--host", "both", "--parallel", "1", "--json")
+    assert run.exit_code == 130, run.stderr
+    data = run.json()
+    assert data["interrupted"] is True and data["exit_code"] == 130
+    assert data["config"]["verdict"] == "ok"
+    h1, h2 = data["hosts"]
+    assert h1["interrupted"] is True
+    assert [c["name"] for c in h1["checks"]] == CHECKS[: CHECKS.index("gpu") + 1]
+    assert (h2["host"], h2["checks"], h2["interrupted"]) == ("h2", [], True)
+    # The human output shows the same before the error line.
+    monkeypatch.setattr(doctor_core._HostDoctor, "gpu", gpu_then_ctrl_c)
+    run = kd("--config", str(config), "doctor", "--host", "both", "--parallel", "1")
+    assert run.exit_code == 130
+    assert "interrupted: the checks after these were not run" in run.stdout
+    assert "kerneldev: error: interrupted by Ctrl-C" in run.stderr

@@ -64,18 +64,36 @@ def status_command(
 ) -> None:
     """Per host: reachable, last deploy, live files vs that deploy, service health, GPUs.
     Exit 0 all fine, 1 a host has a problem, 3 a host is unreachable (the worst host wins)."""
-    from kerneldev import host_status
+    from kerneldev import host_status, interrupt
     from kerneldev.config import load_config
 
     hosts = load_config(config_path(ctx)).hosts_for(host_spec)
-    statuses = host_status.collect_status(hosts, connect_timeout=timeout, parallel=parallel)
+    try:
+        statuses = host_status.collect_status(hosts, connect_timeout=timeout, parallel=parallel)
+    except interrupt.Interrupted as err:
+        # Ctrl-C: what was collected is still shown (--json: in the error's JSON document,
+        # marked "interrupted"), then the command ends as interrupted (130).
+        if isinstance(err.report, list):
+            collected = err.report
+            err.report = _status_json(collected, int(err.exit_code), interrupted=True)
+            if not as_json:
+                render_status(collected)
+        raise
     code = host_status.worst_exit([s.exit_code for s in statuses])
     if as_json:
-        print_json({"hosts": [s.as_json() for s in statuses], "exit_code": int(code)})
+        print_json(_status_json(statuses, int(code)))
     else:
         render_status(statuses)
     if code:
         raise typer.Exit(int(code))
+
+
+def _status_json(statuses: list[HostStatus], code: int, interrupted: bool = False) -> dict:
+    return {
+        "hosts": [s.as_json() for s in statuses],
+        "exit_code": code,
+        "interrupted": interrupted,
+    }
 
 
 def render_status(statuses: list[HostStatus]) -> None:
@@ -88,7 +106,7 @@ def render_status(statuses: list[HostStatus]) -> None:
         rows.append(
             (
                 s.host,
-                "yes" if s.reachable else "no",
+                "yes" if s.reachable else ("?" if s.interrupted else "no"),
                 _short_time(deploy.time) if deploy else None,
                 deploy.user if deploy else None,
                 live,
@@ -150,6 +168,8 @@ def _status_lines(s: HostStatus) -> list[str]:
     for p in s.problems:
         lines.append(p.message + (f" (hint: {p.hint})" if p.hint else ""))
     lines += s.notes
+    if s.interrupted and s.reachable:
+        lines.append("interrupted: the steps after these were not run")
     return lines
 
 
@@ -197,11 +217,21 @@ def doctor_command(
 ) -> None:
     """Check config, DNS, port, host key, login, root, files, write access, GPUs, Python,
     torch, triton and service health, one line each with a fix. Exit 1 when a check fails."""
-    from kerneldev import doctor
+    from kerneldev import doctor, interrupt
 
-    report = doctor.diagnose(
-        config_path(ctx), host_spec, connect_timeout=timeout, parallel=parallel
-    )
+    try:
+        report = doctor.diagnose(
+            config_path(ctx), host_spec, connect_timeout=timeout, parallel=parallel
+        )
+    except interrupt.Interrupted as err:
+        # Ctrl-C: the checks that ran are still shown (--json: in the error's JSON document,
+        # marked "interrupted"), then the command ends as interrupted (130).
+        if isinstance(err.report, doctor.DoctorReport):
+            partial = err.report
+            err.report = {**partial.as_json(), "exit_code": int(err.exit_code)}
+            if not as_json:
+                render_doctor(partial)
+        raise
     if as_json:
         print_json(report.as_json())
     else:
@@ -217,6 +247,8 @@ def render_doctor(report: DoctorReport) -> None:
         where = host.address or f"transport: {host.transport}"
         print_line(f"host {host.host} ({where})")
         _print_checks(host.checks, indent=2)
+        if host.interrupted:
+            print_line("  interrupted: the checks after these were not run")
 
 
 def _print_checks(checks: list[Check], indent: int) -> None:
