@@ -30,6 +30,7 @@ from kerneldev import service as service_core
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.fleet import HostEvent, HostOutcome, Progress
+from kerneldev.printable import printable_list
 from kerneldev.transport.base import Transport
 from kerneldev.workspace import hash_patterns, resolve_paths
 
@@ -354,7 +355,8 @@ def push_host(
         if "\nDeployed: " not in err.message:
             done = result.deployed if result is not None else None
             left = "everything (stopped before the upload)" if done is None else "(none)"
-            err.message += f"\nDeployed: {', '.join(done or []) or '(none)'}\nNot deployed: {left}"
+            shown = printable_list(done or []) or "(none)"
+            err.message += f"\nDeployed: {shown}\nNot deployed: {left}"
         err.report = result
         raise
     return result

@@ -58,6 +58,7 @@ from kerneldev.errors import (
 from kerneldev.host_lock import HostLock
 from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
+from kerneldev.printable import printable, printable_list
 from kerneldev.service import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
@@ -131,7 +132,7 @@ def pull(
             refused.append(path)
     if refused and not force:
         raise RefusedError(
-            "not pulled, the workspace has unpushed edits in: " + ", ".join(refused),
+            "not pulled, the workspace has unpushed edits in: " + printable_list(refused),
             hint="push them first, see them with `kerneldev diff --patch`, or discard them with "
             "`kerneldev pull --force` (their bytes are kept under .kerneldev/discarded/)",
             report={"host": host.name, "workspace": str(workspace), "refused": refused},
@@ -404,7 +405,7 @@ def push(
     if refused:
         raise RefusedError(
             "push refused, live changed on the host since the last pull/push: "
-            + ", ".join(f"{f.path} ({f.status})" for f in refused),
+            + ", ".join(f"{printable(f.path)} ({f.status})" for f in refused),
             hint="see the changes with `kerneldev diff --patch`; pull them and merge your edits, "
             "or overwrite with `kerneldev push --force`",
             report=plan,
@@ -507,7 +508,7 @@ def _opener(source: Path) -> Callable[[], BinaryIO]:
 
 def _changed_while_deploying(path: str) -> RefusedError:
     return RefusedError(
-        f"{path} changed on the host while deploying; it was left as it is",
+        f"{printable(path)} changed on the host while deploying; it was left as it is",
         hint="run `kerneldev diff` to see the change, then pull/merge or --force",
     )
 
@@ -593,8 +594,8 @@ def _back_up(
     for step in steps:
         if step.backup is not None and got.get(step.path) != step.old_sha256:
             raise RefusedError(
-                f"{step.path} changed on the host while deploying (its backup does not match "
-                "the planned bytes); nothing was replaced",
+                f"{printable(step.path)} changed on the host while deploying (its backup does "
+                "not match the planned bytes); nothing was replaced",
                 hint="run `kerneldev diff` and try again",
             )
 
@@ -681,7 +682,7 @@ def _names(paths: list[str], limit: int = 20) -> str:
     """A list of paths for a message: all of them up to `limit`, then a count."""
     if not paths:
         return "(none)"
-    shown = ", ".join(paths[:limit])
+    shown = printable_list(paths[:limit])
     return shown if len(paths) <= limit else f"{shown} and {len(paths) - limit} more"
 
 
@@ -874,7 +875,7 @@ def rollback(
     if changed and not force:
         raise RefusedError(
             f"rollback refused, changed on the host since deploy {target.id}: "
-            + ", ".join(changed),
+            + printable_list(changed),
             hint="see `kerneldev diff`; `kerneldev rollback --force` restores the backups anyway",
         )
     for r in todo:

@@ -49,6 +49,7 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
+from kerneldev.printable import printable_list
 from kerneldev.service import ServiceHealth
 from kerneldev.state import STATE_DIR, now_iso
 from kerneldev.transport import open_transport
@@ -555,9 +556,10 @@ class Watcher:
             # As `push` says it: what landed (the deploy record has it too) and what did not.
             if "\nDeployed: " not in err.message:
                 if event.deploy_id:
-                    err.message += f"\nDeployed: {', '.join(event.deployed)} as {event.deploy_id}"
+                    shown = printable_list(event.deployed)
+                    err.message += f"\nDeployed: {shown} as {event.deploy_id}"
                 else:
-                    err.message += "\nDeployed: (none)\nNot deployed: " + ", ".join(existing)
+                    err.message += "\nDeployed: (none)\nNot deployed: " + printable_list(existing)
             raise
         except HostKeyError:
             raise

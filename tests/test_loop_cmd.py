@@ -359,6 +359,55 @@ def test_hostile_names_via_glob(env_factory):
     assert (env.root / names[1]).read_bytes() == names[1].encode() + b"\n"
 
 
+def test_control_characters_in_names_are_escaped_in_human_output(env_factory):
+    """A file name with a newline, a tab or a terminal escape in it is one escaped, quoted
+    cell or item (`'k/new\\nline.py'`) in the tables and lines of diff, push and status, on a
+    terminal and in a pipe; --json keeps the exact names."""
+    env = env_factory(files=["k/*.py"])
+    names = ["k/new\nline.py", "k/tab\there.py", "k/esc\x1b[31mred.py"]
+    shown = [repr(n) for n in names]
+    (env.root / "k").mkdir()
+    for n in names:
+        (env.root / n).write_bytes(b"v1\n")
+    assert env.kd("pull").exit_code == 0
+    for n in names:
+        (env.workspace / n).write_bytes(b"v2\n")
+
+    def assert_escaped(text: str) -> None:
+        assert "\x1b" not in text and "\t" not in text and "new\nline" not in text, text
+
+    diff = env.kd("diff")
+    assert diff.exit_code == 1
+    rows = diff.stdout.splitlines()[1:]  # under the header: one line per file
+    assert len(rows) == len(names), diff.stdout
+    assert all(r.startswith("edited") for r in rows), diff.stdout
+    assert {r.split()[-1] for r in rows} >= {shown[0], shown[2]}
+    assert_escaped(diff.stdout)
+    terminal = kd("--config", str(env.config), "diff", stdout_isatty=True, width=100)
+    assert "new\nline" not in terminal.stdout and "esc\x1b" not in terminal.stdout  # rich's own
+    assert all(s in terminal.stdout for s in shown)  # colours aside, the names are escaped
+    assert {f["path"] for f in env.kd("diff", "--json").json()["files"]} == set(names)
+
+    push = env.kd("push", "--no-import-check")
+    assert push.exit_code == 0, push.stderr
+    assert_escaped(push.stdout + push.stderr)
+    deployed = next(ln for ln in push.stderr.splitlines() if ln.startswith("Deployed: "))
+    assert all(s in deployed for s in shown), deployed
+    assert len([ln for ln in push.stdout.splitlines() if ln.startswith("upload")]) == 3
+    for n in names:
+        assert (env.root / n).read_bytes() == b"v2\n"
+
+    (env.root / names[0]).write_bytes(b"hot fix\n")  # status flags it by name
+    status = env.kd("status")
+    assert status.exit_code == 1
+    assert_escaped(status.stdout)
+    lines = status.stdout.splitlines()
+    assert any(ln.startswith("h: changed since deploy") and shown[0] in ln for ln in lines)
+    assert all(ln.startswith("h: ") for ln in lines[2:]), status.stdout
+    refused = env.kd("push", "--force", "--dry-run")
+    assert_escaped(refused.stdout + refused.stderr)
+
+
 def test_patch_on_an_80_column_terminal_is_wrapped_not_cut(tmp_path, isolated_home):
     env = make_env(tmp_path, "local", files=[A, B, "python/sglang/srt/layers/attention/blob.bin"])
     blob = env.root / "python/sglang/srt/layers/attention/blob.bin"

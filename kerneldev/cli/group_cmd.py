@@ -30,6 +30,7 @@ from kerneldev.cli.output import (
 from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UsageError
 from kerneldev.fleet import HostEvent, HostOutcome
+from kerneldev.printable import printable_list
 
 OUTCOME_STYLE = {
     fleet.OK: "green",
@@ -398,7 +399,7 @@ def push(
         for o in outcomes:
             if o.ok and o.result.refused:
                 o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
-                names = ", ".join(f.path for f in o.result.refused)
+                names = printable_list(f.path for f in o.result.refused)
                 o.error = KerneldevError(f"would refuse {names}")
     finish("push", outcomes, as_json, _describe_push, stands_shown=interrupted)
 

@@ -20,6 +20,7 @@ from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_w
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
+from kerneldev.printable import printable, printable_list
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
@@ -72,7 +73,9 @@ def _progress(verb: str):
     env = environment.current()
     if not env.stderr_isatty:
         return None
-    return lambda path: env.err_console.print(f"{verb} {path}", style="dim", markup=False)
+    return lambda path: env.err_console.print(
+        f"{verb} {printable(path)}", style="dim", markup=False
+    )
 
 
 def _open(host: HostConfig):
@@ -192,9 +195,9 @@ def pull_command(
         )
         for f in result.files:
             if f.discarded:
-                print_warning(f"your edits to {f.path} were kept in {f.discarded}")
+                print_warning(f"your edits to {printable(f.path)} were kept in {f.discarded}")
     for path in result.missing:
-        print_warning(f"{path}: not on the host {host.name} under {host.root}")
+        print_warning(f"{printable(path)}: not on the host {host.name} under {host.root}")
     if result.missing:
         raise typer.Exit(int(ExitCode.FAILURE))
 
@@ -249,7 +252,7 @@ def render_drift(report: drift.DriftReport) -> None:
     )
     for f in report.files:
         if f.note:
-            print_info(f"{f.path}: {f.note}")
+            print_info(f"{printable(f.path)}: {f.note}")
 
 
 # --- push -------------------------------------------------------------------------------
@@ -364,7 +367,9 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
         if "\nDeployed: " not in err.message:
             done = landed()
             left = "everything (stopped before the upload)" if done is None else "(none)"
-            err.message += f"\nDeployed: {', '.join(done or []) or '(none)'}\nNot deployed: {left}"
+            err.message += (
+                f"\nDeployed: {printable_list(done or []) or '(none)'}\nNot deployed: {left}"
+            )
         raise
 
 
@@ -465,7 +470,7 @@ def render_push(result: sync.PushResult) -> None:
         )
     elif result.deploy_id:
         print_info(f"deployed {len(result.deployed)} file(s) as {result.deploy_id}")
-        print_info(f"Deployed: {', '.join(result.deployed)}")
+        print_info(f"Deployed: {printable_list(result.deployed)}")
     else:
         print_info(_nothing_to_push(result))
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kerneldev.cli import environment
+from kerneldev.printable import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -193,6 +194,8 @@ def print_table(
             text = _text(value)
             if col.kind == HASH and all(c in "0123456789abcdef" for c in text):
                 text = text[:hash_chars]
+            elif col.kind == PATH:
+                text = printable(text)  # a newline in a file name must not split its row
             line.append(text)
         cells.append(line)
 

@@ -11,6 +11,7 @@ import typer
 from kerneldev.cli import environment
 from kerneldev.cli.common import JSON_OPTION, PARALLEL_OPTION, config_path
 from kerneldev.cli.output import STATUS, TEXT, Column, print_json, print_line, print_table
+from kerneldev.printable import printable, printable_list
 
 if TYPE_CHECKING:
     from kerneldev.doctor import Check, DoctorReport
@@ -145,7 +146,7 @@ def _status_lines(s: HostStatus) -> list[str]:
     d = s.last_deploy
     if d is not None:
         what = d.kind if d.outcome == "deployed" else f"{d.kind}, {d.outcome}"
-        files = ", ".join(d.files[:3])
+        files = printable_list(d.files[:3])
         if len(d.files) > 3:
             files += f" and {len(d.files) - 3} more"
         lines.append(
@@ -158,7 +159,7 @@ def _status_lines(s: HostStatus) -> list[str]:
         if not f.matches:
             now = "gone from the host" if f.live_sha256 is None else f"now {f.live_sha256[:12]}"
             lines.append(
-                f"changed since deploy {f.deploy_id}: {f.path} "
+                f"changed since deploy {f.deploy_id}: {printable(f.path)} "
                 f"(deployed {f.deployed_sha256[:12] if f.deployed_sha256 else 'removed'}, {now})"
             )
     if s.service is not None and not s.service.healthy:

@@ -13,6 +13,7 @@ from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants
 from kerneldev.cli.output import print_error, print_line, to_jsonable
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, KerneldevError
+from kerneldev.printable import printable, printable_list
 
 if TYPE_CHECKING:
     from kerneldev import watch
@@ -174,7 +175,7 @@ def _clock(event: watch.WatchEvent) -> str:
 
 
 def _files(paths: list[str]) -> str:
-    shown = ", ".join(paths[:4])
+    shown = printable_list(paths[:4])
     return shown + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
 
 
@@ -219,7 +220,7 @@ def _push_parts(event: watch.WatchEvent) -> list[str]:
     elif event.outcome == watch.FAILED and not event.deploy_id:
         parts.append(f"push of {_files(event.changed)} FAILED: {event.message}")
     if event.refused:
-        refused = ", ".join(f"{f.path} ({f.status})" for f in event.refused)
+        refused = ", ".join(f"{printable(f.path)} ({f.status})" for f in event.refused)
         parts.append(
             f"REFUSED {refused}: changed on the host since the last pull/push, not "
             "overwritten; see `kerneldev diff --patch`"

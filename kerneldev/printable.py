@@ -1,0 +1,21 @@
+"""How a file name appears in human output (tables, status lines, messages).
+
+A name is bytes the user chose: it may hold a newline, a tab or a terminal escape sequence,
+which would split a table row or a grep-able line in two, or drive the terminal. Such a name is
+shown quoted with those characters escaped, as Python writes a string (`'new\\nline.py'`);
+every other name is shown as it is. `--json` always carries the exact name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def printable(name: str) -> str:
+    """`name` unchanged when every character of it prints; else its escaped, quoted form."""
+    return name if name.isprintable() else repr(name)
+
+
+def printable_list(names: Iterable[str], sep: str = ", ") -> str:
+    """Names joined for one line of output, each shown by `printable`."""
+    return sep.join(printable(n) for n in names)
