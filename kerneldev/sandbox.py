@@ -39,6 +39,7 @@ from pathlib import Path
 import yaml
 
 from kerneldev import fake_sglang
+from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.errors import SandboxError, UsageError
 from kerneldev.local_user import local_user
 
@@ -673,17 +674,62 @@ def _restart_sshd(folder: Path) -> None:
         dir=ssh_dir,
     )
     if not _port_free(server.port):
+        old = server.port
         server.port = free_port()
-        host["port"] = server.port
-        config.write_text(
-            "# Made by kerneldev's sandbox: a fake live host on this machine.\n"
-            + yaml.safe_dump(data, sort_keys=False)
-        )
+        _set_port_in_place(config, old, server.port)
     (ssh_dir / "known_hosts").write_text(server.host_key_line)
     try:
         server.start(detach=True)
     except (RuntimeError, OSError) as err:
         raise SandboxError(f"the sandbox's sshd did not start: {err}") from None
+
+
+def _set_port_in_place(config: Path, old: int, port: int) -> None:
+    """Change only the sandbox host's `port:` value in `config`: the user's comments, other
+    hosts and layout stay byte for byte. A file where that value cannot be changed alone (an
+    alias, a flow style that would change more) is left untouched and refused."""
+    text = config.read_text()
+    new_text = _with_port(text, port)
+    if new_text is None:
+        raise SandboxError(
+            f"the sandbox's sshd port {old} is taken, and `port:` of host '{HOST_NAME}' in "
+            f"{config} cannot be changed without rewriting more of the file",
+            hint=f"set `port: {port}` (or another free port) there by hand, or free port {old}, "
+            "then run `kerneldev sandbox up` again",
+        )
+    write_bytes_atomic(config, new_text.encode(), config.stat().st_mode & 0o7777)
+
+
+def _with_port(text: str, port: int) -> str | None:
+    """`text` with the value node of hosts.<sandbox>.port replaced by `port`, or None when
+    that edit would not give exactly the same config with the new port."""
+    try:
+        root = yaml.compose(text)
+        expected = yaml.safe_load(text)
+        expected["hosts"][HOST_NAME]["port"] = port
+    except (yaml.YAMLError, KeyError, TypeError):
+        return None
+    node = root
+    for key in ("hosts", HOST_NAME, "port"):
+        node = _value_node(node, key)
+    if not isinstance(node, yaml.ScalarNode):
+        return None
+    new_text = text[: node.start_mark.index] + str(port) + text[node.end_mark.index :]
+    try:
+        if yaml.safe_load(new_text) != expected:  # an anchor or alias shared the value
+            return None
+    except yaml.YAMLError:
+        return None
+    return new_text
+
+
+def _value_node(node: yaml.Node | None, key: str) -> yaml.Node | None:
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    for k, v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.value == key:
+            return v
+    return None
 
 
 def _port_free(port: int) -> bool:

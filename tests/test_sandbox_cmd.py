@@ -75,6 +75,54 @@ def test_sandbox_up_down_status(tmp_path, isolated_home):
         kerneldev("sandbox", "down", "--dir", str(folder))
 
 
+@pytest.mark.skipif(find_sshd() is None, reason="needs OpenSSH's sshd")
+def test_sandbox_up_on_a_taken_port_changes_only_the_port_in_hosts_yaml(tmp_path, isolated_home):
+    """The sandbox's sshd port was taken meanwhile: `up` moves it to a free port by editing
+    that one value; the user's comments and hosts added by hand stay byte for byte."""
+    folder = tmp_path / "sb"
+    try:
+        assert kerneldev("sandbox", "up", "--dir", str(folder)).returncode == 0
+        assert kerneldev("sandbox", "down", "--dir", str(folder)).returncode == 0
+        config = folder / "hosts.yaml"
+        old_port = json.loads(kerneldev("sandbox", "status", "--dir", str(folder), "--json").stdout)
+        old_port = old_port["sshd_port"]
+        text = config.read_text().replace(
+            f"    port: {old_port}\n", f"    port: {old_port}  # the sandbox's sshd\n"
+        )
+        mine = "# my notes: node7 is the spare box\n"
+        other = "  node7:  # added by hand\n    hostname: 10.0.0.7\n    root: /srv/sglang\n"
+        other += "    files: [k/*.py]\n    workspace: ws7\n"
+        config.write_text(mine + text + other)
+        before = config.read_text()
+        with socket.socket() as holder:  # someone else listens on the old port now
+            holder.bind(("127.0.0.1", old_port))
+            holder.listen()
+            up = kerneldev("sandbox", "up", "--dir", str(folder), "--json")
+        assert up.returncode == 0, up.stderr
+        new_port = json.loads(up.stdout)["sshd_port"]
+        assert new_port != old_port and json.loads(up.stdout)["sshd_running"]
+        assert config.read_text() == before.replace(
+            f"port: {old_port}  # the sandbox's sshd", f"port: {new_port}  # the sandbox's sshd"
+        )
+        pull = kerneldev("--config", str(config), "pull")  # it reaches the host
+        assert pull.returncode == 0, pull.stderr
+    finally:
+        kerneldev("sandbox", "down", "--dir", str(folder))
+
+
+def test_a_port_that_cannot_be_changed_alone_is_refused_and_the_file_kept(tmp_path):
+    from kerneldev.errors import SandboxError
+    from kerneldev.sandbox import _set_port_in_place
+
+    config = tmp_path / "hosts.yaml"
+    text = "ports: &p 2222  # shared\nhosts:\n  sandbox:\n    port: *p\n  b:\n    port: *p\n"
+    config.write_text(text)
+    with pytest.raises(SandboxError) as caught:
+        _set_port_in_place(config, 2222, 40000)
+    assert "set `port: 40000`" in (caught.value.hint or "")
+    assert config.read_text() == text
+
+
 def test_sandbox_up_says_what_a_new_sandbox_settled_for(tmp_path, isolated_home):
     # Without ssh-keygen on PATH the new sandbox falls back to the local transport; `up` must
     # say so (it printed nothing, and the user saw "sshd: none" without a reason).
