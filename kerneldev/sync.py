@@ -358,6 +358,7 @@ def push(
     create_root: bool = False,
     lock: HostLock | None = None,
     release_lock: bool = False,
+    on_plan: Callable[[PushResult], None] | None = None,
 ) -> PushResult:
     """Upload workspace files that differ from live, with host backups and a deploy record.
 
@@ -375,6 +376,8 @@ def push(
     push needs the lock: no restart) lets push release it in its last one - in the scan itself
     when nothing can change, in the history append when the import check is off. A no-op push
     is then one remote command, a cold one three (scan, backups, record).
+    `on_plan(plan)` is called once with the plan the push carries out (made under the lock,
+    after any wait for it), before anything changes: what a progress bar should count.
     """
     # One remote command plans (hashes), sees whether root exists and finds leftovers, and
     # takes the host lock first when it was handed over.
@@ -411,6 +414,8 @@ def push(
             report=plan,
         )
     plan.dry_run = False
+    if on_plan is not None:
+        on_plan(plan)
     plan.notes += _housekeeping(transport, host, snap.state, snap.leftovers)
     uploads = plan.uploads
     # Files that already match live get their base refreshed; a push is a sync point.

@@ -225,6 +225,63 @@ def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     assert not (env.root / ".kerneldev" / "lock").exists()
 
 
+def test_the_progress_bar_counts_the_plan_made_under_the_lock(env: Env, monkeypatch):
+    """On a terminal: the push waits for another engineer's lock; meanwhile they push one of
+    the two files we edited, with our bytes. The bar must count what this push uploads once it
+    holds the lock (one file), not what it would have uploaded before the wait (two)."""
+    import time
+
+    from rich.progress import Progress
+
+    assert env.kd("pull").exit_code == 0
+    new_a, new_b = b"#" + b"a" * 4999, b"#" + b"b" * 6999  # valid Python: the import check
+    (env.workspace / A).write_bytes(new_a)
+    (env.workspace / B).write_bytes(new_b)
+    lock = env.root / ".kerneldev" / "lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    holder = {"user": "bob", "machine": "another-box", "pid": 1, "command": "push"}
+    lock.write_text(json.dumps({**holder, "since": "2026-11-30T04:00:00Z", "token": "t"}))
+    totals: list[float | None] = []
+    sent: list[float] = []
+    add_task, update, advance = Progress.add_task, Progress.update, Progress.advance
+
+    def spy_add_task(self, description, *args, total=100.0, **fields):
+        totals.append(total)
+        return add_task(self, description, *args, total=total, **fields)
+
+    def spy_update(self, task, **fields):
+        if "total" in fields:
+            totals.append(fields["total"])
+        return update(self, task, **fields)
+
+    def spy_advance(self, task, n):
+        sent.append(n)
+        return advance(self, task, n)
+
+    monkeypatch.setattr(Progress, "add_task", spy_add_task)
+    monkeypatch.setattr(Progress, "update", spy_update)
+    monkeypatch.setattr(Progress, "advance", spy_advance)
+    out, err = io.StringIO(), io.StringIO()
+
+    def bob_pushes_a_then_unlocks() -> None:
+        deadline = time.monotonic() + 60
+        while "waiting up to" not in err.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (env.root / A).write_bytes(new_a)
+        lock.unlink()
+
+    bob = threading.Thread(target=bob_pushes_a_then_unlocks)
+    bob.start()
+    terminal = Environment(stdout=out, stderr=err, stdin=io.StringIO(), stderr_isatty=True)
+    code = main(["--config", str(env.config), "push", "--lock-wait", "60"], env=terminal)
+    bob.join()
+    assert code == 0, err.getvalue()
+    assert "waiting up to" in err.getvalue()
+    assert (env.root / B).read_bytes() == new_b
+    assert totals and totals[-1] == len(new_b), totals
+    assert sum(sent) == len(new_b)
+
+
 def test_drift_refused_then_force(env: Env):
     env.kd("pull")
     (env.root / B).write_bytes(ORIGINAL_B + b"# hotfix on the host\n")

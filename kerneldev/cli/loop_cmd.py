@@ -82,12 +82,14 @@ def _open(host: HostConfig):
     return open_transport(host)
 
 
-def _byte_progress(transport: Transport, host: HostConfig, paths, force: bool):
-    """(a byte progress bar with human-readable sizes, its callback) on a terminal; else
-    (None, None)."""
+def _byte_progress(host: HostConfig):
+    """(a byte progress bar with human-readable sizes, its `on_plan`, its `on_bytes`) on a
+    terminal; else (None, None, None). The bar is sized from the plan `sync.push` carries out
+    (made under the host lock: another engineer may have pushed while this one waited for it)
+    and shown from then on, only when there is something to upload."""
     env = environment.current()
     if not env.stderr_isatty:
-        return None, None
+        return None, None, None
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -97,13 +99,6 @@ def _byte_progress(transport: Transport, host: HostConfig, paths, force: bool):
         TransferSpeedColumn,
     )
 
-    plan = sync.plan_push(transport, host, paths, force=force)
-    total = 0
-    for f in plan.uploads:
-        try:
-            total += (host.workspace / f.path).stat().st_size
-        except OSError:
-            pass
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -113,8 +108,20 @@ def _byte_progress(transport: Transport, host: HostConfig, paths, force: bool):
         console=env.err_console,
         transient=True,
     )
-    task = progress.add_task("uploading", total=total)
-    return progress, lambda n: progress.advance(task, n)
+    task = progress.add_task("uploading", total=None)
+
+    def on_plan(plan: sync.PushResult) -> None:
+        total = 0
+        for f in plan.uploads:
+            try:
+                total += (host.workspace / f.path).stat().st_size
+            except OSError:
+                pass
+        progress.update(task, total=total)
+        if plan.uploads:
+            progress.start()
+
+    return progress, on_plan, lambda n: progress.advance(task, n)
 
 
 def _report_leftovers(transport: Transport, host: HostConfig) -> None:
@@ -376,9 +383,7 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
 def _push_locked(
     transport, host, paths, force, import_check, as_json, create_root, lock=None, release=False
 ) -> sync.PushResult:
-    progress, on_bytes = _byte_progress(transport, host, paths, force)
-    if progress is not None:
-        progress.start()
+    progress, on_plan, on_bytes = _byte_progress(host)
     try:
         result = sync.push(
             transport,
@@ -391,6 +396,7 @@ def _push_locked(
             create_root=create_root,
             lock=lock,
             release_lock=release,
+            on_plan=on_plan,
         )
     finally:
         if progress is not None:
