@@ -267,6 +267,40 @@ def test_a_stale_lock_taken_over_in_a_group_is_a_warning(tmp_path, servers):
     assert "node0: took over" not in run.stderr
 
 
+def test_ctrl_c_after_every_host_pushed_is_not_an_interruption(tmp_path, servers, monkeypatch):
+    """Ctrl-C while the last host writes its record (shielded): every host is deployed and
+    recorded, so the group push exits 0 and says the signal came after the end."""
+    import io
+
+    from kerneldev import history
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    f = Fleet(tmp_path, servers)
+    for key, value in f.env().items():
+        monkeypatch.setenv(key, value)
+    assert f.kd("pull", "--host", "node0,node1").returncode == 0
+    (f.workspace / "k/a.py").write_bytes(b"# k/a.py v2\n")
+    append = history.append_record
+
+    def ctrl_c_on_the_last_host(transport, root, *args, **kwargs):
+        if root == str(f.roots["node1"]):
+            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+            while interrupt.pending() is None:  # the handler runs in the main thread
+                time.sleep(0.01)
+        return append(transport, root, *args, **kwargs)
+
+    monkeypatch.setattr(history, "append_record", ctrl_c_on_the_last_host)
+    out, err = io.StringIO(), io.StringIO()
+    args = ["push", "--host", "node0,node1", "--parallel", "1", "--no-import-check", "--json"]
+    code = main(args, env=Environment(stdout=out, stderr=err, stdin=io.StringIO()))
+    assert code == 0, err.getvalue()
+    assert "Ctrl-C came after every host's push had ended" in err.getvalue()
+    assert [e["status"] for e in json.loads(out.getvalue())["hosts"]] == ["ok", "ok"]
+    for name in ("node0", "node1"):
+        assert f.live(name, "k/a.py") == b"# k/a.py v2\n"
+
+
 def test_ctrl_c_on_a_group_leaves_every_host_in_a_defined_state(tmp_path, servers):
     f = Fleet(tmp_path, servers, never_healthy=True)
     assert f.kd("pull", "--host", "fleet").returncode == 0

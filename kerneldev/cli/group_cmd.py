@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from kerneldev import fleet, fleet_ops
+from kerneldev import fleet, fleet_ops, interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.host_steps import print_service_logs, print_table
 from kerneldev.cli.output import (
@@ -394,6 +394,10 @@ def push(
     interrupted = any(o.status == fleet.INTERRUPTED for o in outcomes)
     if interrupted:
         print_info(_interrupt_summary(outcomes))
+    elif not req.dry_run and interrupt.consume() is not None:
+        # The signal came once every host had ended (its record and unlock are shielded):
+        # nothing was cut short, so each host's outcome stands as it is.
+        print_info("Ctrl-C came after every host's push had ended; nothing was interrupted")
     failed_dry_run = req.dry_run and any(o.ok and o.result.refused for o in outcomes)
     if failed_dry_run:
         for o in outcomes:
