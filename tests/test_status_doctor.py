@@ -550,6 +550,11 @@ def test_ctrl_c_mid_run_still_gives_json_with_what_was_collected(
     assert h1["service"]["healthy"] is True and h1["gpus"] is None  # stopped before the GPUs
     assert (h2["host"], h2["interrupted"]) == ("h2", True)
     assert "not started" in h2["notes"][0]
+    human = kd("--config", str(config), "status", "--host", "both", "--parallel", "1")
+    assert human.exit_code == 130
+    assert "h1: interrupted: the steps after these were not run" in human.stdout
+    assert "h2: not started: interrupted before this host began" in human.stdout
+    assert "h2: no deploy recorded" not in human.stdout
     monkeypatch.setattr(host_status, "_service", service)
 
     gpu = doctor_core._HostDoctor.gpu

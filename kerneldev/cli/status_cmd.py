@@ -142,6 +142,8 @@ def _status_lines(s: HostStatus) -> list[str]:
     if not s.reachable and s.unreachable is not None:
         hint = f" (hint: {s.unreachable.hint})" if s.unreachable.hint else ""
         return [f"unreachable: {s.unreachable.message}{hint}"]
+    if s.interrupted and not s.reachable:  # never looked at: nothing else to say
+        return list(s.notes)
     lines = []
     d = s.last_deploy
     if d is not None:
