@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "compile_check.py"
 
 
+# The start of a snippet run by `_run`: the compile checker and the kernel file imported.
+_IMPORTS = (
+    "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'kernels')\n"
+    "import compile_check as cc, flash_mla_sm120_triton as fl\n"
+)
+
+
 def _run(args: list[str], code: str | None = None) -> subprocess.CompletedProcess:
     # Its own process: the kernel tests set TRITON_INTERPRET, which replaces compiled kernels.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -39,9 +46,7 @@ def test_sm120_and_sm89_rows_fit_99_kb():
 def test_checker_catches_a_row_that_does_not_fit():
     """64 heads per program in sm_120's exact pass overflows 99 KB: the checker must say so,
     or it proves nothing."""
-    code = (
-        "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'kernels')\n"
-        "import compile_check as cc, flash_mla_sm120_triton as fl\n"
+    code = _IMPORTS + (
         "row = dict(cc.table_row(fl, 120), BLOCK_H=64, EXACT_BLOCK_H=64)\n"
         "ck = cc.compile_kernel(fl, 120, row, True, True, True)\n"
         "print(ck.metadata.shared)\n"
@@ -62,9 +67,7 @@ def test_refuses_to_run_under_the_interpreter():
 def test_l2_prefetch_only_where_the_row_asks_for_it():
     """The sm_90 row's tile loop asks L2 for the next tile's rows (`prefetch.global.L2` in
     its PTX); the sm_120 row, where the prefetch addresses spilled, has none."""
-    code = (
-        "import sys; sys.path.insert(0, 'scripts'); sys.path.insert(0, 'kernels')\n"
-        "import compile_check as cc, flash_mla_sm120_triton as fl\n"
+    code = _IMPORTS + (
         "for arch in (90, 120):\n"
         "    row = cc.table_row(fl, arch)\n"
         "    ptx = cc.compile_kernel(fl, arch, row, True, False, False).asm['ptx']\n"
