@@ -8,6 +8,11 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "2e489ed4e1d8f92f8c439b5f562a39b0025835898c96a22dd9cd00b8a3910a2a": "5fe03d5 2026-11-30",
+        "224f031a86995921792f234c70b9b844a01504a9204801939fe8cf9e88090ed0": "df16a77 2026-11-30",
+        "098064e21801f6ea1dd49140f3f852d6805adca84fbcc6f4fbef66c7af7ea326": "600bf8f 2026-11-30",
+        "edae72a4e03984cdd1bef1526a243c6183197bb79d46c3b98cd28bc2e7b11f5e": "c211303 2026-11-30",
+        "6aa1f97dd11dcbb365fe212efc6b57e75c50d7dfb2cb7d65359e3172bc1987b8": "2385d81 2026-11-30",
         "d2c1491776f96f0c49645de23b928b899c7759bad89d363b6e8c30081885c74c": "78fe632 2026-11-30",
         "8bd9824ec801ff310b78149128c91d6bb6d5770e03e0a761d1dbabd5570a5b75": "27c2342 2026-11-29",
         "aa4879c63a800bdaa9b541e06dacd083049d25e06101686d92eb304fa61d1dce": "f6a40f2 2026-11-29",
