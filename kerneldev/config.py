@@ -295,6 +295,8 @@ class _Validator:
             raise self.fail(node, key_path, f"must be a string, got {_describe(v)}")
         if not allow_empty and not v.strip():
             raise self.fail(node, key_path, "must not be empty")
+        if "\0" in v:  # a "\0" escape: no path, name or command can hold one
+            raise self.fail(node, key_path, f"must not contain a NUL character, got {v!r}")
         return v
 
     def local_path(self, node: yaml.Node, key_path: str) -> Path:
