@@ -15,11 +15,23 @@ from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 1 << 20  # bytes per read/write when streaming
+# A file name is at most 255 bytes (NAME_MAX) and a temporary name adds about 30 to its
+# target's, so the target's part is cut to this many bytes (leftovers are found by the mark).
+TEMP_STEM_BYTES = 200
+
+
+def temp_stem(target_name: str) -> str:
+    """`target_name` as it goes into its temporary file's name: cut to `TEMP_STEM_BYTES`
+    UTF-8 bytes on a character boundary, so that a long (legal) name still gets one."""
+    raw = target_name.encode("utf-8", "surrogateescape")
+    if len(raw) <= TEMP_STEM_BYTES:
+        return target_name
+    return raw[:TEMP_STEM_BYTES].decode("utf-8", "ignore")
 
 
 def temp_name_prefix(target_name: str) -> str:
     """Prefix of the temporary file written next to `target_name` before the rename."""
-    return f".{target_name}.kerneldev-tmp-"
+    return f".{temp_stem(target_name)}.kerneldev-tmp-"
 
 
 def write_bytes_atomic(

@@ -70,7 +70,13 @@ from kerneldev.state import (
     now_iso,
     update_state,
 )
-from kerneldev.transport.base import TEMP_MARK, ByteCallback, LiveChangedError, PutItem, Transport
+from kerneldev.transport.base import (
+    ByteCallback,
+    LiveChangedError,
+    PutItem,
+    Transport,
+    temp_path,
+)
 from kerneldev.workspace import (
     Snapshot,
     check_state_owner,
@@ -930,7 +936,7 @@ def rollback(
             return DeployedFile(step.path, step.old_sha256, None, step.old_mode, None, step.backup)
         # Copy the backup next to the live file on the host, check live, rename.
         folder, name = posixpath.split(live_path)
-        tmp = posixpath.join(folder, f".{name}{TEMP_MARK}{new_deploy_id()[-6:]}")
+        tmp = temp_path(folder, name)
         try:
             transport.copy_on_host([(posixpath.join(host.root, step.restore_from), tmp)])
             check()

@@ -10,12 +10,13 @@ import io
 import os
 import signal
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import paramiko
 import pytest
 
-from kerneldev import interrupt, sync
+from kerneldev import host_lock, interrupt, sync
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.state import load_state
@@ -357,3 +358,26 @@ def test_put_files_ctrl_c_mid_file_lands_nothing_half_written(host):
     assert (root / "a.py").read_bytes() == b"a v2"
     assert (root / "big.bin").read_bytes() == b"big v1"
     assert _temp_files(root) == []
+
+
+def test_a_name_of_255_bytes_is_pulled_pushed_and_rolled_back(host):
+    # The longest legal name: its temporary file's name must still fit in 255 bytes.
+    host = replace(host, files=("*.py",))
+    name = "é" * 120 + "x" * 12 + ".py"
+    assert len(name.encode()) == 255
+    root, ws = Path(host.root), Path(host.workspace)
+    (root / name).write_bytes(b"v1\n")
+    (root / "short.py").write_bytes(b"s1\n")
+    with SSHTransport(host) as t:
+        sync.pull(t, host)
+        assert (ws / name).read_bytes() == b"v1\n"
+        (ws / name).write_bytes(b"v2\n")
+        (ws / "short.py").write_bytes(b"s2\n")
+        with host_lock.HostLock(t, host.root, "push", wait=5):
+            pushed = sync.push(t, host)
+        assert sorted(pushed.deployed) == sorted([name, "short.py"])
+        assert (root / name).read_bytes() == b"v2\n"
+        with host_lock.HostLock(t, host.root, "rollback", wait=5):
+            sync.rollback(t, host)
+    assert (root / name).read_bytes() == b"v1\n"
+    assert _temp_files(root) == [] and _temp_files(ws) == []

@@ -76,7 +76,9 @@ def receive(inp, item, mark):
     except FileNotFoundError:
         if mode is None:
             mode = 0o644
-    tmp = os.path.join(folder, "." + name + mark + os.urandom(6).hex())
+    # At most 200 bytes of the name: the temporary one must stay within 255 (NAME_MAX).
+    stem = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
+    tmp = os.path.join(folder, "." + stem + mark + os.urandom(6).hex())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:

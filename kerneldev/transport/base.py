@@ -21,12 +21,19 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kerneldev.atomic_file import temp_stem
 from kerneldev.errors import TransferError
 
 # Every temporary file kerneldev writes on a host is named `.<target>.kerneldev-tmp-<random>`
 # next to its target, so leftovers of an interrupted run can be found and removed safely.
 TEMP_MARK = ".kerneldev-tmp-"
 CHUNK = 1 << 20  # bytes per read/write when streaming files
+
+
+def temp_path(folder: str, name: str) -> str:
+    """A fresh temporary name next to `folder/name` on the host (a long name is cut for it)."""
+    return posixpath.join(folder, f".{temp_stem(name)}{TEMP_MARK}{secrets.token_hex(6)}")
+
 
 ByteCallback = Callable[[int], None]
 
@@ -226,7 +233,7 @@ class Transport(abc.ABC):
         lines = []
         for i, (src, dst) in enumerate(pairs):
             folder, name = posixpath.split(dst)
-            tmp = shlex.quote(posixpath.join(folder, f".{name}{TEMP_MARK}{secrets.token_hex(6)}"))
+            tmp = shlex.quote(temp_path(folder, name))
             q = shlex.quote(dst)
             lines.append(
                 f"mkdir -p -- {shlex.quote(folder)} && cp -p -- {shlex.quote(src)} {tmp} "

@@ -19,7 +19,6 @@ import errno
 import hashlib
 import json
 import posixpath
-import secrets
 import select
 import shlex
 import socket
@@ -55,6 +54,7 @@ from kerneldev.transport.base import (
     PutItem,
     RemoteFile,
     Transport,
+    temp_path,
 )
 from kerneldev.transport.ssh_connection import (
     CONNECT_TIMEOUT,
@@ -410,7 +410,7 @@ class SSHTransport(Transport):
                 mode = 0o644
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "stat") from None
-        tmp = posixpath.join(folder, f".{name}{TEMP_MARK}{secrets.token_hex(6)}")
+        tmp = temp_path(folder, name)
         try:
             # "x": exclusive create, never through something already at the temporary name.
             with sftp.open(tmp, "wbx") as f:
