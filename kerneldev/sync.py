@@ -27,6 +27,7 @@ import datetime as _dt
 import hashlib
 import os
 import posixpath
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -349,7 +350,33 @@ def _plan(
             else:
                 action, reason = "refused", "deleted on the host since the last pull/push"
         plan.files.append(PlannedFile(path, status, action, old, new, reason))
+    # New files, and files deleted on the host since the last sync (refused without --force).
+    creates = [f for f in plan.files if f.status == MISSING_LIVE and f.new_sha256 is not None]
+    if creates:
+        for i in _out_of_root(transport, host, [f.path for f in creates]):
+            creates[i].action, creates[i].reason = "refused", OUT_OF_ROOT
     return plan, snap
+
+
+# Why a planned new file is refused even with --force (`PlannedFile.reason`).
+OUT_OF_ROOT = "on the host it leads out of root (a symlink) or is not a regular file"
+
+
+def _out_of_root(transport: Transport, host: HostConfig, paths: list[str]) -> list[int]:
+    """Indexes of `paths` (planned as new files) that something on the host already occupies,
+    or whose nearest existing folder is outside root. The scan sees only regular files inside
+    root, so a symlink out of it (or through a symlinked folder) looks absent; writing the
+    "new" file would land outside root, through the link. One command, only for new files."""
+    lines = [f"cd -- {shlex.quote(host.root)} || exit 0", 'r=$(pwd -P); [ "$r" = / ] && r=']
+    for i, path in enumerate(paths):
+        q = shlex.quote(path)
+        lines.append(
+            f"if [ -e {q} ] || [ -L {q} ]; then echo {i}; else d=$(dirname -- {q}); "
+            'while [ ! -d "$d" ]; do d=$(dirname -- "$d"); done; '
+            f'case "$(cd -- "$d" && pwd -P)/" in "$r"/*) ;; *) echo {i};; esac; fi'
+        )
+    result = transport.run("sh -s", stdin=("\n".join(lines) + "\n").encode("utf-8"))
+    return [int(w) for w in result.stdout.split() if w.isdigit() and int(w) < len(paths)]
 
 
 def push(
@@ -411,6 +438,15 @@ def push(
     if dry_run:
         return plan
     refused = plan.refused
+    outside = [f.path for f in refused if f.reason == OUT_OF_ROOT]
+    if outside:
+        raise RefusedError(
+            f"push refused, nothing written: {', '.join(outside)} {OUT_OF_ROOT}; kerneldev "
+            "never writes outside root",
+            hint="on the host, make it a regular file inside root (or remove the link), or "
+            "drop it from `files:`",
+            report=plan,
+        )
     if refused:
         raise RefusedError(
             "push refused, live changed on the host since the last pull/push: "

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -276,3 +277,34 @@ def _gone(pid: int) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_host_symlink_out_of_root_is_never_written_through(ssh_env, tmp_path):
+    # The scan sees only regular files inside root: a link out of it looks absent, and the
+    # "new" file's upload used to write through it (with --force, over a file outside root).
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "secret.py").write_bytes(b"not yours\n")
+    (root / "k/link.py").symlink_to(outside / "secret.py")
+    (root / "k/dir").symlink_to(outside / "sub")
+    (root / "k/ok.py").write_bytes(b"v1\n")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    (ws / "k/link.py").write_bytes(b"mine\n")
+    (ws / "k/dir").mkdir()
+    (ws / "k/dir/new.py").write_bytes(b"mine\n")
+    host = replace(host, files=("k/*", "k/dir/*"))
+    with open_transport(host) as t:
+        plan = sync.push(t, host, dry_run=True)
+    refused = {f.path: f.reason for f in plan.files if f.action == "refused"}
+    assert refused == {"k/link.py": sync.OUT_OF_ROOT, "k/dir/new.py": sync.OUT_OF_ROOT}
+    for force in (False, True):
+        with pytest.raises(sync.RefusedError) as caught:
+            _push(host, force=force)
+        assert "never writes outside root" in caught.value.message
+        assert "k/link.py" in caught.value.message and "k/dir/new.py" in caught.value.message
+    assert (outside / "secret.py").read_bytes() == b"not yours\n"
+    assert list((outside / "sub").iterdir()) == []
+    assert (root / "k/link.py").is_symlink() and not temp_files(root)
