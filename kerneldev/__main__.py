@@ -1,6 +1,6 @@
 """`python -m kerneldev` is the same as the `kerneldev` console script."""
 
-from kerneldev.cli.main import run
+from kerneldev.cli.entry import run
 
 if __name__ == "__main__":
     run()

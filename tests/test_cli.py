@@ -22,6 +22,7 @@ from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
 from kerneldev.sandbox import free_port
+from tests.clirun import run_kerneldev
 from tests.sshutil import run_cli, ssh_host, write_hosts_yaml
 from tests.test_loop_cmd import A, B, Env, kd, make_env
 
@@ -279,6 +280,33 @@ def test_help_imports_no_paramiko_rich_tables_or_torch():
     modules = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()}
     for heavy in ("paramiko", "rich.table", "rich.syntax", "torch", "triton"):
         assert heavy not in modules, heavy
+
+
+# A real SIGINT, delivered while kerneldev is still importing typer (before main() runs).
+CTRL_C_ON_IMPORT = """
+import os, signal, sys
+class CtrlCOnImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "typer":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlCOnImport())
+"""
+
+
+@pytest.mark.parametrize("json_flag", [False, True])
+def test_ctrl_c_while_the_cli_starts_is_exit_130_without_a_traceback(tmp_path, json_flag):
+    (tmp_path / "sitecustomize.py").write_text(CTRL_C_ON_IMPORT)
+    args = ["diff", "--json"] if json_flag else ["diff"]
+    env = {"PYTHONPATH": str(tmp_path), "KERNELDEV_CONFIG": str(tmp_path / "none.yaml")}
+    proc = run_kerneldev(*args, env=env, timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, proc.stderr
+    assert "Traceback" not in proc.stderr and "interrupted" in proc.stderr
+    if json_flag:
+        assert json.loads(proc.stdout)["error"]["code"] == ExitCode.INTERRUPTED
+    else:
+        assert proc.stdout == ""
 
 
 def test_bench_bad_variants_and_shapes_exit_2_before_connecting(env: Env):

@@ -241,5 +241,8 @@ def _redirect(env: Environment):
 
 
 def run() -> None:
-    """Console-script entry."""
-    sys.exit(main())
+    """The console script's entry before it moved to kerneldev/cli/entry.py (kept for
+    installs whose generated `kerneldev` script still imports it)."""
+    from kerneldev.cli.entry import run as entry_run
+
+    entry_run()
