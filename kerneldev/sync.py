@@ -146,6 +146,9 @@ def pull(
         )
 
     bases: list[tuple[str, str, int, int]] = []
+    # Gone from the host and from the workspace: both sides agree, so the base is forgotten
+    # (else the file stays `missing-live`, exit 1, for ever after it was deleted everywhere).
+    gone = [p for p in snap.paths if p not in snap.live and snap.local[p] is None]
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     # Every file to transfer comes down in one transfer, in this order (one stream, or SFTP file
     # by file: the transport picks what is cheaper on this host).
@@ -199,6 +202,8 @@ def pull(
             state.host, state.root = host.name, host.root
             for path, sha, size, mode in bases:
                 state.set_base(path, sha, size, mode, "pull")
+            for path in gone:
+                state.files.pop(path, None)
 
         with interrupt.shield():
             update_state(workspace, change, host.name)

@@ -613,3 +613,20 @@ def test_push_restart_without_service_deploys_nothing(env: Env):
     run = env.kd("push", "--restart")
     assert run.exit_code == 2 and "no service" in run.stderr
     assert (env.root / A).read_bytes() == ORIGINAL_A
+
+
+def test_a_file_deleted_on_the_host_and_in_the_workspace_is_forgotten_by_pull(env_factory):
+    # A glob-matched file that a colleague deleted on the host: once the workspace copy is
+    # deleted too, one pull settles it; diff used to exit 1 (`missing-live`) for ever after.
+    env = env_factory(files=["python/sglang/srt/layers/attention/*.py"])
+    assert env.kd("pull").exit_code == 0
+    (env.root / B).unlink()
+    pulled = env.kd("pull")
+    assert pulled.exit_code == 1 and B in pulled.stderr  # reported: the workspace still has it
+    assert env.statuses()[B][0] == "missing-live"
+    (env.workspace / B).unlink()
+    pulled = env.kd("pull")
+    assert pulled.exit_code == 1 and B in pulled.stderr  # reported once more, then forgotten
+    assert B not in env.state()["files"]
+    assert env.statuses() == {A: ("in-sync", "same")}
+    assert env.kd("diff").exit_code == 0 and env.kd("pull").exit_code == 0
