@@ -554,6 +554,7 @@ def sandbox_up(folder: Path) -> SandboxStatus:
     folder = Path(os.path.abspath(folder))
     created = False
     notes: list[str] = []
+    _must_be_a_folder(folder)
     if not (folder / "hosts.yaml").exists() and (not folder.exists() or not any(folder.iterdir())):
         try:
             notes = create_sandbox(folder, detach=True).notes  # its sshd keeps running
@@ -595,7 +596,16 @@ def sandbox_down(folder: Path) -> SandboxStatus:
     return sandbox_status(folder)
 
 
+def _must_be_a_folder(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(
+            f"--dir {folder} is a file, not a folder",
+            hint="name a new or empty folder for a new sandbox, or the folder of an existing one",
+        )
+
+
 def _sandbox_host(folder: Path) -> dict:
+    _must_be_a_folder(folder)
     config = folder / "hosts.yaml"
     try:
         data = yaml.safe_load(config.read_text())

@@ -162,6 +162,17 @@ def test_sandbox_status_of_a_folder_that_is_no_sandbox(tmp_path):
     assert "holds no sandbox" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_sandbox_dir_that_is_a_file_is_a_usage_error(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine\n")
+    for command in ("up", "status", "down"):
+        proc = kerneldev("sandbox", command, "--dir", str(a_file), "--json")
+        assert proc.returncode == ExitCode.USAGE, (command, proc.stderr)
+        assert "is a file, not a folder" in proc.stderr and "Traceback" not in proc.stderr
+        assert json.loads(proc.stdout)["error"]["code"] == ExitCode.USAGE
+    assert a_file.read_text() == "mine\n"
+
+
 def test_demo_reports_a_step_it_could_not_run_as_skipped(monkeypatch):
     monkeypatch.setattr(demo, "_kernel_stack_available", lambda: False)
     step = demo.step_bench(None)  # returns before touching the context
