@@ -16,6 +16,7 @@ environment in `service.env_file` (unknown when none is configured).
 from __future__ import annotations
 
 import ast
+import datetime as _dt
 import difflib
 import hashlib
 import importlib.resources
@@ -31,7 +32,7 @@ from kerneldev.config import HostConfig
 from kerneldev.envfile import read_service_env
 from kerneldev.errors import RefusedError, TransferError, UsageError
 from kerneldev.kernel_releases import RELEASED
-from kerneldev.state import load_state
+from kerneldev.state import STATE_DIR, load_state
 from kerneldev.transport.base import Transport
 
 KERNEL_FILE = "flash_mla_sm120_triton.py"
@@ -165,6 +166,7 @@ def install(
         )
 
     result = InstallResult(host=host.name, workspace=str(workspace))
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     contents = {
         path: ((workspace / path).read_bytes(), bundled_bytes(name)) for path, name, _ in targets
     }
@@ -184,6 +186,10 @@ def install(
         action = "unchanged" if old == new else "installed"
         if old != new:
             try:
+                if path in edited:  # --force: the edits are kept, as `pull --force` keeps them
+                    keep = workspace / STATE_DIR / "discarded" / stamp / path
+                    write_bytes_atomic(keep, old, live[path].mode)
+                    result.notes.append(f"your edits to {path} were kept in {keep}")
                 write_bytes_atomic(workspace / path, new, live[path].mode)
             except OSError as err:
                 raise TransferError(f"cannot write {workspace / path}: {err}") from None

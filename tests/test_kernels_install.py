@@ -153,6 +153,21 @@ def test_install_then_push_restart_leaves_a_working_backend(
     assert run_backend_call(tree.root) < 2e-2  # bf16 output of a 24-token softmax
 
 
+def test_install_force_keeps_the_overwritten_edits(tmp_path, monkeypatch, sshd_server):
+    tree = make_tree(tmp_path, monkeypatch, "srt", "ssh", sshd_server)
+    assert tree.kd("pull")[0] == 0
+    mine = (tree.workspace / tree.kernel).read_bytes() + b"# my unpushed edit\n"
+    (tree.workspace / tree.kernel).write_bytes(mine)
+    code, _, err = tree.kd("kernels", "install")
+    assert code == 1 and "unpushed edits" in err
+    code, out, err = tree.kd("kernels", "install", "--force", "--json")
+    assert code == 0, err
+    assert (tree.workspace / tree.kernel).read_bytes() == BUNDLED_KERNEL
+    kept = list((tree.workspace / ".kerneldev" / "discarded").rglob(Path(tree.kernel).name))
+    assert [p.read_bytes() for p in kept] == [mine]  # as `pull --force` keeps them
+    assert any(str(kept[0]) in note for note in json.loads(out)["notes"])
+
+
 def test_wrapper_without_entry_point_is_refused_before_upload(tmp_path, monkeypatch):
     tree = make_tree(tmp_path, monkeypatch, "srt", "local")
     assert tree.kd("pull")[0] == 0
