@@ -342,6 +342,12 @@ class _Validator:
         host_items = self.mapping(hosts_node, "hosts")
         if not host_items:
             raise self.fail(hosts_node, "hosts", "no hosts are defined")
+        for name, (key_node, _) in host_items.items():
+            # --host takes a comma list: such a name could never be chosen.
+            if "," in name or not name.strip():
+                raise self.fail(
+                    key_node, f"hosts.{name}", "a host name must be non-empty, without commas"
+                )
         hosts = {
             name: self._host(name, value_node, f"hosts.{name}")
             for name, (_, value_node) in host_items.items()

@@ -141,6 +141,8 @@ MISTAKES = [
         "hosts.box",
         "mapping",
     ),
+    ("host name with a comma", "  box:", '  "box,2":', "hosts.box,2", "without commas"),
+    ("empty host name", "  box:", '  "":', "hosts.", "non-empty"),
     ("default unknown", "default: dsv4", "default: dsv5", "default", "dsv5"),
     (
         "duplicate key",
