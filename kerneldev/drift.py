@@ -140,7 +140,8 @@ def compute_drift(
     commit = None
     if mirror is not None:
         if not Path(mirror).is_dir():
-            warnings.append(f"the mirror folder {mirror} does not exist; mirror column skipped")
+            what = "is not a folder" if Path(mirror).exists() else "does not exist"
+            warnings.append(f"the mirror folder {mirror} {what}; mirror column skipped")
             mirror = None
         else:
             commit, warning = mirror_commit(Path(mirror))

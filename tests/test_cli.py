@@ -374,3 +374,12 @@ def test_wide_tables_give_up_their_secondary_columns_at_80():
     assert "hidden at 80 columns: extra1" in narrow
     assert "1" * 20 in render(stdout_isatty=True, width=200)
     assert "1" * 20 in render(stdout_isatty=False)  # a pipe keeps every column
+
+
+def test_a_mirror_that_is_a_file_is_named_so(env: Env):
+    a_file = env.root.parent / "notes.txt"
+    a_file.write_text("not a clone\n")
+    env.set_host(mirror=str(a_file))
+    run = env.kd("diff")
+    assert run.exit_code == 1, run.stderr  # nothing pulled yet
+    assert f"the mirror folder {a_file} is not a folder" in run.stderr
