@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -383,3 +385,25 @@ def test_a_mirror_that_is_a_file_is_named_so(env: Env):
     run = env.kd("diff")
     assert run.exit_code == 1, run.stderr  # nothing pulled yet
     assert f"the mirror folder {a_file} is not a folder" in run.stderr
+
+
+def test_ctrl_c_at_the_trust_prompt_is_interrupted_not_unanswered(sshd_server, tmp_path):
+    host = ssh_host(sshd_server, tmp_path, trusted=False)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kerneldev", "--config", str(config), "trust"],
+        stdin=subprocess.PIPE,  # kept open: the prompt waits, as on a terminal
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    asked = b""
+    while b"[y/N]" not in asked:
+        byte = proc.stderr.read(1)
+        assert byte, asked
+        asked += byte
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its job
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == ExitCode.INTERRUPTED, err
+    assert b"interrupted by Ctrl-C" in err and b"nobody answered" not in err
+    assert b"Traceback" not in err and not Path(host.known_hosts).exists()

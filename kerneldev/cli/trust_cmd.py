@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from kerneldev import interrupt
 from kerneldev import trust as trust_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import print_info, print_json
@@ -54,7 +55,10 @@ def _ask(question: str) -> bool | None:
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
         return typer.confirm(question, default=False, err=True)
-    except typer.Abort:  # EOF on stdin: nobody said yes
+    except typer.Abort:  # EOF on stdin (nobody said yes), or Ctrl-C at the prompt
+        if interrupt.requested():  # Ctrl-C: stop as interrupted, not as "nobody answered"
+            print_info("")  # end the prompt's line
+            interrupt.check()
         return None
 
 
