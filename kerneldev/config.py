@@ -16,6 +16,7 @@ rather than the plain Python objects.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import glob
 import json
 import os
@@ -29,6 +30,7 @@ from typing import Any
 import yaml
 
 from kerneldev.errors import ConfigError
+from kerneldev.state import STATE_DIR
 
 DEFAULT_CONFIG_NAME = "hosts.yaml"
 CONFIG_ENV = "KERNELDEV_CONFIG"
@@ -513,6 +515,15 @@ class _Validator:
             entry = posixpath.normpath(entry)
             if entry == ".":
                 raise self.fail(item, ikp, "must name a file, not root itself")
+            first = entry.split("/")[0]  # only a pattern with a leading dot matches a dot folder
+            if first.startswith(".") and fnmatch.fnmatchcase(STATE_DIR, first):
+                raise self.fail(
+                    item,
+                    ikp,
+                    f"must not reach into {STATE_DIR}/, got {entry!r}: that folder holds "
+                    "kerneldev's own lock, history and backups (on the host) and state (in the "
+                    "workspace)",
+                )
             if not literal and "**" in entry:
                 raise self.fail(
                     item,

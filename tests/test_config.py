@@ -117,6 +117,8 @@ MISTAKES = [
         "hosts.box.workspace",
         "NUL",
     ),
+    ("in .kerneldev", "files: [a.py]", "files: [.kerneldev/lock]", "hosts.box.files[0]", "own"),
+    ("glob into .kerneldev", "files: [a.py]", "files: [.k*/*.json]", "hosts.box.files[0]", "own"),
     ("files not a list", "files: [a.py]", "files: a.py", "hosts.box.files", "list"),
     ("files empty", "files: [a.py]", "files: []", "hosts.box.files", "at least one"),
     ("file not a string", "files: [a.py]", "files: [{x: 1}]", "hosts.box.files[0]", "string"),
