@@ -22,6 +22,7 @@ import json
 import os
 import posixpath
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -554,7 +555,10 @@ class _Validator:
             url = self.string(n, f"{kp}.url")
             if not url.startswith(("http://", "https://")):
                 raise self.fail(n, f"{kp}.url", f"must be an http:// or https:// URL, got {url!r}")
+            self._check_url(n, f"{kp}.url", url)
             kwargs["url"] = url.rstrip("/")
+        if kwargs.get("health", "").startswith(("http://", "https://")):
+            self._check_url(items["health"][1], f"{kp}.health", kwargs["health"])
         if "variants" in items:
             kwargs["variants"] = self._variants(items["variants"][1], f"{kp}.variants")
         if "timeout" in items:
@@ -564,6 +568,17 @@ class _Validator:
                 raise self.fail(n, f"{kp}.timeout", f"must be a number > 0, got {_describe(v)}")
             kwargs["timeout"] = float(v)
         return ServiceConfig(**kwargs)
+
+    def _check_url(self, node: yaml.Node, kp: str, url: str) -> None:
+        # A typo here (a port out of range, no host) would only show as a health wait that
+        # never ends (900 s by default): say so now.
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is no number 0-65535
+        except ValueError as err:
+            raise self.fail(node, kp, f"is not a valid URL ({err}), got {url!r}") from None
+        if not parts.hostname:
+            raise self.fail(node, kp, f"names no host, got {url!r}")
 
     def _variants(self, node: yaml.Node, kp: str) -> dict[str, dict[str, str]]:
         """name -> {ENV_VAR: value}; numbers are taken as their text (`"0"` and `0` agree)."""
