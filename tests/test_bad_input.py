@@ -122,6 +122,8 @@ def test_config_errors_exit_2_without_traceback(tmp_path):
         ("push", "--lock-wait", "-1"),
         ("restart", "--lock-wait", "-1"),
         ("watch", "--lock-wait", "-1"),
+        ("status", "--timeout", "inf"),  # used to overflow the socket timeout: a traceback
+        ("doctor", "--timeout", "1e400"),
     ],
 )
 def test_a_negative_count_or_wait_is_a_usage_error(tmp_path, args):

@@ -30,6 +30,7 @@ TIMEOUT_OPTION = typer.Option(
     5.0,
     "--timeout",
     min=0.1,
+    max=3600.0,  # a socket timeout: inf or 1e400 would overflow time_t (a traceback)
     metavar="SECONDS",
     help="Seconds to wait for each host's connection steps.",
 )
