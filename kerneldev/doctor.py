@@ -311,11 +311,12 @@ class _HostDoctor:
         self.dial = (name, port, via)
         try:
             infos = socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-        except socket.gaierror as err:
+        except (socket.gaierror, UnicodeError) as err:  # UnicodeError: `a..b`, a 64+ label
+            why = err.strerror if isinstance(err, socket.gaierror) else "not a valid DNS name"
             return Check(
                 DNS,
                 FAIL,
-                f"cannot resolve '{name}'{_via(via)}: {err.strerror}",
+                f"cannot resolve '{name}'{_via(via)}: {why}",
                 "check `hostname` in hosts.yaml (or HostName in ~/.ssh/config) and DNS",
             )
         addresses = sorted({info[4][0] for info in infos})

@@ -407,3 +407,18 @@ def test_ctrl_c_at_the_trust_prompt_is_interrupted_not_unanswered(sshd_server, t
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert b"interrupted by Ctrl-C" in err and b"nobody answered" not in err
     assert b"Traceback" not in err and not Path(host.known_hosts).exists()
+
+
+@pytest.mark.parametrize("name", ["gpu..box", "a" * 64 + ".example"])
+def test_a_host_name_dns_cannot_encode_is_unreachable_not_a_traceback(env: Env, name):
+    # Not a config error: it might be a Host alias of ~/.ssh/config. getaddrinfo raises
+    # UnicodeError (not gaierror) for an empty label or one over 63 characters.
+    unreachable(env, hostname=name)
+    run = env.kd("diff")
+    assert run.exit_code == ExitCode.UNREACHABLE, run.stderr
+    assert f"cannot resolve host name '{name}'" in run.stderr
+    assert "not a valid DNS name" in run.stderr
+    doctor = env.kd("doctor", "--json")
+    assert doctor.exit_code == ExitCode.FAILURE, doctor.stderr
+    (dns,) = [c for c in doctor.json()["hosts"][0]["checks"] if c["name"] == "dns"]
+    assert dns["verdict"] == "FAIL" and "not a valid DNS name" in dns["detail"]

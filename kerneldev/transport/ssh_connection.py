@@ -261,10 +261,12 @@ class SSHConnection:
             return socket.create_connection(
                 (target.hostname, target.port), timeout=self.connect_timeout
             )
-        except socket.gaierror as err:
+        except (socket.gaierror, UnicodeError) as err:
+            # UnicodeError: the name cannot even be encoded for DNS (an empty label, `a..b`,
+            # or one over 63 characters).
+            why = err.strerror if isinstance(err, socket.gaierror) else "not a valid DNS name"
             raise HostConnectionError(
-                f"cannot resolve host name '{target.hostname}' (host '{self.host_name}'): "
-                f"{err.strerror}",
+                f"cannot resolve host name '{target.hostname}' (host '{self.host_name}'): {why}",
                 hint="check `hostname` in the config (or HostName in ~/.ssh/config) and DNS",
                 jump_host=jump_host,
             ) from None
