@@ -3,6 +3,8 @@ its key changed, when the port is wrong, the key is wrong, or the host goes away
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import threading
@@ -288,6 +290,32 @@ def test_proxycommand(sshd_server, tmp_path, monkeypatch):
     with SSHTransport(host) as t:
         assert t.run("echo proxied").stdout == "proxied\n"
         assert t.connection.proxy_commands  # the ProxyCommand process carried the connection
+
+
+def test_a_proxycommand_that_never_answers_ends_with_the_command(tmp_path, monkeypatch):
+    pidfile = tmp_path / "proxy.pid"
+    proxy = tmp_path / "proxy.sh"
+    proxy.write_text(f"#!/bin/sh\necho $$ > '{pidfile}'\nexec sleep 60\n")
+    proxy.chmod(0o755)
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(f"Host hanging\n  HostName 127.0.0.1\n  ProxyCommand {proxy}\n")
+    monkeypatch.setenv("KERNELDEV_SSH_CONFIG", str(ssh_config))
+    config = tmp_path / "hosts.yaml"
+    config.write_text("hosts:\n  h:\n    hostname: hanging\n    root: /srv\n    files: [a.py]\n")
+    config.write_text(config.read_text() + "    workspace: ws\n")
+    proc = cli("doctor", "--timeout", "1", config=config)
+    assert proc.returncode == 1 and "SSH handshake with" in proc.stdout, proc.stdout + proc.stderr
+    pid = int(pidfile.read_text())
+    for _ in range(100):  # SIGTERM'd when the connection closed; give it a moment to go
+        try:
+            if " Z " in Path(f"/proc/{pid}/stat").read_text():
+                break  # a zombie nobody reaped yet: ended
+        except OSError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the ProxyCommand outlived kerneldev")
 
 
 def test_explicit_config_wins_over_ssh_config(sshd_server, tmp_path, monkeypatch):

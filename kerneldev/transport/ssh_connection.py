@@ -245,8 +245,11 @@ class SSHConnection:
             return self._channel_to(via, target)
         if target.proxy_command:
             try:
-                # Through sh, as OpenSSH does, so pipes and quoting in the command work.
-                sock = paramiko.ProxyCommand(f"sh -c {shlex.quote(target.proxy_command)}")
+                # Through sh, as OpenSSH does, so pipes and quoting in the command work; and
+                # with `exec`, as OpenSSH does, so that the command replaces sh: closing kills
+                # the command itself, where it used to kill only sh and leave the command running.
+                command = shlex.quote(f"exec {target.proxy_command}")
+                sock = paramiko.ProxyCommand(f"sh -c {command}")
             except Exception as err:  # noqa: BLE001
                 raise HostConnectionError(
                     f"ProxyCommand for {target.alias} failed to start: {err}"
