@@ -65,11 +65,28 @@ def parse_history(text: str) -> History:
             raw = json.loads(line)
             if raw.pop("schema", HISTORY_SCHEMA) > HISTORY_SCHEMA:
                 raise ValueError("newer schema")
-            history.records.append(deploy_from_dict(raw))
+            record = deploy_from_dict(raw)
+            if not all(_stays_in_root(f.path, f.backup) for f in record.files):
+                raise ValueError("a path that leaves root")
+            history.records.append(record)
         except (ValueError, TypeError, KeyError, AttributeError):
             history.unreadable_lines += 1
     history.records.sort(key=lambda r: r.id)  # ids sort by time
     return history
+
+
+def _stays_in_root(path: object, backup: object) -> bool:
+    """The history is a file on the host that anyone there can edit: rollback restores what it
+    names, so a line whose file is not a plain root-relative path (absolute, `..`, inside
+    .kerneldev/) or whose backup is not under the backups folder counts as unreadable, rather
+    than letting a rollback read or write outside root."""
+
+    def relative(p: object) -> bool:
+        return isinstance(p, str) and bool(p) and not p.startswith("/") and ".." not in p.split("/")
+
+    if not relative(path) or str(path).split("/")[0] == ".kerneldev":
+        return False
+    return backup is None or (relative(backup) and str(backup).startswith(BACKUP_DIR + "/"))
 
 
 def load_history(transport: Transport, root: str) -> History:

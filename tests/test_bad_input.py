@@ -4,6 +4,8 @@ must end with an interrupted command."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -310,3 +312,44 @@ def test_a_host_symlink_out_of_root_is_never_written_through(ssh_env, tmp_path):
     assert (outside / "secret.py").read_bytes() == b"not yours\n"
     assert list((outside / "sub").iterdir()) == []
     assert (root / "k/link.py").is_symlink() and not temp_files(root)
+
+
+def test_a_history_line_naming_a_path_out_of_root_is_never_restored(ssh_env, tmp_path):
+    # The host's history is a file anyone on the host can edit; rollback restores what it
+    # names. A line whose file is `..`/absolute, or whose backup lies outside the backups
+    # folder, used to make `rollback --force` write (or read) outside root.
+    host = ssh_env
+    root, ws = Path(host.root), Path(host.workspace)
+    (root / "k/a.py").write_bytes(b"v1\n")
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    (ws / "k/a.py").write_bytes(b"v2\n")
+    _push(host)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(b"not yours\n")
+    planted = root / ".kerneldev/backups/planted/x"
+    planted.parent.mkdir(parents=True)
+    planted.write_bytes(b"evil\n")
+    lines = []
+    for path, backup in (
+        ("k/a.py", os.path.relpath(victim, root)),
+        (str(victim), ".kerneldev/backups/planted/x"),
+        (os.path.relpath(victim, root), ".kerneldev/backups/planted/x"),  # the last deploy
+    ):
+        evil = hashlib.sha256(b"evil\n").hexdigest()  # the backup's bytes: it checks out
+        record = {"path": path, "old_sha256": evil, "new_sha256": "1" * 64, "backup": backup}
+        record.update(old_mode=0o644, new_mode=0o644)
+        lines.append(
+            {"schema": 1, "id": f"29991231T000000.000Z-{len(lines)}", "time": "", "host": "x"}
+            | {"user": "m", "kind": "push", "files": [record], "outcome": "deployed"}
+        )
+    with open(root / ".kerneldev/history.jsonl", "a") as f:
+        f.writelines(json.dumps(line) + "\n" for line in lines)
+    with open_transport(host) as t:
+        history = sync.history.load_history(t, host.root)
+        assert history.unreadable_lines == 3
+        with host_lock.HostLock(t, host.root, "rollback", wait=5):
+            undone = sync.rollback(t, host, force=True)
+    assert [f.path for f in undone.files] == ["k/a.py"]  # the real last deploy, undone
+    assert (root / "k/a.py").read_bytes() == b"v1\n"
+    assert victim.read_bytes() == b"not yours\n"

@@ -549,7 +549,10 @@ def test_leftovers_reported_by_diff_and_removed_by_push(tmp_path):
     live_a = (root / "k/a.py").read_bytes()
     (stale / "k/a.py").write_bytes(live_a)
     planned = DeployRecord("20260101T000000.000Z-abcdef", "t", "h", "bob", "push")
-    planned.files = [DeployedFile("k/a.py", sha(live_a), sha(b"never landed"), 0o644, 0o644, "x")]
+    backup = f"{history.BACKUP_DIR}/{planned.id}/k/a.py"  # where push puts it
+    planned.files = [
+        DeployedFile("k/a.py", sha(live_a), sha(b"never landed"), 0o644, 0o644, backup)
+    ]
     (stale / history.INCOMPLETE).write_text(history.record_line(planned))
     diff = kd("diff")
     assert "leftovers of interrupted" in diff.stderr and "1 temporary file" in diff.stderr
