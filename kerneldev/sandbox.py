@@ -647,9 +647,24 @@ def _pid_if_running(pidfile: Path, marker: str) -> int | None:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return pid  # no /proc: trust the pid file
-    if marker.encode() not in cmdline or "\nState:\tZ" in status:
+    names = (marker.encode(), _as_proctitle(marker))
+    if not any(name in cmdline for name in names) or "\nState:\tZ" in status:
         return None
     return pid
+
+
+def _as_proctitle(text: str) -> bytes:
+    """`text` as sshd shows it in its process title: other bytes than printable ASCII as
+    `\\ooo` (octal) and a backslash doubled; a non-ASCII folder name is only found so."""
+    out = []
+    for byte in text.encode():
+        if byte == 0x5C:
+            out.append(b"\\\\")
+        elif 0x20 <= byte < 0x7F:
+            out.append(bytes([byte]))
+        else:
+            out.append(b"\\%03o" % byte)
+    return b"".join(out)
 
 
 def _running(pidfile: Path, marker: str) -> bool:

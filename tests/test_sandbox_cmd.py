@@ -162,6 +162,40 @@ def test_sandbox_status_of_a_folder_that_is_no_sandbox(tmp_path):
     assert "holds no sandbox" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _sshds_of(folder: Path) -> list[int]:
+    """The sshd processes whose title names `folder`, raw or as sshd escapes it (\\ooo)."""
+    raw = str(folder).encode()
+    octal = b"".join(b"\\%03o" % c if c > 0x7E else bytes([c]) for c in raw)
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+        except OSError:
+            continue
+        if b"sshd" in cmd.split(b"\0")[0] and (raw in cmd or octal in cmd):
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(find_sshd() is None, reason="needs OpenSSH's sshd")
+def test_sandbox_in_a_non_ascii_folder_is_seen_running_and_stopped(tmp_path, isolated_home):
+    # sshd writes the folder into its process title as \\303\\274...: it used to look
+    # stopped, so `up` started a second sshd and `down` left both running.
+    folder = tmp_path / "ünï sandbox"
+    try:
+        up = kerneldev("sandbox", "up", "--dir", str(folder), "--json")
+        assert up.returncode == 0, up.stderr
+        assert json.loads(up.stdout)["sshd_running"] is True
+        assert len(_sshds_of(folder)) == 1
+        down = kerneldev("sandbox", "down", "--dir", str(folder), "--json")
+        assert down.returncode == 0 and json.loads(down.stdout)["sshd_running"] is False
+        assert _sshds_of(folder) == []
+    finally:
+        kerneldev("sandbox", "down", "--dir", str(folder))
+        for pid in _sshds_of(folder):  # what a failing run would leave
+            os.kill(pid, 9)
+
+
 def test_sandbox_dir_that_is_a_file_is_a_usage_error(tmp_path):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine\n")
