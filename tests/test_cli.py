@@ -422,3 +422,25 @@ def test_a_host_name_dns_cannot_encode_is_unreachable_not_a_traceback(env: Env, 
     assert doctor.exit_code == ExitCode.FAILURE, doctor.stderr
     (dns,) = [c for c in doctor.json()["hosts"][0]["checks"] if c["name"] == "dns"]
     assert dns["verdict"] == "FAIL" and "not a valid DNS name" in dns["detail"]
+
+
+def test_a_background_thread_dying_on_a_cut_connection_prints_no_traceback():
+    """paramiko's SFTP read-ahead thread dies with OSError when the connection is cut or
+    closed under it (seen in the cut-connection test): the CLI's thread hook drops that, and
+    any other background error is one line, not a traceback."""
+    code = (
+        "import threading\n"
+        "from kerneldev.cli.entry import quiet_background_errors\n"
+        "threading.excepthook = quiet_background_errors\n"
+        "def cut(): raise OSError('Socket is closed')\n"
+        "def bug(): raise ValueError('boom')\n"
+        "for target, name in ((cut, 'Thread-7 (_prefetch_thread)'), (bug, 'Thread-8 (x)')):\n"
+        "    t = threading.Thread(target=target, name=name); t.start(); t.join()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0
+    assert "Traceback" not in res.stderr
+    assert "Socket is closed" not in res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "kerneldev: error in background thread Thread-8 (x): ValueError('boom')"
+    ]

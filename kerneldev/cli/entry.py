@@ -9,12 +9,28 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 INTERRUPTED = 130  # errors.ExitCode.INTERRUPTED, without importing anything
 
 
+def quiet_background_errors(args: threading.ExceptHookArgs) -> None:
+    """`threading.excepthook` of the CLI. paramiko reads ahead of an SFTP download in its own
+    thread (`SFTPFile._prefetch_thread`); when the connection is cut or closed under it (a
+    dropped link, Ctrl-C mid-pull) that thread dies with OSError / EOFError, which Python
+    would print as a traceback after kerneldev's own one-line report of the same failure.
+    Those are dropped; any other background error is one line, never a traceback."""
+    name = args.thread.name if args.thread is not None else ""
+    if "_prefetch_thread" in name and issubclass(args.exc_type, (OSError, EOFError)):
+        return
+    if issubclass(args.exc_type, SystemExit):
+        return
+    sys.stderr.write(f"kerneldev: error in background thread {name}: {args.exc_value!r}\n")
+
+
 def run() -> None:
     """Console-script entry."""
+    threading.excepthook = quiet_background_errors
     try:
         from kerneldev.cli.main import main
 
