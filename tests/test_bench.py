@@ -335,3 +335,24 @@ def test_cli_compare_marks_each_shape(tmp_path):
     bad.write_text('{"hello": 1}')
     proc = kerneldev(config, *base_args, "--compare", str(bad))
     assert proc.returncode == 2 and "not a kerneldev benchmark result" in proc.stderr
+
+
+def test_progress_lines_are_cut_to_the_terminal_width():
+    """The harness's progress lines (written for a wide log) stream to an 80-column terminal
+    one line each, cut with an ellipsis, in whatever chunks the transport delivers them."""
+    import io
+
+    from kerneldev.cli import bench_cmd, environment
+
+    err = io.StringIO()
+    with environment.use(environment.Environment(stderr=err, stderr_isatty=True, width=80)):
+        write = bench_cmd._stream()
+        long = "[50/52] B64 main128/p256+extra512/p64 sink len-partial invalid0.1 main:sm120: " + (
+            "ok  102.1 us [101.3-103.3]  318 GB/s"
+        )
+        write("[1/52] short\n" + long[:30])
+        write(long[30:] + "\n")
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "[1/52] short"
+    assert len(lines) == 2 and len(lines[1]) == 79 and lines[1].endswith("…")
+    assert lines[1].startswith(long[:78])

@@ -202,13 +202,19 @@ def bench_command(
 
 
 def _stream():
-    """The harness's progress lines on stderr, only on a terminal."""
+    """The harness's progress lines on stderr, only on a terminal, each cut to the terminal's
+    width (the harness writes them for a wide log; wrapped, they bury the newest line)."""
     env = environment.current()
     if not env.stderr_isatty:
         return None
+    width = max(env.err_console.width, 20)
+    pending = ""
 
     def write(text: str) -> None:
-        env.stderr.write(text)
+        nonlocal pending
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            env.stderr.write((line if len(line) < width else line[: width - 2] + "…") + "\n")
         env.stderr.flush()
 
     return write
