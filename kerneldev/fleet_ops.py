@@ -75,7 +75,7 @@ def _locked(
 
     def on_wait(holder: host_lock.LockHolder | None) -> None:
         who = holder.describe() if holder else "another command"
-        progress(f"waiting up to {lock_wait:g}s for the lock, held by {who}")
+        progress(f"waiting {host_lock.wait_text(lock_wait)} for the lock, held by {who}")
 
     lock = host_lock.HostLock(
         transport,

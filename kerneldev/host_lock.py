@@ -20,6 +20,7 @@ the host instead of three. A lock found busy falls back to `acquire` (the wait, 
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import secrets
@@ -61,6 +62,12 @@ class LockBusyError(RefusedError):
     def __init__(self, message: str, holder: LockHolder | None, hint: str | None = None):
         super().__init__(message, hint)
         self.holder = holder
+
+
+def wait_text(seconds: float) -> str:
+    """How long a command waits for the lock, for its message: "up to 60s", or "as long as
+    it takes" for an infinite wait (`--lock-wait inf`)."""
+    return "as long as it takes" if math.isinf(seconds) else f"up to {seconds:g}s"
 
 
 def lock_path(root: str) -> str:

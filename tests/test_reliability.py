@@ -601,3 +601,9 @@ def test_ctrl_c_during_bench_ends_the_harness_on_the_host(sshd_server, tmp_path,
     assert "Traceback" not in err
     assert _wait_for(lambda: not _processes_with(str(wrapper)), 10), "the harness still runs"
     assert not folder.exists()
+
+
+def test_the_lock_wait_message_reads_well_for_an_infinite_wait():
+    assert host_lock.wait_text(60.0) == "up to 60s"
+    assert host_lock.wait_text(0.5) == "up to 0.5s"
+    assert host_lock.wait_text(float("inf")) == "as long as it takes"  # was "up to infs"

@@ -64,7 +64,8 @@ def locked(
 
     def on_wait(holder: host_lock.LockHolder | None) -> None:
         who = holder.describe() if holder else "another command"
-        print_info(f"waiting up to {wait:g}s for the lock on {host.name}, held by {who}")
+        how_long = host_lock.wait_text(wait)
+        print_info(f"waiting {how_long} for the lock on {host.name}, held by {who}")
 
     lock = host_lock.HostLock(
         transport,
