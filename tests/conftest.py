@@ -40,4 +40,5 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.delenv("KERNELDEV_HOST", raising=False)
     monkeypatch.delenv("KERNELDEV_CONFIG", raising=False)
     monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
+    monkeypatch.delenv("KERNELDEV_TRANSFER", raising=False)  # the timed choice, unless pinned
     return home

@@ -29,9 +29,8 @@ from tests.test_transport import HOSTILE_NAMES
 @pytest.fixture(params=["stream", "sftp"])
 def host(request, sshd_server, tmp_path, isolated_home, monkeypatch):
     """The test sshd, with files moving in one exec stream or one by one over SFTP (the
-    transport picks by the number of files; both paths must keep every guarantee)."""
-    stream = request.param == "stream"
-    monkeypatch.setattr(SSHTransport, "_stream_pays", lambda self, *args: stream)
+    transport picks by what the host costs; both paths must keep every guarantee)."""
+    monkeypatch.setenv("KERNELDEV_TRANSFER", request.param)
     return ssh_host(sshd_server, tmp_path, files=("*.py", "*.bin"))
 
 
@@ -106,7 +105,9 @@ def test_ctrl_c_mid_file_leaves_no_partial_workspace_file(host, existing):
     assert (ws / "big.bin").read_bytes() == (root / "big.bin").read_bytes()
 
 
-def test_stream_or_sftp_is_chosen_by_what_this_host_costs(sshd_server, tmp_path, isolated_home):
+def test_stream_or_sftp_is_chosen_by_what_this_host_costs(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
     host = ssh_host(sshd_server, tmp_path)
     with SSHTransport(host) as t:
         assert not t._stream_pays(1, 4, host.root)  # one file never needs a stream
@@ -117,6 +118,23 @@ def test_stream_or_sftp_is_chosen_by_what_this_host_costs(sshd_server, tmp_path,
         assert t._stream_pays(200, 4, host.root)
         t._exec_seconds, t._sftp_seconds = 0.03, 0.02  # a plain shell, a WAN round trip
         assert t._stream_pays(2, 4, host.root)
+    # $KERNELDEV_TRANSFER pins the choice whatever the timings (tests that count commands).
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")
+    with SSHTransport(host) as t:
+        t._exec_seconds, t._sftp_seconds = 0.03, 0.02
+        assert not t._stream_pays(200, 4, host.root)
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "Stream")
+    with SSHTransport(host) as t:
+        t._exec_seconds, t._sftp_seconds = 0.5, 0.001
+        assert t._stream_pays(2, 4, host.root)
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "rsync")
+    out, err = io.StringIO(), io.StringIO()
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    code = main(["--config", str(config), "diff"], env=Environment(stdout=out, stderr=err))
+    assert code == 2 and "$KERNELDEV_TRANSFER is 'rsync', not one of auto, stream, sftp" in (
+        err.getvalue()
+    ), err.getvalue()
+    assert "Traceback" not in err.getvalue()
 
 
 class ChannelCounter:
@@ -157,6 +175,9 @@ def test_no_op_diff_and_pull_make_one_remote_command(
         (root / f"k{i}.py").write_bytes(b"x" * 13000 + bytes([i]))
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
     counter = ChannelCounter(monkeypatch)
+    # Stream or SFTP is chosen from timings, which vary with the machine's load: pinned, so
+    # the counts below are the same on every run (stream: no SFTP probe, no SFTP channel).
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "stream")
     cold = counter.during("--config", str(config), "pull")
     assert len(cold) == 2, cold  # the hashes, then every file in one stream
     assert len(counter.during("--config", str(config), "pull")) == 1
@@ -167,6 +188,7 @@ def test_no_op_diff_and_pull_make_one_remote_command(
     assert len(push) == 1, push
     assert not (root / ".kerneldev" / "lock").exists()
     # A cold push: lock + plan, backups, the files (SFTP here), the record + the unlock.
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")
     workspace = Path(host.workspace)
     for i in range(3):
         (workspace / f"k{i}.py").write_bytes(b"y" * 13000 + bytes([i]))

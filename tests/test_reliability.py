@@ -303,12 +303,17 @@ def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
 # --- cut connections --------------------------------------------------------------------------
 
 
-def test_cut_connection_at_50_points_push_and_rollback(sshd_server, tmp_path, isolated_home):
+def test_cut_connection_at_50_points_push_and_rollback(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
     """A TCP proxy between kerneldev and sshd cuts the connection at points spread over a
     push of three files and over a rollback. After every cut: each live file is its old or its
     new version; after the next command: no temporary file, backups intact, state valid, and
     the re-run completes. (The workspace alternates between the two versions, so every push
     and every rollback has all three files to change.)"""
+    # The cut points come from one measured run: every run must move files the same way (the
+    # stream-or-SFTP choice is timed, and load could flip it between runs), so it is pinned.
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")
     proxy = CuttingProxy(sshd_server.port)
     # Every backup is kept, so `rollback --to` can go back and forth between two deploys.
     direct = ssh_host(sshd_server, tmp_path, files=("k/*.py",), keep_backups=1000)

@@ -18,6 +18,7 @@ import codecs
 import errno
 import hashlib
 import json
+import os
 import posixpath
 import select
 import shlex
@@ -39,6 +40,7 @@ from kerneldev.errors import (
     HostConnectionError,
     RemoteCommandError,
     TransferError,
+    UsageError,
 )
 from kerneldev.transport import _hashfiles, _receivefiles, _sendfiles
 from kerneldev.transport.base import (
@@ -99,6 +101,11 @@ STREAM_PACKET = 1 << 18  # bytes per SSH packet the host may send on it (paramik
 # request times the first, an SFTP stat the second (see docs/benchmarks.md, "Sync speed").
 # Before either is known, BULK_MIN_FILES files or more go in one stream.
 BULK_MIN_FILES = 16
+# $KERNELDEV_TRANSFER pins the choice: "stream" or "sftp" for every transfer, "auto" (the
+# default) times the host as above. Timings vary with load, so tests that count remote
+# commands pin it; it also helps to rule one path out when debugging a host.
+TRANSFER_ENV = "KERNELDEV_TRANSFER"
+TRANSFER_MODES = ("auto", "stream", "sftp")
 SFTP_REQUESTS_READ = 4  # open, fstat, the pipelined reads, close
 SFTP_REQUESTS_WRITE = 12  # lstat, stat, open, chmod, writes, close, the check's 4, rename
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
@@ -117,6 +124,17 @@ _GERUNDS = {
 }
 
 
+def transfer_mode() -> str:
+    """$KERNELDEV_TRANSFER: how files move ("auto", "stream" or "sftp"; unset means "auto")."""
+    mode = os.environ.get(TRANSFER_ENV, "").strip().lower() or "auto"
+    if mode not in TRANSFER_MODES:
+        raise UsageError(
+            f"${TRANSFER_ENV} is {mode!r}, not one of {', '.join(TRANSFER_MODES)}",
+            hint=f"unset {TRANSFER_ENV} to let kerneldev choose per host",
+        )
+    return mode
+
+
 class SSHTransport(Transport):
     def __init__(self, host: HostConfig | SSHConnection) -> None:
         """Work over `host`'s connection: an `SSHConnection` (made with the ssh_config file or
@@ -126,6 +144,7 @@ class SSHTransport(Transport):
         self.host_name = self.connection.host_name
         self._exec_seconds: float | None = None  # fastest helper command seen (hash request)
         self._sftp_seconds: float | None = None  # one SFTP request's round trip
+        self.transfer_mode = transfer_mode()
 
     def close(self) -> None:
         self.connection.close()
@@ -321,6 +340,8 @@ class SSHTransport(Transport):
 
     def _stream_pays(self, files: int, requests: int, probe: str) -> bool:
         """Whether one exec stream is cheaper than `files` x `requests` SFTP round trips."""
+        if self.transfer_mode != "auto":
+            return self.transfer_mode == "stream"
         if files < 2:
             return False
         if self._exec_seconds is None:
