@@ -145,6 +145,12 @@ class UnhealthyError(ServiceError):
         self.health = health
 
 
+class RestartFailedError(UnhealthyError):
+    """The restart command itself failed (exited non-zero or timed out). The service cannot be
+    counted on after that, so every caller that rolls back an unhealthy deploy (push --restart,
+    group pushes, watch) rolls this one back too."""
+
+
 class BenchError(KerneldevError):
     """The benchmark harness failed or produced unusable results."""
 

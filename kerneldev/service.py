@@ -4,7 +4,9 @@
 `Transport.http_get`, which goes through the SSH connection, so the port need not be reachable
 from the laptop; any 2xx/3xx answer is healthy) or a shell command run on the host (exit 0 is
 healthy). When health does not come within `service.timeout` seconds, the output of
-`service.logs` is fetched and carried by the `UnhealthyError` raised.
+`service.logs` is fetched and carried by the `UnhealthyError` raised. A restart command that
+fails (non-zero exit, timeout) raises `RestartFailedError`, a kind of `UnhealthyError` (with the
+logs too): callers that roll an unhealthy deploy back roll this one back as well.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from kerneldev.errors import (
     ConnectionLostError,
     HostConnectionError,
     RemoteCommandError,
-    ServiceError,
+    RestartFailedError,
     UnhealthyError,
     UsageError,
 )
@@ -88,14 +90,15 @@ def restart(
     try:
         result = transport.run(service.restart, timeout=service.timeout)
     except RemoteCommandError as err:
-        raise ServiceError(f"restart command on {host} failed: {err.message}") from None
+        failed = f"restart command on {host} failed: {err.message}"
+        raise _restart_failed(transport, service, failed, "restart timed out", start) from None
     if not result.ok:
         detail = (result.stderr.strip() or result.stdout.strip())[-2000:]
-        raise ServiceError(
-            f"restart command on {host} exited {result.exited}: {service.restart}"
-            + (f"\n{detail}" if detail else ""),
-            hint="fix `service.restart` in hosts.yaml or the service on the host",
+        failed = f"restart command on {host} exited {result.exited}: {service.restart}" + (
+            f"\n{detail}" if detail else ""
         )
+        last = f"restart exited {result.exited}"
+        raise _restart_failed(transport, service, failed, last, start)
     if not service.health:
         return ServiceHealth(host, True, time.monotonic() - start, 0, None, "no health check")
 
@@ -115,6 +118,19 @@ def restart(
         interrupt.check()  # Ctrl-C ends the wait now, not after service.timeout
         sleep(interval)
 
+    logs, hint = _fetch_logs(transport, service)
+    raise UnhealthyError(
+        f"service on {host} not healthy after {service.timeout:g}s "
+        f"({checks} checks of {service.health}, last: {last})",
+        logs,
+        hint=hint,
+        health=ServiceHealth(host, False, time.monotonic() - start, checks, service.health, last),
+    )
+
+
+def _fetch_logs(transport: Transport, service: ServiceConfig) -> tuple[str | None, str]:
+    """The output of `service.logs` (None when not configured), and a hint that says where
+    it is shown or why it is missing."""
     logs = None
     if service.logs:
         try:
@@ -128,10 +144,17 @@ def restart(
         hint = f"`service.logs` ({service.logs}) printed nothing; check it on the host"
     else:
         hint = "configure `service.logs` to see the service's output here"
-    raise UnhealthyError(
-        f"service on {host} not healthy after {service.timeout:g}s "
-        f"({checks} checks of {service.health}, last: {last})",
-        logs,
-        hint=hint,
-        health=ServiceHealth(host, False, time.monotonic() - start, checks, service.health, last),
+    return logs, hint
+
+
+def _restart_failed(
+    transport: Transport, service: ServiceConfig, message: str, last: str, start: float
+) -> RestartFailedError:
+    """A restart command that failed: the service is as good as unhealthy (callers roll the
+    deploy back), so the error carries the service logs and a failed health result."""
+    logs, hint = _fetch_logs(transport, service)
+    health = ServiceHealth(
+        transport.host_name, False, time.monotonic() - start, 0, service.health, last
     )
+    hint = f"fix `service.restart` in hosts.yaml or the service on the host; {hint}"
+    return RestartFailedError(message, logs, hint=hint, health=health)

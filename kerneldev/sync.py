@@ -1031,7 +1031,7 @@ def roll_back_unhealthy(
 
 def rolled_back_message(deploy_id: str | None, why: str, undo: RollbackResult, after: str) -> str:
     return (
-        f"deploy {deploy_id} never became healthy ({why}); it was rolled back "
+        f"deploy {deploy_id} did not come up healthy ({why}); it was rolled back "
         f"as {undo.deploy_id} and the service restarted: {after}"
     )
 

@@ -107,6 +107,29 @@ def _entries(run) -> dict[str, dict]:
     return {e["host"]: e for e in data["hosts"]}
 
 
+def test_group_push_rolls_back_a_host_whose_restart_command_fails(tmp_path, servers):
+    """A restart command that exits 3 (on node1, while the new kernel is live) counts as an
+    unhealthy service: that host is rolled back and restarted again, the next wave skipped."""
+    f = Fleet(tmp_path, servers)
+    config = json.loads(f.config.read_text())
+    node1 = config["hosts"]["node1"]["service"]
+    node1["restart"] += f"; grep -q v1 '{f.roots['node1'] / 'k/a.py'}' || exit 3"
+    f.config.write_text(json.dumps(config))
+    assert f.kd("pull", "--host", "fleet").returncode == 0
+    new = b"# k/a.py v2: the new kernel\nx = 2\n"
+    (f.workspace / "k/a.py").write_bytes(new)
+    run = f.kd("push", "--restart", "--serial", "1", "--host", "fleet", "--json")
+    assert run.returncode == int(ExitCode.FAILURE), run.stderr
+    entries = _entries(run)
+    assert [entries[n]["status"] for n in NODES] == ["ok", "failed", "skipped"]
+    failed = entries["node1"]
+    assert "exited 3" in failed["error"]["message"] and "rolled back" in failed["error"]["message"]
+    assert failed["result"]["auto_rollback"]["rolls_back"] == failed["result"]["deploy_id"]
+    assert failed["result"]["health"]["last_check"] == "restart exited 3"
+    assert (f.live("node0", "k/a.py"), f.live("node1", "k/a.py")) == (new, f.old["k/a.py"])
+    assert (f.restarts("node0"), f.restarts("node1"), f.restarts("node2")) == (1, 2, 0)
+
+
 def test_group_push_restart_stops_at_the_unhealthy_wave_and_rolls_that_host_back(tmp_path, servers):
     f = Fleet(tmp_path, servers, unhealthy="node1")
     pull = f.kd("pull", "--host", "fleet", "--json")

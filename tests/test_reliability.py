@@ -500,6 +500,55 @@ def test_push_restart_rolls_back_when_never_healthy(tmp_path):
     assert run.returncode == 1 and (root / "k/a.py").read_bytes() == b"# broken v2\n"
 
 
+def test_push_restart_rolls_back_when_the_restart_command_fails(ssh_env, tmp_path):
+    """A restart command that exits non-zero (3 here, while the new kernel is live) is treated
+    as an unhealthy service: the deploy is rolled back and the service restarted again."""
+    import io
+
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    marker = tmp_path / "restarts"
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    restart = f"echo restart >> {marker}; grep -q v1 {root / 'k/a.py'} || exit 3"
+    with config.open("a") as f:
+        f.write(
+            f'    service:\n      restart: "{restart}"\n'
+            "      logs: 'echo server log: kernel crashed'\n"
+        )
+
+    def kd(*args: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["--config", str(config), *args], env=Environment(stdout=out, stderr=err))
+        return code, out.getvalue(), err.getvalue()
+
+    (ws / "k/a.py").write_bytes(b"# broken v2\n")
+    code, _, err = kd("push", "--restart", "--no-import-check")
+    assert code == 1, err
+    assert "restart command on testhost exited 3" in err and "rolled back" in err, err
+    assert "healthy again" in err and "kernel crashed" in err and "Traceback" not in err, err
+    assert (root / "k/a.py").read_bytes() == _seed(tmp_path / "v1", "v1")["k/a.py"]
+    assert marker.read_text().count("restart") == 2
+    code, out, _ = kd("log", "--json")
+    assert [(e["kind"], e["outcome"]) for e in json.loads(out)] == [
+        ("push", "deployed"),
+        ("rollback", "auto-rollback"),
+    ]
+    # --json carries the failed restart as the deploy's health.
+    code, out, _ = kd("push", "--restart", "--no-import-check", "--json")
+    report = json.loads(out)
+    assert code == 1 and report["error"]["type"] == "UnhealthyError", out
+    assert report["health"]["healthy"] is False, out
+    assert report["health"]["last_check"] == "restart exited 3", out
+    assert report["auto_rollback"]["rolls_back"] == report["deploy_id"], out
+    # --no-rollback leaves the deploy in place, as for an unhealthy service.
+    code, _, err = kd("push", "--restart", "--no-import-check", "--no-rollback")
+    assert code == 1 and "exited 3" in err and "rolled back" not in err, err
+    assert (root / "k/a.py").read_bytes() == b"# broken v2\n"
+
+
 # --- history, log, rollback --to, pruning, leftovers --------------------------------------------
 
 

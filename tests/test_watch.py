@@ -284,6 +284,23 @@ def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isol
     assert kinds == [("push", "deployed"), ("rollback", "auto-rollback"), ("push", "deployed")]
 
 
+def test_a_save_whose_restart_command_fails_is_rolled_back(sshd_server, tmp_path, isolated_home):
+    """A restart command that exits 3 counts as an unhealthy service: watch rolls back."""
+    sick = tmp_path / "service-is-sick"
+    setup = Setup(tmp_path, sshd_server, service={"restart": f"test ! -e '{sick}' || exit 3"})
+    watch = Watch(setup, "--json", "--restart", "--no-import-check")
+    watch.event("ready")
+    sick.touch()
+    (setup.workspace / A).write_bytes(ORIGINAL_A + b"# breaks the service\n")
+    event = watch.event("push")
+    assert (event["outcome"], event["deployed"]) == ("rolled-back", [A]), event
+    assert event["health"]["last_check"] == "restart exited 3" and event["rollback_id"], event
+    assert "exited 3" in event["message"], event
+    assert (setup.root / A).read_bytes() == ORIGINAL_A
+    code, _, err = watch.stop()
+    assert code == 0, err
+
+
 def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
     fresh_sshd, tmp_path, isolated_home
 ):
