@@ -110,6 +110,8 @@ class PullResult:
     workspace: str
     files: list[PulledFile] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # configured/named but not on the host
+    # not written: a symlink in the workspace leads the path outside it (path -> where)
+    outside: dict[str, str] = field(default_factory=dict)
 
     @property
     def transferred(self) -> int:
@@ -128,10 +130,13 @@ def pull(
     snap = snapshot(transport, host, selected)
     workspace = Path(host.workspace)
     result = PullResult(host=host.name, workspace=str(workspace))
+    result.outside = _leading_outside(workspace, [p for p in snap.paths if p in snap.live])
 
     refused = []
     for path in snap.paths:
         live, local = snap.live.get(path), snap.local[path]
+        if path in result.outside:
+            continue
         if live is None or local is None or local.sha256 == live.sha256:
             continue
         base = snap.state.files.get(path)
@@ -155,7 +160,9 @@ def pull(
     fetch = [
         p
         for p in snap.paths
-        if p in snap.live and (snap.local[p] is None or snap.local[p].sha256 != snap.live[p].sha256)
+        if p in snap.live
+        and p not in result.outside
+        and (snap.local[p] is None or snap.local[p].sha256 != snap.live[p].sha256)
     ]
     stream = transport.stream_files([posixpath.join(host.root, p) for p in fetch])
     try:
@@ -164,6 +171,8 @@ def pull(
             if live is None:
                 result.missing.append(path)
                 continue
+            if path in result.outside:
+                continue  # never written through the link; reported below
             target = workspace / path
             if local is not None and local.sha256 == live.sha256:
                 if local.mode != live.mode:
@@ -207,7 +216,31 @@ def pull(
 
         with interrupt.shield():
             update_state(workspace, change, host.name)
+    if result.outside:
+        pulled = sum(1 for f in result.files if f.action != "unchanged")
+        raise RefusedError(
+            "not pulled, a symlink in the workspace leads outside it: "
+            + "; ".join(f"{printable(p)} -> {printable(t)}" for p, t in result.outside.items())
+            + (f" ({pulled} other file(s) pulled)" if pulled else ""),
+            hint=f"kerneldev writes only inside the workspace ({workspace}); remove the symlink "
+            "or point it inside the workspace, then pull again",
+            report=result,
+        )
     return result
+
+
+def _leading_outside(workspace: Path, paths: list[str]) -> dict[str, str]:
+    """The paths whose workspace file, through a symlink (a folder or the file itself), lies
+    outside the workspace, with where it leads. Real paths are compared, so a workspace that
+    is itself a link (or lies under one) is fine."""
+    root = os.path.realpath(workspace)
+    inside = root.rstrip(os.sep) + os.sep
+    outside = {}
+    for path in paths:
+        real = os.path.realpath(workspace / path)
+        if real != root and not real.startswith(inside):
+            outside[path] = real
+    return outside
 
 
 class _ChunkReader:

@@ -314,6 +314,50 @@ def test_a_host_symlink_out_of_root_is_never_written_through(ssh_env, tmp_path):
     assert (root / "k/link.py").is_symlink() and not temp_files(root)
 
 
+def test_pull_never_writes_through_a_workspace_symlink_leading_out(tmp_path):
+    """`ln -s /outside ws/k/dir; kerneldev pull --force` used to write the host's files into
+    /outside. Such a file is refused (exit 1, named with where it leads); the others are pulled.
+    The workspace itself may be a link: real paths are compared."""
+    import io
+
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    root, real_ws = tmp_path / "live", tmp_path / "real-ws"
+    for name in ("k/a.py", "k/dir/x.py", "k/link.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"live " + name.encode() + b"\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.py").write_bytes(b"not yours\n")
+    (outside / "file.py").write_bytes(b"not yours either\n")
+    (real_ws / "k").mkdir(parents=True)
+    (real_ws / "k/dir").symlink_to(outside)
+    (real_ws / "k/link.py").symlink_to(outside / "file.py")
+    (tmp_path / "ws").symlink_to(real_ws)  # the workspace root itself is a link: fine
+    host = local_host(root, tmp_path / "ws", files=("k/*.py", "k/dir/*.py"))
+    config = tmp_path / "hosts.yaml"
+    config.write_text(
+        f"hosts:\n  h:\n    transport: local\n    root: '{root}'\n"
+        f"    files: ['k/*.py', 'k/dir/*.py']\n    workspace: '{host.workspace}'\n"
+    )
+    for args in (["pull", "--force"], ["pull", "--force", "--json"]):
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["--config", str(config), *args], env=Environment(stdout=out, stderr=err))
+        assert code == 1, err.getvalue()
+        message = err.getvalue() if "--json" not in args else json.loads(out.getvalue())["error"]
+        text = str(message)
+        assert "a symlink in the workspace leads outside it" in text, text
+        assert f"k/dir/x.py -> {outside / 'x.py'}" in text, text
+        assert f"k/link.py -> {outside / 'file.py'}" in text, text
+        assert "Traceback" not in err.getvalue()
+    assert (outside / "x.py").read_bytes() == b"not yours\n"
+    assert (outside / "file.py").read_bytes() == b"not yours either\n"
+    assert sorted(p.name for p in outside.iterdir()) == ["file.py", "x.py"]  # no temp files
+    assert (real_ws / "k/a.py").read_bytes() == b"live k/a.py\n"  # the others are pulled
+    assert set(load_state(real_ws).files) == {"k/a.py"}
+
+
 def test_a_history_line_naming_a_path_out_of_root_is_never_restored(ssh_env, tmp_path):
     # The host's history is a file anyone on the host can edit; rollback restores what it
     # names. A line whose file is `..`/absolute, or whose backup lies outside the backups
