@@ -19,3 +19,12 @@ def printable(name: str) -> str:
 def printable_list(names: Iterable[str], sep: str = ", ") -> str:
     """Names joined for one line of output, each shown by `printable`."""
     return sep.join(printable(n) for n in names)
+
+
+def printable_text(text: str) -> str:
+    """A message for the terminal: line breaks kept, every other character that does not print
+    (an escape sequence from a typed argument, a tab, a carriage return) written as Python
+    escapes it (`\\x1b`, `\\t`), so user input shown in an error cannot drive the terminal."""
+    if all(c == "\n" or c.isprintable() for c in text):
+        return text
+    return "".join(c if c == "\n" or c.isprintable() else repr(c)[1:-1] for c in text)

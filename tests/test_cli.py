@@ -193,6 +193,27 @@ def test_json_on_errors_carries_the_code(env: Env):
     assert down.json()["error"]["hint"]
 
 
+def test_control_characters_typed_by_the_user_are_escaped_in_errors(env: Env):
+    """`kerneldev diff $'\\x1b[31mred'` used to send the escape sequence to the terminal in
+    its error; every error line (ours and click's usage errors) shows it escaped, on a
+    terminal and in a pipe; --json keeps the exact text."""
+    red = "\x1b[31mred"
+    runs = [
+        env.kd("diff", red),
+        kd("--config", str(env.config), "diff", red, stderr_isatty=True),
+        env.kd("diff", "--host", red + "\r"),
+        env.kd("diff", "--bogus" + red),
+        kd("--config", str(env.config) + red, "diff"),
+    ]
+    for run in runs:
+        assert run.exit_code == 2, run.stderr
+        assert red not in run.stderr and "\r" not in run.stderr, repr(run.stderr)
+        assert "\\x1b[31mred" in run.stderr, run.stderr
+    assert "\x1b" not in runs[0].stderr  # in a pipe, no escape sequence at all
+    assert "no host named '\\x1b[31mred\\r'" in runs[2].stderr, runs[2].stderr
+    assert env.kd("diff", red, "--json").json()["error"]["message"].startswith(f"'{red}'")
+
+
 # --- finding the config -----------------------------------------------------------------------
 
 

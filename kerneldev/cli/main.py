@@ -204,7 +204,9 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> E
                 print_json(error_json(code, "UsageError", err.format_message()))
             show = getattr(err, "show", None)
             if show is not None:
-                show(file=env.stderr)
+                from kerneldev.cli.output import PrintableWriter
+
+                show(file=PrintableWriter(env.stderr))
             else:
                 print_error(err.format_message())
             return _status(code)

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kerneldev.cli import environment
-from kerneldev.printable import printable
+from kerneldev.printable import printable, printable_text
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -49,17 +49,34 @@ def _escape(text: str) -> str:
 
 
 # Messages are plain text: escaped so a file name like `[x].py` or `[/tmp]` is printed as it is
-# instead of being read as rich markup (which drops it or raises MarkupError).
+# instead of being read as rich markup (which drops it or raises MarkupError), and with control
+# characters (a typed `$'\x1b[31m'`) written as escapes instead of reaching the terminal.
 def print_error(message: str, hint: str | None = None) -> None:
     console = environment.current().err_console
-    console.print(f"[bold red]kerneldev: error:[/] {_escape(message)}", soft_wrap=True)
+    text = _escape(printable_text(message))
+    console.print(f"[bold red]kerneldev: error:[/] {text}", soft_wrap=True)
     if hint:
-        console.print(f"[dim]hint:[/] {_escape(hint)}", soft_wrap=True)
+        console.print(f"[dim]hint:[/] {_escape(printable_text(hint))}", soft_wrap=True)
 
 
 def print_warning(message: str) -> None:
     console = environment.current().err_console
-    console.print(f"[yellow]kerneldev: warning:[/] {_escape(message)}", soft_wrap=True)
+    text = _escape(printable_text(message))
+    console.print(f"[yellow]kerneldev: warning:[/] {text}", soft_wrap=True)
+
+
+class PrintableWriter:
+    """A text stream that writes through `printable_text`: for the usage errors click prints
+    itself (they quote the typed option or value)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable_text(text))
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 def print_info(message: str) -> None:
