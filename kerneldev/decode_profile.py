@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.service_variants import HostScripts, VariantSwitcher, check_variants, service_url
@@ -137,7 +138,8 @@ def run_profile(
                 dest = base / name
                 dest.mkdir(parents=True, exist_ok=True)
                 local_path = dest / posixpath.basename(data["trace"])
-                local_path.write_bytes(transport.read_bytes(data["trace"]))
+                # whole or not at all: a cut connection or Ctrl-C leaves no half trace
+                write_bytes_atomic(local_path, transport.read_bytes(data["trace"]), 0o644)
                 local = str(local_path)
             except (KerneldevError, OSError) as err:
                 say(f"warning: could not copy the trace: {err}")
@@ -153,8 +155,11 @@ def run_profile(
                 f"{name}: {summary['kernels_seen']} kernels/ranges, "
                 f"{summary['total_ms']:.1f} ms {summary['time_kind'].upper()} time"
             )
-    base.mkdir(parents=True, exist_ok=True)
     saved = base / "profile.json"
     result.saved_to = str(saved)
-    saved.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n", encoding="utf-8")
+    text = json.dumps(dataclasses.asdict(result), indent=2) + "\n"
+    try:
+        write_bytes_atomic(saved, text.encode("utf-8"), 0o644)  # creates the folders
+    except OSError as err:
+        raise BenchError(f"cannot write {saved}: {err}") from None
     return result
