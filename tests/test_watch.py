@@ -248,7 +248,9 @@ def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isol
     """A conflict is refused and left alone; the watch goes on: with --restart, a save whose
     service never gets healthy is rolled back, and the next save is live."""
     sick = tmp_path / "service-is-sick"
-    service = {"restart": "true", "health": f"test ! -e '{sick}'", "timeout": 1}
+    # 5 s (waited out twice while sick): the healthy check over SSH must fit in it even on a
+    # loaded 2-core machine (with 1 s, a check slower than that would fail the last push).
+    service = {"restart": "true", "health": f"test ! -e '{sick}'", "timeout": 5}
     setup = Setup(tmp_path, sshd_server, service=service)
     watch = Watch(setup, "--json", "--restart", "--no-import-check")
     watch.event("ready")
