@@ -23,6 +23,7 @@ shared history (`history.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 import os
@@ -110,8 +111,6 @@ class PullResult:
     workspace: str
     files: list[PulledFile] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # configured/named but not on the host
-    # not written: a symlink in the workspace leads the path outside it (path -> where)
-    outside: dict[str, str] = field(default_factory=dict)
 
     @property
     def transferred(self) -> int:
@@ -130,12 +129,13 @@ def pull(
     snap = snapshot(transport, host, selected)
     workspace = Path(host.workspace)
     result = PullResult(host=host.name, workspace=str(workspace))
-    result.outside = _leading_outside(workspace, [p for p in snap.paths if p in snap.live])
+    # Never written: a symlink in the workspace leads them outside it (path -> where).
+    outside = _leading_outside(workspace, [p for p in snap.paths if p in snap.live])
 
     refused = []
     for path in snap.paths:
         live, local = snap.live.get(path), snap.local[path]
-        if path in result.outside:
+        if path in outside:
             continue
         if live is None or local is None or local.sha256 == live.sha256:
             continue
@@ -161,7 +161,7 @@ def pull(
         p
         for p in snap.paths
         if p in snap.live
-        and p not in result.outside
+        and p not in outside
         and (snap.local[p] is None or snap.local[p].sha256 != snap.live[p].sha256)
     ]
     stream = transport.stream_files([posixpath.join(host.root, p) for p in fetch])
@@ -171,7 +171,7 @@ def pull(
             if live is None:
                 result.missing.append(path)
                 continue
-            if path in result.outside:
+            if path in outside:
                 continue  # never written through the link; reported below
             target = workspace / path
             if local is not None and local.sha256 == live.sha256:
@@ -216,15 +216,15 @@ def pull(
 
         with interrupt.shield():
             update_state(workspace, change, host.name)
-    if result.outside:
+    if outside:
         pulled = sum(1 for f in result.files if f.action != "unchanged")
         raise RefusedError(
             "not pulled, a symlink in the workspace leads outside it: "
-            + "; ".join(f"{printable(p)} -> {printable(t)}" for p, t in result.outside.items())
+            + "; ".join(f"{printable(p)} -> {printable(t)}" for p, t in outside.items())
             + (f" ({pulled} other file(s) pulled)" if pulled else ""),
             hint=f"kerneldev writes only inside the workspace ({workspace}); remove the symlink "
             "or point it inside the workspace, then pull again",
-            report=result,
+            report={**dataclasses.asdict(result), "outside": outside},  # --json: what was pulled
         )
     return result
 

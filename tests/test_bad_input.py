@@ -327,7 +327,7 @@ def test_pull_never_writes_through_a_workspace_symlink_leading_out(tmp_path):
     for name in ("k/a.py", "k/dir/x.py", "k/link.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(b"live " + name.encode() + b"\n")
-    outside = tmp_path / "outside"
+    outside = Path(os.path.realpath(tmp_path)) / "outside"  # as the message names it
     outside.mkdir()
     (outside / "x.py").write_bytes(b"not yours\n")
     (outside / "file.py").write_bytes(b"not yours either\n")
@@ -351,6 +351,12 @@ def test_pull_never_writes_through_a_workspace_symlink_leading_out(tmp_path):
         assert f"k/dir/x.py -> {outside / 'x.py'}" in text, text
         assert f"k/link.py -> {outside / 'file.py'}" in text, text
         assert "Traceback" not in err.getvalue()
+    data = json.loads(out.getvalue())  # --json: what was pulled, and what leads out
+    assert data["outside"] == {
+        "k/dir/x.py": str(outside / "x.py"),
+        "k/link.py": str(outside / "file.py"),
+    }
+    assert [f["path"] for f in data["files"]] == ["k/a.py"]
     assert (outside / "x.py").read_bytes() == b"not yours\n"
     assert (outside / "file.py").read_bytes() == b"not yours either\n"
     assert sorted(p.name for p in outside.iterdir()) == ["file.py", "x.py"]  # no temp files
