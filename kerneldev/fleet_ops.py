@@ -70,28 +70,12 @@ def _locked(
     create_root: bool = False,
     defer: bool = False,
 ) -> host_lock.HostLock:
-    """The host's lock, taken here, or with `defer` handed to `sync.push` not yet taken (it
-    takes it in its first remote command; its notes are then told by the caller)."""
-
-    def on_wait(holder: host_lock.LockHolder | None) -> None:
-        who = holder.describe() if holder else "another command"
-        progress(f"waiting {host_lock.wait_text(lock_wait)} for the lock, held by {who}")
-
-    lock = host_lock.HostLock(
-        transport,
-        host.root,
-        command,
-        wait=lock_wait,
-        break_lock=break_lock,
-        on_wait=on_wait,
-        create_root=create_root,
-    )
-    if defer:
-        return lock
-    lock.acquire()
-    for note in lock.notes:  # a stale lock taken over, a lock broken: worth a warning
-        progress(note, warning=True)
-    return lock
+    """`host_lock.lock_for`, its wait and notes told as the host's progress."""
+    return host_lock.lock_for(
+        transport, host.root, command, wait=lock_wait, break_lock=break_lock,
+        say=progress, warn=lambda note: progress(note, warning=True),
+        create_root=create_root, defer=defer,
+    )  # fmt: skip
 
 
 def _restart(transport: Transport, host: HostConfig, progress: Progress):
@@ -378,21 +362,12 @@ def _restart_or_roll_back(
             again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
             again.report = result  # the deploy did happen: --json shows it with the health
             raise again from None
-        first, unhealthy = err.message, err
+        unhealthy = err
     progress(f"not healthy; rolling back deploy {result.deploy_id}")
     undo, second = sync.roll_back_unhealthy(
         transport, host, lambda _undo: _restart(transport, host, progress)
     )
-    result.auto_rollback = undo
-    failed = UnhealthyError(
-        sync.rolled_back_message(result.deploy_id, first, undo, second),
-        unhealthy.logs,
-        hint="see the service logs; fix the kernel and push again "
-        "(`--no-rollback` keeps a failing deploy in place for debugging)",
-        health=unhealthy.health,
-    )
-    failed.report = result
-    raise failed
+    raise sync.rolled_back_error(result, unhealthy, undo, second)
 
 
 def push_group(

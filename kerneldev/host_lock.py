@@ -295,3 +295,42 @@ class HostLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def lock_for(
+    transport: Transport,
+    root: str,
+    command: str,
+    *,
+    wait: float,
+    break_lock: bool,
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+    where: str = "",
+    create_root: bool = False,
+    defer: bool = False,
+) -> HostLock:
+    """The host's lock for a command that changes live files or restarts the service, taken
+    here: `say` is told whom it waits for ("waiting up to 60s for the lock{where}, held by
+    ..."), `warn` each note (a stale lock taken over, a lock broken). With `defer` it is not
+    taken: `sync.push` takes it in its first remote command and its notes come in the
+    push's result."""
+
+    def on_wait(holder: LockHolder | None) -> None:
+        who = holder.describe() if holder else "another command"
+        say(f"waiting {wait_text(wait)} for the lock{where}, held by {who}")
+
+    lock = HostLock(
+        transport,
+        root,
+        command,
+        wait=wait,
+        break_lock=break_lock,
+        on_wait=on_wait,
+        create_root=create_root,
+    )
+    if not defer:
+        lock.acquire()
+        for note in lock.notes:
+            warn(note)
+    return lock

@@ -55,6 +55,7 @@ from kerneldev.errors import (
     RefusedError,
     ServiceError,
     TransferError,
+    UnhealthyError,
     UsageError,
 )
 from kerneldev.host_lock import HostLock
@@ -1062,11 +1063,28 @@ def roll_back_unhealthy(
         return undo, f"still not healthy after the rollback: {err.message}"
 
 
-def rolled_back_message(deploy_id: str | None, why: str, undo: RollbackResult, after: str) -> str:
-    return (
-        f"deploy {deploy_id} did not come up healthy ({why}); it was rolled back "
-        f"as {undo.deploy_id} and the service restarted: {after}"
+def rolled_back_error(
+    result: PushResult,
+    unhealthy: UnhealthyError,
+    undo: RollbackResult,
+    after: str,
+    logs_shown: bool = False,
+) -> UnhealthyError:
+    """What a push whose restart never became healthy fails with once `roll_back_unhealthy`
+    has run: both outcomes in one message, the first restart's logs and health, and the push
+    result, its automatic rollback recorded, as the --json report. `logs_shown`: the logs were
+    already printed above (the hint says where to look)."""
+    result.auto_rollback = undo
+    failed = UnhealthyError(
+        f"deploy {result.deploy_id} did not come up healthy ({unhealthy.message}); it was "
+        f"rolled back as {undo.deploy_id} and the service restarted: {after}",
+        unhealthy.logs,
+        hint=f"see the service logs{' above' if logs_shown else ''}; fix the kernel and push "
+        "again (`--no-rollback` keeps a failing deploy in place for debugging)",
+        health=unhealthy.health,
     )
+    failed.report = result
+    return failed
 
 
 # --- log --------------------------------------------------------------------------------

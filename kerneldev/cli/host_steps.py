@@ -58,30 +58,12 @@ def locked(
     create_root: bool = False,
     defer: bool = False,
 ) -> host_lock.HostLock:
-    """The host's lock for a command that changes live files or restarts the service; says on
-    stderr whom it waits for, and notes a stale or broken lock it took over. `defer`: not taken
-    here; `sync.push` takes it in its first remote command (its notes come in the result's)."""
-
-    def on_wait(holder: host_lock.LockHolder | None) -> None:
-        who = holder.describe() if holder else "another command"
-        how_long = host_lock.wait_text(wait)
-        print_info(f"waiting {how_long} for the lock on {host.name}, held by {who}")
-
-    lock = host_lock.HostLock(
-        transport,
-        host.root,
-        command,
-        wait=wait,
-        break_lock=break_lock,
-        on_wait=on_wait,
-        create_root=create_root,
-    )
-    if defer:
-        return lock
-    lock.acquire()
-    for note in lock.notes:
-        print_warning(note)
-    return lock
+    """`host_lock.lock_for`, its wait and notes said on stderr."""
+    return host_lock.lock_for(
+        transport, host.root, command, wait=wait, break_lock=break_lock,
+        say=print_info, warn=print_warning, where=f" on {host.name}",
+        create_root=create_root, defer=defer,
+    )  # fmt: skip
 
 
 class _Elapsed:

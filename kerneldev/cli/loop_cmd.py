@@ -419,8 +419,8 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
     except UnhealthyError as err:
         if no_rollback or not result.deploy_id:
             raise
-        first, unhealthy = err.message, err
-    print_warning(f"rolling back deploy {result.deploy_id} automatically: {first}")
+        unhealthy = err
+    print_warning(f"rolling back deploy {result.deploy_id} automatically: {unhealthy.message}")
 
     def restart_again(undo: sync.RollbackResult):
         print_info(
@@ -430,16 +430,8 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
         return restart_with_progress(transport, host, quiet=as_json)
 
     undo, second = sync.roll_back_unhealthy(transport, host, restart_again)
-    result.auto_rollback = undo
-    failed = UnhealthyError(
-        sync.rolled_back_message(result.deploy_id, first, undo, second),
-        unhealthy.logs,
-        hint="see the service logs above; fix the kernel and push again "
-        "(`--no-rollback` keeps a failing deploy in place for debugging)",
-        health=unhealthy.health,
-    )
-    failed.report = result  # --json: the deploy, its failed health and the automatic rollback
-    raise failed
+    # --json: the deploy, its failed health and the automatic rollback
+    raise sync.rolled_back_error(result, unhealthy, undo, second, logs_shown=True)
 
 
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
