@@ -1,0 +1,103 @@
+"""The package as a user installs it: a non-editable wheel built from this tree ships every
+package of the source tree (a moved or new package must not silently drop out of the wheel's
+explicit package list), the host-side scripts and `kerneldev.kernels`, and it runs.
+
+The wheel is built with the venv's own setuptools (`--no-build-isolation`, nothing downloaded)
+and installed with `--no-deps --target` into a fresh folder; its dependencies (typer, paramiko,
+...) come from the running venv, but `kerneldev` itself is imported only from that folder."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+# Ignored folders a checkout may hold (venvs, caches, device-run copies): not the source.
+_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".kdev*")
+_NOT_SOURCE += (".peers", ".whl", ".gl", ".device", "dsv4-live")
+
+
+def _source_packages() -> set[str]:
+    """Every package of the source tree as the wheel names it (kernels/ is kerneldev.kernels)."""
+    found = {"kerneldev.kernels"}
+    for init in (REPO / "kerneldev").rglob("__init__.py"):
+        if "__pycache__" in init.parts:
+            continue
+        found.add(".".join(init.parent.relative_to(REPO).parts))
+    return found
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, the folder it is installed into)."""
+    # From a copy of the tree: setuptools reuses a build/ folder in place, which would still hold
+    # a package that the package list no longer names.
+    source = tmp_path_factory.mktemp("source") / "kerneldev"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+    out = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(out), str(source)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    if build.returncode != 0 and "No module named" in build.stderr and "setuptools" in build.stderr:
+        pytest.skip("this venv has no setuptools to build the wheel with")
+    assert build.returncode == 0, build.stderr
+    (wheel,) = out.glob("kerneldev-*.whl")
+    target = tmp_path_factory.mktemp("site")
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
+         "--target", str(target), str(wheel)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr
+    return wheel, target
+
+
+def _run_installed(target: Path, *args: str) -> subprocess.CompletedProcess:
+    # Run from the install folder, not the repo (whose kerneldev/ would shadow it); PYTHONPATH
+    # puts the installed copy before the venv's editable finder.
+    env = {**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=300,
+        cwd=target,
+    )  # fmt: skip
+
+
+def test_the_wheel_ships_every_package_and_the_kernel_files(installed):
+    wheel, _ = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = {".".join(Path(n).parent.parts) for n in names if n.endswith("/__init__.py")} | {
+        "kerneldev.kernels"
+    }
+    missing = _source_packages() - shipped
+    assert not missing, f"packages of the source tree missing from the wheel: {sorted(missing)}"
+    for kernel_file in (REPO / "kernels").glob("*.py"):
+        assert f"kerneldev/kernels/{kernel_file.name}" in names
+    for helper in (REPO / "kerneldev" / "transport").glob("_*.py"):
+        assert f"kerneldev/transport/{helper.name}" in names
+
+
+def test_the_installed_copy_runs_help_and_imports_every_package(installed):
+    _, target = installed
+    helped = _run_installed(target, "-m", "kerneldev", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert "pull" in helped.stdout and "push" in helped.stdout
+    # Every package imports, from the installed copy and not from the source tree.
+    packages = sorted(_source_packages())
+    code = (
+        "import importlib, os, sys\n"
+        f"target = {str(target)!r}\n"
+        f"for name in {packages!r}:\n"
+        "    module = importlib.import_module(name)\n"
+        "    assert os.path.realpath(module.__file__).startswith(target), module.__file__\n"
+        "print('ok')\n"
+    )
+    imported = _run_installed(target, "-c", code)
+    assert imported.returncode == 0 and imported.stdout.strip() == "ok", imported.stderr
