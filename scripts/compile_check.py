@@ -3,10 +3,10 @@
 Triton lowers a kernel to PTX with no device present (its CUDA backend and ptxas ship in the
 pip wheel), so the per-architecture table can be checked where there is no such GPU: the shared
 memory each table row needs (every build the launcher uses for it, with and without the extra
-cache and for the DSv4.1 formats: the bf16-P loop, the exact PV for few-token requests as a branch of that launch or as
-a second launch, and the exact PV for the whole call) against the architecture's per-block
-limit, and, when a ptxas is found, registers and spills. Used for sm_120 / sm_89, which we
-have no hardware for.
+cache, and for the DSv4.1 pair of formats: the bf16-P loop, the exact PV for few-token requests
+as a branch of that launch or as a second launch, and the exact PV for the whole call) against
+the architecture's per-block limit, and, when a ptxas is found, registers and spills. Used
+for sm_120 / sm_89, which we have no hardware for.
 
     python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json]
 
@@ -179,7 +179,8 @@ def main() -> int:
         for r in rows:
             print(
                 f"sm_{r['cc']:<4d} H/N/w {r['BLOCK_H']}/{r['BLOCK_N']}/{r['num_warps']} "
-                f"{r['pass']:12s} extra={int(r['extra_cache'])} {r['formats']:11s} smem {r['shared_bytes']:>7d} / "
+                f"{r['pass']:12s} extra={int(r['extra_cache'])} {r['formats']:11s} "
+                f"smem {r['shared_bytes']:>7d} / "
                 f"{r['limit_bytes']} {'ok' if r['fits'] else 'OVER'}  {r['ptxas']}"
             )
     return 0 if all(r["fits"] for r in rows) else 1
