@@ -200,7 +200,7 @@ if ON_GPU:  # production-sized: SWA 128 over 256-token pages, extra 512 over 64-
             [None, fl.mma_config((12, 0), 132, 32, 64, 2048, 0)],
         ),  # fmt: skip
         (
-            "gpu_v41_B16_dual_fp8_spread",
+            "gpu_v41_B16_H128_dual_fp8",
             dict(
                 B=16,
                 H=128,
@@ -210,7 +210,6 @@ if ON_GPU:  # production-sized: SWA 128 over 256-token pages, extra 512 over 64-
                 extra_page_size=64,
                 kv_layout="v41",
                 page_stride="pad576",
-                kv_scale_spread=4,
             ),
             [None],
         ),  # fmt: skip
