@@ -34,6 +34,7 @@ RELEASED: dict[str, dict[str, str]] = {
         "cfe4e9136135e63298304c2ecba6b8031e1341b6f2f0ed21cd54134b19758e35": "a6b400e 2026-11-29",
     },
     "flash_mla_sm120.py": {
+        "db61c99df262522b10982a9fa3d66d3176a131463441093222c61b75d75a2b7e": "2d45632 2026-11-30",
         "23cfe7b83138c43f58074aa6c3b9a71fb5d59c5dd74cb932377167801068dfcb": "a6b400e 2026-11-29",
     },
 }

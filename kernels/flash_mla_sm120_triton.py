@@ -37,8 +37,6 @@ Kernels:
     Once a tile's rows are loaded, the program asks L2 for the next tile's rows
     (`prefetch.global.L2`, no registers held), so their HBM latency passes under this tile's
     products (the sm_90 row; on the sm_120 row it spilled).
-    Each cache's gather is compiled for its format (FMT, E_FMT); a V4.1 FP8 main cache with
-    an FP4 extra cache gets one launch per cache, its splits after the other's in the partials.
     With one split it finishes in place (sink, normalisation, bf16 store); otherwise it
     writes a normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
     (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink. For accuracy on
@@ -508,7 +506,7 @@ def _attend_split_mma(
     PREFETCH asks L2 for the next tile's rows once this tile's are loaded, so that they
     arrive while this tile's products run (`_prefetch_rows`). FMT / E_FMT: the two caches'
     formats; when they differ (a V4.1 FP4 extra cache), the tile's gather branches on its cache
-    (the launcher avoids that build: it gives each cache its own launch).
+    (one launch per cache instead measured 11% slower at B64 dual, run P3).
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -683,9 +681,6 @@ def _mma_split_kernel(
     LEN_ptr,
     stride_len,
     tiles_per_split,
-    split_base,
-    tile_base,
-    tile_end,
     EKV_ptr,
     stride_ekv_page,
     e_page_size,
@@ -734,10 +729,7 @@ def _mma_split_kernel(
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
     tl.static_assert(BLOCK_H % EXACT_BLOCK_H == 0, "the exact path splits the head block")
     pid_bh = tl.program_id(0)
-    # With caches of two formats the launcher gives each cache its own launch (no per-tile
-    # branch between two gathers): this launch's splits start at split `split_base` of the
-    # partials and at tile `tile_base` of the two caches' tile list (0 and 0 otherwise).
-    split = split_base + tl.program_id(1)
+    split = tl.program_id(1)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
     h0 = (pid_bh % num_head_blocks) * BLOCK_H
@@ -746,8 +738,8 @@ def _mma_split_kernel(
     # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
     # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
     # over 10 splits, one tile each).
-    t0 = tile_base + tl.program_id(1) * tiles_per_split
-    t1 = tl.minimum(t0 + tiles_per_split, tile_end)
+    t0 = split * tiles_per_split
+    t1 = t0 + tiles_per_split
     main_tiles = tl.cdiv(topk, BLOCK_N)
     start = tl.minimum(t0, main_tiles) * BLOCK_N
     end = tl.minimum(tl.minimum(t1, main_tiles) * BLOCK_N, length)
@@ -878,7 +870,8 @@ class MMARow(NamedTuple):
     # Prefill-sized calls with few heads (a head block of 16, PREFILL_PROGRAMS_PER_SLOT or
     # more programs per resident slot: one split each): tokens per tile and warps there (0:
     # the row's). Their time is the per-row gather and dequantization of programs that hold
-    # 16 rows: smaller tiles and fewer warps leave registers for two programs per SM.
+    # 16 rows, one program per SM on the sm_90 row (8 warps, 212 registers, two copies of the
+    # 64-token K tile in shared memory): 32-token tiles and 4 warps fit two per SM.
     prefill_block_n: int = 0
     prefill_num_warps: int = 0
 
@@ -891,8 +884,9 @@ MMA_ROWS: dict[str, MMARow] = {
     # SM. Unpipelined (2 or 3 stages fit, 169-172 KB, but measured 3-13% slower), and the
     # exact PV a second launch (as a branch of the first it made the bf16-P loop spill:
     # +20-30%). The next tile's rows prefetched into L2: 7-11% faster at B >= 32.
-    # Prefill with H <= 16: 32-token tiles, 4 warps (run P1: T1024 / T4096 H8 dual 429 / 1672
-    # -> 392 / 1513 µs; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
+    # Prefill with H <= 16: 32-token tiles, 4 warps (runs P1, P2: T1024 / T4096 H8 dual
+    # 430 / 1673 -> 392 / 1513 µs; 16-token tiles or 2 warps slower, 2 pipeline stages 1.6x
+    # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
     "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1057,23 +1051,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
     splits = cfg.num_splits
     # Tiles per split over the two caches' tile lists laid end to end.
-    main_tiles, extra_tiles = triton.cdiv(topk, cfg.block_n), triton.cdiv(e_topk, cfg.block_n)
-    tiles = main_tiles + extra_tiles
+    tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
     tiles_per_split = max(triton.cdiv(tiles, splits), 1)
-    # (splits, first split, first tile, end tile, cache format) of each launch. Two formats
-    # (a V4.1 FP8 main cache with an FP4 extra cache): one launch per cache, each compiled for
-    # its own format, its splits after the other's in the partials; one loop whose tiles
-    # branched between the two gathers was 1.8-2x slower (run P1: B64 dual 89 against 50 µs).
-    fmt, e_fmt = flags["FMT"], (flags["E_FMT"] if extra_tiles else flags["FMT"])
-    if fmt != e_fmt and main_tiles:
-        s_main, s_extra = (
-            triton.cdiv(main_tiles, tiles_per_split),
-            triton.cdiv(extra_tiles, tiles_per_split),
-        )
-        splits = s_main + s_extra
-        parts = [(s_main, 0, 0, main_tiles, fmt), (s_extra, s_main, main_tiles, tiles, e_fmt)]
-    else:
-        parts = [(splits, 0, 0, tiles, fmt if main_tiles else e_fmt)]
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -1100,20 +1079,18 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
         block_h = cfg.block_h if run_bf16_p else exact_block_h
-        for n_splits, split_base, tile_base, tile_end, fmts in parts:
-            _mma_split_kernel[(B * triton.cdiv(H, block_h), n_splits)](
-                **common, **main, **extra,
-                tiles_per_split=tiles_per_split, split_base=split_base, tile_base=tile_base,
-                tile_end=tile_end, PO_ptr=part_o, PLSE_ptr=part_lse,
-                H=H, num_splits=splits, **{**flags, "FMT": fmts, "E_FMT": fmts},
-                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-                DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
-                NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
-                EXACT_BLOCK_H=exact_block_h,
-                COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
-                PREFETCH=cfg.prefetch_next and q.is_cuda,
-                num_warps=cfg.num_warps, num_stages=stages,
-            )  # fmt: skip
+        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+            **common, **main, **extra,
+            tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
+            H=H, num_splits=splits, **flags,
+            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+            DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
+            NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
+            EXACT_BLOCK_H=exact_block_h,
+            COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
+            PREFETCH=cfg.prefetch_next and q.is_cuda,
+            num_warps=cfg.num_warps, num_stages=stages,
+        )  # fmt: skip
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))

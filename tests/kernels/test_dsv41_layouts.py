@@ -276,3 +276,21 @@ def test_fp4_main_cache_and_mixed_generations_rejected():
     v41["extra_k_cache"] = _inputs("v4")["extra_k_cache"]
     with pytest.raises(ValueError, match=r"a V4 extra cache \(584 bytes"):
         decode(**v41, variant="mma")
+
+
+def test_wrapper_torch_path_refuses_v41_caches_by_name():
+    """SGLANG_SM120_FLASHMLA_BACKEND=torch reads only V4 caches: a V4.1 one is a ValueError,
+    not a silently wrong answer (the triton backend, the entry above, reads them)."""
+    from .test_flash_mla_sm120_triton import _load
+
+    wrapper = _load("_kd_test_v41_wrapper", "flash_mla_sm120.py")
+    inputs = _inputs("v41", "v41_fp4")
+    args = [inputs[k] for k in ("q", "k_cache", "indices", "topk_length", "attn_sink")]
+    with pytest.raises(ValueError, match="k_cache: the torch path reads the V4 cache"):
+        wrapper._sm120_sparse_decode_fwd(*args, 512, 0.04)
+    v4 = _inputs("v4")
+    with pytest.raises(ValueError, match="extra_k_cache: .* this one has 288"):
+        wrapper._sm120_sparse_decode_fwd(
+            v4["q"], v4["k_cache"], v4["indices"], None, None, 512, 0.04,
+            inputs["extra_k_cache"], inputs["extra_indices"], None,
+        )  # fmt: skip

@@ -171,25 +171,28 @@ def _harness(tmp_path: Path, env_extra: dict, variants: str):
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 
-def test_harness_times_the_standin_next_to_the_kernel(tmp_path):
+# Only the flashinfer variant in these runs: the kernel file's variants under the CPU
+# interpreter are the harness's own tests (tests/test_bench_harness.py), and triton 3.6's
+# interpreter (the GPU host's) cannot run them at all.
+
+
+def test_harness_checks_and_times_the_standin(tmp_path):
     pytest.importorskip("triton")
     (tmp_path / "fi_standin.py").write_text(STANDIN)
     env = {bench.FLASHINFER_MODULE_ENV: "fi_standin", "PYTHONPATH": str(tmp_path)}
-    proc, report = _harness(tmp_path, env, "simt,flashinfer")
+    proc, report = _harness(tmp_path, env, "flashinfer")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert [(r["label"], r["status"]) for r in report["results"]] == [
-        ("simt", "ok"),
-        ("flashinfer", "ok"),
-    ]
+    assert [(r["label"], r["status"]) for r in report["results"]] == [("flashinfer", "ok")]
+    assert report["results"][0]["accuracy"]["ok"]
     assert report["skipped"] == {}
     assert report["kernels"][-1]["provider"] == "flashinfer"
 
 
 def test_harness_without_flashinfer_skips_it_in_one_line(tmp_path):
     pytest.importorskip("triton")
-    proc, report = _harness(tmp_path, {}, "simt,flashinfer")
+    proc, report = _harness(tmp_path, {}, "flashinfer")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("flashinfer: skipped")]
     assert len(lines) == 1 and "not installed" in lines[0]
-    assert [r["label"] for r in report["results"]] == ["simt"]
+    assert report["results"] == [] and report["ok"]
     assert "not installed" in report["skipped"]["flashinfer"]
