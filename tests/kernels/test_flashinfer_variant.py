@@ -196,3 +196,22 @@ def test_harness_without_flashinfer_skips_it_in_one_line(tmp_path):
     assert len(lines) == 1 and "not installed" in lines[0]
     assert report["results"] == [] and report["ok"]
     assert "not installed" in report["skipped"]["flashinfer"]
+
+
+# --- kerneldev's side: the variant is known, and a skip is one line under the table ----------
+
+
+def test_kerneldev_bench_accepts_the_variant_and_prints_the_skip():
+    import io
+
+    kd_bench = pytest.importorskip("kerneldev.bench")
+    from kerneldev.cli import bench_cmd, environment
+
+    kd_bench.check_request(["simt", "mma", "flashinfer"], ["smoke"])  # no UsageError
+    why = "FlashInfer is not installed here (ModuleNotFoundError: No module named 'flashinfer')"
+    data = {"results": [], "skipped": {"flashinfer": why}, "device": {"name": "H200"}}
+    result = kd_bench.BenchResult(data, None, kd_bench.ABSummary(None, [], {}))
+    out = io.StringIO()
+    with environment.use(environment.Environment(stdout=out, stdout_isatty=False)):
+        bench_cmd.render(result, None)
+    assert f"skipped flashinfer: {why}" in out.getvalue().splitlines()
