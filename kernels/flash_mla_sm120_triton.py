@@ -80,8 +80,6 @@ HEAD_DIM = 512
 FMT_V4, FMT_V41, FMT_V41_FP4 = 0, 1, 2
 CACHE_FORMATS = {584: FMT_V4, 528: FMT_V41, 288: FMT_V41_FP4}
 FORMAT_NAMES = {584: "V4", 528: "V4.1 FP8", 288: "V4.1 FP4"}
-# (data bytes, scale bytes) per token slot: the page's two sections.
-_SECTIONS = {FMT_V4: (576, 8), FMT_V41: (512, 16), FMT_V41_FP4: (256, 32)}
 
 # Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
