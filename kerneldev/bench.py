@@ -48,8 +48,9 @@ from kerneldev.workspace import literal_path, path_matches
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
 KERNEL_FILE = "flash_mla_sm120_triton.py"
-# The kernel file's `variant=` values, plus the harness's "call it without variant=".
-KNOWN_VARIANTS = ("simt", "mma", harness.DISPATCH)
+# The kernel file's `variant=` values, the harness's "call it without variant=", and
+# FlashInfer's sm_120 DSv4 decode (run where the host has it, else skipped).
+KNOWN_VARIANTS = ("simt", "mma", harness.DISPATCH, harness.FLASHINFER)
 # Where SGLang keeps it, used when no configured `files` entry names the kernel file.
 DEFAULT_KERNEL_PATH = f"python/sglang/srt/layers/attention/{KERNEL_FILE}"
 RESULT_NAME = "result.json"

@@ -12,7 +12,9 @@ here; tests/test_bench.py runs both sides together):
 - `SCHEMA`, the schema id of the result JSON it writes (docs/bench-json.md);
 - its exit statuses `EXIT_OK` (ran, all passed), `EXIT_FAILED` (ran, a variant failed accuracy)
   and `EXIT_ENV` (torch, triton or the GPU is missing);
-- `DISPATCH`, its pseudo-variant name for "call without `variant=`";
+- `DISPATCH`, its pseudo-variant name for "call without `variant=`", and `FLASHINFER`, the one
+  for FlashInfer's sm_120 DSv4 decode (skipped, with a reason in the JSON's `skipped`, where the
+  host lacks it);
 - its parsers of variant lists and shape specs, so bad input is refused before connecting;
 - its command line: `--kernel NAME=PATH --variants A,B --shapes SPEC... --out FILE --no-table
   [--rotate N] [--cpu-mode]`.
@@ -36,6 +38,8 @@ EXIT_ENV: int = _harness.EXIT_ENV
 HarnessError = _harness.HarnessError  # what the parsers raise; `str(err)` is the message
 # The pseudo-variant "call the entry without `variant=`" (the file then picks by environment).
 DISPATCH: str = _harness.DISPATCH
+# The pseudo-variant "FlashInfer's sm_120 DSv4 decode", run where the host has it.
+FLASHINFER: str = _harness.FLASHINFER
 
 SCRIPT = "dsv4_bench.py"
 # The harness and what it imports, copied next to each other on the host.

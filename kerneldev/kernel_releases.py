@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "451d8ca3988d33674157ab69dff72833558580c538fe04e41df8807462753d8d": "f69b51a 2026-11-30",
         "2e489ed4e1d8f92f8c439b5f562a39b0025835898c96a22dd9cd00b8a3910a2a": "5fe03d5 2026-11-30",
         "224f031a86995921792f234c70b9b844a01504a9204801939fe8cf9e88090ed0": "df16a77 2026-11-30",
         "098064e21801f6ea1dd49140f3f852d6805adca84fbcc6f4fbef66c7af7ea326": "600bf8f 2026-11-30",
@@ -33,6 +34,7 @@ RELEASED: dict[str, dict[str, str]] = {
         "cfe4e9136135e63298304c2ecba6b8031e1341b6f2f0ed21cd54134b19758e35": "a6b400e 2026-11-29",
     },
     "flash_mla_sm120.py": {
+        "db61c99df262522b10982a9fa3d66d3176a131463441093222c61b75d75a2b7e": "2d45632 2026-11-30",
         "23cfe7b83138c43f58074aa6c3b9a71fb5d59c5dd74cb932377167801068dfcb": "a6b400e 2026-11-29",
     },
 }

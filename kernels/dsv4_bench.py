@@ -29,6 +29,12 @@ compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmm
 row. Every variant's JSON entry lists the compiled kernels it launched (registers, spills,
 shared memory, wgmma / mma.sync counts in the PTX).
 
+`--variants ...,flashinfer` also times FlashInfer's sm_120 DSv4 decode (SGLang 0.5.23's default
+on sm_120: `flashinfer.mla._sparse_mla_sm120._sparse_mla_sm120_paged_attention`, called as
+SGLang's wrapper calls it, `flashinfer_calls`) on the same input sets with the same accuracy
+check, after the kernel files' variants; on a host without it (not installed, or not an sm_120
+GPU) one progress line says why and the JSON's `skipped` keeps the reason.
+
 `--phases` adds, for every kernel file, ablated copies of it as extra kernels, timed on the same
 inputs in the same run (`PHASES`): `l2tile` (every tile gathers the same cache slots: the
 gather's memory traffic gone, its ALU work kept), `nomma` (no tensor-core products: gather,
@@ -73,6 +79,12 @@ from pathlib import Path
 SCHEMA = "kerneldev.bench/1"
 HEAD_DIM = 512  # q/k/v row: 448 "nope" + 64 "rope"
 CACHE_TOKEN_BYTES = 584  # 448 fp8 + 64 bf16 + 8 scale bytes (spec: page layout)
+# --layout of a shape -> (main, extra) cache formats of make_inputs and their token bytes.
+LAYOUTS = {
+    "v4": (("v4", "v4"), (584, 584)),
+    "v41": (("v41", "v41"), (528, 528)),
+    "v41_fp4": (("v41", "v41_fp4"), (528, 288)),  # V4.1 FP8 main, FP4 extra cache
+}
 INDEX_BYTES = 4  # int32 token id
 QUANTILES = (0.5, 0.2, 0.8)  # median, p20, p80: the order do_bench returns them in
 CPU_WORK_WARN = 1 << 16  # B * H * topk above which the interpreter takes minutes
@@ -80,6 +92,17 @@ COPY_BYTES = 1 << 30  # 1 GiB each way: far past L2, so the copy measures HBM
 ENTRY_POINT = "flash_mla_sparse_decode_triton"
 DISPATCH = "dispatch"  # pseudo-variant: call without `variant=`, i.e. what the file does by env
 DISPATCH_ENV = "SGLANG_SM120_MMA_FLASHMLA"
+# Pseudo-variant: FlashInfer's sm_120 DSv4 decode (SGLang 0.5.23's default on sm_120), timed on
+# the same inputs with the same check, when the host has it (else one line says why not).
+FLASHINFER = "flashinfer"
+FLASHINFER_MODULE = "flashinfer.mla._sparse_mla_sm120"
+FLASHINFER_ENTRY = "_sparse_mla_sm120_paged_attention"
+# Tests only: import this module instead of FlashInfer's, and skip the sm_120 device check
+# (a stand-in: no GPU here runs FlashInfer's sm_120 kernels).
+FLASHINFER_MODULE_ENV = "KERNELDEV_FLASHINFER_MODULE"
+FI_PAGE = 64  # FlashInfer's DSv4 decode reads 64-token pages of 584-byte tokens
+FI_PAGE_STRIDE = 37440  # 64 * 584 rounded up to a multiple of 576, as SGLang's split pages
+LN2 = 0.6931471805599453
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_ENV = 0, 1, 2, 3
 
@@ -110,6 +133,13 @@ class Shape:
     lengths: str = "full"  # topk_length mode of make_inputs: full, partial, zero, none
     invalid: float = 0.0  # fraction of indices that are negative or past the cache's end
     pad: bool = False  # FlashMLA's padded page stride (multiple of 576 bytes)
+    layout: str = "v4"  # cache formats: v4, v41 (V4.1 FP8 both), v41_fp4 (FP4 extra cache)
+    # Prefill-sized call: `batch` query tokens (named T...) in requests of `share` consecutive
+    # tokens whose indices mostly coincide (main cache: a sliding window shifted by one token;
+    # extra cache: one request-wide selection, 1 in 16 entries redrawn per token); 0: every
+    # query token owns its tokens.
+    share: int = 0
+    prefill: bool = False
 
     @property
     def total_topk(self) -> int:
@@ -118,8 +148,11 @@ class Shape:
     def min_bytes(self) -> int:
         """The spec's roofline bytes: each selected cache token once, q in, out back, the
         indices. Nominal topk (every slot counted), as in issue 4's floor column."""
+        main_b, extra_b = LAYOUTS[self.layout][1]
         per_request = (
-            self.total_topk * (CACHE_TOKEN_BYTES + INDEX_BYTES) + 2 * self.heads * HEAD_DIM * 2
+            self.topk * (main_b + INDEX_BYTES)
+            + self.extra_topk * (extra_b + INDEX_BYTES)
+            + 2 * self.heads * HEAD_DIM * 2
         )
         return self.batch * per_request
 
@@ -139,8 +172,11 @@ def _shape_name(
     lengths: str,
     invalid: float,
     pad: bool,
+    layout: str = "v4",
+    share: int = 0,
+    prefill: bool = False,
 ) -> str:
-    parts = [f"B{b}"]
+    parts = [f"T{b}" if prefill else f"B{b}"]
     if h != 64:
         parts.append(f"H{h}")
     if extra:
@@ -155,6 +191,10 @@ def _shape_name(
         parts.append(f"invalid{invalid:g}")
     if pad:
         parts.append("pad576")
+    if layout != "v4":
+        parts.append({"v41": "V4.1", "v41_fp4": "V4.1+FP4"}[layout])
+    if share:
+        parts.append(f"share{share}")
     return " ".join(parts)
 
 
@@ -169,9 +209,13 @@ def make_shape(
     lengths: str = "full",
     invalid: float = 0.0,
     pad: bool = False,
+    layout: str = "v4",
+    share: int = 0,
+    prefill: bool = False,
 ) -> Shape:
     fields = (batch, heads, topk, page_size, extra_topk, extra_page_size, sink, lengths, invalid)
-    return Shape(_shape_name(*fields, pad), *fields, pad)
+    tail = (pad, layout, share, prefill)
+    return Shape(_shape_name(*fields, *tail), *fields, *tail)
 
 
 # The seven DSv4 decode shapes (issue 4's targets table and the sm_120 table, in that order):
@@ -234,6 +278,32 @@ SHAPE_SETS["paths"] = [
     make_shape(16, topk=128, page_size=256, extra_topk=512, sink="inf"),
     make_shape(3, topk=300, lengths="none", invalid=0.5),
 ]
+# Prefill-sized calls through the decode entry (SGLang 0.5.23 on sm_120 with the Triton
+# backend sends more than 64 query tokens here, with the layer's real head count: 8 with TP 8,
+# 16 with TP 4, 64 with TP 1). T query tokens; "share" rows give consecutive tokens coinciding
+# indices, as one request's prefill tokens have (requests of 256 tokens).
+_PF = dict(prefill=True, sink=True, **_DUAL)
+SHAPE_SETS["prefill"] = [
+    *(make_shape(t, heads=8, **_PF) for t in (256, 1024, 4096, 8192)),
+    make_shape(1024, heads=16, **_PF),
+    make_shape(1024, heads=64, **_PF),
+    make_shape(1024, heads=8, topk=2048, prefill=True),
+    make_shape(1024, heads=16, topk=2048, prefill=True),
+    make_shape(1024, heads=8, lengths="partial", invalid=0.1, **_PF),
+    make_shape(1024, heads=8, share=256, **_PF),
+    make_shape(4096, heads=8, share=256, **_PF),
+    make_shape(1024, heads=64, share=256, **_PF),
+    make_shape(1024, heads=8, topk=2048, share=256, prefill=True),
+]
+# The DSv4.1 cache formats (528-byte FP8 token, 288-byte FP4 extra cache) on decode and
+# prefill shapes, SGLang's padded strides.
+SHAPE_SETS["v41"] = [
+    make_shape(64, pad=True, sink=True, layout="v41_fp4", **_DUAL),
+    make_shape(64, pad=True, sink=True, layout="v41", **_DUAL),
+    make_shape(64, topk=2048, pad=True, layout="v41"),
+    make_shape(64, pad=True, sink=True, lengths="partial", invalid=0.1, layout="v41_fp4", **_DUAL),
+    make_shape(1024, heads=8, pad=True, layout="v41_fp4", **_PF),
+]
 
 # spec key (lower case) -> Shape field
 _SPEC_KEYS = {
@@ -252,13 +322,16 @@ _SPEC_KEYS = {
     "lengths": "lengths",
     "invalid": "invalid",
     "pad": "pad",
+    "layout": "layout",
+    "share": "share",
+    "prefill": "prefill",
 }
 _BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 _LENGTHS = ("full", "partial", "zero", "none")
 SPEC_HELP = (
     "a named set (" + ", ".join(SHAPE_SETS) + ") or B=..,H=..,topk=..[,page=..,extra_topk=..,"
-    "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none,invalid=0.1,pad=1]; several "
-    "separated by ';'"
+    "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none,invalid=0.1,pad=1,"
+    "layout=v4|v41|v41_fp4,share=N,prefill=1]; several separated by ';'"
 )
 
 
@@ -299,14 +372,18 @@ def _parse_spec(spec: str) -> Shape:
         if not sep or key not in _SPEC_KEYS:
             raise bad(
                 f"unknown field {field!r} (known: B, H, topk, page, extra_topk, extra_page, "
-                "sink, lengths, invalid, pad)"
+                "sink, lengths, invalid, pad, layout, share, prefill)"
             )
         attr = _SPEC_KEYS[key]
         if attr in values:
             raise bad(f"{written} given twice")
         if attr == "sink" and raw.lower() == "inf":
             values[attr] = "inf"
-        elif attr in ("sink", "pad"):
+        elif attr == "layout":
+            if raw not in LAYOUTS:
+                raise bad(f"layout must be one of {', '.join(LAYOUTS)}, got {raw!r}")
+            values[attr] = raw
+        elif attr in ("sink", "pad", "prefill"):
             if raw.lower() not in _BOOLS:
                 choices = "0, 1 or inf" if attr == "sink" else "0 or 1"
                 raise bad(f"{written} must be {choices}, got {raw!r}")
@@ -325,7 +402,7 @@ def _parse_spec(spec: str) -> Shape:
             values[attr] = fraction
         else:
             number = int(raw) if re.fullmatch(r"\d+", raw) else -1
-            if number < (0 if attr == "extra_topk" else 1):
+            if number < (0 if attr in ("extra_topk", "share") else 1):
                 raise bad(f"{written} must be a positive integer, got {raw!r}")
             values[attr] = number
     for required, key in (("batch", "B"), ("topk", "topk")):
@@ -491,7 +568,8 @@ def make_calls(entry, input_sets: list[dict], variant: str, config=None) -> list
 # Keys of --config: the table row to start from, its fields, the config fields set after the
 # rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
 _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
-             "exact_block_h", "small_grid_block_n", "exact_in_launch", "prefetch_next")  # fmt: skip
+             "exact_block_h", "small_grid_block_n", "exact_in_launch", "prefetch_next",
+             "prefill_block_n", "prefill_num_warps")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
@@ -557,6 +635,107 @@ def parse_config(text: str) -> ConfigVariant:
     return ConfigVariant(label, row, tuple(row_over), tuple(cfg_over), mma_v2)
 
 
+# --- FlashInfer's sm_120 DSv4 decode (--variants ...,flashinfer) ---------------------------
+
+
+def load_flashinfer(torch, device: str):
+    """(module, None) when FlashInfer's sm_120 DSv4 decode can run here, else (None, why not).
+
+    The module is `flashinfer.mla._sparse_mla_sm120`, the one SGLang 0.5.23's sm_120 wrapper
+    imports, or `$KERNELDEV_FLASHINFER_MODULE` (tests: a stand-in; no device check then)."""
+    standin = os.environ.get(FLASHINFER_MODULE_ENV)
+    try:
+        module = importlib.import_module(standin or FLASHINFER_MODULE)
+    except Exception as err:  # noqa: BLE001 - not installed, or broken: either way a skip
+        return None, f"FlashInfer is not installed here ({_one_line(err)})"
+    if not callable(getattr(module, FLASHINFER_ENTRY, None)):
+        version = getattr(sys.modules.get("flashinfer"), "__version__", "?")
+        return None, f"the installed FlashInfer ({version}) has no {FLASHINFER_ENTRY}()"
+    if not standin:
+        if device != "cuda":
+            return None, "FlashInfer's sm_120 kernels need a CUDA GPU"
+        major, minor = torch.cuda.get_device_capability()
+        if major != 12:
+            return None, (
+                f"FlashInfer's sm_120 DSv4 decode needs an sm_120 / sm_121 GPU "
+                f"(this one is sm_{major}{minor})"
+            )
+    return module, None
+
+
+def split_pages_to_64(torch, k_cache):
+    """A V4 cache re-paged into FlashInfer's 64-token pages (stride FI_PAGE_STRIDE), as SGLang
+    0.5.23's wrapper does before each call (it copies the pages a call touches; here every
+    page, once, outside the timing). Token ids are unchanged: id = page * 64 + slot."""
+    pages, P, _, token_b = k_cache.shape
+    if token_b != 584:
+        raise HarnessError(
+            f"FlashInfer's sm_120 DSv4 decode reads the V4 cache (584 bytes per token), this "
+            f"one has {token_b}"
+        )
+    raw = k_cache.view(torch.uint8) if k_cache.dtype != torch.uint8 else k_cache
+    if P == FI_PAGE:
+        return raw
+    if P % FI_PAGE:
+        raise HarnessError(f"page size {P} is not a multiple of FlashInfer's {FI_PAGE}")
+    stride = k_cache.stride(0) * k_cache.element_size()
+    page_bytes = raw.as_strided((pages, P * 584), (stride, 1), raw.storage_offset())
+    n = pages * (P // FI_PAGE)
+    new = torch.zeros(n, FI_PAGE_STRIDE, dtype=torch.uint8, device=k_cache.device)
+    new[:, : FI_PAGE * 576] = page_bytes[:, : P * 576].reshape(n, FI_PAGE * 576)
+    new[:, FI_PAGE * 576 : FI_PAGE * 584] = page_bytes[:, P * 576 :].reshape(n, FI_PAGE * 8)
+    return new.view(-1).as_strided((n, FI_PAGE, 1, 584), (FI_PAGE_STRIDE, 584, 584, 1))
+
+
+def flashinfer_calls(torch, module, input_sets: list[dict]) -> list:
+    """One zero-argument call per input set, calling FlashInfer as SGLang 0.5.23's sm_120
+    wrapper (`_flash_mla_flashinfer`) does: q [T, H, 512], the main cache in 64-token pages,
+    indices [T, topk], the extra cache as is, out / lse written in place, and for decode-sized
+    calls (T <= FlashInfer's _DECODE_MAX_TOKENS) split-K scratch of one split per 64 indices.
+    Buffers are made here, outside the timing. Each call returns (out [T, 1, H, 512], lse
+    [T, H] base 2, with the sink): `flashinfer_outputs` turns it into the contract's."""
+    max_tokens = int(getattr(module, "_DECODE_MAX_TOKENS", 64))
+    entry = getattr(module, FLASHINFER_ENTRY)
+    calls = []
+    for inputs in input_sets:
+        q = inputs["q"].squeeze(1)
+        T, H, _ = q.shape
+        kv = split_pages_to_64(torch, inputs["k_cache"])
+        idx = inputs["indices"].reshape(T, -1)
+        e_kv, e_idx = inputs["extra_k_cache"], inputs["extra_indices"]
+        if e_kv is not None:
+            e_kv = e_kv.view(torch.uint8) if e_kv.dtype != torch.uint8 else e_kv
+            e_idx = e_idx.reshape(T, -1)
+        out = torch.empty(T, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+        lse = torch.empty(T, H, dtype=torch.float32, device=q.device)
+        mid_out = mid_lse = None
+        if T <= max_tokens:
+            splits = -(-idx.shape[1] // 64) + (-(-e_idx.shape[1] // 64) if e_kv is not None else 0)
+            mid_out = torch.empty(T, H, splits, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+            mid_lse = torch.empty(T, H, splits, dtype=torch.float32, device=q.device)
+        scale = inputs["softmax_scale"]
+        kwargs = dict(
+            d_v=HEAD_DIM, topk_length=inputs["topk_length"], attn_sink=inputs["attn_sink"],
+            extra_kv_cache=e_kv, extra_indices=e_idx,
+            extra_topk_length=inputs["extra_topk_length"], mid_out=mid_out, mid_lse=mid_lse,
+        )  # fmt: skip
+        args = (q, kv, idx, out, lse, HEAD_DIM**-0.5 if scale is None else float(scale))
+
+        def call(args=args, kwargs=kwargs):
+            entry(*args, **kwargs)
+            return args[3].unsqueeze(1), args[4]
+
+        calls.append(call)
+    return calls
+
+
+def flashinfer_outputs(result):
+    """FlashInfer's (out, base-2 lse [T, H]) -> the contract's (out, natural-log lse [T, H, 1]),
+    after the timing (the conversion is not FlashInfer's work)."""
+    out, lse2 = result
+    return out, (lse2 * LN2).unsqueeze(-1)
+
+
 # --- phase ablations (--phases) ------------------------------------------------------------
 
 # Each phase is a list of (line, replacement) text substitutions in the MMA tile loop
@@ -584,7 +763,7 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
 }
 ABLATED = "ablated"  # the status of an ablated copy's entries
 # The variant whose loop the phases do not touch: its ablated copies would time the real file.
-_NOT_ABLATED_VARIANTS = ("simt",)
+_NOT_ABLATED_VARIANTS = ("simt", FLASHINFER)
 
 
 def parse_phases(text: str | None) -> list[str]:
@@ -756,11 +935,13 @@ def time_cuda_eager(triton, calls: list, warmup_ms: int, rep_ms: int) -> list[fl
     return [m * 1e3 / len(calls) for m in ms]
 
 
-def check_sets(reference, outputs: list, refs: list) -> dict:
+def check_sets(reference, outputs: list, refs: list, convert=None) -> dict:
     """check_accuracy on every input set; ok only when every set is. The tolerances are the
-    same for every set, so they are kept once."""
+    same for every set, so they are kept once. `convert` maps a call's result to the
+    contract's (out, lse) first (FlashInfer's base-2 LSE)."""
     sets, tolerances = [], None
-    for (out, lse), (ref_out, ref_lse) in zip(outputs, refs, strict=True):
+    for result, (ref_out, ref_lse) in zip(outputs, refs, strict=True):
+        out, lse = convert(result) if convert else result
         one = _jsonable(reference.check_accuracy(out, lse, ref_out, ref_lse))
         if not isinstance(one, dict):
             one = {"ok": False, "error": f"check_accuracy returned {one!r}"}
@@ -771,14 +952,19 @@ def check_sets(reference, outputs: list, refs: list) -> dict:
     return {"ok": ok, "tolerances": tolerances, "sets": sets}
 
 
-def _metrics(shape: Shape, median_us: float, copy_gbs: float | None) -> dict:
+def _metrics(
+    shape: Shape, median_us: float, copy_gbs: float | None, distinct: int | None = None
+) -> dict:
     gbs = shape.min_bytes() / (median_us * 1e3)
     floor_us = shape.min_bytes() / (copy_gbs * 1e3) if copy_gbs else None
+    d_floor_us = distinct / (copy_gbs * 1e3) if copy_gbs and distinct else None
     return {
         "gbs": gbs,
         "pct_copy_bw": 100.0 * gbs / copy_gbs if copy_gbs else None,
         "tflops": shape.flops() / (median_us * 1e6),
         "x_floor": median_us / floor_us if floor_us else None,
+        # time / (distinct bytes of the first input set / copy bandwidth)
+        "x_distinct_floor": median_us / d_floor_us if d_floor_us else None,
     }
 
 
@@ -794,7 +980,9 @@ def run_entry(ctx: dict, shape: Shape, kernel: dict, variant: str, inputs, refs)
     conf = ctx["configs"].get(variant)
     saved_env = os.environ.get("DISABLE_MMA_V3")
     try:
-        if conf is not None:
+        if kernel.get("provider") == FLASHINFER:
+            calls = flashinfer_calls(torch, kernel["module"], inputs)
+        elif conf is not None:
             config = conf.config(kernel["module"], torch, shape)
             result["config"] = config._asdict()
             calls = make_calls(kernel["entry"], inputs, "mma", config)
@@ -826,7 +1014,8 @@ def _run_calls(ctx: dict, shape: Shape, kernel: dict, result: dict, calls: list,
                 _synchronize(torch, device)
                 wall.append((time.perf_counter() - start) * 1e6)
         result["compiled"] = recorder.report()
-        accuracy = check_sets(ctx["reference"], outputs, refs)
+        convert = kernel.get("convert_outputs")
+        accuracy = check_sets(ctx["reference"], outputs, refs, convert)
     except Exception as err:  # noqa: BLE001 - a variant that raises is a result, not a crash
         if isinstance(err, TypeError) and "variant" in str(err):
             result["error"] = (
@@ -861,7 +1050,7 @@ def _run_calls(ctx: dict, shape: Shape, kernel: dict, result: dict, calls: list,
                 )
                 result["timing_method"] = "cuda-graph"
                 # The replayed graph must compute what the eager calls did.
-                replay = check_sets(ctx["reference"], graph_outputs, refs)
+                replay = check_sets(ctx["reference"], graph_outputs, refs, convert)
                 if not replay["ok"] and not ablated:
                     result["status"] = "failed"
                     result["timing_note"] = "CUDA-graph replay output fails the accuracy check"
@@ -876,7 +1065,7 @@ def _run_calls(ctx: dict, shape: Shape, kernel: dict, result: dict, calls: list,
         result["error"] = f"timing failed: {_one_line(err)}"
         return result
     result["median_us"], result["p20_us"], result["p80_us"] = quant
-    result.update(_metrics(shape, quant[0], ctx["copy_gbs"]))
+    result.update(_metrics(shape, quant[0], ctx["copy_gbs"], ctx.get("distinct_bytes")))
     return result
 
 
@@ -973,7 +1162,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--variants",
         default="simt,mma",
         help="comma-separated variant= values of the entry point, plus 'dispatch' (the "
-        "file's own choice, variant not passed); default simt,mma",
+        "file's own choice, variant not passed) and 'flashinfer' (FlashInfer's sm_120 DSv4 "
+        "decode, where installed and on an sm_120 GPU; else skipped); default simt,mma",
     )
     p.add_argument(
         "--config",
@@ -1141,16 +1331,33 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         info = {**kernel_file_info(f"{name}@{phase}", path), "git_commit": None}
         info.update(git_dirty=None, phase=phase, ablated_from=name)
         kernels.append({**info, "entry": getattr(module, ENTRY_POINT), "module": module})
+    skipped: dict[str, str] = {}
+    if FLASHINFER in variants:
+        fi_module, why_not = load_flashinfer(torch, device)
+        if fi_module is None:
+            skipped[FLASHINFER] = why_not
+            progress(f"{FLASHINFER}: skipped ({why_not})")
+        else:
+            kernels.append({
+                "name": FLASHINFER, "path": getattr(fi_module, "__file__", None),
+                "version": getattr(sys.modules.get("flashinfer"), "__version__", None),
+                "phase": None, "ablated_from": None, "provider": FLASHINFER, "entry": None,
+                "module": fi_module, "convert_outputs": flashinfer_outputs,
+            })  # fmt: skip
 
     def label(kernel_name: str, variant: str) -> str:
+        if variant == FLASHINFER:
+            return FLASHINFER
         # An ablated copy `NAME@PHASE` is labelled `phase:PHASE:` + its original's label.
         name, _, phase = kernel_name.partition("@")
         base = variant if len(kernel_paths) == 1 else f"{name}:{variant}"
         return f"phase:{phase}:{base}" if phase else base
 
     def variants_of(kern: dict) -> list[str]:
+        if kern.get("provider") == FLASHINFER:
+            return [FLASHINFER]
         if kern["phase"] is None:
-            return variants
+            return [v for v in variants if v != FLASHINFER]
         return [v for v in variants if v not in _NOT_ABLATED_VARIANTS]
 
     copy = measure_copy_bandwidth(torch, triton) if device == "cuda" else None
@@ -1184,8 +1391,11 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             "argv": list(argv),
         },
         "kernels": [
-            {k: v for k, v in kern.items() if k not in ("entry", "module")} for kern in kernels
+            {k: v for k, v in kern.items() if k not in ("entry", "module", "convert_outputs")}
+            for kern in kernels
         ],
+        # variants that could not run on this host, with the reason (one line each)
+        "skipped": skipped,
         "shapes": [],
         "results": [],
     }
@@ -1231,6 +1441,11 @@ def _main(args, argv: list[str], scratch: Path) -> int:
                     report["results"].append(_error_entry(shape, kern, variant, label, message))
             _finish(report, args)
             continue
+        ctx["distinct_bytes"] = distinct_bytes(inputs[0], shape)
+        report["shapes"][-1]["distinct_bytes"] = ctx["distinct_bytes"]
+        report["shapes"][-1]["distinct_floor_us"] = (
+            ctx["distinct_bytes"] / (copy_gbs * 1e3) if copy_gbs else None
+        )
         for kern in kernels:
             for variant in variants_of(kern):
                 step += 1
@@ -1265,10 +1480,86 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
         )
         if shape.extra_topk:
             kwargs.update(extra_topk=shape.extra_topk, extra_page_size=shape.extra_page_size)
+        if shape.layout != "v4":  # older reference files know only V4: never asked for it
+            main_fmt, extra_fmt = LAYOUTS[shape.layout][0]
+            kwargs.update(kv_layout=main_fmt, extra_kv_layout=extra_fmt)
         one = reference.make_inputs(shape.batch, shape.heads, shape.topk, shape.page_size, **kwargs)
+        if shape.share:
+            _share_indices(one, shape.share, kwargs["seed"])
         inputs.append(one)
         refs.append(reference.reference_sparse_decode(**one))
     return inputs, refs
+
+
+def _share_indices(inputs: dict, share: int, seed: int) -> None:
+    """Rewrite the index rows as prefill tokens' are: requests of `share` consecutive query
+    tokens; in the main cache token i of a request selects the window of topk tokens starting
+    at the request's base + i (consecutive rows overlap in topk - 1 tokens, shifted by one
+    position); in the extra cache every token of a request selects the request's own topk
+    tokens in one order, 1 in 16 entries redrawn from topk more. Entries the original rows
+    made invalid (negative, past the cache) stay invalid; lengths are kept."""
+    import torch
+
+    for key, cache_key, window in (
+        ("indices", "k_cache", True),
+        ("extra_indices", "extra_k_cache", False),
+    ):
+        idx = inputs[key]
+        if idx is None:
+            continue
+        flat = idx.reshape(idx.shape[0], -1)
+        T, topk = flat.shape
+        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
+        dev = flat.device
+        gen = torch.Generator(device=dev).manual_seed(seed + (0 if window else 1))
+        t = torch.arange(T, device=dev)
+        req, pos = t // share, t % share
+        cols = torch.arange(topk, device=dev)
+        if window:
+            ids = req[:, None] * (share + topk) + pos[:, None] + cols[None, :]
+        else:
+            n_req = int(req[-1]) + 1 if T else 0
+            perm = torch.argsort(torch.rand(n_req, 2 * topk, generator=gen, device=dev), dim=1)
+            base = req[:, None] * (2 * topk)
+            ids = base + perm[req][:, :topk]
+            other = base + perm[req].gather(
+                1, topk + torch.randint(0, topk, (T, topk), generator=gen, device=dev)
+            )
+            redraw = torch.rand(T, topk, generator=gen, device=dev) < 1 / 16
+            ids = torch.where(redraw, other, ids)
+        ids = ids % max(num_tokens, 1)
+        bad = (flat < 0) | (flat >= num_tokens)
+        flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
+
+
+def distinct_bytes(inputs: dict, shape: Shape) -> int:
+    """The bytes a call must move at least: every distinct valid cache token it selects once
+    (per cache, at its format's token size), every index, q in and out back. For inputs
+    whose tokens own their rows it is about `min_bytes`; for prefill rows that coincide, far
+    less (the floor of item 5 of issue 20)."""
+    import torch
+
+    total = 2 * shape.batch * shape.heads * HEAD_DIM * 2
+    for (key, cache_key, len_key), token_b in zip(
+        (
+            ("indices", "k_cache", "topk_length"),
+            ("extra_indices", "extra_k_cache", "extra_topk_length"),
+        ),
+        LAYOUTS[shape.layout][1],
+        strict=True,
+    ):
+        idx = inputs.get(key)
+        if idx is None:
+            continue
+        flat = idx.reshape(idx.shape[0], -1)
+        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
+        valid = (flat >= 0) & (flat < num_tokens)
+        lens = inputs.get(len_key)
+        if lens is not None:
+            pos = torch.arange(flat.shape[1], device=flat.device)
+            valid &= pos[None, :] < lens[:, None]
+        total += int(torch.unique(flat[valid]).numel()) * token_b + flat.numel() * INDEX_BYTES
+    return total
 
 
 def _error_entry(shape: Shape, kern: dict, variant: str, label, message: str | None) -> dict:
@@ -1293,6 +1584,7 @@ def _error_entry(shape: Shape, kern: dict, variant: str, label, message: str | N
         "pct_copy_bw": None,
         "tflops": None,
         "x_floor": None,
+        "x_distinct_floor": None,
     }
 
 

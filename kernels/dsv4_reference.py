@@ -197,8 +197,9 @@ def check_accuracy(
 
 
 def _make_cache_and_indices(
-    B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen, spread
-):
+    B, topk, page_size, num_pages, page_stride, topk_length, invalid_fraction, device, gen, spread,
+    layout="v4",
+):  # fmt: skip
     """One cache with random content plus its indices and topk_length."""
     if num_pages is None:
         # Enough distinct tokens that requests rarely share, so L2 does not flatter big shapes.
@@ -211,8 +212,8 @@ def _make_cache_and_indices(
             torch.randint(-spread, spread + 1, (num_tokens, 7), generator=gen, device=dev).float()
         ).repeat_interleave(64, dim=1)
     if page_stride == "pad576":
-        page_stride = padded_page_stride(page_size)
-    k_cache = pack_paged_cache(kv, page_size, page_stride, num_pages=num_pages)
+        page_stride = padded_page_stride(page_size, layout=layout)
+    k_cache = pack_paged_cache(kv, page_size, page_stride, num_pages=num_pages, layout=layout)
 
     idx = torch.randint(0, num_tokens, (B, topk), generator=gen, dtype=torch.int64, device=dev)
     if invalid_fraction > 0 and topk > 0:
@@ -268,6 +269,8 @@ def make_inputs(
     device: str | torch.device = "cpu",
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
+    kv_layout: str = "v4",
+    extra_kv_layout: str | None = None,
 ) -> dict:
     """Random DSv4 decode inputs: exactly the keyword arguments of the kernel entry point.
 
@@ -279,7 +282,10 @@ def make_inputs(
     caches) or an int (main cache only). `topk_length`: "full", "partial" (random per request,
     entries past the length hold garbage), "zero", or "none" (pass None). `invalid_fraction` of
     the indices are negative or past the cache's end. The extra cache (when `extra_topk > 0`)
-    uses the same topk_length mode with its own page size.
+    uses the same topk_length mode with its own page size. `kv_layout` / `extra_kv_layout`:
+    the caches' token formats ("v4" 584 bytes, "v41" 528, "v41_fp4" 288: `dsv4_cache.py`);
+    the extra cache's defaults to the main cache's. "pad576" pads each to its own format's
+    unit (576, 512, 256 bytes), as SGLang's pools do.
     """
     device = torch.device(device)
     # Random numbers are drawn on the target device (fast for big shapes); a seed gives the same
@@ -299,6 +305,7 @@ def make_inputs(
         device,
         gen,
         kv_scale_spread,
+        kv_layout,
     )
     if indices_3d:
         indices = indices[:, None, :]
@@ -333,6 +340,7 @@ def make_inputs(
             device,
             gen,
             kv_scale_spread,
+            extra_kv_layout or kv_layout,
         )
         inputs["extra_k_cache"] = e_cache
         inputs["extra_indices"] = e_idx[:, None, :] if indices_3d else e_idx

@@ -165,6 +165,12 @@ def _sm120_sparse_decode_fwd(
     parts = [(k_cache, indices, topk_length)]
     if extra_k_cache is not None and extra_indices is not None:
         parts.append((extra_k_cache, extra_indices, extra_topk_length))
+    for name, (cache, _, _) in zip(("k_cache", "extra_k_cache"), parts, strict=False):
+        if cache.shape[-1] != _NOPE_ROPE_STRIDE + _SCALE_STRIDE:  # 584: the V4 format only
+            raise ValueError(
+                f"{name}: the torch path reads the V4 cache (584 bytes per token), this one has "
+                f"{cache.shape[-1]} (528 / 288: DSv4.1, which the triton backend reads)"
+            )
     keys, masks = [], []
     for cache, idx, length in parts:
         rows, valid = _valid_mask(idx, length, cache.shape[0] * cache.shape[1])

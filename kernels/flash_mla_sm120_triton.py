@@ -14,10 +14,14 @@ Math, per request b and head h, over the valid set S_b of selected tokens (index
 The kernels work in base 2: `qk_scale_log2 = softmax_scale * LOG2E`, p = exp2(s * LOG2E - m),
 and convert the LSE back with LN2 at the end. The returned lse includes the sink (sm_120 path).
 
-Paged FP8 cache, page size P, page p at byte p * k_cache.stride(0) (>= P * 584, may be padded):
+Paged caches, page size P, page p at byte p * k_cache.stride(0) (>= P * token bytes, may be
+padded); the format is the view's last dimension (SGLang 0.5.23 hands it over so), per cache:
 
-    [t * 576,        + 448)  float8_e4m3fn nope of slot t      [t * 576 + 448, + 128)  bf16 rope
-    [P * 576 + t * 8, + 7)   UE8M0 exponents (one per 64 nope dims), nope = fp8 * 2^(e - 127)
+  584 (V4):  [t * 576, + 448) float8_e4m3fn nope of slot t   [t * 576 + 448, + 128) bf16 rope
+             [P * 576 + t * 8, + 7) UE8M0 exponents (one per 64 nope dims), x = fp8 * 2^(e - 127)
+  528 (V4.1 FP8): [t * 512, + 512) float8_e4m3fn   [P * 512 + t * 16, + 16) UE8M0, one per 32
+  288 (V4.1 FP4, extra cache only): [t * 256, + 256) e2m1 pairs (value 2i in the low nibble of
+             byte i)   [P * 256 + t * 32, + 32) float8_e4m3fn scales, one per 16, x = e2m1 * s
 
 Kernels:
   * `_simt_decode_kernel`, grid (B, H): one program per request and head walks the selected
@@ -70,8 +74,12 @@ LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E), f
 LN2 = tl.constexpr(0.6931471805599453)  # ln(2): base-2 LSE -> natural-log LSE
 UE8M0_ZERO_BITS = tl.constexpr(0x00400000)  # float32 bits of 2^-127 (scale byte 0, subnormal)
 
-TOKEN_BYTES = 584
+TOKEN_BYTES = 584  # the V4 format (the compatibility constants below name its parts)
 HEAD_DIM = 512
+# Cache formats by token size (the view's last dimension) -> the kernels' FMT constexpr.
+FMT_V4, FMT_V41, FMT_V41_FP4 = 0, 1, 2
+CACHE_FORMATS = {584: FMT_V4, 528: FMT_V41, 288: FMT_V41_FP4}
+FORMAT_NAMES = {584: "V4", 528: "V4.1 FP8", 288: "V4.1 FP4"}
 
 # Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -125,14 +133,20 @@ def _length(LEN_ptr, stride_len, has_len, b, topk):
 
 
 @triton.jit
-def _row_offsets(stride_kv_page, page_size, idx):
+def _row_offsets(stride_kv_page, page_size, idx, FMT: tl.constexpr):
     """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
-    cache slots `idx` (int64: page * stride can pass 2^31)."""
+    cache slots `idx` in format FMT (int64: page * stride can pass 2^31)."""
+    if FMT == 1:  # V4.1 FP8: 512 data bytes, 16 scale bytes
+        row_b, scale_b = 512, 16
+    elif FMT == 2:  # V4.1 FP4: 256 data bytes, 32 scale bytes
+        row_b, scale_b = 256, 32
+    else:
+        row_b, scale_b = DATA_BYTES, SCALE_BYTES
     page = idx // page_size
     slot = idx - page * page_size
     page_off = page.to(tl.int64) * stride_kv_page
-    row_off = page_off + slot.to(tl.int64) * DATA_BYTES
-    scale_off = page_off + (page_size * DATA_BYTES + slot * SCALE_BYTES).to(tl.int64)
+    row_off = page_off + slot.to(tl.int64) * row_b
+    scale_off = page_off + (page_size * row_b + slot * scale_b).to(tl.int64)
     return row_off, scale_off
 
 
@@ -176,12 +190,74 @@ def _ue8m0(exps):
 
 
 @triton.jit
-def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr,
+            FMT: tl.constexpr):  # fmt: skip
     """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
-    `valid`): dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
+    `valid`), from a cache in format FMT (0: V4, 1: V4.1 FP8, 2: V4.1 FP4). Every product
+    of a code and its scale is exact in bf16 (at most 4 + 4 significant bits)."""
+    if FMT == 1:
+        k = _tile_k_v41(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    elif FMT == 2:
+        k = _tile_k_v41_fp4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    else:
+        k = _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    return k
+
+
+@triton.jit
+def _tile_k_v41(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4.1 FP8 rows: 512 float8_e4m3fn values, one UE8M0 exponent per 32 (byte 255 is NaN,
+    as float8_e8m0fnu). Built as [BLOCK_N, 16, 32] so each exponent broadcasts."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 1)
+    g = tl.arange(0, 16)
+    c = tl.arange(0, 32)
+    raw = tl.load(
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * 32 + c[None, None, :])),
+        mask=valid[:, None, None],
+        other=0,
+    )
+    exps = tl.load(KV_ptr + (scale_off[:, None] + g[None, :]), mask=valid[:, None], other=0)
+    mult = tl.where(exps == 255, float("nan"), _ue8m0(exps))
+    k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult[:, :, None]
+    return tl.reshape(k, (BLOCK_N, D_QK))
+
+
+@triton.jit
+def _e2m1(code):
+    """4-bit e2m1 codes (bit 3 the sign) -> float32, from the float bits: exponent field
+    e = bits 1-2, mantissa bit 0; e = 0 is 0 or the subnormal 0.5."""
+    c = code.to(tl.int32)
+    e = (c >> 1) & 3
+    m = c & 1
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))
+    return (bits | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_k_v41_fp4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4.1 FP4 rows: 256 bytes of e2m1 pairs (value 2i in the low nibble of byte i), one
+    float8_e4m3fn scale per 16 values. Built as [BLOCK_N, 32, 8] bytes (group, byte in group);
+    the low and high nibbles joined on a last axis give value 16 g + 2 b + nibble."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 2)
+    g = tl.arange(0, 32)
+    c = tl.arange(0, 8)
+    raw = tl.load(
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * 8 + c[None, None, :])),
+        mask=valid[:, None, None],
+        other=0,
+    )
+    sc = tl.load(KV_ptr + (scale_off[:, None] + g[None, :]), mask=valid[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+    k = tl.join(_e2m1(raw & 0xF) * scale, _e2m1(raw >> 4) * scale)
+    return tl.reshape(k, (BLOCK_N, D_QK))
+
+
+@triton.jit
+def _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4 rows: dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
     [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
     axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 0)
     g = tl.arange(0, NUM_GROUPS_POW2)
     c = tl.arange(0, GROUP)
     is_nope = g < NUM_GROUPS_POW2 - 1
@@ -208,13 +284,14 @@ def _attend_cache(
     KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, end,
     qk_scale_log2,
     BLOCK_N: tl.constexpr,
+    FMT: tl.constexpr,
 ):  # fmt: skip
-    """SIMT: online softmax (base 2) of one head q [1, 512] over tokens [0, end) of one cache,
-    scores and PV as fp32 multiply-reduce."""
+    """SIMT: online softmax (base 2) of one head q [1, 512] over tokens [0, end) of one cache
+    (format FMT), scores and PV as fp32 multiply-reduce."""
     offs_n = tl.arange(0, BLOCK_N)
     for n0 in range(0, end, BLOCK_N):
         idx, valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
-        k = _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+        k = _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N, FMT)
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
         p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * k[None, :, :], axis=1)
@@ -324,6 +401,8 @@ def _simt_decode_kernel(
     HAS_EXTRA: tl.constexpr,
     HAS_SINK: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
 ):
     b = tl.program_id(0)
     heads = tl.program_id(1) + tl.arange(0, 1)  # one head, kept as a length-1 vector
@@ -339,13 +418,14 @@ def _simt_decode_kernel(
     end = _length(LEN_ptr, stride_len, has_len, b, topk)
     acc, m_i, l_i = _attend_cache(
         acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
-        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, end, qk_scale_log2, BLOCK_N,
+        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, end, qk_scale_log2, BLOCK_N, FMT,
     )  # fmt: skip
     if HAS_EXTRA:
         e_end = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
         acc, m_i, l_i = _attend_cache(
             acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
             EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_end, qk_scale_log2, BLOCK_N,
+            E_FMT,
         )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     _store_final(
@@ -410,6 +490,8 @@ def _attend_split_mma(
     S_BY_GROUP: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
 ):  # fmt: skip
     """Online softmax (base 2) of BLOCK_H heads over the split's tokens: [start, end) of the
     main cache, then [e_start, e_end) of the extra cache, in one loop whose tile picks its
@@ -420,7 +502,9 @@ def _attend_split_mma(
     PV_SPLIT adds P's bf16 rounding residue to the PV product (`_exact_pv_operands`);
     S_BY_GROUP computes S as 8 products 64 deep (`_scores_by_group`, the mma.sync row).
     PREFETCH asks L2 for the next tile's rows once this tile's are loaded, so that they
-    arrive while this tile's products run (`_prefetch_rows`).
+    arrive while this tile's products run (`_prefetch_rows`). FMT / E_FMT: the two caches'
+    formats; when they differ (a V4.1 FP4 extra cache), the tile's gather branches on its cache
+    (one launch per cache instead measured 11% slower at B64 dual, run P3).
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -442,10 +526,21 @@ def _attend_split_mma(
             )  # fmt: skip
             next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
         # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
-        k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N).to(DOT_DTYPE)
+        if FMT == E_FMT:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        elif i < n_main:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        else:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, E_FMT)
+        k = k.to(DOT_DTYPE)
         if PREFETCH:
             if nntok > 0:  # an empty cache's pointer may not be an address
-                _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid)
+                if FMT == E_FMT:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                elif i + 1 < n_main:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                else:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, E_FMT)
         if S_BY_GROUP:
             s = _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N)
         else:
@@ -489,14 +584,20 @@ def _tile_source(
 
 
 @triton.jit
-def _prefetch_rows(KV_ptr, stride_kv_page, page_size, idx, valid):
-    """Ask L2 for the cache lines of slots `idx`: the 576-byte data row (its 128-byte lines
-    at +0 .. +512 and its last byte) and the scale bytes. `prefetch.global.L2` has no
+def _prefetch_rows(KV_ptr, stride_kv_page, page_size, idx, valid, FMT: tl.constexpr):
+    """Ask L2 for the cache lines of slots `idx` (format FMT): the data row (576, 512 or 256
+    bytes: its 128-byte lines and its last byte) and the scale bytes. `prefetch.global.L2` has no
     destination register and nothing waits for it; slots that are not `valid` are slot 0
     (`_gather_indices`), a valid address of a non-empty cache."""
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx)
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, FMT)
+    if FMT == 1:
+        last = 511
+    elif FMT == 2:
+        last = 255
+    else:
+        last = DATA_BYTES - 1
     j = tl.arange(0, 8)[None, :]
-    line = row_off[:, None] + tl.minimum(j * 128, DATA_BYTES - 1)
+    line = row_off[:, None] + tl.minimum(j * 128, last)
     off = tl.where(j < 6, line, scale_off[:, None])
     ptrs = KV_ptr + tl.where(valid[:, None], off, 0)
     tl.inline_asm_elementwise(
@@ -522,6 +623,8 @@ def _split_heads(
     S_BY_GROUP: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
     store the result (final bf16 out and lse with one split, else the fp32 partial)."""
@@ -540,7 +643,7 @@ def _split_heads(
         EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
         e_start, e_end,
         qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT, S_BY_GROUP, NUM_STAGES,
-        PREFETCH,
+        PREFETCH, FMT, E_FMT,
     )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     if SINGLE_SPLIT:
@@ -617,6 +720,8 @@ def _mma_split_kernel(
     COUNT_BLOCK: tl.constexpr,
     COUNT_ONE_BLOCK: tl.constexpr,
     PREFETCH: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -670,7 +775,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                S_BY_GROUP, 1, PREFETCH,
+                S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
             )  # fmt: skip
     else:
         # RUN_BF16_P off: the second of two launches, which only redoes few-token requests.
@@ -684,7 +789,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
-                S_BY_GROUP, NUM_STAGES, PREFETCH,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT,
             )  # fmt: skip
 
 
@@ -760,6 +865,13 @@ class MMARow(NamedTuple):
     # Each tile asks L2 for the next tile's rows (`prefetch.global.L2`; not in the CPU
     # interpreter, which has no inline assembly).
     prefetch_next: bool
+    # Prefill-sized calls with few heads (a head block of 16, PREFILL_PROGRAMS_PER_SLOT or
+    # more programs per resident slot: one split each): tokens per tile and warps there (0:
+    # the row's). Their time is the per-row gather and dequantization of programs that hold
+    # 16 rows, one program per SM on the sm_90 row (8 warps, 212 registers, two copies of the
+    # 64-token K tile in shared memory): 32-token tiles and 4 warps fit two per SM.
+    prefill_block_n: int = 0
+    prefill_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -770,7 +882,10 @@ MMA_ROWS: dict[str, MMARow] = {
     # SM. Unpipelined (2 or 3 stages fit, 169-172 KB, but measured 3-13% slower), and the
     # exact PV a second launch (as a branch of the first it made the bf16-P loop spill:
     # +20-30%). The next tile's rows prefetched into L2: 7-11% faster at B >= 32.
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True),
+    # Prefill with H <= 16: 32-token tiles, 4 warps (runs P1, P2: T1024 / T4096 H8 dual
+    # 430 / 1673 -> 392 / 1513 µs; 16-token tiles or 2 warps slower, 2 pipeline stages 1.6x
+    # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
@@ -817,6 +932,9 @@ MAX_SPLITS = 64
 # absolute bound on near-zero outputs. At larger topk the residue averages out; pv_split
 # costs 2-3x there on sm_90 (measured), so it stays off.
 PV_SPLIT_MAX_TOKENS = 256
+# A call is prefill-sized for the table's `prefill_*` fields from this many programs per
+# resident slot (SMs x programs per SM) on: every program then has one split.
+PREFILL_PROGRAMS_PER_SLOT = 4
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 
@@ -845,7 +963,9 @@ def mma_config(
     block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
     programs = B * triton.cdiv(H, block_h)
     slots = sm_count * row.programs_per_sm
-    block_n, stages = row.block_n, row.num_stages
+    block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
+    if row.prefill_block_n and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
+        block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -861,7 +981,7 @@ def mma_config(
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     return MMAConfig(
-        block_h, block_n, splits, row.num_warps, stages, pv_split, below,
+        block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
     )  # fmt: skip
 
@@ -985,33 +1105,41 @@ def _launch_mma(q, main, extra, common, flags, cfg):
 # ----------------------------------------------------------------------------- validation
 
 
-def _check_cache(name: str, cache, device) -> None:
+def _check_cache(name: str, cache, device, token_sizes=(584, 528)) -> None:
     if not isinstance(cache, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
     if cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
         raise ValueError(f"{name} must be uint8 or float8_e4m3fn, got {cache.dtype}")
-    if cache.dim() != 4 or cache.shape[2] != 1 or cache.shape[3] != TOKEN_BYTES:
+    if cache.dim() != 4 or cache.shape[2] != 1:
         raise ValueError(
-            f"{name} must be [num_pages, page_size, 1, {TOKEN_BYTES}], got {tuple(cache.shape)}"
+            f"{name} must be [num_pages, page_size, 1, token_bytes], got {tuple(cache.shape)}"
+        )
+    token_bytes = cache.shape[3]
+    if token_bytes not in token_sizes:
+        known = ", ".join(f"{n} ({FORMAT_NAMES[n]})" for n in token_sizes)
+        also = "; 288 (V4.1 FP4) only as the extra cache" if 288 not in token_sizes else ""
+        raise ValueError(
+            f"{name}: unsupported token size {token_bytes} bytes (the last dimension); "
+            f"supported: {known}{also}"
         )
     if cache.device != device:
         raise ValueError(f"{name} must be on {device} like q, got {cache.device}")
     pages, page_size = cache.shape[0], cache.shape[1]
     if page_size < 1:
         raise ValueError(f"{name}: page_size (shape[1]) must be >= 1, got {page_size}")
-    if cache.stride(3) != 1 or (page_size > 1 and cache.stride(1) != TOKEN_BYTES):
+    if cache.stride(3) != 1 or (page_size > 1 and cache.stride(1) != token_bytes):
         raise ValueError(
-            f"{name}: the bytes of one page must be contiguous (stride(1) == {TOKEN_BYTES}, "
+            f"{name}: the bytes of one page must be contiguous (stride(1) == {token_bytes}, "
             f"stride(3) == 1), got strides {cache.stride()}"
         )
-    page_bytes = page_size * TOKEN_BYTES
+    page_bytes = page_size * token_bytes
     stride0 = cache.stride(0)
     if pages > 1 and stride0 < page_bytes:
         raise ValueError(
-            f"{name}: page stride stride(0) must be >= page_size * {TOKEN_BYTES} = {page_bytes} "
+            f"{name}: page stride stride(0) must be >= page_size * {token_bytes} = {page_bytes} "
             f"bytes, got {stride0}"
         )
-    if stride0 % 2 or cache.data_ptr() % 2:
+    if token_bytes == TOKEN_BYTES and (stride0 % 2 or cache.data_ptr() % 2):
         raise ValueError(f"{name}: pages must start on even bytes (bf16 rope), stride {stride0}")
     if pages > 0:
         need = (pages - 1) * stride0 + page_bytes
@@ -1083,7 +1211,15 @@ def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_s
     else:
         if extra_indices is None:
             raise ValueError("extra_indices must be given with extra_k_cache")
-        _check_cache("extra_k_cache", extra_k_cache, dev)
+        _check_cache("extra_k_cache", extra_k_cache, dev, (584, 528, 288))
+        # The pairs SGLang 0.5.23 builds: V4 with V4; V4.1 FP8 with V4.1 FP8 or FP4.
+        main_tb, extra_tb = k_cache.shape[3], extra_k_cache.shape[3]
+        if (main_tb == 584) != (extra_tb == 584):
+            raise ValueError(
+                f"extra_k_cache: a {FORMAT_NAMES[extra_tb]} extra cache ({extra_tb} bytes per "
+                f"token) cannot pair with a {FORMAT_NAMES[main_tb]} main cache ({main_tb}): V4 "
+                "pairs with V4, V4.1 FP8 with V4.1 FP8 or FP4"
+            )
         _check_indices("extra_indices", extra_indices, B, dev)
         _check_lengths("extra_topk_length", extra_topk_length, B, dev)
     if out is not None and (
@@ -1150,6 +1286,9 @@ def flash_mla_sparse_decode_triton(
         has_len=int(topk_length is not None), has_elen=int(extra_topk_length is not None),
         HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None,
         RNE_BY_HAND=not q.is_cuda,
+        # Each cache's format from its token size; without an extra cache, the main one's.
+        FMT=CACHE_FORMATS[k_cache.shape[3]],
+        E_FMT=CACHE_FORMATS[(extra_k_cache if has_extra else k_cache).shape[3]],
     )  # fmt: skip
     if (variant or _DEFAULT_VARIANT) == "mma":
         if _config is not None and not isinstance(_config, MMAConfig):

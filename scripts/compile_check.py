@@ -3,10 +3,10 @@
 Triton lowers a kernel to PTX with no device present (its CUDA backend and ptxas ship in the
 pip wheel), so the per-architecture table can be checked where there is no such GPU: the shared
 memory each table row needs (every build the launcher uses for it, with and without the extra
-cache: the bf16-P loop, the exact PV for few-token requests as a branch of that launch or as
-a second launch, and the exact PV for the whole call) against the architecture's per-block
-limit, and, when a ptxas is found, registers and spills. Used for sm_120 / sm_89, which we
-have no hardware for.
+cache, and for the DSv4.1 pair of formats: the bf16-P loop, the exact PV for few-token requests
+as a branch of that launch or as a second launch, and the exact PV for the whole call) against
+the architecture's per-block limit, and, when a ptxas is found, registers and spills. Used
+for sm_120 / sm_89, which we have no hardware for.
 
     python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json]
 
@@ -50,12 +50,13 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
 
 def compile_kernel(
     fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_branch: bool,
-    run_bf16_p: bool = True,
+    run_bf16_p: bool = True, formats: tuple[int, int] = (0, 0),
 ):  # fmt: skip
     """Compile `_mma_split_kernel` for `cc` with a table row's parameters, as `mma_config` and
     the launcher do: `pv_split` (exact PV for the whole call) with the row's EXACT_BLOCK_H
     heads; `exact_branch`: the exact PV for few-token requests, beside the bf16-P loop or
-    (`run_bf16_p` off) alone, as the second launch."""
+    (`run_bf16_p` off) alone, as the second launch. `formats`: the (main, extra) caches' FMT
+    (0 V4, 1 V4.1 FP8, 2 V4.1 FP4)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -74,6 +75,7 @@ def compile_kernel(
         EXACT_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_branch else 0,
         EXACT_BLOCK_H=min(row.get("EXACT_BLOCK_H", block_h), block_h),
         COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True, PREFETCH=row["prefetch_next"],
+        FMT=formats[0], E_FMT=formats[1] if has_extra else formats[0],
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -143,12 +145,17 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
             *builds,
             ("exact-all", False, True, True),
         ):
-            for has_extra in (False, True):
-                ck = compile_kernel(fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p)
+            # V4 caches alone and paired, and the V4.1 pair with the most code (FP8 main, FP4
+            # extra: the tile's gather branches on its cache).
+            for has_extra, formats in ((False, (0, 0)), (True, (0, 0)), (True, (1, 2))):
+                ck = compile_kernel(
+                    fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p, formats
+                )
                 shared = ck.metadata.shared
                 limit = SMEM_LIMIT.get(cc)
                 rows.append({
                     "cc": cc, **row, "pass": label, "extra_cache": has_extra,
+                    "formats": "v41+v41_fp4" if formats[0] else "v4",
                     "shared_bytes": shared, "limit_bytes": limit,
                     "fits": limit is None or shared <= limit,
                     "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
@@ -172,7 +179,8 @@ def main() -> int:
         for r in rows:
             print(
                 f"sm_{r['cc']:<4d} H/N/w {r['BLOCK_H']}/{r['BLOCK_N']}/{r['num_warps']} "
-                f"{r['pass']:12s} extra={int(r['extra_cache'])} smem {r['shared_bytes']:>7d} / "
+                f"{r['pass']:12s} extra={int(r['extra_cache'])} {r['formats']:11s} "
+                f"smem {r['shared_bytes']:>7d} / "
                 f"{r['limit_bytes']} {'ok' if r['fits'] else 'OVER'}  {r['ptxas']}"
             )
     return 0 if all(r["fits"] for r in rows) else 1

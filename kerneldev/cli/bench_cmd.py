@@ -65,7 +65,9 @@ def bench_command(
     ctx: typer.Context,
     variants: str = variants_option(
         "Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
-        "file's own choice by environment). The first is the A of the A/B ratios."
+        "file's own choice by environment), and flashinfer (FlashInfer's sm_120 DSv4 decode, "
+        "where the host has it; else one line says why it was skipped). The first is the A "
+        "of the A/B ratios."
     ),
     shapes: list[str] = SHAPES_OPTION,
     source: str = typer.Option(
@@ -289,6 +291,8 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
         for label, mean in comparison.geomean.items():
             text = f"{mean:.2f}x" if mean else "-"
             out_line(f"geomean {label} vs baseline {comparison.baseline}: {text}")
+    for name, why in (data.get("skipped") or {}).items():
+        out_line(f"skipped {name}: {why}")
 
 
 def _verdict_cell(comparison: bench.Comparison, r: dict) -> Cell | str:

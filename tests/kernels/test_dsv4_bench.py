@@ -232,3 +232,46 @@ def test_prefetch_next_is_a_row_key():
     with pytest.raises(bench.HarnessError, match="no field prefetch_next"):
         conf.config(_fake_kernel_module(_OldRow(32, False)), _fake_torch(9, 0, 132), shape)
     assert "prefetch_next" in bench.build_parser().format_help()
+
+
+# --- prefill-sized shapes and the DSv4.1 formats (issue 20) ----------------------------------
+
+
+def test_prefill_and_v41_shape_sets():
+    prefill = bench.SHAPE_SETS["prefill"]
+    assert {s.batch for s in prefill} == {256, 1024, 4096, 8192}
+    assert {s.heads for s in prefill} == {8, 16, 64}
+    assert all(s.prefill and s.name.startswith("T") for s in prefill)
+    assert any(s.share for s in prefill) and any(s.lengths == "partial" for s in prefill)
+    assert any(s.extra_topk == 0 for s in prefill) and any(s.sink for s in prefill)
+    v41 = bench.SHAPE_SETS["v41"]
+    assert {s.layout for s in v41} == {"v41", "v41_fp4"}
+    # the floor counts each cache's own token size: 128 x 528 + 512 x 288 (+ ids, q, out)
+    s = v41[0]
+    assert s.min_bytes() == 64 * (128 * 532 + 512 * 292 + 2 * 64 * 512 * 2)
+    spec = bench.parse_shapes(["B=4,H=8,topk=64,layout=v41_fp4,share=2,prefill=1,extra_topk=64"])
+    assert spec[0].layout == "v41_fp4" and spec[0].share == 2 and spec[0].name.startswith("T4 ")
+    with pytest.raises(bench.HarnessError, match="layout must be one of"):
+        bench.parse_shapes(["B=4,topk=64,layout=v5"])
+
+
+def test_shared_indices_coincide_and_the_distinct_floor_counts_them_once():
+    torch = pytest.importorskip("torch")
+    ref = _load("_kd_test_bench_reference", "dsv4_reference.py")
+    own = ref.make_inputs(32, 8, 64, 64, extra_topk=128, extra_page_size=64, seed=1)
+    shape = bench.make_shape(32, heads=8, topk=64, extra_topk=128, prefill=True)
+    shared = ref.make_inputs(32, 8, 64, 64, extra_topk=128, extra_page_size=64, seed=1)
+    bench._share_indices(shared, 16, seed=1)
+    main, extra = shared["indices"], shared["extra_indices"]
+    # main cache: token i + 1's window is token i's shifted by one position, within a request
+    assert torch.equal(main[1, :-1], main[0, 1:]) and not torch.equal(main[16, :-1], main[15, 1:])
+    # extra cache: consecutive tokens of a request share most of their selection (1/16 redrawn)
+    same = (extra[1] == extra[0]).float().mean()
+    assert 0.75 < float(same) < 1.0
+    own_bytes, shared_bytes = bench.distinct_bytes(own, shape), bench.distinct_bytes(shared, shape)
+    q_out = 2 * 32 * 8 * 512 * 2
+    ids = 32 * (64 + 128) * 4
+    assert own_bytes <= shape.min_bytes()
+    assert shared_bytes - q_out - ids < (own_bytes - q_out - ids) / 4
+    # 2 requests: main windows of 16 + 63 tokens, extra at most 2 x 128 distinct each
+    assert shared_bytes <= q_out + ids + 2 * (16 + 63) * 584 + 2 * 256 * 584

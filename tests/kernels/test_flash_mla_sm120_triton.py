@@ -556,6 +556,19 @@ def test_mma_config_rule():
     assert big.num_splits == fl.MAX_SPLITS
 
 
+def test_prefill_rule_only_for_many_programs_of_16_heads():
+    """Prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take the
+    row's prefill tile and warps; 64-head prefill and decode-sized calls keep the row's."""
+    pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
+    assert (pf.block_h, pf.block_n, pf.num_warps, pf.num_splits) == (16, 32, 4, 1)
+    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0)[1:4] == (32, 1, 4)
+    h64 = fl.mma_config((9, 0), 132, 1024, 64, 128, 512)
+    assert (h64.block_n, h64.num_warps) == (64, 8)
+    decode = fl.mma_config((9, 0), 132, 64, 8, 128, 512)  # 64 programs < 4 x 132 slots
+    assert (decode.block_n, decode.num_warps) == (64, 8)
+    assert fl.mma_config((12, 0), 188, 1024, 8, 128, 512)[1:4:2] == (32, 4)  # sm_120: its row
+
+
 @pytest.mark.parametrize("in_launch", [False, True])
 @pytest.mark.parametrize("count_block_max", [16, 4096])
 def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, in_launch):

@@ -1,0 +1,296 @@
+"""DSv4.1 cache layouts (528-byte FP8 token, 288-byte FP4 extra cache) in the bundled kernels.
+
+SGLang 0.5.23's DSv4 backend hands the kernel its caches as `[pages, P, 1, token_bytes]` views
+and says the format is that last dimension: 584 (V4), 528 (V4.1 FP8) or 288 (V4.1 FP4, extra
+cache only). These tests pin the byte layouts with hand-built pages (independent of the packer),
+run both kernels against the float64 reference on V4.1 caches, and check that any other token
+size is a ValueError naming it. CPU: Triton's interpreter; GPU: compiled, plus larger shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import conftest as kconf
+from .test_flash_mla_sm120_triton import (
+    DEVICE,
+    ON_GPU,
+    G,
+    _run_and_check,
+    _seed,
+    cache_mod,
+    fl,
+    ref,
+)
+
+torch = pytest.importorskip("torch")
+
+if not kconf.KERNELS_RUNNABLE:  # see test_flash_mla_sm120_triton.test_kernel_suite_in_own_process
+    pytestmark = pytest.mark.skipif(True, reason="triton imported without TRITON_INTERPRET")
+
+decode = fl.flash_mla_sparse_decode_triton
+
+
+def _view(page_bytes: torch.Tensor, page_size: int, token_bytes: int) -> torch.Tensor:
+    """[pages, stride] bytes -> the kernel's [pages, P, 1, token_bytes] view, as SGLang does."""
+    pages, stride = page_bytes.shape
+    return page_bytes.view(-1).as_strided(
+        (pages, page_size, 1, token_bytes), (stride, token_bytes, token_bytes, 1)
+    )
+
+
+# ----------------------------------------------------------------------------- byte layouts
+
+
+def test_v41_fp8_bytes_where_sglang_puts_them():
+    """Page of P = 2 tokens: [2 x 512 e4m3 values][2 x 16 UE8M0 bytes]; value d of slot t is
+    byte t*512 + d times 2^(byte (P*512 + t*16 + d // 32) - 127)."""
+    P = 2
+    page = torch.zeros(1, P * 528, dtype=torch.uint8)
+    e4m3 = torch.tensor([1.5, -3.0], dtype=torch.float8_e4m3fn).view(torch.uint8)
+    page[0, 512 + 33] = e4m3[0]  # slot 1, value 33 (scale group 1)
+    page[0, 512 + 511] = e4m3[1]  # slot 1, value 511 (scale group 15)
+    page[0, P * 512 + 16 + 1] = 127 + 3  # slot 1, group 1: 2^3
+    page[0, P * 512 + 16 + 15] = 127 - 2  # slot 1, group 15: 2^-2
+    kv = cache_mod.unpack_paged_cache(_view(page, P, 528))
+    expect = torch.zeros(P, 512)
+    expect[1, 33] = 1.5 * 8
+    expect[1, 511] = -3.0 / 4
+    assert torch.equal(kv, expect)
+
+
+def test_v41_fp4_bytes_where_sglang_puts_them():
+    """Page of P = 2 tokens: [2 x 256 bytes of e2m1 pairs][2 x 32 e4m3 scales]; value 2i of a
+    token is the low nibble of its byte i, 2i + 1 the high one, one scale per 16 values."""
+    P = 2
+    page = torch.zeros(1, P * 288, dtype=torch.uint8)
+    page[0, 256 + 8] = 0x2B  # slot 1, byte 8 = values 16 (code 0xB = -1.5) and 17 (0x2 = 1.0)
+    page[0, 256 + 255] = 0x70  # values 510 (code 0 = 0) and 511 (code 7 = 6.0)
+    scales = torch.tensor([0.25, 3.0], dtype=torch.float8_e4m3fn).view(torch.uint8)
+    page[0, P * 256 + 32 + 1] = scales[0]  # slot 1, group 1 (values 16..31)
+    page[0, P * 256 + 32 + 31] = scales[1]  # slot 1, group 31 (values 496..511)
+    kv = cache_mod.unpack_paged_cache(_view(page, P, 288))
+    expect = torch.zeros(P, 512)
+    expect[1, 16], expect[1, 17], expect[1, 511] = -1.5 * 0.25, 1.0 * 0.25, 6.0 * 3.0
+    assert torch.equal(kv, expect)
+
+
+@pytest.mark.parametrize("layout,tol", [("v41", 2**-4), ("v41_fp4", 0.5)])
+def test_v41_packer_round_trip_and_padding(layout, tol):
+    """The packer writes SGLang's pages: stride padded to 512 (FP8) / 256 (FP4) bytes."""
+    kv = torch.randn(100, 512)
+    fmt = cache_mod.FORMATS[layout]
+    stride = cache_mod.padded_page_stride(48, layout=layout)
+    assert stride % fmt.page_align == 0 and stride >= 48 * fmt.token_bytes
+    kc = cache_mod.pack_paged_cache(kv, 48, stride, layout=layout)
+    assert kc.shape[1:] == (48, 1, fmt.token_bytes) and kc.stride(0) == stride
+    back = cache_mod.unpack_paged_cache(kc)[:100]
+    group = kv.view(100, -1, fmt.group).abs().amax(-1, keepdim=True)
+    err = ((back - kv).view(100, -1, fmt.group).abs() / group).amax()
+    assert float(err) < tol  # e4m3 (3 mantissa bits) per 32; e2m1 (1 bit) per 16
+    assert cache_mod.padded_page_stride(64, layout="v41") == 64 * 528  # 33792 = 66 x 512
+    assert cache_mod.padded_page_stride(64, layout="v41_fp4") == 64 * 288
+
+
+def test_nibbles_decode_all_sixteen_codes():
+    """Every e2m1 code through the kernel's decoder equals its table value (one token whose
+    bytes hold codes 0..15 twice, scale 1.0), via a one-token decode with one head."""
+    P = 1
+    page = torch.zeros(1, 288, dtype=torch.uint8)
+    codes = torch.arange(512) % 16
+    page[0, :256] = (codes[0::2] | (codes[1::2] << 4)).to(torch.uint8)
+    page[0, 256:] = torch.tensor([1.0], dtype=torch.float8_e4m3fn).view(torch.uint8)
+    extra = _view(page, P, 288)
+    main = cache_mod.pack_paged_cache(torch.zeros(1, 512), 1, layout="v41")
+    want = cache_mod.unpack_paged_cache(extra)[0]
+    assert want[:16].tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
+    H = 16
+    q = torch.zeros(1, 1, H, 512, dtype=torch.bfloat16, device=DEVICE)
+    idx = torch.tensor([[-1]], dtype=torch.int32, device=DEVICE)
+    e_idx = torch.tensor([[0]], dtype=torch.int32, device=DEVICE)
+    for variant in ("simt", "mma"):
+        out, _ = decode(
+            q, main.to(DEVICE), idx, None, None, 512, None, extra.to(DEVICE), e_idx, None,
+            variant=variant,
+        )  # fmt: skip
+        # one valid token: out is its V row exactly (weight 1)
+        assert torch.equal(out[0, 0, 0].float().cpu(), want), variant
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+V41_CASES = [
+    # (id, make_inputs kwargs, MMA configs: None = the table's choice)
+    ("v41_single", dict(B=2, H=16, topk=40, page_size=16, kv_layout="v41"), [None]),
+    (
+        "v41_dual_fp8",
+        dict(
+            B=2,
+            H=16,
+            topk=24,
+            page_size=32,
+            extra_topk=40,
+            extra_page_size=8,
+            kv_layout="v41",
+            with_sink=True,
+            page_stride="pad576",
+        ),
+        [None, G(2)],
+    ),  # fmt: skip
+    (
+        "v41_dual_fp4_partial_invalid",
+        dict(
+            B=3,
+            H=16,
+            topk=40,
+            page_size=16,
+            extra_topk=36,
+            extra_page_size=4,
+            kv_layout="v41",
+            extra_kv_layout="v41_fp4",
+            with_sink=True,
+            page_stride="pad576",
+            topk_length="partial",
+            invalid_fraction=0.15,
+            kv_scale_spread=3,
+        ),
+        [None, G(3)],
+    ),  # fmt: skip
+    (
+        "v41_fp4_sink_inf_fp8_dtype",
+        dict(
+            B=2,
+            H=20,
+            topk=16,
+            page_size=2,
+            extra_topk=48,
+            extra_page_size=2,
+            kv_layout="v41",
+            extra_kv_layout="v41_fp4",
+            with_sink="inf",
+            indices_3d=True,
+        ),
+        [None],
+    ),  # fmt: skip
+]
+if ON_GPU:  # production-sized: SWA 128 over 256-token pages, extra 512 over 64-token pages
+    V41_CASES += [
+        (
+            "gpu_v41_B64_dual_fp4",
+            dict(
+                B=64,
+                H=64,
+                topk=128,
+                page_size=256,
+                extra_topk=512,
+                extra_page_size=64,
+                kv_layout="v41",
+                extra_kv_layout="v41_fp4",
+                with_sink=True,
+                page_stride="pad576",
+                topk_length="partial",
+                invalid_fraction=0.1,
+            ),
+            [None, fl.mma_config((12, 0), 132, 64, 64, 128, 512)],
+        ),  # fmt: skip
+        (
+            "gpu_v41_B32_topk2048",
+            dict(B=32, H=64, topk=2048, page_size=64, kv_layout="v41", with_sink=True),
+            [None, fl.mma_config((12, 0), 132, 32, 64, 2048, 0)],
+        ),  # fmt: skip
+        (
+            "gpu_v41_B16_H128_dual_fp8",
+            dict(
+                B=16,
+                H=128,
+                topk=128,
+                page_size=256,
+                extra_topk=512,
+                extra_page_size=64,
+                kv_layout="v41",
+                page_stride="pad576",
+            ),
+            [None],
+        ),  # fmt: skip
+    ]
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("case_id,kwargs,configs", V41_CASES, ids=[c[0] for c in V41_CASES])
+def test_v41_matches_reference(case_id, kwargs, configs, variant):
+    if variant == "simt" and kwargs["B"] * kwargs["H"] > 2048:
+        pytest.skip("SIMT on the largest shapes: covered by the smaller cases")
+    inputs = ref.make_inputs(**kwargs, device=DEVICE, seed=_seed(case_id))
+    if case_id.endswith("fp8_dtype"):
+        inputs["k_cache"] = inputs["k_cache"].view(torch.float8_e4m3fn)
+    for cfg in configs if variant == "mma" else [None]:
+        _run_and_check(inputs, variant, cfg)
+
+
+def test_v41_all_invalid_and_zero_lengths():
+    inputs = ref.make_inputs(
+        B=2, H=16, topk=20, page_size=8, extra_topk=20, extra_page_size=4, kv_layout="v41",
+        extra_kv_layout="v41_fp4", with_sink=True, invalid_fraction=1.0, device=DEVICE, seed=3,
+    )  # fmt: skip
+    for variant in ("simt", "mma"):
+        _run_and_check(inputs, variant, expect_all_invalid=True)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _inputs(layout="v41", extra_layout=None):
+    return ref.make_inputs(
+        B=2, H=16, topk=8, page_size=16, extra_topk=8, extra_page_size=8, kv_layout=layout,
+        extra_kv_layout=extra_layout, device=DEVICE, seed=11,
+    )  # fmt: skip
+
+
+def _resized(cache: torch.Tensor, token_bytes: int) -> torch.Tensor:
+    pages, P = cache.shape[:2]
+    flat = torch.zeros(pages * P * token_bytes, dtype=torch.uint8, device=cache.device)
+    tb = token_bytes
+    return flat.as_strided((pages, P, 1, tb), (P * tb, tb, tb, 1))
+
+
+@pytest.mark.parametrize("token_bytes", [576, 512, 600, 1])
+@pytest.mark.parametrize("which", ["k_cache", "extra_k_cache"])
+def test_other_token_sizes_are_value_errors_naming_them(which, token_bytes):
+    inputs = _inputs()
+    inputs[which] = _resized(inputs[which], token_bytes)
+    with pytest.raises(ValueError, match=rf"{which}: unsupported token size {token_bytes} bytes"):
+        decode(**inputs, variant="mma")
+
+
+def test_fp4_main_cache_and_mixed_generations_rejected():
+    inputs = _inputs()
+    inputs["k_cache"] = _resized(inputs["k_cache"], 288)
+    with pytest.raises(ValueError, match=r"k_cache: unsupported token size 288 .*extra cache"):
+        decode(**inputs, variant="simt")
+    v4 = _inputs("v4")
+    v4["extra_k_cache"] = _inputs("v41", "v41_fp4")["extra_k_cache"]
+    with pytest.raises(ValueError, match=r"extra_k_cache: a V4.1 FP4 extra cache .* V4 main"):
+        decode(**v4, variant="mma")
+    v41 = _inputs("v41")
+    v41["extra_k_cache"] = _inputs("v4")["extra_k_cache"]
+    with pytest.raises(ValueError, match=r"a V4 extra cache \(584 bytes"):
+        decode(**v41, variant="mma")
+
+
+def test_wrapper_torch_path_refuses_v41_caches_by_name():
+    """SGLANG_SM120_FLASHMLA_BACKEND=torch reads only V4 caches: a V4.1 one is a ValueError,
+    not a silently wrong answer (the triton backend, the entry above, reads them)."""
+    from .test_flash_mla_sm120_triton import _load
+
+    wrapper = _load("_kd_test_v41_wrapper", "flash_mla_sm120.py")
+    inputs = _inputs("v41", "v41_fp4")
+    args = [inputs[k] for k in ("q", "k_cache", "indices", "topk_length", "attn_sink")]
+    with pytest.raises(ValueError, match="k_cache: the torch path reads the V4 cache"):
+        wrapper._sm120_sparse_decode_fwd(*args, 512, 0.04)
+    v4 = _inputs("v4")
+    with pytest.raises(ValueError, match="extra_k_cache: .* this one has 288"):
+        wrapper._sm120_sparse_decode_fwd(
+            v4["q"], v4["k_cache"], v4["indices"], None, None, 512, 0.04,
+            inputs["extra_k_cache"], inputs["extra_indices"], None,
+        )  # fmt: skip
