@@ -133,10 +133,18 @@ class Scheduler:
             eng = engine_mod.DecodeEngine(root, sizes, **(graph_options or {}))
             eng.step(1)  # warm-up: compile (GPU) or first interpretation (CPU) before ready
             if eng.graph_sizes:
-                took = eng.capture_graphs()
-                log.info(
-                    "Capture cuda graph end. Time elapsed: %.2f s. bs: %s", took, eng.graph_sizes
-                )
+                try:
+                    took = eng.capture_graphs()
+                except Exception as err:  # noqa: BLE001 - serve eager, say why everywhere
+                    eng.graphs.clear()
+                    eng.graph_note = f"capture failed: {type(err).__name__}: {err}"
+                    log.error("CUDA graph %s; every step runs eager", eng.graph_note)
+                else:
+                    log.info(
+                        "Capture cuda graph end. Time elapsed: %.2f s. bs: %s",
+                        took,
+                        eng.graph_sizes,
+                    )
             else:
                 log.info("CUDA graphs: none (%s)", eng.graph_note)
         except Exception as err:  # noqa: BLE001 - reported on /health and in the log

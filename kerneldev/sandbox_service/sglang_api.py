@@ -3,7 +3,8 @@
 What SGLang's client (`sglang.benchmark.serving`) and kerneldev call besides `/generate`:
 
     GET  /v1/models, /v1/models/{id}   the OpenAI model list: `data[0].id` is the model name
-                                       (the client's readiness check and its default --model)
+                                       (the client's readiness check and its default --model;
+                                       503 until the engine is ready, like every route here)
     GET  /model_info, /get_model_info  model_path, served_model_name, tokenizer_path (where the
                                        client loads its tokenizer from), is_generation, ...
     GET  /server_info, /get_server_info  the server's settings (tp_size, attention_backend,
@@ -90,12 +91,18 @@ def add_routes(app: FastAPI, service) -> None:
             "max_model_len": service.server_args.get("context_length"),
         }
 
+    # SGLang serves HTTP only once its model is loaded, so every route below answers only when
+    # the engine is ready (503 before): SGLang's client waits on /v1/models for exactly that.
     @app.get("/v1/models")
     async def models():
+        if (resp := not_ready()) is not None:
+            return resp
         return {"object": "list", "data": [model_card(model_name())]}
 
     @app.get("/v1/models/{model:path}")
     async def one_model(model: str):
+        if (resp := not_ready()) is not None:
+            return resp
         if model != model_name():
             return JSONResponse(
                 {
@@ -110,7 +117,9 @@ def add_routes(app: FastAPI, service) -> None:
             )
         return model_card(model)
 
-    def model_info_body() -> dict:
+    def model_info_body():
+        if (resp := not_ready()) is not None:
+            return resp
         return {
             "model_path": service.server_args["model_path"],
             "served_model_name": model_name(),
