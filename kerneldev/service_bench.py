@@ -1,19 +1,29 @@
 """`kerneldev bench --service`: decode timings of the running service, A/B across restarts.
 
 For each round, each variant in interleaved order (A B, then B A, ...): write the env file,
-restart, wait for health, warm up, then drive streaming requests at each concurrency with the
-stdlib load generator (`service_load.py`) run on the host against the service URL there. The
+restart, wait for health, then per concurrency level warm up (at least c requests at
+concurrency c, so the batch sizes it times have run once), `/flush_cache`, wait 1 s, and drive
+streaming requests with the stdlib load generator (`service_load.py`) run on the host
+against the service URL there. The
 env file is restored and the service restarted on its original settings at the end, also
 after a failure or Ctrl-C (`service_variants.VariantSwitcher`).
 
-Metrics use SGLang `bench_serving`'s names and definitions: TTFT; ITL per streamed chunk;
-TPOT = (E2E - TTFT) / (output tokens - 1) for requests with more than one output token; E2E;
+Metrics use the names and definitions of SGLang 0.5.23's client (`sglang.benchmark.serving`):
+TTFT; ITL per token (a chunk of n new tokens counts its gap / n, n times); TPOT = (E2E -
+TTFT) / (output tokens - 1) for requests with more than one output token; E2E;
 `request_throughput` (completed requests / duration) and `output_throughput` (output tokens /
 duration) per concurrency level. Per variant and concurrency the headline numbers pool the
 requests of every round; the A/B verdict per metric compares the per-round values: "no
 change" when the [min, max] ranges across rounds of the two variants overlap (the difference
 lies within the spread across rounds), else "better" or "worse" (lower latency, higher
 throughput is better). With one round there is no spread: the verdict is "one round".
+
+Token counts are the server's (`meta_info`). A request fails when the HTTP status is not 200,
+the stream breaks off or carries an error (SGLang's `data: {"error": ...}`, an aborted
+`finish_reason`): `failed` counts it and `errors` lists the server's messages. Each run saves
+the server's settings (`/server_info`: CUDA-graph sizes, speculative decoding, TP, attention
+backend, ...); `server_differences` names those that differ between variants (beyond the
+variant's own kernel), since an A/B across them times more than the kernel.
 
 Result JSON: schema `kerneldev.service-bench/1` (docs/service-bench-json.md), saved as
 `<results_dir>/<UTC time>-<host>-service.json`.
@@ -73,6 +83,8 @@ class ServiceBenchRequest:
         ):
             if value < 1:
                 raise UsageError(f"{name} must be >= 1, got {value}")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup must be >= 0, got {self.warmup}")
 
 
 def parse_concurrency(text: str) -> list[int]:
@@ -128,6 +140,7 @@ def level_metrics(requests: list[dict], duration: float) -> dict:
     metrics = {
         "completed": len(ok),
         "failed": len(requests) - len(ok),
+        "errors": error_counts(requests),
         "total_input": sum(r.get("prompt_tokens", 0) for r in ok),
         "total_output": out_tokens,
         "duration": duration,
@@ -137,6 +150,18 @@ def level_metrics(requests: list[dict], duration: float) -> dict:
     for prefix, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl), ("e2e_latency", e2e)):
         metrics.update(_stats(prefix, values))
     return metrics
+
+
+def error_counts(requests: list[dict]) -> list[dict]:
+    """The failed requests' messages, each with how many requests it ended (first seen first)."""
+    counts: dict[str, int] = {}
+    for r in requests:
+        if not r:
+            counts["no result"] = counts.get("no result", 0) + 1
+        elif not r.get("ok"):
+            msg = str(r.get("error") or "failed")
+            counts[msg] = counts.get(msg, 0) + 1
+    return [{"message": m, "requests": n} for m, n in counts.items()]
 
 
 def pooled_metrics(runs: list[dict]) -> dict:
@@ -196,6 +221,7 @@ def run_service_bench(
     started = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     order = round_order(request.variants, request.rounds)
     runs: list[dict] = []
+    servers: list[dict] = []
     switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
     with switcher, HostScripts(transport, host) as scripts:
         for i, (rnd, name) in enumerate(order, 1):
@@ -231,6 +257,7 @@ def run_service_bench(
                 load = json.loads(transport.read_bytes(out))
             except (KerneldevError, ValueError) as err:
                 raise BenchError(f"the load generator left no readable result: {err}") from None
+            servers.append({"round": rnd, "variant": name, **(load.get("server") or {})})
             for level in load["levels"]:
                 m = level_metrics(level["requests"], level["duration"])
                 say(
@@ -239,21 +266,75 @@ def run_service_bench(
                     f"{_fmt(m['output_throughput'])} tok/s"
                     + (f", {m['failed']} failed" if m["failed"] else "")
                 )
+                for e in m["errors"]:
+                    say(f"    {e['requests']} failed: {e['message'][:200]}")
                 runs.append(
                     {
                         "round": rnd,
                         "variant": name,
                         "concurrency": level["concurrency"],
                         "healthy_after_s": switch.healthy_after_s,
+                        "warmup_requests": level.get("warmup"),
+                        "flush_cache": level.get("flush_cache"),
                         "duration": level["duration"],
                         "requests": level["requests"],
                         "metrics": m,
                     }
                 )
     data = build_result(host, request, url, started, runs)
+    add_server_settings(data, servers)
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
     saved = save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
     return ServiceBenchResult(data, saved, switcher.restart_skipped)
+
+
+# --- the server's settings ---------------------------------------------------------------
+
+# Settings that are the variant itself (its kernel), not a difference to warn about.
+VARIANT_OWN_SETTINGS = ("kernel_variant", "kernel_sha256", "env")
+
+
+def variant_server_settings(servers: list[dict]) -> dict[str, dict]:
+    """Per variant: the server's settings it ran under (the first round's; a change between
+    rounds of one variant is listed under `changed_between_rounds`)."""
+    out: dict[str, dict] = {}
+    for s in servers:
+        settings = dict(s.get("settings") or {})
+        kd = s.get("kerneldev") or {}
+        for key in ("kernel_variant", "kernel_sha256", "device_name", "cuda_graph"):
+            if key in kd:
+                settings[f"kerneldev.{key}"] = kd[key]
+        entry = out.setdefault(
+            s["variant"],
+            {"source": s.get("source"), "settings": settings, "changed_between_rounds": []},
+        )
+        if s.get("error") and not entry["settings"]:
+            entry["error"] = s["error"]
+        for key in sorted(set(settings) | set(entry["settings"])):
+            if settings.get(key) != entry["settings"].get(key):
+                if key not in entry["changed_between_rounds"]:
+                    entry["changed_between_rounds"].append(key)
+    return out
+
+
+def server_differences(per_variant: dict[str, dict]) -> list[dict]:
+    """The settings whose values differ between variants (the variant's own kernel aside)."""
+    names = list(per_variant)
+    keys = sorted({k for v in per_variant.values() for k in v["settings"]})
+    diffs = []
+    for key in keys:
+        if key.split(".")[-1] in VARIANT_OWN_SETTINGS:
+            continue
+        values = {n: per_variant[n]["settings"].get(key) for n in names}
+        if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1:
+            diffs.append({"setting": key, "values": values})
+    return diffs
+
+
+def add_server_settings(data: dict, servers: list[dict]) -> None:
+    per_variant = variant_server_settings(servers)
+    data["server"] = per_variant
+    data["server_differences"] = server_differences(per_variant)
 
 
 def _lines_to(say: ProgressCallback) -> Callable[[str], None]:

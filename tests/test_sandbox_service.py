@@ -131,6 +131,37 @@ def test_profile_endpoints_write_a_trace_naming_the_kernel(box, tmp_path):
     assert httpx.post(url(box, "/stop_profile")).status_code == 400
 
 
+def test_sglang_info_endpoints_answer_with_sglangs_field_names(box):
+    """What SGLang's client and kerneldev read at start-up: /v1/models (the client's readiness
+    check and default model), /model_info (its tokenizer), /server_info, /flush_cache."""
+    models = httpx.get(url(box, "/v1/models")).json()
+    assert models["object"] == "list" and models["data"][0]["owned_by"] == "sglang"
+    name = models["data"][0]["id"]
+    assert httpx.get(url(box, f"/v1/models/{name}")).json()["id"] == name
+    missing = httpx.get(url(box, "/v1/models/nope"))
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+    for path in ("/model_info", "/get_model_info"):
+        info = httpx.get(url(box, path)).json()
+        assert info["served_model_name"] == name and info["is_generation"] is True
+        assert "tokenizer_path" in info
+
+    for path in ("/server_info", "/get_server_info"):
+        info = httpx.get(url(box, path)).json()
+        assert info["tp_size"] == 1 and info["speculative_algorithm"] is None
+        assert info["attention_backend"] == "flashmla_sm120_triton"
+        # CPU: no CUDA graphs, and the server info says so in SGLang's terms.
+        assert info["disable_cuda_graph"] is True and info["cuda_graph_bs_decode"] is None
+        assert info["kerneldev"]["cuda_graph"]["note"] == "no CUDA graphs on CPU"
+        assert isinstance(info["internal_states"], list) and info["version"]
+
+    flushed = httpx.post(url(box, "/flush_cache"), params={"timeout": 30}, timeout=60)
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed.")
+    assert httpx.get(url(box, "/health_generate"), timeout=60).status_code == 200
+    health = httpx.get(url(box, "/health"))
+    assert health.status_code == 200 and health.text == ""
+
+
 def test_server_info_follows_the_env_file_across_restarts(box):
     info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
     assert info["kernel_variant"] == "simt" and info["device"] == "cpu"
@@ -216,3 +247,51 @@ def test_a_client_that_hangs_up_is_aborted(box):
         sock.sendall(head.encode() + payload)
         assert _wait_for_load(box, want_busy=True) == 1
     assert _wait_for_load(box, want_busy=False) == 0
+
+
+# --- CUDA graphs and scripted streams, without a server --------------------------------------
+
+
+def test_graph_batch_sizes_are_sglangs_and_a_batch_pads_to_the_next():
+    from kerneldev.sandbox_service.engine import decode_graph_batch_sizes, padded_batch
+
+    sizes = decode_graph_batch_sizes(128)
+    assert sizes[:7] == [1, 2, 4, 8, 12, 16, 24] and sizes[-1] == 128 and len(sizes) == 20
+    assert decode_graph_batch_sizes(100)[-2:] == [96, 100]  # the cap is added when missing
+    big = decode_graph_batch_sizes(600)
+    assert big[big.index(256) + 1] == 272 and big[-1] == 600 and 576 in big
+    assert [padded_batch(b, sizes) for b in (1, 3, 5, 13, 127, 128)] == [1, 4, 8, 16, 128, 128]
+    assert padded_batch(129, sizes) is None  # above the largest: eager
+
+
+def test_scripted_stream_spec_parses_and_refuses_typos():
+    from kerneldev.sandbox_service.scripted import StreamScript
+
+    s = StreamScript.parse("chunk_tokens=4, gap_ms=50,error_request=0")
+    assert (s.chunk_tokens, s.gap_ms, s.error_request) == (4, 50.0, 0)
+    assert s.chunks(10) == [4, 8, 10]
+    with pytest.raises(ValueError, match="chunk_token=3"):
+        StreamScript.parse("chunk_token=3")
+    with pytest.raises(ValueError, match="must be a number"):
+        StreamScript.parse("gap_ms=fast")
+
+
+@pytest.mark.gpu
+def test_a_replayed_graph_decodes_the_same_tokens_as_eager(tmp_path):
+    """On a GPU: the captured step gives the eager step's tokens, padded batches included."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from kerneldev.sandbox import kernel_source
+    from kerneldev.sandbox_service import engine
+
+    kernel = tmp_path / engine.KERNEL_RELPATH
+    kernel.parent.mkdir(parents=True)
+    kernel.write_bytes(kernel_source(engine.KERNEL_RELPATH))
+    sizes = engine.EngineSizes(2, 64, 128, 256, 512, 64, max_batch=16)
+    eager = engine.DecodeEngine(str(tmp_path), sizes, disable_cuda_graph=True)
+    graphs = engine.DecodeEngine(str(tmp_path), sizes)
+    assert graphs.graph_sizes == [1, 2, 4, 8, 12, 16] and graphs.capture_graphs() > 0
+    for batch in (1, 3, 16, 5):
+        assert graphs.step(batch) == eager.step(batch) and graphs.last_step_graph
+    assert not eager.last_step_graph and graphs.info()["cuda_graph"]["enabled"]

@@ -251,6 +251,96 @@ def test_metrics_follow_bench_serving_definitions():
     assert sb.percentile([1, 2, 3, 4], 50) == 2.5 and sb.percentile([], 50) is None
 
 
+def _load_module():
+    """service_load.py as the host runs it: a standalone file, stdlib only."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "service_load_under_test", ROOT / "kerneldev" / "service_load.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_itl_is_per_token_and_empty_chunks_are_skipped():
+    """SGLang's client: a chunk of n new tokens after a gap g counts g/n, n times; a chunk with
+    no text, or no new token, adds nothing; token counts are the server's meta_info."""
+    sl = _load_module()
+    timer = sl.StreamTimer(start=0.0)
+
+    def chunk(text, tokens, prompt=7):
+        return {"text": text, "meta_info": {"completion_tokens": tokens, "prompt_tokens": prompt}}
+
+    timer.chunk(chunk("a b", 2), 0.10)  # first chunk: TTFT, no ITL
+    timer.chunk({"text": "", "meta_info": {}}, 0.12)  # empty: skipped
+    timer.chunk(chunk("a b c d e", 5), 0.16)  # 3 new tokens in 60 ms
+    timer.chunk(chunk("a b c d e", 5), 0.18)  # no new token: skipped
+    timer.chunk(chunk("a b c d e f", 6), 0.20)  # 1 new token, 40 ms after the last counted
+    assert timer.ttft == pytest.approx(0.10)
+    assert timer.itl == pytest.approx([0.02, 0.02, 0.02, 0.04])
+    assert timer.output_tokens == 6 and timer.prompt_tokens == 7
+
+
+def test_errors_inside_the_stream_carry_the_servers_message():
+    sl = _load_module()
+    assert sl.stream_error({"error": {"message": "context too long", "code": 400}}) == (
+        "context too long"
+    )
+    abort = {"text": "x", "meta_info": {"finish_reason": {"type": "abort", "message": "OOM"}}}
+    assert sl.stream_error(abort) == "aborted by the server: OOM"
+    length = {"text": "x", "meta_info": {"finish_reason": {"type": "length"}}}
+    assert sl.stream_error(length) is None
+    assert sl._server_message('{"error": {"message": "bad"}}') == "bad"
+    assert sl._server_message('{"object": "error", "message": "worse"}') == "worse"
+    m = sb.level_metrics(
+        [
+            {"ok": False, "error": "the server reported: OOM"},
+            {"ok": False, "error": "the server reported: OOM"},
+            {"ok": False, "error": "HTTP 400: bad"},
+        ],
+        duration=1.0,
+    )
+    assert m["failed"] == 3 and m["errors"] == [
+        {"message": "the server reported: OOM", "requests": 2},
+        {"message": "HTTP 400: bad", "requests": 1},
+    ]
+
+
+def test_prompts_share_no_prefix_and_repeat_for_every_variant():
+    sl = _load_module()
+    batch = sl.prompts(500, 16, seed=3)
+    assert len({p[0] for p in batch}) == 500 and all(len(p) == 16 for p in batch)
+    assert all(sl.PROMPT_ID_LOW <= t < sl.PROMPT_ID_HIGH for p in batch for t in p)
+    assert sl.prompts(500, 16, seed=3) == batch and sl.prompts(500, 16, seed=4) != batch
+
+
+def test_server_settings_that_differ_between_variants_are_named():
+    servers = [
+        {"round": 0, "variant": "a", "source": "/server_info",
+         "settings": {"tp_size": 1, "cuda_graph_max_bs": 128},
+         "kerneldev": {"kernel_variant": "simt"}},
+        {"round": 0, "variant": "b", "source": "/server_info",
+         "settings": {"tp_size": 1, "cuda_graph_max_bs": None},
+         "kerneldev": {"kernel_variant": "mma"}},
+        {"round": 1, "variant": "b", "source": "/server_info",
+         "settings": {"tp_size": 2, "cuda_graph_max_bs": None},
+         "kerneldev": {"kernel_variant": "mma"}},
+    ]  # fmt: skip
+    data: dict = {}
+    sb.add_server_settings(data, servers)
+    # The kernel variant is the A/B itself; the graph size and TP are not.
+    assert data["server_differences"] == [
+        {"setting": "cuda_graph_max_bs", "values": {"a": 128, "b": None}},
+    ]
+    assert data["server"]["b"]["changed_between_rounds"] == ["tp_size"]
+    from kerneldev.cli.service_bench_cmd import server_difference_lines
+
+    lines = server_difference_lines(data)
+    assert lines[0] == "server setting differs between variants: cuda_graph_max_bs: a=128, b=None"
+    assert "tp_size" in lines[1]
+
+
 def test_verdict_is_no_change_within_the_spread_across_rounds():
     assert sb.verdict("median_tpot_ms", [10, 12], [11, 13]) == sb.NO_CHANGE
     assert sb.verdict("median_tpot_ms", [10, 12], [7, 8]) == sb.BETTER

@@ -123,13 +123,20 @@ def bench_command(
         show_default=False,
     ),
     input_len: int = typer.Option(
-        128, "--input-len", metavar="N", help="With --service: prompt words."
+        128, "--input-len", metavar="N", help="With --service: prompt tokens (ids)."
     ),
     max_new_tokens: int = typer.Option(
         64, "--max-new-tokens", metavar="N", help="With --service: output tokens per request."
     ),
     rounds: int = typer.Option(
         2, "--rounds", metavar="N", help="With --service: rounds; variants alternate A B, B A, ..."
+    ),
+    warmup: int = typer.Option(
+        2,
+        "--warmup",
+        metavar="N",
+        help="With --service: warm-up requests before each level, at its concurrency "
+        "(at least c of them; 0: none).",
     ),
 ) -> None:
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
@@ -146,12 +153,12 @@ def bench_command(
             from kerneldev.cli import group_cmd
 
             request = service_bench_cmd.make_request(
-                variants, concurrency, requests, input_len, max_new_tokens, rounds
+                variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
             )
             return group_cmd.service_bench(config, hosts, request, parallel, as_json)
         code = service_bench_cmd.run(
             config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
-            rounds, as_json,
+            rounds, as_json, warmup=warmup,
         )  # fmt: skip
         if code:
             raise typer.Exit(code)

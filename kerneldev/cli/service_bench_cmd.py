@@ -62,6 +62,7 @@ def make_request(
     input_len: int,
     max_new_tokens: int,
     rounds: int,
+    warmup: int = 2,
 ) -> service_bench.ServiceBenchRequest:
     """The checked request (exit 2 on bad values, before connecting)."""
     request = service_bench.ServiceBenchRequest(
@@ -71,6 +72,7 @@ def make_request(
         input_len=input_len,
         max_new_tokens=max_new_tokens,
         rounds=rounds,
+        warmup=warmup,
     )
     request.check()
     return request
@@ -86,9 +88,12 @@ def run(
     max_new_tokens: int,
     rounds: int,
     as_json: bool,
+    warmup: int = 2,
 ) -> int:
     host = config.host(host_name)
-    request = make_request(variants, concurrency, requests, input_len, max_new_tokens, rounds)
+    request = make_request(
+        variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
+    )
     check_variants(host, request.variants)  # exit 2 before connecting
     with open_transport(host) as transport, service_logs_shown(host):
         result = service_bench.run_service_bench(
@@ -154,6 +159,34 @@ def render(data: dict) -> None:
     table(title, columns, rows)
     for line in ab_lines(data):
         print_line(line)
+    for line in failure_lines(data):
+        print_warning(line)
+    for line in server_difference_lines(data):
+        print_warning(line)
+
+
+def failure_lines(data: dict) -> list[str]:
+    """One line per failure message and variant/concurrency, with the server's words."""
+    lines = []
+    for r in data["results"]:
+        for e in r["metrics"].get("errors") or []:
+            lines.append(
+                f"{r['variant']} c={r['concurrency']}: {e['requests']} failed: {e['message'][:300]}"
+            )
+    return lines
+
+
+def server_difference_lines(data: dict) -> list[str]:
+    """The server settings that differ between variants: the A/B timed more than a kernel."""
+    lines = []
+    for d in data.get("server_differences") or []:
+        values = ", ".join(f"{n}={v!r}" for n, v in d["values"].items())
+        lines.append(f"server setting differs between variants: {d['setting']}: {values}")
+    for name, v in (data.get("server") or {}).items():
+        if v.get("changed_between_rounds"):
+            keys = ", ".join(v["changed_between_rounds"])
+            lines.append(f"server settings changed between rounds of {name}: {keys}")
+    return lines
 
 
 def ab_lines(data: dict) -> list[str]:

@@ -2,8 +2,9 @@
 
 Endpoints (request and response shapes as SGLang's):
 
-    GET  /health            503 while the engine loads, 200 when it is ready
-    GET  /get_server_info   model/server fields plus `kerneldev`: variant, device, env read
+    GET  /health, /health_generate, /ready, /v1/models, /model_info (/get_model_info),
+         /server_info (/get_server_info), GET/POST /flush_cache: sglang_api.py (SGLang's
+                            field names; `kerneldev` in the server info: variant, device, env)
     POST /generate          {"text" | "input_ids", "sampling_params": {"max_new_tokens"},
                             "stream"}; streaming: `data: {text, output_ids, meta_info}` events
                             with the text so far, then `data: [DONE]`
@@ -20,9 +21,13 @@ step instead of decoding to its end for nobody.
 One scheduler thread owns the engine: every step it admits waiting requests (up to the
 engine's max batch), runs one decode step for all running requests together, hands each its
 token, and retires finished ones. Every `decode_log_interval` steps it logs SGLang's line
-`Decode batch. #running-req: N, #token: T, token usage: U, cuda graph: False, gen throughput
-(token/s): X, #queue-req: Q`. Tokens are words of a synthetic vocabulary (" t123"); a prompt's
-token count is its number of whitespace-separated words (or len(input_ids)).
+`Decode batch. #running-req: N, #token: T, token usage: U, cuda graph: B, gen throughput
+(token/s): X, #queue-req: Q` (B: whether the step replayed a CUDA graph, engine.py). Tokens
+are words of a synthetic vocabulary (" t123"); a prompt's token count is its number of
+whitespace-separated words (or len(input_ids)).
+
+`--scripted-stream SPEC` serves `/generate` on a fixed timetable instead, with no engine
+(scripted.py): for checking what benchmark clients compute.
 """
 
 from __future__ import annotations
@@ -36,18 +41,21 @@ import threading
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from kerneldev.sandbox_service import engine as engine_mod
+from kerneldev.sandbox_service import sglang_api
+from kerneldev.sandbox_service.scripted import SPEC_ENV, ScriptedStreams, StreamScript
 
 log = logging.getLogger("sandbox_service")
 MODEL_NAME = "kerneldev-sandbox-dsv4"
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's default for /generate
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_CONTEXT_LENGTH = 8192
+TOKENIZER_ENV = "KERNELDEV_SANDBOX_TOKENIZER"
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks that its client is there
 
 
@@ -83,6 +91,7 @@ class Scheduler:
         self.profiler = None
         self.profile_dir: str | None = None
         self.profile_steps_left: int | None = None
+        self.last_gen_throughput = 0.0
 
     # -- called from the HTTP side -----------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
@@ -117,10 +126,27 @@ class Scheduler:
         return answer
 
     # -- the scheduler thread ----------------------------------------------------------------
-    def load(self, root: str, sizes: engine_mod.EngineSizes | None) -> None:
+    def load(
+        self, root: str, sizes: engine_mod.EngineSizes | None, graph_options: dict | None = None
+    ) -> None:
         try:
-            eng = engine_mod.DecodeEngine(root, sizes)
+            eng = engine_mod.DecodeEngine(root, sizes, **(graph_options or {}))
             eng.step(1)  # warm-up: compile (GPU) or first interpretation (CPU) before ready
+            if eng.graph_sizes:
+                try:
+                    took = eng.capture_graphs()
+                except Exception as err:  # noqa: BLE001 - serve eager, say why everywhere
+                    eng.graphs.clear()
+                    eng.graph_note = f"capture failed: {type(err).__name__}: {err}"
+                    log.error("CUDA graph %s; every step runs eager", eng.graph_note)
+                else:
+                    log.info(
+                        "Capture cuda graph end. Time elapsed: %.2f s. bs: %s",
+                        took,
+                        eng.graph_sizes,
+                    )
+            else:
+                log.info("CUDA graphs: none (%s)", eng.graph_note)
         except Exception as err:  # noqa: BLE001 - reported on /health and in the log
             self.load_error = f"{type(err).__name__}: {err}"
             log.error("engine failed to load: %s", self.load_error)
@@ -183,13 +209,15 @@ class Scheduler:
             if self.steps % self.log_interval == 0:
                 now = time.perf_counter()
                 throughput = tokens_since / max(now - t_since, 1e-9)
+                self.last_gen_throughput = throughput
                 used = sum(r.prompt_tokens + len(r.output_ids) for r in batch)
                 log.info(
                     "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
-                    "cuda graph: False, gen throughput (token/s): %.2f, #queue-req: %d",
+                    "cuda graph: %s, gen throughput (token/s): %.2f, #queue-req: %d",
                     len(batch),
                     used,
                     len(batch) / eng.sizes.max_batch,
+                    eng.last_step_graph,
                     throughput,
                     queued,
                 )
@@ -277,9 +305,71 @@ def _sse(obj) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
+class ServiceState:
+    """What the SGLang info endpoints read (`sglang_api.add_routes`), over the scheduler or the
+    scripted streams."""
+
+    def __init__(self, scheduler: Scheduler, server_args: dict, scripted, tokenizer_path):
+        self.scheduler = scheduler
+        self.server_args = server_args
+        self.streams: ScriptedStreams | None = scripted
+        self.scripted = asdict(scripted.script) if scripted is not None else None
+        self.tokenizer_path = tokenizer_path
+        self.started = time.time()
+        self.active = 0  # scripted streams in flight
+
+    @property
+    def load_error(self) -> str | None:
+        return self.scheduler.load_error
+
+    def ready(self) -> bool:
+        return self.streams is not None or self.scheduler.engine is not None
+
+    def engine_info(self) -> dict | None:
+        eng = self.scheduler.engine
+        return eng.info() if eng is not None else None
+
+    def load_counts(self) -> dict:
+        if self.streams is not None:
+            return {"running_requests": self.active, "waiting_requests": 0}
+        return self.scheduler.load_counts()
+
+    def last_gen_throughput(self) -> float:
+        return self.scheduler.last_gen_throughput
+
+    def flush(self) -> None:
+        if self.streams is not None:
+            self.streams.flush()
+
+    async def generate_one(self) -> bool:
+        if self.streams is not None:
+            return True
+        req = GenRequest(
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+            prompt_tokens=1,
+            max_new_tokens=1,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+        )
+        self.scheduler.submit(req)
+        while True:
+            item = await req.queue.get()
+            if item is None:
+                return True
+            if isinstance(item, str):
+                return False
+
+
+def create_app(
+    scheduler: Scheduler,
+    server_args: dict,
+    scripted: ScriptedStreams | None = None,
+    tokenizer_path: str | None = None,
+) -> FastAPI:
     app = FastAPI(title="kerneldev sandbox decode service")
     context_length = int(server_args.get("context_length") or DEFAULT_CONTEXT_LENGTH)
+    state = ServiceState(scheduler, server_args, scripted, tokenizer_path)
+    sglang_api.add_routes(app, state)
 
     def _check_length(prompt_tokens: int, max_new: int) -> None:
         total = prompt_tokens + max_new
@@ -359,24 +449,6 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
             "e2e_latency": time.perf_counter() - req.created,
         }
 
-    @app.get("/health")
-    async def health():
-        if scheduler.engine is None:
-            return PlainTextResponse(scheduler.load_error or "loading", status_code=503)
-        return PlainTextResponse("")
-
-    @app.get("/get_server_info")
-    async def get_server_info():
-        info = dict(server_args)
-        info["version"] = "kerneldev-sandbox"
-        kd = {"ready": scheduler.engine is not None, "load_error": scheduler.load_error}
-        kd.update(scheduler.load_counts())
-        if scheduler.engine is not None:
-            kd.update(scheduler.engine.info())
-            info["attention_backend"] = f"flashmla_sm120_{scheduler.engine.backend}"
-        info["kerneldev"] = kd
-        return info
-
     @app.post("/generate")
     async def generate(request: Request):
         try:
@@ -391,6 +463,8 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
             _check_length(prompt, max_new)
         except (BadRequest, ValueError) as err:
             return _error(400, str(err))
+        if scripted is not None:
+            return _scripted_response(prompt, max_new, bool(body.get("stream")))
         if (resp := _not_ready()) is not None:
             return resp
         req = await _enqueue(prompt, max_new)
@@ -418,6 +492,22 @@ def create_app(scheduler: Scheduler, server_args: dict) -> FastAPI:
             finally:
                 _abort_unless_done(req)
 
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    def _scripted_response(prompt_tokens: int, max_new: int, stream: bool):
+        fails = scripted.admit()
+
+        async def events():
+            state.active += 1
+            try:
+                async for payload in scripted.events(prompt_tokens, max_new, token_text, fails):
+                    yield _sse(payload)
+                yield SSE_DONE
+            finally:
+                state.active -= 1
+
+        if not stream:
+            return _error(400, "scripted-stream mode serves streaming /generate only")
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/completions")
@@ -534,6 +624,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="most prompt + new tokens per request (longer requests are a 400)",
     )
     p.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    p.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        help="largest batch replayed from a CUDA graph (default: SGLang's for an H200 at TP 1, "
+        f"256, capped at --max-batch; or ${engine_mod.GRAPH_MAX_BS_ENV})",
+    )
+    p.add_argument(
+        "--disable-cuda-graph",
+        action="store_true",
+        help=f"every step eager (also ${engine_mod.DISABLE_GRAPH_ENV}=1)",
+    )
+    p.add_argument(
+        "--tokenizer-path",
+        default=os.environ.get(TOKENIZER_ENV),
+        help="reported as /model_info's tokenizer_path, where SGLang's client loads its "
+        f"tokenizer (default ${TOKENIZER_ENV})",
+    )
+    p.add_argument(
+        "--scripted-stream",
+        default=os.environ.get(SPEC_ENV),
+        metavar="SPEC",
+        help="no engine: /generate streams on a fixed timetable, e.g. "
+        f"'chunk_tokens=3,gap_ms=60,first_ms=60,error_request=2,error_after=1' (or ${SPEC_ENV})",
+    )
     return p.parse_args(argv)
 
 
@@ -544,6 +658,8 @@ def main(argv: list[str] | None = None) -> None:
         format="[%(asctime)s] %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",
     )
+    if args.scripted_stream is not None:
+        return _main_scripted(args)
     import torch  # does not import triton
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -563,21 +679,54 @@ def main(argv: list[str] | None = None) -> None:
 
     sizes = replace(base, **overrides)
     scheduler = Scheduler(args.decode_log_interval)
-    server_args = {
-        "model_path": MODEL_NAME,
-        "host": args.host,
-        "port": args.port,
-        "device": device,
-        "max_running_requests": sizes.max_batch,
-        "decode_log_interval": args.decode_log_interval,
-        "context_length": args.context_length,
+    server_args = _server_args(args, device, sizes.max_batch)
+    app = create_app(scheduler, server_args, tokenizer_path=args.tokenizer_path)
+    graph_options = {
+        "cuda_graph_max_bs": args.cuda_graph_max_bs,
+        "disable_cuda_graph": args.disable_cuda_graph,
     }
-    app = create_app(scheduler, server_args)
     threading.Thread(
-        target=scheduler.load, args=(args.root, sizes), name="scheduler", daemon=True
+        target=scheduler.load,
+        args=(args.root, sizes, graph_options),
+        name="scheduler",
+        daemon=True,
     ).start()
 
     import uvicorn
 
     log.info("sandbox decode service on http://%s:%d (loading the engine)", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+
+
+def _server_args(args: argparse.Namespace, device: str, max_batch: int) -> dict:
+    return {
+        "model_path": MODEL_NAME,
+        "served_model_name": MODEL_NAME,
+        "tokenizer_path": args.tokenizer_path,
+        "host": args.host,
+        "port": args.port,
+        "device": device,
+        "max_running_requests": max_batch,
+        "decode_log_interval": args.decode_log_interval,
+        "context_length": args.context_length,
+    }
+
+
+def _main_scripted(args: argparse.Namespace) -> None:
+    """Scripted-stream mode: no torch, no engine (scripted.py)."""
+    try:
+        script = StreamScript.parse(args.scripted_stream)
+    except ValueError as err:
+        raise SystemExit(f"sandbox_service: {err}") from None
+    import uvicorn
+
+    server_args = _server_args(args, "none (scripted streams)", 0)
+    app = create_app(
+        Scheduler(args.decode_log_interval),
+        server_args,
+        scripted=ScriptedStreams(script),
+        tokenizer_path=args.tokenizer_path,
+    )
+    log.info("sandbox decode service on http://%s:%d (scripted streams: %s)",
+             args.host, args.port, script)  # fmt: skip
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

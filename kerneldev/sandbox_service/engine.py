@@ -12,6 +12,18 @@ layer, sized for `max_batch` requests); a step for B requests uses the first B r
     glue        out.view(B*H, 512) @ W_o (GEMM), scale + residual (elementwise), copy into q
     sampling    one reduction per request -> the next token id (a host sync, as a server has)
 
+CUDA graphs, as SGLang decodes: on a GPU the whole step above (every layer and the sampling
+reduction, up to the token ids on the device) is captured once per batch size of SGLang
+0.5.23's decode list for a server without speculative decoding, `decode_graph_batch_sizes`:
+1, 2, 4, 8, 12, 16, 24, 32, ... (every 8 up to 256), 272, 288, ... (every 16 below 512), then
+every 32, cut at `cuda_graph_max_bs`, which is added when missing. A step for B requests
+replays the graph of the smallest captured size >= B (the rows past B are padding, as SGLang
+pads a batch) and copies the B token ids to the host; B above `cuda_graph_max_bs` runs eager.
+The default `cuda_graph_max_bs` is SGLang's for a 1-GPU server on a 90-160 GB GPU (H200,
+H20): 256, capped at the most running requests (`max_batch`, 128 here) as SGLang caps it: 128.
+`--disable-cuda-graph` (or KERNELDEV_SANDBOX_DISABLE_CUDA_GRAPH=1 in the env file, so a
+variant can switch it) runs every step eager; on CPU there are no graphs.
+
 On CUDA the sizes are the contract's production decode shape (H 64, main topk 128 on pages of
 256, extra topk 512 on pages of 64). On CPU the same code runs tiny sizes under the Triton
 interpreter (TRITON_INTERPRET=1 must be set before triton is imported; `app.main` does).
@@ -30,7 +42,11 @@ ENTRY_POINT = "flash_mla_sparse_decode_triton"
 VARIANT_ENV = "SGLANG_SM120_MMA_FLASHMLA"
 BACKEND_ENV = "SGLANG_SM120_FLASHMLA_BACKEND"
 PROFILER_DIR_ENV = "SGLANG_TORCH_PROFILER_DIR"
-SWITCHES = (VARIANT_ENV, BACKEND_ENV, PROFILER_DIR_ENV)  # the environment the service reads
+DISABLE_GRAPH_ENV = "KERNELDEV_SANDBOX_DISABLE_CUDA_GRAPH"
+GRAPH_MAX_BS_ENV = "KERNELDEV_SANDBOX_CUDA_GRAPH_MAX_BS"
+# The environment the service reads.
+SWITCHES = (VARIANT_ENV, BACKEND_ENV, PROFILER_DIR_ENV, DISABLE_GRAPH_ENV, GRAPH_MAX_BS_ENV)
+SGLANG_DEFAULT_GRAPH_MAX_BS = 256  # SGLang 0.5.23, a 90-160 GB GPU at TP < 4 (H200, H20)
 BACKENDS = ("triton",)  # the sandbox has no FlashInfer; asking for it fails at start
 VOCAB_SIZE = 1000
 
@@ -62,6 +78,21 @@ CPU_SIZES = EngineSizes(
 )
 
 
+def decode_graph_batch_sizes(max_bs: int) -> list[int]:
+    """SGLang 0.5.23's decode CUDA-graph batch sizes (no speculative decoding, padding on)."""
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16))
+    sizes += list(range(512, max_bs + 1, 32))
+    sizes = [b for b in sizes if b <= max_bs]
+    if max_bs not in sizes:
+        sizes.append(max_bs)
+    return sizes
+
+
+def padded_batch(batch: int, captured: list[int]) -> int | None:
+    """The smallest captured size >= batch (SGLang's padding), None above them all."""
+    return next((b for b in captured if b >= batch), None)
+
+
 class EngineError(RuntimeError):
     """The engine cannot start (kernel file missing or broken, unknown backend)."""
 
@@ -91,7 +122,15 @@ class DecodeEngine:
     """Owns the device tensors; `step(batch)` runs one decode step for the first `batch` rows
     and returns one next-token id per row. Not thread-safe: one scheduler thread calls it."""
 
-    def __init__(self, root: str, sizes: EngineSizes | None = None, device: str | None = None):
+    def __init__(
+        self,
+        root: str,
+        sizes: EngineSizes | None = None,
+        device: str | None = None,
+        *,
+        cuda_graph_max_bs: int | None = None,
+        disable_cuda_graph: bool = False,
+    ):
         import torch
 
         from kerneldev.kernels.dsv4_reference import make_inputs
@@ -134,6 +173,59 @@ class DecodeEngine:
             self.layers.append((inputs, w_o.to(self.device)))
         self.q = self.layers[0][0]["q"].clone()  # the running hidden state, [max_batch, 1, H, 512]
         self.gamma = torch.full((512,), 0.5, dtype=torch.bfloat16, device=self.device)
+        self.graphs: dict[int, tuple] = {}  # batch size -> (CUDAGraph, token ids on the device)
+        self.graph_note = self._graph_plan(cuda_graph_max_bs, disable_cuda_graph)
+        self.last_step_graph = False
+
+    def _graph_plan(self, max_bs: int | None, disable: bool) -> str:
+        """Sets graph_max_bs / graph_sizes; returns why there are none ("" when there are)."""
+        env_max = os.environ.get(GRAPH_MAX_BS_ENV)
+        if max_bs is None and env_max:
+            try:
+                max_bs = int(env_max)
+            except ValueError:
+                raise EngineError(f"{GRAPH_MAX_BS_ENV}={env_max}: not an integer") from None
+        disable = disable or os.environ.get(DISABLE_GRAPH_ENV, "0") not in ("", "0")
+        if max_bs is None:
+            max_bs = min(SGLANG_DEFAULT_GRAPH_MAX_BS, self.sizes.max_batch)
+        if max_bs < 1:
+            raise EngineError(f"cuda_graph_max_bs must be >= 1, got {max_bs}")
+        self.graph_max_bs = min(max_bs, self.sizes.max_batch)
+        self.graph_sizes: list[int] = []
+        if self.device != "cuda":
+            return "no CUDA graphs on CPU"
+        if disable:
+            return "disabled (--disable-cuda-graph)"
+        self.graph_sizes = decode_graph_batch_sizes(self.graph_max_bs)
+        return ""
+
+    def capture_graphs(self) -> float:
+        """Capture one graph per size of graph_sizes (largest first, one memory pool, as
+        SGLang captures); returns the seconds it took. Each size runs eager twice first
+        (Triton compiles, cuBLAS picks its kernels)."""
+        torch = self.torch
+        if not self.graph_sizes:
+            return 0.0
+        import time
+
+        start = time.perf_counter()
+        pool = None
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.graph_sizes):
+                for _ in range(2):
+                    self._forward(bs)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for bs in reversed(self.graph_sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                tokens = self._forward(bs)
+            pool = graph.pool()
+            self.graphs[bs] = (graph, tokens)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
 
     def info(self) -> dict:
         return {
@@ -145,6 +237,12 @@ class DecodeEngine:
             "kernel_sha256": self.kernel_sha256,
             "env": dict(self.env),
             "sizes": asdict(self.sizes),
+            "cuda_graph": {
+                "enabled": bool(self.graphs),
+                "max_bs": self.graph_max_bs if self.graphs else None,
+                "batch_sizes": sorted(self.graphs),
+                "note": self.graph_note,
+            },
         }
 
     def _device_name(self) -> str:
@@ -153,12 +251,24 @@ class DecodeEngine:
         return "cpu (Triton interpreter)"
 
     def step(self, batch: int) -> list[int]:
-        """One decode step for rows [0, batch): L attention layers with glue, then sampling."""
+        """One decode step for rows [0, batch): a graph replay of the padded batch when one is
+        captured, else eager; returns one next-token id per row (the host sync a server has)."""
+        if not 0 < batch <= self.sizes.max_batch:
+            raise ValueError(f"batch must be 1..{self.sizes.max_batch}, got {batch}")
+        padded = padded_batch(batch, sorted(self.graphs)) if self.graphs else None
+        self.last_step_graph = padded is not None
+        if padded is not None:
+            graph, tokens = self.graphs[padded]
+            graph.replay()
+            return [int(t) for t in tokens[:batch].tolist()]
+        return [int(t) for t in self._forward(batch).tolist()]
+
+    def _forward(self, batch: int):
+        """L attention layers with glue, then sampling, for rows [0, batch); the token ids stay
+        on the device (so the step can be captured in a CUDA graph)."""
         torch = self.torch
         from torch.profiler import record_function
 
-        if not 0 < batch <= self.sizes.max_batch:
-            raise ValueError(f"batch must be 1..{self.sizes.max_batch}, got {batch}")
         B, H = batch, self.sizes.heads
         hidden = self.q[:B]
         for inputs, w_o in self.layers:
@@ -175,6 +285,6 @@ class DecodeEngine:
                 hidden = mixed.to(torch.bfloat16)
         with record_function(RANGE_SAMPLING):
             scores = hidden.view(B, H * 512)[:, :VOCAB_SIZE].float()
-            tokens = scores.argmax(dim=-1).tolist()  # the host sync every server has per step
+            tokens = scores.argmax(dim=-1)
         self.q[:B].copy_(hidden)
-        return [int(t) for t in tokens]
+        return tokens
