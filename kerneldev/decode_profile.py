@@ -30,7 +30,7 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.service_variants import HostScripts, VariantSwitcher, check_variants, service_url
-from kerneldev.trace_summary import ATTENTION
+from kerneldev.trace_summary import ATTENTION_FAMILIES
 from kerneldev.transport.base import Transport
 
 SCHEMA = "kerneldev.service-profile/1"
@@ -46,7 +46,21 @@ class VariantProfile:
     trace_on_host: str
     trace_bytes: int
     local_trace: str | None
-    attention_share: float | None  # the sparse-decode attention family's share
+    attention_share: float | None  # the share of all attention families together
+    # the attention family that took the most time: which attention kernel ran (FlashInfer's,
+    # FlashMLA's, SGLang's Triton, kerneldev's); None when the trace has none
+    attention_kernel: str | None = None
+
+
+def attention_of(summary: dict) -> tuple[float | None, str | None]:
+    """(share of all attention families, the attention family with the most time) of a trace
+    summary."""
+    attention = [f for f in summary["families"] if f["family"] in ATTENTION_FAMILIES]
+    if not attention:
+        return None, None
+    shares = [f["share"] for f in attention if f["share"] is not None]
+    top = max(attention, key=lambda f: f["total_ms"])
+    return (sum(shares) if shares else None), top["family"]
 
 
 @dataclass
@@ -143,11 +157,9 @@ def run_profile(
                 local = str(local_path)
             except (KerneldevError, OSError) as err:
                 say(f"warning: could not copy the trace: {err}")
-            share = next(
-                (f["share"] for f in summary["families"] if f["family"] == ATTENTION), None
-            )
+            share, ran = attention_of(summary)
             result.variants.append(
-                VariantProfile(name, summary, data["trace"], data["trace_bytes"], local, share)
+                VariantProfile(name, summary, data["trace"], data["trace_bytes"], local, share, ran)
             )
             if summary["time_kind"] == "cpu":
                 result.time_kind = "cpu"

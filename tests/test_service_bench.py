@@ -290,11 +290,52 @@ def test_trace_summary_streams_a_gzipped_trace(tmp_path):
     ]
     assert s["top"][0]["share"] == pytest.approx(0.75) and s["top"][0]["mean_us"] == 30.0
     fams = {f["family"]: f["share"] for f in s["families"]}
-    assert fams[trace_summary.COMBINE] == pytest.approx(10 / 120)
+    assert fams[trace_summary.ATTN_KERNELDEV] == pytest.approx(100 / 120)  # with its combine
     truncated = tmp_path / "cut.json"
     truncated.write_text(path.read_bytes() and gzip.open(path, "rt").read()[:-40])
     with pytest.raises(ValueError, match="middle of an event"):
         trace_summary.summarise(str(truncated))
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        # FlashInfer's sm_120 sparse MLA (SGLang 0.5.23's default on sm_120)
+        ("void sparse_mla_decode_dsv4_kernel<64, 512, 64>(Params)", trace_summary.ATTN_FLASHINFER),
+        ("sparse_mla_decode_dsv4_merge_kernel", trace_summary.ATTN_FLASHINFER),
+        # FlashMLA's (SGLang on sm_90/sm_100)
+        (
+            "void flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla>",
+            trace_summary.ATTN_FLASHMLA,
+        ),
+        (
+            "void flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512>",
+            trace_summary.ATTN_FLASHMLA,
+        ),
+        # SGLang's own Triton kernel file (0.5.14 and 0.5.23)
+        ("_tiled_sparse_decode_kernel", trace_summary.ATTN_SGLANG_TRITON),
+        # kerneldev's bundled kernels
+        ("_mma_split_kernel", trace_summary.ATTN_KERNELDEV),
+        ("_simt_decode_kernel", trace_summary.ATTN_KERNELDEV),
+        ("_combine_kernel", trace_summary.ATTN_KERNELDEV),
+        ("nvjet_tst_128x64_gemm", trace_summary.GEMM),
+    ],
+)
+def test_kernel_families_name_who_wrote_the_attention_kernel(name, expected):
+    assert trace_summary.family(name) == expected
+
+
+def test_a_profile_records_which_attention_kernel_ran():
+    from kerneldev.decode_profile import attention_of
+
+    families = [
+        {"family": trace_summary.ATTN_FLASHINFER, "total_ms": 3.0, "share": 0.3},
+        {"family": trace_summary.GEMM, "total_ms": 6.0, "share": 0.6},
+        {"family": trace_summary.ATTN_SGLANG_TRITON, "total_ms": 1.0, "share": 0.1},
+    ]
+    share, ran = attention_of({"families": families})
+    assert ran == trace_summary.ATTN_FLASHINFER and share == pytest.approx(0.4)
+    assert attention_of({"families": families[1:2]}) == (None, None)
 
 
 # --- end to end against the sandbox -------------------------------------------------------
