@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev import ab_kernels
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
@@ -50,6 +51,9 @@ class VariantProfile:
     # the attention family that took the most time: which attention kernel ran (FlashInfer's,
     # FlashMLA's, SGLang's Triton, kerneldev's); None when the trace has none
     attention_kernel: str | None = None
+    # what the live dispatch reaches for decode in this variant's environment (ab_kernels;
+    # A/B runs only)
+    dispatch_kernel: str | None = None
 
 
 def attention_of(summary: dict) -> tuple[float | None, str | None]:
@@ -89,6 +93,7 @@ def run_profile(
     on_progress: ProgressCallback | None = None,
     profiles_dir: Path | None = None,
     health_interval: float | None = None,
+    allow_same_kernel: bool = False,
 ) -> ProfileResult:
     for name, value in (("--concurrency", concurrency), ("--steps", steps), ("--top", top)):
         if value < 1:
@@ -111,6 +116,7 @@ def run_profile(
         f"{stamp.strftime('%Y%m%dT%H%M%SZ')}-{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}"
     )
     switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
+    kernels = ab_kernels.preflight(transport, host, variants, allow_same=allow_same_kernel)
     with switcher, HostScripts(transport, host) as scripts:
         for name in variants:
             switcher.switch(name)
@@ -159,7 +165,16 @@ def run_profile(
                 say(f"warning: could not copy the trace: {err}")
             share, ran = attention_of(summary)
             result.variants.append(
-                VariantProfile(name, summary, data["trace"], data["trace_bytes"], local, share, ran)
+                VariantProfile(
+                    name,
+                    summary,
+                    data["trace"],
+                    data["trace_bytes"],
+                    local,
+                    share,
+                    ran,
+                    kernels.kernels.get(name),
+                )  # fmt: skip
             )
             if summary["time_kind"] == "cpu":
                 result.time_kind = "cpu"

@@ -352,6 +352,16 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
     return result
 
 
+def dispatch_under(
+    transport: Transport, host: HostConfig, env: dict[str, str], *, heads: int = DEFAULT_HEADS
+) -> BackendChoice:
+    """The first kernel site's dispatch under `env` (an A/B variant's environment)."""
+    sites, _ = _sites(transport, host)
+    s = sites[0]
+    wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
+    return probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
+
+
 def _module_of(path: str) -> str:
     """The module name of a file under SGLang's import root `python/`."""
     return path[len(IMPORT_ROOT) + 1 : -len(".py")].replace("/", ".")

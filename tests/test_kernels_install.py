@@ -433,3 +433,41 @@ def test_kernel_sites_at_every_known_layout():
         )[0]
         == "bundled-older"
     )
+
+
+def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypatch, sglang_release):
+    """SGLang 0.5.23 runs FlashInfer unless told `triton`, so an A/B that toggles only
+    SGLANG_SM120_MMA_FLASHMLA compares FlashInfer with itself: `profile` and `bench --service`
+    refuse it (exit 1) naming the variants and the variable, before measuring anything; with
+    the backend pinned to triton the variants differ (simt, mma) and nothing is refused.
+    On 0.5.14 (Triton by default) the variants differ either way."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["service"]["variants"] = {
+        "simt": {"SGLANG_SM120_MMA_FLASHMLA": "0"},
+        "mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"},
+    }
+    data["hosts"]["h"]["service"]["url"] = "http://127.0.0.1:9"  # never reached when refused
+    tree.config.write_text(yaml.safe_dump(data))
+    # the bundled kernel is live, so Triton's variant shows (mma/simt)
+    assert tree.kd("kernels", "install")[0] == 0 and tree.kd("push")[0] == 0
+    before = tree.env_file.read_text()
+    if sglang_release.version == "0.5.23":
+        code, out, err = tree.kd("profile", "--variants", "simt,mma", "--json")
+        assert code == 1, err
+        message = " ".join(err.split())
+        assert "simt, mma" in message and "flashinfer" in message, message
+        assert "SGLANG_SM120_MMA_FLASHMLA did not take effect" in message
+        assert "--allow-same-kernel" in message
+        assert tree.env_file.read_text() == before  # put back
+        code, _, err = tree.kd("bench", "--service", "--variants", "simt,mma", "--rounds", "1")
+        assert code == 1 and "same attention kernel" in err
+    from kerneldev import ab_kernels
+    from kerneldev.config import load_config
+    from kerneldev.transport import open_transport
+
+    host = load_config(tree.config).host("h")
+    tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")  # pinned: the variable takes effect
+    with open_transport(host) as transport:
+        check = ab_kernels.preflight(transport, host, ["simt", "mma"])
+    assert check.kernels == {"simt": "triton (simt)", "mma": "triton (mma)"}

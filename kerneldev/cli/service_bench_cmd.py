@@ -86,6 +86,7 @@ def run(
     max_new_tokens: int,
     rounds: int,
     as_json: bool,
+    allow_same_kernel: bool = False,
 ) -> int:
     host = config.host(host_name)
     request = make_request(variants, concurrency, requests, input_len, max_new_tokens, rounds)
@@ -97,6 +98,7 @@ def run(
             request,
             on_progress=progress_printer(),
             results_dir=config.path.parent / service_bench.RESULTS_DIR,
+            allow_same_kernel=allow_same_kernel,
         )
     if as_json:
         print_json({"result": result.data, "saved_to": str(result.saved_to)})
