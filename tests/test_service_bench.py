@@ -426,3 +426,56 @@ def test_bench_service_and_profile_on_the_local_transport(ssh_box, tmp_path):
     config = tmp_path / "hosts.yaml"
     config.write_text(yaml.safe_dump(data))
     _check_bench_and_profile(ssh_box, config, ["mma"])
+
+
+def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monkeypatch):
+    """profile's trace folder: SGLANG_TORCH_PROFILER_DIR of the env file when set, else a fresh
+    mode-1777 folder (a server running as another user can write it), removed at the end; when
+    no trace appears the error names the folder and the server's user (found with `ss` from the
+    service's port: here a listener of this test, so this user)."""
+    import getpass
+    import socket
+    import stat
+
+    from kerneldev.config import load_config
+    from kerneldev.decode_profile import TraceFolders
+    from kerneldev.transport import open_transport
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("A=1\n")
+    config = tmp_path / "hosts.yaml"
+    entry = {
+        "transport": "local",
+        "root": str(tmp_path),
+        "files": ["x.py"],
+        "workspace": "ws",
+        "service": {
+            "restart": "true",
+            "env_file": str(env_file),
+            "url": f"http://127.0.0.1:{port}",
+        },
+    }
+    config.write_text(json.dumps({"hosts": {"h": entry}}))
+    host = load_config(config).host("h")
+    try:
+        with open_transport(host) as transport:
+            with TraceFolders(transport, host) as traces:
+                folder = traces.folder("mma")
+                assert stat.S_IMODE(Path(folder).parent.stat().st_mode) == 0o1777
+                assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o1777
+                err = traces.no_trace_error("mma", folder)
+            assert not Path(folder).parent.exists()
+            message = " ".join(err.message.split())
+            assert folder in message and f"its user {getpass.getuser()}" in message, message
+            assert "SGLANG_TORCH_PROFILER_DIR" in err.hint
+            env_file.write_text(f"SGLANG_TORCH_PROFILER_DIR={tmp_path / 'mine'}\n")
+            with TraceFolders(transport, host) as traces:
+                assert traces.folder("mma") == str(tmp_path / "mine")
+                assert "SGLANG_TORCH_PROFILER_DIR" in traces.no_trace_error("mma", "x").message
+    finally:
+        listener.close()
