@@ -23,12 +23,11 @@ import json
 import posixpath
 import re
 import shlex
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import ab_kernels
+from kerneldev import ab_kernels, server_process
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import read_service_env
@@ -101,22 +100,10 @@ class TraceFolders:
         self.transport.run(f"mkdir -m 1777 -p {shlex.quote(path)}", timeout=60)
         return path
 
-    def server_user(self) -> str | None:
-        """The user of the process listening on the service's port, where `ss` tells it."""
-        svc = self.host.service
-        port = urllib.parse.urlsplit(service_url(svc, self.host.name)).port if svc else None
-        if not port:
-            return None
-        found = self.transport.run(
-            f"pid=$(ss -ltnpH 'sport = :{port}' 2>/dev/null | sed -n 's/.*pid=\\([0-9]*\\).*/\\1/p'"
-            ' | head -n 1); [ -n "$pid" ] && ps -o user= -p "$pid"',
-            timeout=60,
-        )
-        return found.stdout.strip() or None if found.ok else None
-
     def no_trace_error(self, variant: str, folder: str) -> BenchError:
         me = self.transport.run("id -un", timeout=60).stdout.strip() or "?"
-        user = self.server_user()
+        found = server_process.find(self.transport, self.host)
+        user = found.user if found else None
         who = f"its user {user}" if user else "its user (not found: `ss -ltnp` did not tell)"
         how = (
             "SGLANG_TORCH_PROFILER_DIR of service.env_file"

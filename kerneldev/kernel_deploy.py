@@ -30,7 +30,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import restart_record, sync
+from kerneldev import restart_record, server_process, sync
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, parse_env_file
@@ -335,6 +335,9 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         changed = restart_record.changed_since_restart(host.name, env_file, env_bytes)
         if changed:
             result.notes.append(changed)
+        differs = _server_env_differs(transport, host, env)
+        if differs:
+            result.notes.append(differs)
     for s in sites:
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
@@ -350,6 +353,26 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             choice.environment = env_file
         result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice))
     return result
+
+
+def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
+    """A note when the running server's process environment (readable through /proc) holds
+    other SGLANG_SM120_* values than the env file: it started before the file changed."""
+    found = server_process.find(transport, host)
+    running = server_process.environment(transport, found.pid) if found else None
+    if running is None:
+        return None
+    keys = sorted(k for k in set(env) | set(running) if k.startswith("SGLANG_SM120_"))
+    differ = [k for k in keys if env.get(k) != running.get(k)]
+    if not differ:
+        return None
+    shown = ", ".join(
+        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})" for k in differ
+    )
+    return (
+        f"the running server (pid {found.pid}) started with other values than "
+        f"{host.service.env_file}: {shown}; it runs what those select until it restarts"
+    )
 
 
 def dispatch_under(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -233,6 +234,41 @@ def test_status_says_when_the_env_file_changed_since_the_last_restart(
     assert code == 0
     notes = " ".join(json.loads(out)["notes"])
     assert "changed after the service's last restart" in notes and str(tree.env_file) in notes
+
+
+def test_status_says_when_the_running_server_started_with_other_values(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The server's own environment (its process, found from the port of service.url, read
+    from /proc) against the env file: here a stand-in server that started with torch."""
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("no /proc")
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    listen = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "print(s.getsockname()[1], flush=True); time.sleep(120)\n"
+    )
+    env = dict(os.environ, SGLANG_SM120_FLASHMLA_BACKEND="torch")
+    server = subprocess.Popen(
+        [sys.executable, "-c", listen], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(server.stdout.readline())
+        data = yaml.safe_load(tree.config.read_text())
+        data["hosts"]["h"]["service"]["url"] = f"http://127.0.0.1:{port}"
+        tree.config.write_text(yaml.safe_dump(data))
+        code, out, err = tree.kd("kernels", "status", "--json")
+    finally:
+        server.kill()
+        server.wait()
+    assert code == 0, err
+    notes = " ".join(json.loads(out)["notes"])
+    if "running server" not in notes and shutil.which("ss") is None:
+        pytest.skip("no ss on this machine: the server's process cannot be found")
+    assert f"pid {server.pid}" in notes, notes
+    assert "SGLANG_SM120_FLASHMLA_BACKEND=torch (env file: triton)" in notes
 
 
 def test_install_force_keeps_the_overwritten_edits(tmp_path, monkeypatch, request, sglang_release):
