@@ -56,6 +56,9 @@ class VariantProfile:
     # what the live dispatch reaches for decode in this variant's environment (ab_kernels;
     # A/B runs only)
     dispatch_kernel: str | None = None
+    # True: the server traced decode steps only (SGLang's profile_by_stage + num_steps); False:
+    # it took only the plain /start_profile, so the window holds the prefill too
+    decode_only: bool | None = None
 
 
 class TraceFolders:
@@ -245,6 +248,7 @@ def run_profile(
                     share,
                     ran,
                     kernels.kernels.get(name),
+                    data.get("decode_only"),
                 )  # fmt: skip
             )
             if summary["time_kind"] == "cpu":

@@ -384,6 +384,11 @@ def _check_bench_and_profile(box, config: Path, variants: list[str]) -> None:
         top = v["summary"]["top"][0]
         assert top["name"] == "sparse_decode_attention" and top["family"] == trace_summary.ATTENTION
         assert 0 < v["attention_share"] <= 1
+        assert v["attention_kernel"] == trace_summary.ATTN_KERNELDEV
+        assert v["decode_only"] is True and "-DECODE" in v["trace_on_host"]  # staged profile
+        # the probe's answer (an A/B only: one variant is no comparison)
+        probed = f"triton ({v['variant']})" if len(variants) > 1 else None
+        assert v["dispatch_kernel"] == probed, v
         local = Path(v["local_trace"])
         assert local.is_file() and local.is_relative_to(config.parent / ".kerneldev" / "profiles")
     # The service is back on the original settings with the env file as it was.

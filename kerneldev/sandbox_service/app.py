@@ -13,7 +13,8 @@ Endpoints (request and response shapes as SGLang's):
                             "start_step", "activities"} as SGLang's: start_step = the decode
                             step at which tracing starts (at least the next one), num_steps =
                             steps traced before it stops by itself, activities ["GPU"] = GPU
-                            kernels only (here CPU ranges too when there is no GPU)
+                            kernels only (here CPU ranges too when there is no GPU),
+                            profile_by_stage: the trace is the decode stage's (`-DECODE`)
     POST /stop_profile      writes `<output_dir>/<time>-TP-0.trace.json.gz` (Chrome trace);
                             output_dir defaults to $SGLANG_TORCH_PROFILER_DIR, else /tmp
 
@@ -227,6 +228,9 @@ class Scheduler:
         self.profile_dir = out_dir
         steps = body.get("num_steps")
         self.profile_steps_left = int(steps) if steps else None
+        # profile_by_stage: every step here is a decode step (no prefill batches), so the
+        # trace is the decode stage's, named as SGLang names it
+        self.profile_suffix = "-DECODE" if body.get("profile_by_stage") else ""
         start = body.get("start_step")
         if start is not None:  # as SGLang: at least the next step
             self.profile_start_at = max(int(start), self.steps + 1)
@@ -251,7 +255,8 @@ class Scheduler:
             self.profile_pending = self.profile_start_at = None
         prof, self.profiler = self.profiler, None
         prof.stop()
-        path = os.path.join(self.profile_dir or "/tmp", f"{time.time()}-TP-0.trace.json.gz")
+        suffix = getattr(self, "profile_suffix", "")
+        path = os.path.join(self.profile_dir or "/tmp", f"{time.time()}-TP-0{suffix}.trace.json.gz")
         prof.export_chrome_trace(path)
         self.profile_steps_left = None
         log.info("Profiling done. Trace saved to: %s", path)
