@@ -10,7 +10,8 @@ module and name; so does a new file that does not parse.
 
 After the upload: the pushed modules are imported on the host with its configured `python`
 and the variables of `service.env_file` (or `service.check`, a shell command, runs instead;
-exit 0 = pass). On failure the push is
+exit 0 = pass), writing no bytecode (`-B`, PYTHONDONTWRITEBYTECODE): the live tree holds
+nothing afterwards but the pushed bytes, no `__pycache__`. On failure the push is
 rolled back at once (always: a file that cannot import never stays live) and no restart
 follows (`ImportFailedError`, exit 1).
 """
