@@ -22,15 +22,18 @@ import datetime as _dt
 import json
 import posixpath
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev import ab_kernels, server_process
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
+from kerneldev.envfile import read_service_env
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.service_variants import HostScripts, VariantSwitcher, check_variants, service_url
-from kerneldev.trace_summary import ATTENTION
+from kerneldev.trace_summary import ATTENTION_FAMILIES
 from kerneldev.transport.base import Transport
 
 SCHEMA = "kerneldev.service-profile/1"
@@ -46,7 +49,94 @@ class VariantProfile:
     trace_on_host: str
     trace_bytes: int
     local_trace: str | None
-    attention_share: float | None  # the sparse-decode attention family's share
+    attention_share: float | None  # the share of all attention families together
+    # the attention family that took the most time: which attention kernel ran (FlashInfer's,
+    # FlashMLA's, SGLang's Triton, kerneldev's); None when the trace has none
+    attention_kernel: str | None = None
+    # what the live dispatch reaches for decode in this variant's environment (ab_kernels;
+    # A/B runs only)
+    dispatch_kernel: str | None = None
+    # True: the server traced decode steps only (SGLang's profile_by_stage + num_steps); False:
+    # it took only the plain /start_profile, so the window holds the prefill too
+    decode_only: bool | None = None
+
+
+class TraceFolders:
+    """Where the server writes each variant's trace: `SGLANG_TORCH_PROFILER_DIR` of
+    `service.env_file` when set (the folder the server is set up to write), else a fresh folder
+    under the host's /tmp that any user can write (mode 1777, like /tmp itself: a server running
+    as another user than the SSH one, or in a container sharing /tmp, can write it), one
+    subfolder per variant, removed at the end (the traces are copied first)."""
+
+    def __init__(self, transport: Transport, host: HostConfig) -> None:
+        self.transport = transport
+        self.host = host
+        self.configured: str | None = None
+        self.made: str | None = None
+
+    def __enter__(self) -> TraceFolders:
+        try:
+            env = read_service_env(self.transport, self.host) or {}
+        except KerneldevError:
+            env = {}
+        self.configured = env.get("SGLANG_TORCH_PROFILER_DIR") or None
+        if self.configured is None:
+            made = self.transport.run(
+                'd=$(mktemp -d "${TMPDIR:-/tmp}/kerneldev-traces.XXXXXX") && chmod 1777 "$d" '
+                '&& echo "$d"',
+                timeout=60,
+            )
+            folder = made.stdout.strip()
+            if not made.ok or not folder.startswith("/"):
+                raise BenchError(
+                    f"cannot create a trace folder on {self.host.name}: "
+                    f"{(made.stderr or made.stdout).strip() or f'exit {made.exited}'}"
+                )
+            self.made = folder
+        return self
+
+    def folder(self, variant: str) -> str:
+        if self.configured is not None:
+            return self.configured
+        assert self.made is not None
+        path = posixpath.join(self.made, re.sub(r"[^A-Za-z0-9_.-]", "_", variant))
+        self.transport.run(f"mkdir -m 1777 -p {shlex.quote(path)}", timeout=60)
+        return path
+
+    def no_trace_error(self, variant: str, folder: str) -> BenchError:
+        me = self.transport.run("id -un", timeout=60).stdout.strip() or "?"
+        found = server_process.find(self.transport, self.host)
+        user = found.user if found else None
+        who = f"its user {user}" if user else "its user (not found: `ss -ltnp` did not tell)"
+        how = (
+            "SGLANG_TORCH_PROFILER_DIR of service.env_file"
+            if self.configured
+            else f"made by kerneldev as {me}, mode 1777"
+        )
+        return BenchError(
+            f"profiling {variant}: no trace appeared in {folder} ({how}) after /stop_profile; "
+            f"the server writes its traces as {who}, who must be able to write {folder}",
+            hint="set SGLANG_TORCH_PROFILER_DIR in service.env_file to a folder the server's "
+            "user can write (in a container: one it shares with the host), then profile again",
+        )
+
+    def __exit__(self, *exc) -> None:
+        if self.made:
+            try:
+                self.transport.run(f"rm -rf {shlex.quote(self.made)}", timeout=120)
+            except KerneldevError:
+                pass  # a leftover trace folder must not hide the real outcome
+
+
+def attention_of(summary: dict) -> tuple[float | None, str | None]:
+    """(share of all attention families, the attention family with the most time) of a trace
+    summary."""
+    attention = [f for f in summary["families"] if f["family"] in ATTENTION_FAMILIES]
+    if not attention:
+        return None, None
+    shares = [f["share"] for f in attention if f["share"] is not None]
+    top = max(attention, key=lambda f: f["total_ms"])
+    return (sum(shares) if shares else None), top["family"]
 
 
 @dataclass
@@ -75,6 +165,7 @@ def run_profile(
     on_progress: ProgressCallback | None = None,
     profiles_dir: Path | None = None,
     health_interval: float | None = None,
+    allow_same_kernel: bool = False,
 ) -> ProfileResult:
     for name, value in (("--concurrency", concurrency), ("--steps", steps), ("--top", top)):
         if value < 1:
@@ -97,10 +188,11 @@ def run_profile(
         f"{stamp.strftime('%Y%m%dT%H%M%SZ')}-{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}"
     )
     switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
-    with switcher, HostScripts(transport, host) as scripts:
+    kernels = ab_kernels.preflight(transport, host, variants, allow_same=allow_same_kernel)
+    with switcher, HostScripts(transport, host) as scripts, TraceFolders(transport, host) as traces:
         for name in variants:
             switcher.switch(name)
-            trace_dir = scripts.path(f"traces-{name}")
+            trace_dir = traces.folder(name)
             out = scripts.path(f"profile-{name}.json")
             args = [
                 "profile",
@@ -121,6 +213,8 @@ def run_profile(
             ]
             say(f"{name}: profiling {concurrency} request(s) x {steps} decode steps")
             done = transport.run(scripts.command("service_load.py", args) + " 2>&1")
+            if not done.ok and "no trace appeared" in done.stdout + done.stderr:
+                raise traces.no_trace_error(name, trace_dir)
             if not done.ok:
                 raise BenchError(
                     f"profiling {name} failed on {host.name}: "
@@ -143,11 +237,19 @@ def run_profile(
                 local = str(local_path)
             except (KerneldevError, OSError) as err:
                 say(f"warning: could not copy the trace: {err}")
-            share = next(
-                (f["share"] for f in summary["families"] if f["family"] == ATTENTION), None
-            )
+            share, ran = attention_of(summary)
             result.variants.append(
-                VariantProfile(name, summary, data["trace"], data["trace_bytes"], local, share)
+                VariantProfile(
+                    name,
+                    summary,
+                    data["trace"],
+                    data["trace_bytes"],
+                    local,
+                    share,
+                    ran,
+                    kernels.kernels.get(name),
+                    data.get("decode_only"),
+                )  # fmt: skip
             )
             if summary["time_kind"] == "cpu":
                 result.time_kind = "cpu"

@@ -1,15 +1,26 @@
 """A small live tree with the import structure of SGLang's sm_120 attention code, for the
-sandbox (demo) and the tests. Written from public facts about SGLang, not copied from it:
+sandbox (`kerneldev demo`, `kerneldev sandbox up`) only. Written from public facts about
+SGLang, not copied from it.
 
-- the wrapper `flash_mla_sm120.py` picks its backend once at import
-  (SGLANG_SM120_FLASHMLA_BACKEND=auto|flashinfer|triton|torch; auto: FlashInfer's sm_120 sparse
-  MLA when installed, else Triton) and defines `flash_mla_with_kvcache_sm120(**kwargs)`, whose
-  Triton path imports `flash_mla_sparse_decode_triton` from the kernel file inside the call;
+What it still serves, and why no real release can: the demo runs on a fresh machine offline,
+right after `scripts/bootstrap demo`, which fetches no SGLang wheel (the tests' releases come
+from `scripts/bootstrap test`, scripts/sglang_releases.py); a real release's wrapper imports
+`sglang/__init__.py` and `sglang.srt.utils`, which need some thirty more packages and a
+torchvision built for the local torch; and the sandbox's decode service (kerneldev.sandbox_service)
+calls the wrapper's Triton path on every request, which this tree's wrapper always takes.
+Everything the tests check about the drop-in (install, the import check, status, rollback)
+runs against SGLang 0.5.14 and 0.5.23 themselves (tests/sglang_releases.py), not this tree.
+
+- the wrapper `flash_mla_sm120.py` picks its backend once at import (this tree's own rule:
+  SGLANG_SM120_FLASHMLA_BACKEND, auto = Triton unless FlashInfer is installed; the real
+  releases differ, see docs/usage.md) and defines `flash_mla_with_kvcache_sm120(**kwargs)`,
+  whose Triton path imports `flash_mla_sparse_decode_triton` from the kernel file inside the
+  call;
 - the DeepSeek-V4 backend imports `flash_mla_with_kvcache_sm120` inside its decode method and
   calls it with the DSv4 keywords, keeping element [0];
 - a test module imports the kernel file's compatibility names.
 
-Two layouts: SGLang's `python/sglang/srt/layers/attention/` ("srt") and the newer
+Two layouts: SGLang 0.5.14's `python/sglang/srt/layers/attention/` ("srt") and 0.5.23's
 `python/sglang/kernels/ops/attention/` ("kernels", the backend stays under srt/).
 """
 

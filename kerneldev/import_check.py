@@ -10,7 +10,8 @@ module and name; so does a new file that does not parse.
 
 After the upload: the pushed modules are imported on the host with its configured `python`
 and the variables of `service.env_file` (or `service.check`, a shell command, runs instead;
-exit 0 = pass). On failure the push is
+exit 0 = pass), writing no bytecode (`-B`, PYTHONDONTWRITEBYTECODE): the live tree holds
+nothing afterwards but the pushed bytes, no `__pycache__`. On failure the push is
 rolled back at once (always: a file that cannot import never stays live) and no restart
 follows (`ImportFailedError`, exit 1).
 """
@@ -184,13 +185,15 @@ def _unique(items: list[MissingImport]) -> list[MissingImport]:
 
 def _python_command(host: HostConfig, script: str, args: str = "", *, fallback: bool = True) -> str:
     """Run `script` with the host's configured python (else python3, with `fallback`); exit 127
-    if none is there."""
+    if none is there. No bytecode is written (-B): importing the pushed modules must leave
+    nothing in the live tree but the pushed bytes (no `__pycache__`)."""
     pythons = [host.python, "python3"] if fallback else [host.python]
     candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
     missing = shlex.quote(f"kerneldev: no python on the host ({' or '.join(pythons)})")
     return (
         f"for p in {candidates}; do "
-        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -c {shlex.quote(script)}'
+        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 PYTHONDONTWRITEBYTECODE=1 '
+        f'exec "$p" -B -c {shlex.quote(script)}'
         f"{args}; fi; done; echo {missing} >&2; exit 127"
     )
 

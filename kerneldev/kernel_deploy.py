@@ -1,16 +1,20 @@
 """Deploying the bundled kernels safely: `kerneldev kernels install` and `kernels status`.
 
-install: finds the live kernel file among the configured files by name, at one of the known
-layouts (SGLang's `python/sglang/srt/layers/attention/` or `python/sglang/kernels/ops/attention/`,
-vLLM's `vllm/models/deepseek_v4/nvidia/`), pulls it when the workspace copy is not current,
+install: finds the live kernel file among the configured files by name, at one of SGLang's
+layouts (`python/sglang/srt/layers/attention/`, 0.5.14 and older, or
+`python/sglang/kernels/ops/attention/`, 0.5.23), pulls it when the workspace copy is not current,
 and writes the bundled file over the workspace copy: an edit that `push` deploys (with its
 import checks). The live wrapper stays unless `with_wrapper`, and then only when the bundled
 wrapper defines every public name of the live one.
 
 status: per kernel site, whether the live kernel file is this kerneldev's bundled file, an
 older bundled release (by sha256, `kernel_releases.py`) or something else, and which backend
-the live wrapper would pick (FlashInfer, Triton with the MMA or SIMT kernel, torch) under the
-environment in `service.env_file` (unknown when none is configured).
+the live wrapper's entry reaches (FlashInfer, Triton with the MMA or SIMT kernel, torch) for a
+decode call and a prefill-sized call: not read from the wrapper's text but from the live
+dispatch, by `transport/_kernelprobe.py` run on the host with its python and the variables of
+`service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
+wrapper reads its switch at import, so a note says when the env file changed after the
+service's last restart by kerneldev.
 """
 
 from __future__ import annotations
@@ -26,21 +30,24 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import sync
+from kerneldev import restart_record, server_process, sync
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
-from kerneldev.envfile import read_service_env
-from kerneldev.errors import RefusedError, TransferError, UsageError
+from kerneldev.envfile import export_prefix, parse_env_file
+from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
 from kerneldev.kernel_releases import RELEASED
 from kerneldev.state import STATE_DIR, load_state
+from kerneldev.transport import _kernelprobe
 from kerneldev.transport.base import Transport
 
 KERNEL_FILE = "flash_mla_sm120_triton.py"
 WRAPPER_FILE = "flash_mla_sm120.py"
+# SGLang's layouts: up to 0.5.14 under srt/layers/attention/, from 0.5.23 (at the latest) under
+# kernels/ops/attention/. Both below SGLang's import root `python/`.
+IMPORT_ROOT = "python"
 LAYOUTS = {
     "python/sglang/srt/layers/attention": "sglang",
     "python/sglang/kernels/ops/attention": "sglang (kernels/ops)",
-    "vllm/models/deepseek_v4/nvidia": "vllm",
 }
 
 BUNDLED = "bundled"  # this kerneldev's file
@@ -250,11 +257,29 @@ class FileStatus:
 
 
 @dataclass
-class BackendChoice:
+class DispatchCall:
+    """What the live wrapper's entry reached for one call (the probe's answer)."""
+
+    call: str  # "decode" or "prefill"
+    tokens: int  # query tokens of the call (prefill: more than SGLang's 64-token decode limit)
+    heads: int
     backend: str | None  # "flashinfer", "triton", "torch"; None when it cannot be told
-    kernel_variant: str | None  # "mma" or "simt" when the Triton backend runs a bundled kernel
+    function: str | None  # the backend function reached (module.name)
+    kernel_variant: str | None  # "mma" or "simt" when Triton runs a bundled kernel
+    error: str | None = None  # why backend is None
+
+
+@dataclass
+class BackendChoice:
+    backend: str | None  # the decode call's backend; None when it cannot be told
+    kernel_variant: str | None  # the decode call's Triton variant (bundled kernels)
     environment: str  # where the variables came from, or "unknown"
     reason: str
+    calls: list[DispatchCall] = field(default_factory=list)  # decode, then prefill
+    switch: dict[str, str] = field(default_factory=dict)  # the SGLANG_SM120_* the probe saw
+
+    def backend_of(self, call: str) -> str | None:
+        return next((c.backend for c in self.calls if c.call == call), None)
 
 
 @dataclass
@@ -279,37 +304,49 @@ BACKEND_VARS = (
     "SGLANG_SM120_TRITON_FLASHMLA",
     "SGLANG_SM120_MMA_FLASHMLA",
 )
+DEFAULT_HEADS = 64  # query heads per GPU of the attention layers (SGLang's tp_q_head_num)
+DECODE_TOKENS = 4  # a small decode batch
+PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
+PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host
 
 
-def status(transport: Transport, host: HostConfig) -> KernelStatus:
+def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS) -> KernelStatus:
+    """Per kernel site: the live files (bundled? which release?) and, from the live dispatch
+    (`_kernelprobe.py` run on the host in the service's environment), the backend the wrapper's
+    entry reaches for a decode call and a prefill-sized call at `heads` query heads."""
     sites, live = _sites(transport, host)
     env_file = host.service.env_file if host.service is not None else None
     result = KernelStatus(host=host.name, env_file=env_file, environment_known=False)
     env: dict[str, str] = {}
+    env_bytes: bytes | None = None
     if env_file:
         try:
-            env = read_service_env(transport, host) or {}
+            env_bytes = transport.read_bytes(env_file)
+            env = parse_env_file(env_bytes.decode("utf-8", "replace"))
             result.environment_known = True
         except TransferError as err:
             result.notes.append(f"cannot read service.env_file: {err.message}")
     else:
         result.notes.append(
-            "the service's environment is unknown (no service.env_file): backends are told "
-            "for an environment without the SGLANG_SM120_* variables"
+            "the service's environment is unknown (no service.env_file): the wrapper was "
+            "probed in the login environment of the host"
         )
-    flashinfer: bool | None = None
+    if env_bytes is not None:
+        changed = restart_record.changed_since_restart(host.name, env_file, env_bytes)
+        if changed:
+            result.notes.append(changed)
+        differs = _server_env_differs(transport, host, env)
+        if differs:
+            result.notes.append(differs)
     for s in sites:
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
         wrapper = None
-        source = None
+        wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
         if s.wrapper:
             w_sha = live[s.wrapper].sha256
             wrapper = FileStatus(s.wrapper, w_sha, *classify_file(WRAPPER_FILE, w_sha))
-            source = transport.read_bytes(posixpath.join(host.root, s.wrapper))
-        if flashinfer is None and source is not None and _auto_may_pick_flashinfer(source, env):
-            flashinfer = _flashinfer_installed(transport, host)
-        choice = wrapper_backend(source, wrapper, kernel, env, bool(flashinfer))
+        choice = probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
         if not result.environment_known:
             choice.environment = "unknown"
         elif env_file:
@@ -318,75 +355,115 @@ def status(transport: Transport, host: HostConfig) -> KernelStatus:
     return result
 
 
-def _auto_may_pick_flashinfer(source: bytes, env: dict[str, str]) -> bool:
+def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
+    """A note when the running server's process environment (readable through /proc) holds
+    other SGLANG_SM120_* values than the env file: it started before the file changed."""
+    found = server_process.find(transport, host)
+    running = server_process.environment(transport, found.pid) if found else None
+    if running is None:
+        return None
+    keys = sorted(k for k in set(env) | set(running) if k.startswith("SGLANG_SM120_"))
+    differ = [k for k in keys if env.get(k) != running.get(k)]
+    if not differ:
+        return None
+    shown = ", ".join(
+        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})" for k in differ
+    )
     return (
-        b"SGLANG_SM120_FLASHMLA_BACKEND" in source
-        and b"flashinfer" in source.lower()
-        and env.get("SGLANG_SM120_FLASHMLA_BACKEND", "auto").strip().lower() == "auto"
+        f"the running server (pid {found.pid}) started with other values than "
+        f"{host.service.env_file}: {shown}; it runs what those select until it restarts"
     )
 
 
-def wrapper_backend(
-    source: bytes | None,
-    wrapper: FileStatus | None,
-    kernel: FileStatus,
-    env: dict[str, str],
-    flashinfer_installed: bool,
+def dispatch_under(
+    transport: Transport, host: HostConfig, env: dict[str, str], *, heads: int = DEFAULT_HEADS
 ) -> BackendChoice:
-    """Which backend the wrapper `source` picks under `env`, from the rules of the wrapper
-    versions known (SGLang's older and newer wrappers, kerneldev's bundled one)."""
-    choice = env.get("SGLANG_SM120_FLASHMLA_BACKEND", "auto").strip().lower()
-    legacy = env.get("SGLANG_SM120_TRITON_FLASHMLA")
-    backend: str | None
-    if source is None:
-        return BackendChoice(None, None, "", "the wrapper is not among the configured files")
-    if wrapper is not None and wrapper.kind in (BUNDLED, BUNDLED_OLDER):
-        if wrapper.kind == BUNDLED_OLDER:
-            backend, reason = "triton", "older bundled wrapper: always the Triton kernel"
-        elif choice in ("triton", "torch"):
-            backend, reason = choice, f"SGLANG_SM120_FLASHMLA_BACKEND={choice}"
-        elif legacy == "0" and choice != "flashinfer":
-            backend, reason = "torch", "SGLANG_SM120_TRITON_FLASHMLA=0"
-        else:
-            backend, reason = "triton", "bundled wrapper: Triton unless told torch"
-    elif b"SGLANG_SM120_FLASHMLA_BACKEND" in source:
-        if choice in ("flashinfer", "triton", "torch"):
-            backend, reason = choice, f"SGLANG_SM120_FLASHMLA_BACKEND={choice}"
-        elif legacy is not None and b"SGLANG_SM120_TRITON_FLASHMLA" in source:
-            backend = "torch" if legacy == "0" else "triton"
-            reason = f"auto, SGLANG_SM120_TRITON_FLASHMLA={legacy}"
-        elif flashinfer_installed:
-            backend, reason = "flashinfer", "auto: FlashInfer's sm_120 sparse MLA is installed"
-        else:
-            backend, reason = "triton", "auto: FlashInfer's sm_120 sparse MLA is not installed"
-    elif b"SGLANG_SM120_TRITON_FLASHMLA" in source:
-        backend = "torch" if legacy == "0" else "triton"
-        reason = f"SGLANG_SM120_TRITON_FLASHMLA={legacy if legacy is not None else '(unset: 1)'}"
-    else:
-        return BackendChoice(None, None, "", "wrapper not recognised (no SGLANG_SM120_* switch)")
-    variant = None
-    if backend == "triton" and kernel.kind in (BUNDLED, BUNDLED_OLDER):
-        variant = "mma" if env.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
-    return BackendChoice(backend, variant, "", reason)
+    """The first kernel site's dispatch under `env` (an A/B variant's environment)."""
+    sites, _ = _sites(transport, host)
+    s = sites[0]
+    wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
+    return probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
 
 
-_FLASHINFER_PROBE = """
-import importlib.util, json, os
-spec = importlib.util.find_spec("flashinfer")
-found = None
-for folder in (spec.submodule_search_locations or []) if spec else []:
-    for name in ("sparse_mla_sm120.py", "sparse_mla_sm120"):
-        if os.path.exists(os.path.join(folder, name)):
-            found = os.path.join(folder, name)
-print(json.dumps({"installed": found is not None}))
-"""
+def _module_of(path: str) -> str:
+    """The module name of a file under SGLang's import root `python/`."""
+    return path[len(IMPORT_ROOT) + 1 : -len(".py")].replace("/", ".")
 
 
-def _flashinfer_installed(transport: Transport, host: HostConfig) -> bool:
-    """Whether the host's python has FlashInfer's sm_120 sparse MLA (found, not imported)."""
-    command = f"{shlex.quote(host.python)} -c {shlex.quote(_FLASHINFER_PROBE)}"
-    result = transport.run(command, timeout=60)
+_PROBE: str | None = None
+
+
+def probe_dispatch(
+    transport: Transport,
+    host: HostConfig,
+    kernel_path: str,
+    wrapper_path: str,
+    env: dict[str, str],
+    heads: int,
+) -> BackendChoice:
+    """Run the host-side probe (`_kernelprobe.py`) with the host's python and `env`, from the
+    live tree's import root, writing no bytecode there."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
+    request = {
+        "wrapper": _module_of(wrapper_path),
+        "kernel": _module_of(kernel_path),
+        "calls": [
+            {"name": "decode", "tokens": DECODE_TOKENS, "heads": heads},
+            {"name": "prefill", "tokens": PREFILL_TOKENS, "heads": heads},
+        ],
+    }
+    command = (
+        export_prefix(env)
+        + f"cd {shlex.quote(posixpath.join(host.root, IMPORT_ROOT))} && "
+        + f"PYTHONDONTWRITEBYTECODE=1 {shlex.quote(host.python)} -B -c {shlex.quote(_PROBE)}"
+    )
+    unknown = BackendChoice(None, None, "", "")
     try:
-        return bool(result.ok and json.loads(result.stdout)["installed"])
-    except (ValueError, KeyError):
-        return False
+        run = transport.run(command, stdin=json.dumps(request).encode(), timeout=PROBE_TIMEOUT)
+    except RemoteCommandError as err:
+        unknown.reason = f"the probe did not run: {err.message}"
+        return unknown
+    try:
+        answer = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        unknown.reason = f"the probe failed with {host.python} (exit {run.exited}): {tail}"
+        return unknown
+    unknown.switch = answer.get("switch", {})
+    if not answer.get("imported"):
+        unknown.reason = f"the wrapper cannot be imported: {answer.get('error')}"
+        return unknown
+    calls = [
+        DispatchCall(
+            c["call"],
+            c["tokens"],
+            c["heads"],
+            c["backend"],
+            c["function"],
+            c["variant"],
+            c["error"],
+        )
+        for c in answer["calls"]
+    ]
+    decode = calls[0]
+    parts = []
+    for c in calls:
+        where = f"{c.call} ({c.tokens} tokens, {c.heads} heads): "
+        parts.append(where + (c.function or f"unknown, {c.error}"))
+    if answer.get("_sm120_default_backend") is not None:
+        parts.append(f"wrapper switch _sm120_default_backend={answer['_sm120_default_backend']}")
+    uses_flashinfer = any(c.backend == "flashinfer" for c in calls)
+    if uses_flashinfer and not answer.get("flashinfer"):
+        parts.append(
+            "FlashInfer's sm_120 sparse MLA is not installed for this python: those calls fail"
+        )
+    return BackendChoice(
+        decode.backend,
+        decode.kernel_variant if decode.backend == "triton" else None,
+        "",
+        "; ".join(parts),
+        calls,
+        answer.get("switch", {}),
+    )

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kerneldev import interrupt
+from kerneldev import interrupt, restart_record
 from kerneldev.config import ServiceConfig
 from kerneldev.errors import (
     ConnectionLostError,
     HostConnectionError,
     RemoteCommandError,
     RestartFailedError,
+    TransferError,
     UnhealthyError,
     UsageError,
 )
@@ -56,6 +57,15 @@ def require_service(service: ServiceConfig | None, host_name: str) -> ServiceCon
     return service
 
 
+def _env_file_bytes(transport: Transport, service: ServiceConfig) -> bytes | None:
+    if not service.env_file:
+        return None
+    try:
+        return transport.read_bytes(service.env_file)
+    except (TransferError, RemoteCommandError):  # unreadable: no record, the restart goes on
+        return None
+
+
 def check_health(transport: Transport, health: str, timeout: float) -> tuple[bool, str]:
     """One health check: (healthy, what it saw)."""
     if is_url(health):
@@ -87,6 +97,7 @@ def restart(
     if interval is None:
         interval = DEFAULT_INTERVAL  # read at call time, so tests can shorten it
     start = time.monotonic()
+    env_bytes = _env_file_bytes(transport, service)  # what this restart reads (kernels status)
     try:
         result = transport.run(service.restart, timeout=service.timeout)
     except RemoteCommandError as err:
@@ -99,6 +110,8 @@ def restart(
         )
         last = f"restart exited {result.exited}"
         raise _restart_failed(transport, service, failed, last, start)
+    if env_bytes is not None:
+        restart_record.record(host, service.env_file, env_bytes)
     if not service.health:
         return ServiceHealth(host, True, time.monotonic() - start, 0, None, "no health check")
 

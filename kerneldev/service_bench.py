@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev import ab_kernels
 from kerneldev.bench import RESULTS_DIR, save_result
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
@@ -212,8 +213,11 @@ def run_service_bench(
     *,
     results_dir: Path | None = None,
     health_interval: float | None = None,
+    allow_same_kernel: bool = False,
 ) -> ServiceBenchResult:
-    """Run the interleaved rounds; the service is always put back (see the module doc)."""
+    """Run the interleaved rounds; the service is always put back (see the module doc). An A/B
+    whose variants all run the same attention kernel is refused (`ab_kernels`) unless
+    `allow_same_kernel`."""
     request.check()
     svc = check_variants(host, request.variants)
     url = service_url(svc, host.name)
@@ -223,6 +227,7 @@ def run_service_bench(
     runs: list[dict] = []
     servers: list[dict] = []
     switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
+    kernels = ab_kernels.preflight(transport, host, request.variants, allow_same=allow_same_kernel)
     with switcher, HostScripts(transport, host) as scripts:
         for i, (rnd, name) in enumerate(order, 1):
             say(f"[{i}/{len(order)}] round {rnd + 1}, variant {name}")
@@ -284,6 +289,7 @@ def run_service_bench(
     data = build_result(host, request, url, started, runs)
     add_server_settings(data, servers)
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
+    _record_kernels(data, kernels)
     saved = save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
     return ServiceBenchResult(data, saved, switcher.restart_skipped)
 
@@ -348,6 +354,14 @@ def _lines_to(say: ProgressCallback) -> Callable[[str], None]:
 
 def _fmt(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
+
+
+def _record_kernels(data: dict, kernels: ab_kernels.KernelCheck) -> None:
+    """Per variant, the attention kernel the live dispatch reached (A/B runs only)."""
+    if kernels.kernels:
+        data["kernels"] = {
+            n: {"kernel": k, "how": kernels.reasons.get(n)} for n, k in kernels.kernels.items()
+        }
 
 
 def build_result(

@@ -376,22 +376,45 @@ def cmd_bench(args) -> dict:
     return {"schema": SCHEMA, "url": args.url, "server": info, "levels": out}
 
 
-def newest_trace(folder: str) -> str | None:
+def newest_trace(folder: str, since: float = 0.0) -> str | None:
+    """The newest trace under `folder` written at `since` or later; a decode-stage trace
+    (SGLang's profile_by_stage writes `...-DECODE.trace.json.gz`) before any other."""
     found = [
         p
         for pattern in ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json*")
         for p in glob.glob(os.path.join(folder, "**", pattern), recursive=True)
+        if os.path.getmtime(p) >= since
     ]
-    return max(found, key=os.path.getmtime) if found else None
+    decode = [p for p in found if "DECODE" in os.path.basename(p)]
+    return max(decode or found, key=os.path.getmtime) if found else None
+
+
+def start_decode_profile(args) -> bool:
+    """POST /start_profile for decode steps only where the server supports it (SGLang's
+    profile_by_stage with num_steps: the prefill is traced apart and the decode trace, GPU
+    activities only, is written by itself after num_steps decode steps); else the plain
+    request (the window then holds the prefill too). True when the staged request was taken."""
+    staged = {
+        "output_dir": args.output_dir,
+        "profile_by_stage": True,
+        "num_steps": max(1, args.max_new_tokens - 2),  # ends before the requests do
+        "activities": ["GPU"],
+    }
+    status, _ = post(args.url, "/start_profile", staged)
+    if status == 200:
+        return True
+    status, text = post(args.url, "/start_profile", {"output_dir": args.output_dir})
+    if status != 200:
+        raise RuntimeError(f"/start_profile answered HTTP {status}: {text.strip()}")
+    return False
 
 
 def cmd_profile(args) -> dict:
     os.makedirs(args.output_dir, exist_ok=True)
     # Warm up first so the trace holds decode steps, not the first call's compilation.
     run_level(args.url, 1, 1, args.input_len, 2, args.timeout, seed=1)
-    status, text = post(args.url, "/start_profile", {"output_dir": args.output_dir})
-    if status != 200:
-        raise RuntimeError(f"/start_profile answered HTTP {status}: {text.strip()}")
+    started = time.time() - 1.0  # traces older than this are an earlier run's
+    staged = start_decode_profile(args)
     level = run_level(
         args.url,
         args.concurrency,
@@ -401,13 +424,13 @@ def cmd_profile(args) -> dict:
         args.timeout,
     )
     status, text = post(args.url, "/stop_profile", {})
-    if status != 200:
+    if status != 200 and not staged:  # a staged profile may have stopped by itself
         raise RuntimeError(f"/stop_profile answered HTTP {status}: {text.strip()}")
     # The trace is written after the answer on some servers: wait for it to appear.
     trace = None
     deadline = time.monotonic() + args.trace_wait
     while time.monotonic() < deadline:
-        trace = newest_trace(args.output_dir)
+        trace = newest_trace(args.output_dir, started)
         if trace and time.time() - os.path.getmtime(trace) > 0.5:  # finished writing
             break
         time.sleep(0.2)
@@ -420,6 +443,7 @@ def cmd_profile(args) -> dict:
         "schema": SCHEMA,
         "url": args.url,
         "levels": [level],
+        "decode_only": staged,
         "trace": trace,
         "trace_bytes": os.path.getsize(trace),
         "summary": trace_summary.summarise(trace, args.top),

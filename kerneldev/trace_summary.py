@@ -25,20 +25,28 @@ SCHEMA = "kerneldev.trace-summary/1"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 CPU_CATS = ("user_annotation",)
 
-# Families, tried in order; the first pattern that matches a kernel's name wins.
-ATTENTION, COMBINE, GEMM, GLUE, OTHER = (
-    "sparse-decode attention",
-    "combine",
-    "GEMM",
-    "elementwise/copy glue",
-    "other",
-)
+# Families, tried in order; the first pattern that matches a kernel's name wins. The attention
+# kernels are told apart by who wrote them, so an A/B's attention share names the kernel that ran:
+# FlashInfer's sm_120 sparse MLA (SGLang 0.5.23's default: sparse_mla_decode_dsv4_kernel and its
+# _merge_kernel), FlashMLA's (flash_fwd_splitkv_mla_kernel, its combine, the sparse kernels),
+# SGLang's own Triton kernel file (_tiled_sparse_decode_kernel) and kerneldev's bundled kernels
+# (_mma_split_kernel, _simt_decode_kernel and their _combine_kernel).
+ATTN_FLASHINFER = "attention: FlashInfer"
+ATTN_FLASHMLA = "attention: FlashMLA"
+ATTN_SGLANG_TRITON = "attention: SGLang Triton"
+ATTN_KERNELDEV = "attention: kerneldev"
+ATTENTION_FAMILIES = (ATTN_FLASHINFER, ATTN_FLASHMLA, ATTN_SGLANG_TRITON, ATTN_KERNELDEV)
+ATTENTION = ATTN_KERNELDEV  # the bundled kernels' family (older name of the single family)
+COMBINE, GEMM, GLUE, OTHER = ("combine", "GEMM", "elementwise/copy glue", "other")
 FAMILY_PATTERNS = (
+    (ATTN_FLASHINFER, r"sparse_mla_decode_dsv4|sparse_mla_sm120|flashinfer"),
+    (ATTN_FLASHMLA, r"flash_mla|flashmla|splitkv_mla|mla_combine|sparse_attn_fwd|sparse_mla_fwd"),
+    (ATTN_SGLANG_TRITON, r"_tiled_sparse_decode_kernel"),
+    (ATTN_KERNELDEV, r"_mma_split_kernel|_simt_decode_kernel|^_combine_kernel$|sparse_decode"),
     (COMBINE, r"combine|merge_attn|merge_state"),
     (
-        ATTENTION,
-        r"sparse_decode|_mma_split_kernel|_simt_decode_kernel|flash_mla|flashmla|"
-        r"sparse_attn|decode_attention",
+        ATTN_SGLANG_TRITON,
+        r"decode_attention|_fwd_kernel_stage|sparse_attn",  # other Triton attention in SGLang
     ),
     (GEMM, r"gemm|cublas|cutlass|nvjet|xmma|wgmma|matmul|\bmm\b|_mm_|sm\d+_.*_tn|o_proj"),
     (

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import sglang_releases
 from tests.sshd import SSHServer, find_sshd, start_sshd
 
 
@@ -42,3 +43,14 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
     monkeypatch.delenv("KERNELDEV_TRANSFER", raising=False)  # the timed choice, unless pinned
     return home
+
+
+@pytest.fixture(scope="session", params=sglang_releases.VERSIONS)
+def sglang_release(request, tmp_path_factory) -> sglang_releases.Release:
+    """A real SGLang release (each of tests/sglang_releases.VERSIONS), laid out once per session
+    as a trimmed live tree; `copy_to` gives a test its own copy. Skips, saying why, when the
+    release cache is empty (scripts/bootstrap test fills it) or torch is missing."""
+    reason = sglang_releases.missing_reason(request.param)
+    if reason:
+        pytest.skip(reason)
+    return sglang_releases.session_release(request.param, tmp_path_factory.mktemp("sglang"))

@@ -161,6 +161,13 @@ def test_a_system_python_gets_a_project_venv_and_pip_runs_only_there(world):
     assert again.returncode == 0, again.stderr
     assert _pip_installs(calls) == [] and "already installed" in again.stderr
     assert calls[-1]["args"] == ["-m", "pytest", "-q"]
+    # test: the SGLang releases are fetched first (pytest itself downloads nothing)
+    assert calls[-2]["args"] == ["scripts/sglang_releases.py", "fetch"] and calls[-2]["venv"]
+
+    offline, calls = world("test", KERNELDEV_SGLANG="skip")
+    assert offline.returncode == 0, offline.stderr
+    assert all(c["args"][:1] != ["scripts/sglang_releases.py"] for c in calls)
+    assert "KERNELDEV_SGLANG=skip" in offline.stderr
 
 
 def test_python3_venv_is_installed_via_apt_when_venv_cannot_work(world):

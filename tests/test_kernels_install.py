@@ -1,14 +1,17 @@
-"""Deploying the bundled kernels into a live tree shaped like SGLang's (kerneldev/fake_sglang.py:
-a wrapper, a DSv4 backend and a test module that import the kernel file), through the CLI, over
-the real sshd and the local transport: `kernels install` + `push --restart` leaves a tree whose
-backend call runs; a wrapper without `flash_mla_with_kvcache_sm120` is refused before upload; a
-file that does not import is rolled back without a restart."""
+"""Deploying the bundled kernels into real SGLang releases (0.5.14 and 0.5.23, laid out from their
+wheels by tests/sglang_releases.py: each release's own wrapper, DSv4 backend and package chain),
+through the CLI, over the real sshd and the local transport: `kernels install` + `push
+--restart` leaves a tree whose wrapper runs the bundled kernel; the import check leaves no
+`__pycache__`; a wrapper without `flash_mla_with_kvcache_sm120` is refused before upload; a
+file that does not import is rolled back without a restart; `kernels status` reports the
+backend the live dispatch reaches for decode and prefill under every switch setting."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -17,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import fake_sglang, kernel_deploy
+from kerneldev import kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.envfile import parse_env_file
-from kerneldev.kernel_deploy import BackendChoice, FileStatus, wrapper_backend
 from kerneldev.sandbox import find_sshd
 from kerneldev.transport import _importscan
+from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,6 +41,8 @@ class Tree:
     kernel: str
     wrapper: str
     restarts: Path
+    env_file: Path
+    release: Release
 
     def kd(self, *args: str):
         """`kerneldev --config <this> ARGS` through the real entry, in a pipe."""
@@ -49,51 +54,64 @@ class Tree:
     def live(self, path: str) -> bytes:
         return (self.root / path).read_bytes()
 
+    def set_env(self, text: str) -> None:
+        """The service's env file: the release's host environment plus `text`."""
+        self.env_file.write_text("# read by the service\n" + self.release.env_lines() + text)
 
-def make_tree(tmp_path: Path, monkeypatch, layout: str, transport: str, server=None) -> Tree:
+
+def make_tree(
+    tmp_path: Path, monkeypatch, release: Release, transport: str, server=None, env: str = ""
+) -> Tree:
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     monkeypatch.setenv("KERNELDEV_SSH_CONFIG", "none")
-    root = tmp_path / "sglang"
-    fake_sglang.write_tree(root, layout)
-    kernel, wrapper = fake_sglang.kernel_paths(layout)
-    env_file = tmp_path / "sglang.env"
-    env_file.write_text("# read by the service\nexport SGLANG_SM120_FLASHMLA_BACKEND=auto\n")
+    root = release.copy_to(tmp_path / "sglang")
     restarts = tmp_path / "restarts"
     entry: dict = {"transport": transport}
     if transport == "ssh":
         entry.update(ssh_entry(server, tmp_path))
+    env_file = tmp_path / "sglang.env"
     entry.update(
         root=str(root),
-        files=[kernel, wrapper],
+        files=[release.kernel, release.wrapper],
         workspace="ws",
         python=sys.executable,
         service={"restart": f"echo restarted >> '{restarts}'", "env_file": str(env_file)},
     )
     config = tmp_path / "hosts.yaml"
     config.write_text(yaml.safe_dump({"hosts": {"h": entry}}))
-    return Tree(config, root, tmp_path / "ws", kernel, wrapper, restarts)
+    tree = Tree(
+        config, root, tmp_path / "ws", release.kernel, release.wrapper, restarts, env_file, release
+    )
+    tree.set_env(env)
+    return tree
 
 
-def run_backend_call(root: Path) -> float:
-    """The live tree's DSv4 backend decodes tiny inputs on CPU (Triton interpreter); returns the
-    largest error against kerneldev's float64 reference."""
+def run_wrapper_call(tree: Tree) -> float:
+    """The live tree's own wrapper (SGLang's, with the Triton backend selected) decodes tiny
+    inputs on CPU (Triton interpreter); returns the largest error against kerneldev's float64
+    reference."""
     code = (
-        "import torch\n"
+        "import importlib, sys\n"
         "from kerneldev.kernels.dsv4_reference import make_inputs, reference_sparse_decode\n"
-        "from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend\n"
+        "w = importlib.import_module(sys.argv[1])\n"
         "x = make_inputs(2, 4, 16, 16, extra_topk=8, extra_page_size=4, with_sink=True,\n"
         "                topk_length='partial', indices_3d=True, seed=7)\n"
-        "backend = DeepseekV4AttnBackend(512, x['softmax_scale'])\n"
-        "out = backend.forward_decode(x['q'], x['k_cache'], x['indices'], x['topk_length'],\n"
-        "    x['attn_sink'], (x['extra_k_cache'], x['extra_indices'], x['extra_topk_length']))\n"
+        "out = w.flash_mla_with_kvcache_sm120(q=x['q'], k_cache=x['k_cache'], head_dim_v=512,\n"
+        "    softmax_scale=x['softmax_scale'], indices=x['indices'],\n"
+        "    topk_length=x['topk_length'], attn_sink=x['attn_sink'],\n"
+        "    extra_k_cache=x['extra_k_cache'], extra_indices_in_kvcache=x['extra_indices'],\n"
+        "    extra_topk_length=x['extra_topk_length'])[0]\n"
         "ref, _ = reference_sparse_decode(**x)\n"
         "print((out.float() - ref.float()).abs().max().item())\n"
     )
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = parse_env_file(tree.env_file.read_text())
+    env = dict(os.environ, **env, TRITON_INTERPRET="1", SGLANG_SM120_FLASHMLA_BACKEND="triton")
+    env["PYTHONPATH"] = os.pathsep.join([str(tree.root / "python"), env["PYTHONPATH"]])
     proc = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=root / "python",
+        [sys.executable, "-B", "-c", code, f"{tree.release.package}.flash_mla_sm120"],
+        cwd=tree.root / "python",
         env=env,
         capture_output=True,
         text=True,
@@ -103,58 +121,158 @@ def run_backend_call(root: Path) -> float:
     return float(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize(
-    "layout,transport,with_wrapper",
-    [("srt", "ssh", False), ("kernels", "local", True)],
-)
-def test_install_then_push_restart_leaves_a_working_backend(
-    tmp_path, monkeypatch, request, layout, transport, with_wrapper
-):
-    pytest.importorskip("torch")
+# The backend each release's wrapper runs when unset: 0.5.14 reads SGLANG_SM120_TRITON_FLASHMLA
+# (default 1: Triton), 0.5.23 SGLANG_SM120_FLASHMLA_BACKEND (default flashinfer).
+DEFAULT_BACKEND = {"0.5.14": "triton", "0.5.23": "flashinfer"}
+
+
+def test_install_then_push_restart_leaves_a_working_wrapper(tmp_path, monkeypatch, sglang_release):
     pytest.importorskip("triton")
-    server = None
-    if transport == "ssh":
-        if find_sshd() is None:
-            pytest.skip("sshd is not installed")
-        server = request.getfixturevalue("sshd_server")
-    tree = make_tree(tmp_path, monkeypatch, layout, transport, server)
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    default = DEFAULT_BACKEND[sglang_release.version]
 
     code, out, err = tree.kd("kernels", "status", "--json")
     assert code == 0, err
     site = json.loads(out)["sites"][0]
     assert site["kernel"]["kind"] == "other"
-    assert site["backend"]["backend"] == "triton"  # auto, FlashInfer not installed here
+    assert site["backend"]["backend"] == default
     assert site["backend"]["environment"].endswith("sglang.env")
 
-    args = ["kernels", "install", "--json"] + (["--with-wrapper"] if with_wrapper else [])
-    code, out, err = tree.kd(*args)
+    code, out, err = tree.kd("kernels", "install", "--json")
     assert code == 0, err
     installed = {f["path"]: f for f in json.loads(out)["files"]}
     assert installed[tree.kernel]["action"] == "installed"
     assert (tree.workspace / tree.kernel).read_bytes() == BUNDLED_KERNEL
-    assert (tree.wrapper in installed) == with_wrapper
+    assert tree.wrapper not in installed
     assert "+++ bundled/" in installed[tree.kernel]["patch"]
 
     code, out, err = tree.kd("push", "--restart", "--json")
     assert code == 0, err
     pushed = json.loads(out)
     check = pushed["import_check"]
-    assert fake_sglang.TEST_PATH in check["scan"]["importers"]
+    assert tree.wrapper in check["scan"]["importers"]  # the release's wrapper imports it
     assert check["scan"]["missing"] == []
     assert check["after_upload"]["ok"] is True
     assert tree.live(tree.kernel) == BUNDLED_KERNEL
     assert tree.restarts.read_text().count("restarted") == 1
+    assert list(tree.root.rglob("__pycache__")) == []  # the import wrote no bytecode
 
     code, out, err = tree.kd("kernels", "status", "--json")
     site = json.loads(out)["sites"][0]
     assert site["kernel"]["kind"] == "bundled"
-    assert site["backend"]["backend"] == "triton" and site["backend"]["kernel_variant"] == "simt"
+    if default == "triton":
+        assert (site["backend"]["backend"], site["backend"]["kernel_variant"]) == ("triton", "simt")
+    else:  # the bundled kernel file is live, but 0.5.23 still runs FlashInfer: status says so
+        assert site["backend"]["backend"] == "flashinfer"
+    assert list(tree.root.rglob("__pycache__")) == []
 
-    assert run_backend_call(tree.root) < 2e-2  # bf16 output of a 24-token softmax
+    assert run_wrapper_call(tree) < 2e-2  # bf16 output of a 24-token softmax
+
+    # and back: the release's own kernel file, import-checked, nothing left behind
+    original = (sglang_release.tree / tree.kernel).read_bytes()
+    code, out, err = tree.kd("rollback", "--json")
+    assert code == 0, err
+    assert json.loads(out)["import_check"]["after_upload"]["ok"] is True
+    assert tree.live(tree.kernel) == original
+    assert list(tree.root.rglob("__pycache__")) == []
 
 
-def test_install_force_keeps_the_overwritten_edits(tmp_path, monkeypatch, sshd_server):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "ssh", sshd_server)
+# (variables in the env file) -> (decode, prefill) backend per release, as each release's
+# wrapper dispatches: 0.5.14 reads only SGLANG_SM120_TRITON_FLASHMLA; 0.5.23 only
+# SGLANG_SM120_FLASHMLA_BACKEND: triton -> the kernel file, flashinfer (the default) ->
+# FlashInfer (prefill-sized calls to its prefill path), anything else, auto included -> torch.
+SWITCH_CASES = {
+    "unset": ("", {"0.5.14": "triton", "0.5.23": "flashinfer"}),
+    "triton": ("SGLANG_SM120_FLASHMLA_BACKEND=triton\n", {"0.5.14": "triton", "0.5.23": "triton"}),
+    "torch": ("SGLANG_SM120_FLASHMLA_BACKEND=torch\n", {"0.5.14": "triton", "0.5.23": "torch"}),
+    "flashinfer": (
+        "SGLANG_SM120_FLASHMLA_BACKEND=flashinfer\n",
+        {"0.5.14": "triton", "0.5.23": "flashinfer"},
+    ),
+    "auto": ("SGLANG_SM120_FLASHMLA_BACKEND=auto\n", {"0.5.14": "triton", "0.5.23": "torch"}),
+    "legacy": ("SGLANG_SM120_TRITON_FLASHMLA=0\n", {"0.5.14": "torch", "0.5.23": "flashinfer"}),
+}
+
+
+def test_status_matches_the_live_dispatch_for_every_switch(tmp_path, monkeypatch, sglang_release):
+    """`kernels status` against what each case really runs (SWITCH_CASES, read from each
+    release's wrapper and environ.py), for a decode call and a prefill-sized call."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    version = sglang_release.version
+    for case, (lines, expected) in SWITCH_CASES.items():
+        tree.set_env(lines)
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        backend = json.loads(out)["sites"][0]["backend"]
+        got = {c["call"]: (c["backend"], c["tokens"] > 64, c["heads"]) for c in backend["calls"]}
+        want = expected[version]
+        assert got == {"decode": (want, False, 8), "prefill": (want, True, 8)}, (case, backend)
+        assert backend["backend"] == want
+        if want == "flashinfer" and version == "0.5.23":
+            functions = [c["function"] for c in backend["calls"]]
+            assert "_flash_mla_flashinfer" in functions[0], functions
+            assert "_flash_mla_sm120_prefill" in functions[1], functions
+            assert "not installed" in backend["reason"]  # no FlashInfer on this CPU host
+    assert list(tree.root.rglob("__pycache__")) == []
+
+
+def test_status_is_unknown_with_the_reason_when_the_wrapper_cannot_import(
+    tmp_path, monkeypatch, sglang_release
+):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    tree.env_file.write_text("PYTHONPATH=/nonexistent\n")  # none of SGLang's imports
+    code, out, err = tree.kd("kernels", "status", "--json")
+    assert code == 0, err
+    backend = json.loads(out)["sites"][0]["backend"]
+    assert backend["backend"] is None and backend["calls"] == []
+    assert "cannot be imported" in backend["reason"] and "ModuleNotFoundError" in backend["reason"]
+    code, out, err = tree.kd("kernels", "status")
+    assert "unknown" in out and "cannot be imported" in " ".join(err.split())
+
+
+def test_status_says_when_the_server_runs_other_values_than_the_env_file(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The wrapper reads its switch at import, so status warns when the env file changed after
+    the last restart by kerneldev, and when the running server's own environment (its process,
+    found from the port of service.url, read from /proc) differs from the file: here a
+    stand-in server that started with torch."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    assert tree.kd("restart")[0] == 0
+    code, _, err = tree.kd("kernels", "status")
+    assert code == 0 and "changed after" not in err
+    tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    listen = (
+        "import socket, sys, time\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+        "print(s.getsockname()[1], flush=True); time.sleep(120)\n"
+    )
+    env = dict(os.environ, SGLANG_SM120_FLASHMLA_BACKEND="torch")
+    server = subprocess.Popen(
+        [sys.executable, "-c", listen], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(server.stdout.readline())
+        data = yaml.safe_load(tree.config.read_text())
+        data["hosts"]["h"]["service"]["url"] = f"http://127.0.0.1:{port}"
+        tree.config.write_text(yaml.safe_dump(data))
+        code, out, err = tree.kd("kernels", "status", "--json")
+    finally:
+        server.kill()
+        server.wait()
+    assert code == 0, err
+    notes = " ".join(json.loads(out)["notes"])
+    assert "changed after the service's last restart" in notes and str(tree.env_file) in notes
+    if not Path("/proc/self/environ").exists() or shutil.which("ss") is None:
+        return  # the server's process cannot be found here
+    assert f"pid {server.pid}" in notes, notes
+    assert "SGLANG_SM120_FLASHMLA_BACKEND=torch (env file: triton)" in notes
+
+
+def test_install_force_keeps_the_overwritten_edits(tmp_path, monkeypatch, request, sglang_release):
+    """Over the real sshd where there is one, else the local transport."""
+    server = request.getfixturevalue("sshd_server") if find_sshd() is not None else None
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "ssh" if server else "local", server)
     assert tree.kd("pull")[0] == 0
     mine = (tree.workspace / tree.kernel).read_bytes() + b"# my unpushed edit\n"
     (tree.workspace / tree.kernel).write_bytes(mine)
@@ -168,8 +286,10 @@ def test_install_force_keeps_the_overwritten_edits(tmp_path, monkeypatch, sshd_s
     assert any(str(kept[0]) in note for note in json.loads(out)["notes"])
 
 
-def test_wrapper_without_entry_point_is_refused_before_upload(tmp_path, monkeypatch):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+def test_wrapper_without_entry_point_is_refused_before_upload(
+    tmp_path, monkeypatch, sglang_release
+):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     assert tree.kd("pull")[0] == 0
     before = tree.live(tree.wrapper)
     # A re-export-only wrapper, as kerneldev once bundled: SGLang's backend cannot import it.
@@ -179,24 +299,23 @@ def test_wrapper_without_entry_point_is_refused_before_upload(tmp_path, monkeypa
     code, out, err = tree.kd("push", "--restart", "--json")
     assert code == 1
     message = " ".join(err.split())
-    assert fake_sglang.BACKEND_PATH in message and "flash_mla_with_kvcache_sm120" in message
-    assert "sglang.srt.layers.attention.flash_mla_sm120" in message
+    assert BACKEND_PATH in message and "flash_mla_with_kvcache_sm120" in message
+    assert f"{sglang_release.package}.flash_mla_sm120" in message
     assert tree.live(tree.wrapper) == before
     assert not tree.restarts.exists()
     missing = json.loads(out)["import_check"]["scan"]["missing"]
-    assert {(m["importer"], m["name"]) for m in missing} >= {
-        (fake_sglang.BACKEND_PATH, "flash_mla_with_kvcache_sm120"),
-        (fake_sglang.TEST_PATH, "_D"),
+    assert (BACKEND_PATH, "flash_mla_with_kvcache_sm120") in {
+        (m["importer"], m["name"]) for m in missing
     }
 
 
-def test_file_that_fails_to_import_is_rolled_back_without_restart(tmp_path, monkeypatch):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+def test_file_that_fails_to_import_is_rolled_back_without_restart(
+    tmp_path, monkeypatch, sglang_release
+):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     assert tree.kd("pull")[0] == 0
     before = tree.live(tree.kernel)
-    broken = (
-        fake_sglang.OLD_KERNEL + "\nimport a_module_kerneldev_never_installs  # noqa: F401\n"
-    ).encode()
+    broken = before + b"\nimport a_module_kerneldev_never_installs  # noqa: F401\n"
     (tree.workspace / tree.kernel).write_bytes(broken)
     code, out, err = tree.kd("push", "--restart", "--json")
     assert code == 1
@@ -214,8 +333,10 @@ def test_file_that_fails_to_import_is_rolled_back_without_restart(tmp_path, monk
     assert tree.live(tree.kernel) == broken
 
 
-def test_with_wrapper_refused_when_the_bundled_one_lacks_public_names(tmp_path, monkeypatch):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+def test_with_wrapper_refused_when_the_bundled_one_lacks_public_names(
+    tmp_path, monkeypatch, sglang_release
+):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     (tree.root / tree.wrapper).write_text(
         (tree.root / tree.wrapper).read_text() + "\n\ndef sm120_page_split(x):\n    return x\n"
     )
@@ -249,22 +370,7 @@ def test_scanner_reads_every_import_form():
     assert _importscan.provided_names("from x import *\n")[1] is True
 
 
-def test_backend_rules_of_the_known_wrappers():
-    other = FileStatus("k.py", "0" * 64, kernel_deploy.OTHER, None)
-    bundled = FileStatus("k.py", "0" * 64, kernel_deploy.BUNDLED, "this kerneldev")
-    newer = b"os.environ.get('SGLANG_SM120_FLASHMLA_BACKEND'); import flashinfer"
-    older = b"os.environ.get('SGLANG_SM120_TRITON_FLASHMLA', '1')"
-
-    def pick(source, env, fi=False, kernel=other) -> BackendChoice:
-        return wrapper_backend(source, None, kernel, env, fi)
-
-    assert pick(newer, {}, fi=True).backend == "flashinfer"
-    assert pick(newer, {}, fi=False).backend == "triton"
-    assert pick(newer, {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}, fi=True).backend == "torch"
-    assert pick(older, {"SGLANG_SM120_TRITON_FLASHMLA": "0"}).backend == "torch"
-    mma = pick(older, {"SGLANG_SM120_MMA_FLASHMLA": "1"}, kernel=bundled)
-    assert (mma.backend, mma.kernel_variant) == ("triton", "mma")
-    assert pick(b"def f(): pass", {}).backend is None
+def test_env_file_parsing():
     assert parse_env_file("# c\nexport A='1'\nB=\"x y\"\n\nC=3=4\n") == {
         "A": "1",
         "B": "x y",
@@ -272,8 +378,9 @@ def test_backend_rules_of_the_known_wrappers():
     }
 
 
-def test_service_check_replaces_the_default_import(tmp_path, monkeypatch):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+def test_service_check_replaces_the_default_import(tmp_path, monkeypatch, sglang_release):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=auto\n")
     data = yaml.safe_load(tree.config.read_text())
     seen = tmp_path / "checked"
     check = f"echo \"$KERNELDEV_MODULES $SGLANG_SM120_FLASHMLA_BACKEND\" > '{seen}'; exit 3"
@@ -284,18 +391,17 @@ def test_service_check_replaces_the_default_import(tmp_path, monkeypatch):
     (tree.workspace / tree.kernel).write_bytes(before + b"\nTUNED = True\n")
     code, out, err = tree.kd("push", "--json")
     assert code == 1 and "exit 3" in err
-    assert seen.read_text().split() == [
-        "sglang.srt.layers.attention.flash_mla_sm120_triton",
-        "auto",
-    ]
+    assert seen.read_text().split() == [f"{sglang_release.package}.flash_mla_sm120_triton", "auto"]
     assert tree.live(tree.kernel) == before  # rolled back
 
 
-def test_ctrl_c_during_the_import_check_says_what_is_live_and_unchecked(tmp_path, monkeypatch):
+def test_ctrl_c_during_the_import_check_says_what_is_live_and_unchecked(
+    tmp_path, monkeypatch, sglang_release
+):
     """Ctrl-C while the pushed module is being imported on the host: the push has landed, so
     exit 130 with the Deployed summary and the import marked as not checked (not a bare
     "interrupted"), and --json still carries the push."""
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     data = yaml.safe_load(tree.config.read_text())
     data["hosts"]["h"]["service"]["check"] = f"kill -INT {os.getpid()}; sleep 30"
     tree.config.write_text(yaml.safe_dump(data))
@@ -309,11 +415,11 @@ def test_ctrl_c_during_the_import_check_says_what_is_live_and_unchecked(tmp_path
     assert tree.live(tree.kernel) == new and not tree.restarts.exists()
 
 
-def test_import_check_uses_only_the_configured_python(tmp_path, monkeypatch):
+def test_import_check_uses_only_the_configured_python(tmp_path, monkeypatch, sglang_release):
     """The import after the upload runs with the host's configured `python` (the server's):
     when that is missing it says so and the push is undone, rather than importing with another
     interpreter and reporting it as the configured one."""
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     missing = str(tmp_path / "no-such-venv" / "bin" / "python3")
     data = yaml.safe_load(tree.config.read_text())
     data["hosts"]["h"]["python"] = missing
@@ -328,8 +434,10 @@ def test_import_check_uses_only_the_configured_python(tmp_path, monkeypatch):
     assert tree.live(tree.kernel) == before  # rolled back
 
 
-def test_install_without_a_configured_kernel_file_is_a_usage_error(tmp_path, monkeypatch):
-    tree = make_tree(tmp_path, monkeypatch, "srt", "local")
+def test_install_without_a_configured_kernel_file_is_a_usage_error(
+    tmp_path, monkeypatch, sglang_release
+):
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     data = yaml.safe_load(tree.config.read_text())
     data["hosts"]["h"]["files"] = [tree.wrapper]
     tree.config.write_text(yaml.safe_dump(data))
@@ -343,14 +451,13 @@ def test_kernel_sites_at_every_known_layout():
         "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py",
         "python/sglang/srt/layers/attention/flash_mla_sm120.py",
         "python/sglang/kernels/ops/attention/flash_mla_sm120_triton.py",
-        "vllm/models/deepseek_v4/nvidia/flash_mla_sm120_triton.py",
+        "vllm/models/deepseek_v4/nvidia/flash_mla_sm120_triton.py",  # no real tree: not a site
         "elsewhere/flash_mla_sm120_triton.py",
     ]
     sites = kernel_deploy.find_sites(paths)
     assert [(s.layout, s.wrapper is not None) for s in sites] == [
         ("sglang", True),
         ("sglang (kernels/ops)", False),
-        ("vllm", False),
     ]
     assert kernel_deploy.classify_file("flash_mla_sm120_triton.py", "f" * 64)[0] == "other"
     assert (
@@ -360,3 +467,43 @@ def test_kernel_sites_at_every_known_layout():
         )[0]
         == "bundled-older"
     )
+
+
+def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypatch, sglang_release):
+    """SGLang 0.5.23 runs FlashInfer unless told `triton`, so an A/B that toggles only
+    SGLANG_SM120_MMA_FLASHMLA compares FlashInfer with itself: `profile` and `bench --service`
+    refuse it (exit 1) naming the variants and the variable, before measuring anything; with
+    the backend pinned to triton the variants differ (simt, mma) and nothing is refused.
+    On 0.5.14 (Triton by default) the variants differ either way."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["service"]["variants"] = {
+        "simt": {"SGLANG_SM120_MMA_FLASHMLA": "0"},
+        "mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"},
+    }
+    data["hosts"]["h"]["service"]["url"] = "http://127.0.0.1:9"  # never reached when refused
+    tree.config.write_text(yaml.safe_dump(data))
+    # the bundled kernel is live (as `kernels install` + `push` leave it, tested above), so
+    # Triton's variant shows (mma/simt)
+    (tree.root / tree.kernel).write_bytes(BUNDLED_KERNEL)
+    before = tree.env_file.read_text()
+    if sglang_release.version == "0.5.23":
+        code, out, err = tree.kd("profile", "--variants", "simt,mma", "--json")
+        assert code == 1, err
+        message = " ".join(err.split())
+        assert "simt, mma" in message and "flashinfer" in message, message
+        assert "SGLANG_SM120_MMA_FLASHMLA did not take effect" in message
+        assert "--allow-same-kernel" in message
+        assert tree.env_file.read_text() == before  # put back
+        code, _, err = tree.kd("bench", "--service", "--variants", "simt,mma", "--rounds", "1")
+        assert code == 1 and "same attention kernel" in err
+    from kerneldev import ab_kernels
+    from kerneldev.config import load_config
+    from kerneldev.transport import open_transport
+
+    host = load_config(tree.config).host("h")
+    if sglang_release.version == "0.5.23":  # pinned: the variable takes effect
+        tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    with open_transport(host) as transport:
+        check = ab_kernels.preflight(transport, host, ["simt", "mma"])
+    assert check.kernels == {"simt": "triton (simt)", "mma": "triton (mma)"}

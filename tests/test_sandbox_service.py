@@ -162,6 +162,31 @@ def test_sglang_info_endpoints_answer_with_sglangs_field_names(box):
     assert health.status_code == 200 and health.text == ""
 
 
+def test_profile_by_step_count_traces_only_those_decode_steps(box, tmp_path):
+    """SGLang's step-count profiling: start_step (at least the next step) and num_steps; the
+    trace is written by itself after those steps (a later /stop_profile has nothing to stop),
+    and holds exactly num_steps steps of every attention layer."""
+    out_dir = tmp_path / "steps"
+    body = {"output_dir": str(out_dir), "start_step": 0, "num_steps": 2, "activities": ["GPU"]}
+    assert httpx.post(url(box, "/start_profile"), json=body).status_code == 200
+    httpx.post(
+        url(box, "/generate"),
+        json={"text": "x", "sampling_params": {"max_new_tokens": 6}},
+        timeout=60,
+    )
+    deadline = time.monotonic() + 60
+    while not list(out_dir.glob("*-TP-0.trace.json.gz")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    traces = list(out_dir.glob("*-TP-0.trace.json.gz"))
+    assert len(traces) == 1
+    assert httpx.post(url(box, "/stop_profile")).status_code == 400  # stopped by itself
+    time.sleep(1.0)  # the export is done when the file is complete
+    summary = trace_summary.summarise(str(traces[0]))
+    calls = {r["name"]: r["calls"] for r in summary["top"]}
+    layers = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]["sizes"]["layers"]
+    assert calls["sparse_decode_attention"] == 2 * layers
+
+
 def test_server_info_follows_the_env_file_across_restarts(box):
     info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
     assert info["kernel_variant"] == "simt" and info["device"] == "cpu"

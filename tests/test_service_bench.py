@@ -380,11 +380,52 @@ def test_trace_summary_streams_a_gzipped_trace(tmp_path):
     ]
     assert s["top"][0]["share"] == pytest.approx(0.75) and s["top"][0]["mean_us"] == 30.0
     fams = {f["family"]: f["share"] for f in s["families"]}
-    assert fams[trace_summary.COMBINE] == pytest.approx(10 / 120)
+    assert fams[trace_summary.ATTN_KERNELDEV] == pytest.approx(100 / 120)  # with its combine
     truncated = tmp_path / "cut.json"
     truncated.write_text(path.read_bytes() and gzip.open(path, "rt").read()[:-40])
     with pytest.raises(ValueError, match="middle of an event"):
         trace_summary.summarise(str(truncated))
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        # FlashInfer's sm_120 sparse MLA (SGLang 0.5.23's default on sm_120)
+        ("void sparse_mla_decode_dsv4_kernel<64, 512, 64>(Params)", trace_summary.ATTN_FLASHINFER),
+        ("sparse_mla_decode_dsv4_merge_kernel", trace_summary.ATTN_FLASHINFER),
+        # FlashMLA's (SGLang on sm_90/sm_100)
+        (
+            "void flash_fwd_splitkv_mla_kernel<Flash_fwd_kernel_traits_mla>",
+            trace_summary.ATTN_FLASHMLA,
+        ),
+        (
+            "void flash_fwd_mla_combine_kernel<cutlass::bfloat16_t, 512>",
+            trace_summary.ATTN_FLASHMLA,
+        ),
+        # SGLang's own Triton kernel file (0.5.14 and 0.5.23)
+        ("_tiled_sparse_decode_kernel", trace_summary.ATTN_SGLANG_TRITON),
+        # kerneldev's bundled kernels
+        ("_mma_split_kernel", trace_summary.ATTN_KERNELDEV),
+        ("_simt_decode_kernel", trace_summary.ATTN_KERNELDEV),
+        ("_combine_kernel", trace_summary.ATTN_KERNELDEV),
+        ("nvjet_tst_128x64_gemm", trace_summary.GEMM),
+    ],
+)
+def test_kernel_families_name_who_wrote_the_attention_kernel(name, expected):
+    assert trace_summary.family(name) == expected
+
+
+def test_a_profile_records_which_attention_kernel_ran():
+    from kerneldev.decode_profile import attention_of
+
+    families = [
+        {"family": trace_summary.ATTN_FLASHINFER, "total_ms": 3.0, "share": 0.3},
+        {"family": trace_summary.GEMM, "total_ms": 6.0, "share": 0.6},
+        {"family": trace_summary.ATTN_SGLANG_TRITON, "total_ms": 1.0, "share": 0.1},
+    ]
+    share, ran = attention_of({"families": families})
+    assert ran == trace_summary.ATTN_FLASHINFER and share == pytest.approx(0.4)
+    assert attention_of({"families": families[1:2]}) == (None, None)
 
 
 # --- end to end against the sandbox -------------------------------------------------------
@@ -433,6 +474,11 @@ def _check_bench_and_profile(box, config: Path, variants: list[str]) -> None:
         top = v["summary"]["top"][0]
         assert top["name"] == "sparse_decode_attention" and top["family"] == trace_summary.ATTENTION
         assert 0 < v["attention_share"] <= 1
+        assert v["attention_kernel"] == trace_summary.ATTN_KERNELDEV
+        assert v["decode_only"] is True and "-DECODE" in v["trace_on_host"]  # staged profile
+        # the probe's answer (an A/B only: one variant is no comparison)
+        probed = f"triton ({v['variant']})" if len(variants) > 1 else None
+        assert v["dispatch_kernel"] == probed, v
         local = Path(v["local_trace"])
         assert local.is_file() and local.is_relative_to(config.parent / ".kerneldev" / "profiles")
     # The service is back on the original settings with the env file as it was.
@@ -475,3 +521,56 @@ def test_bench_service_and_profile_on_the_local_transport(ssh_box, tmp_path):
     config = tmp_path / "hosts.yaml"
     config.write_text(yaml.safe_dump(data))
     _check_bench_and_profile(ssh_box, config, ["mma"])
+
+
+def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monkeypatch):
+    """profile's trace folder: SGLANG_TORCH_PROFILER_DIR of the env file when set, else a fresh
+    mode-1777 folder (a server running as another user can write it), removed at the end; when
+    no trace appears the error names the folder and the server's user (found with `ss` from the
+    service's port: here a listener of this test, so this user)."""
+    import getpass
+    import socket
+    import stat
+
+    from kerneldev.config import load_config
+    from kerneldev.decode_profile import TraceFolders
+    from kerneldev.transport import open_transport
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("A=1\n")
+    config = tmp_path / "hosts.yaml"
+    entry = {
+        "transport": "local",
+        "root": str(tmp_path),
+        "files": ["x.py"],
+        "workspace": "ws",
+        "service": {
+            "restart": "true",
+            "env_file": str(env_file),
+            "url": f"http://127.0.0.1:{port}",
+        },
+    }
+    config.write_text(json.dumps({"hosts": {"h": entry}}))
+    host = load_config(config).host("h")
+    try:
+        with open_transport(host) as transport:
+            with TraceFolders(transport, host) as traces:
+                folder = traces.folder("mma")
+                assert stat.S_IMODE(Path(folder).parent.stat().st_mode) == 0o1777
+                assert stat.S_IMODE(Path(folder).stat().st_mode) == 0o1777
+                err = traces.no_trace_error("mma", folder)
+            assert not Path(folder).parent.exists()
+            message = " ".join(err.message.split())
+            assert folder in message and f"its user {getpass.getuser()}" in message, message
+            assert "SGLANG_TORCH_PROFILER_DIR" in err.hint
+            env_file.write_text(f"SGLANG_TORCH_PROFILER_DIR={tmp_path / 'mine'}\n")
+            with TraceFolders(transport, host) as traces:
+                assert traces.folder("mma") == str(tmp_path / "mine")
+                assert "SGLANG_TORCH_PROFILER_DIR" in traces.no_trace_error("mma", "x").message
+    finally:
+        listener.close()

@@ -61,6 +61,14 @@ COMPARE_OPTION = typer.Option(
 )
 
 
+ALLOW_SAME_KERNEL_OPTION = typer.Option(
+    False,
+    "--allow-same-kernel",
+    help="With --service (and in profile): measure even when every variant runs the same "
+    "attention kernel (refused otherwise: a variable that did not take effect).",
+)
+
+
 def bench_command(
     ctx: typer.Context,
     variants: str = variants_option(
@@ -138,6 +146,7 @@ def bench_command(
         help="With --service: warm-up requests before each level, at its concurrency "
         "(at least c of them; 0: none).",
     ),
+    allow_same_kernel: bool = ALLOW_SAME_KERNEL_OPTION,
 ) -> None:
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
     With --service: decode timings of the running service per variant (restarts it)."""
@@ -158,7 +167,7 @@ def bench_command(
             return group_cmd.service_bench(config, hosts, request, parallel, as_json)
         code = service_bench_cmd.run(
             config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
-            rounds, as_json, warmup=warmup,
+            rounds, as_json, warmup=warmup, allow_same_kernel=allow_same_kernel,
         )  # fmt: skip
         if code:
             raise typer.Exit(code)

@@ -63,13 +63,21 @@ def install_command(
 @kernels_app.command("status")
 def status_command(
     ctx: typer.Context,
+    heads: int = typer.Option(
+        kernel_deploy.DEFAULT_HEADS,
+        "--heads",
+        min=1,
+        help="Query heads per GPU of the server's attention layers (tp_q_head_num): the "
+        "probe's decode and prefill calls use them.",
+    ),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Is the live kernel file the bundled one (which release), and which backend runs?"""
+    """Is the live kernel file the bundled one (which release), and which backend runs for
+    decode and for prefill (probed from the live wrapper in the service's environment)?"""
     host = load_host(ctx, host_name)
     with open_transport(host) as transport:
-        result = kernel_deploy.status(transport, host)
+        result = kernel_deploy.status(transport, host, heads=heads)
     for note in result.notes:
         print_warning(note)
     if as_json:
@@ -77,25 +85,26 @@ def status_command(
         return
     rows = []
     for s in result.sites:
-        backend = s.backend.backend or "unknown"
-        if s.backend.kernel_variant:
-            backend += f" ({s.backend.kernel_variant})"
+        runs = []
+        for call in s.backend.calls or [None]:
+            name = (call.backend if call else None) or "unknown"
+            if call and call.kernel_variant:
+                name += f" ({call.kernel_variant})"
+            runs.append(name)
+        backend = "/".join(runs) if len(set(runs)) > 1 else runs[0]
         rows.append((s.kernel.kind, s.kernel.release or "-", backend, s.kernel.path))
         if s.wrapper is not None:
             rows.append((s.wrapper.kind, s.wrapper.release or "-", "-", s.wrapper.path))
     columns = [
         Column("live file", STATUS),
         Column("release"),
-        Column("backend"),
+        Column("decode/prefill"),
         Column("path", PATH),
     ]
     print_table(f"kernels on {result.host}", columns, rows)
     for s in result.sites:
         env = s.backend.environment or "unknown"
-        print_info(
-            f"{s.layout}: backend {s.backend.backend or 'unknown'}: {s.backend.reason} "
-            f"(environment: {env})"
-        )
+        print_info(f"{s.layout} (environment: {env}): {s.backend.reason}")
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from kerneldev import decode_profile
+from kerneldev.cli.bench_cmd import ALLOW_SAME_KERNEL_OPTION
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 from kerneldev.cli.service_bench_cmd import progress_printer, service_logs_shown, table
@@ -26,6 +27,7 @@ def profile_command(
         32, "--steps", min=1, metavar="N", help="Decode steps to profile (new tokens per request)."
     ),
     top: int = typer.Option(15, "--top", min=1, metavar="K", help="Kernels to show per variant."),
+    allow_same_kernel: bool = ALLOW_SAME_KERNEL_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
@@ -44,6 +46,7 @@ def profile_command(
             top=top,
             on_progress=progress_printer(),
             profiles_dir=config.path.parent / decode_profile.PROFILES_DIR,
+            allow_same_kernel=allow_same_kernel,
         )
     if as_json:
         print_json(result)

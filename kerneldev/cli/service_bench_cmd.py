@@ -89,6 +89,7 @@ def run(
     rounds: int,
     as_json: bool,
     warmup: int = 2,
+    allow_same_kernel: bool = False,
 ) -> int:
     host = config.host(host_name)
     request = make_request(
@@ -102,6 +103,7 @@ def run(
             request,
             on_progress=progress_printer(),
             results_dir=config.path.parent / service_bench.RESULTS_DIR,
+            allow_same_kernel=allow_same_kernel,
         )
     if as_json:
         print_json({"result": result.data, "saved_to": str(result.saved_to)})

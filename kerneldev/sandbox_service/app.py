@@ -10,7 +10,12 @@ Endpoints (request and response shapes as SGLang's):
                             with the text so far, then `data: [DONE]`
     POST /v1/completions    OpenAI completions; `stream` chunks carry the new text, then
                             `data: [DONE]`; `usage` when not streaming (or include_usage)
-    POST /start_profile     torch.profiler on; optional {"output_dir", "num_steps"}
+    POST /start_profile     torch.profiler on; optional {"output_dir", "num_steps",
+                            "start_step", "activities"} as SGLang's: start_step = the decode
+                            step at which tracing starts (at least the next one), num_steps =
+                            steps traced before it stops by itself, activities ["GPU"] = GPU
+                            kernels only (here CPU ranges too when there is no GPU),
+                            profile_by_stage: the trace is the decode stage's (`-DECODE`)
     POST /stop_profile      writes `<output_dir>/<time>-TP-0.trace.json.gz` (Chrome trace);
                             output_dir defaults to $SGLANG_TORCH_PROFILER_DIR, else /tmp
 
@@ -92,6 +97,8 @@ class Scheduler:
         self.profile_dir: str | None = None
         self.profile_steps_left: int | None = None
         self.last_gen_throughput = 0.0
+        self.profile_start_at: int | None = None  # start_step: the step tracing waits for
+        self.profile_pending = None  # the profiler to start at profile_start_at
 
     # -- called from the HTTP side -----------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
@@ -182,6 +189,7 @@ class Scheduler:
             if not self.running:
                 continue
             batch = self.running
+            self._start_pending_profile()
             try:
                 tokens = eng.step(len(batch))
             except Exception as err:  # noqa: BLE001 - fail the requests, keep serving
@@ -202,7 +210,11 @@ class Scheduler:
                 else:
                     still.append(req)
             self.running = still
-            if self.profiler is not None and self.profile_steps_left is not None:
+            if (
+                self.profiler is not None
+                and self.profile_pending is None
+                and self.profile_steps_left is not None
+            ):
                 self.profile_steps_left -= 1
                 if self.profile_steps_left <= 0:
                     self._stop_profile({})
@@ -240,27 +252,57 @@ class Scheduler:
             return {"ok": False, "message": "Profiling is already in progress."}
         out_dir = body.get("output_dir") or os.environ.get(engine_mod.PROFILER_DIR_ENV) or "/tmp"
         os.makedirs(out_dir, exist_ok=True)
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.profiler = profile(activities=activities)
-        self.profiler.start()
+        self.profiler = profile(activities=_profiler_activities(body, torch, ProfilerActivity))
         self.profile_dir = out_dir
         steps = body.get("num_steps")
         self.profile_steps_left = int(steps) if steps else None
+        # profile_by_stage: every step here is a decode step (no prefill batches), so the
+        # trace is the decode stage's, named as SGLang names it
+        self.profile_suffix = "-DECODE" if body.get("profile_by_stage") else ""
+        start = body.get("start_step")
+        if start is not None:  # as SGLang: at least the next step
+            self.profile_start_at = max(int(start), self.steps + 1)
+            self.profile_pending = self.profiler
+            log.info("Profiling will start at step %d", self.profile_start_at)
+        else:
+            self.profiler.start()
         log.info("Profiling starts. Traces will be saved to: %s", out_dir)
         return {"ok": True, "message": "Start profiling.\n"}
+
+    def _start_pending_profile(self) -> None:
+        """start_step: start the waiting profiler when the step it waits for is next."""
+        if self.profile_pending is not None and self.steps + 1 >= (self.profile_start_at or 0):
+            self.profile_pending.start()
+            self.profile_pending = self.profile_start_at = None
 
     def _stop_profile(self, body: dict) -> dict:
         if self.profiler is None:
             return {"ok": False, "message": "Profiling is not in progress. Call /start_profile."}
+        if self.profile_pending is not None:  # stopped before its start_step: nothing traced
+            self.profile_pending.start()
+            self.profile_pending = self.profile_start_at = None
         prof, self.profiler = self.profiler, None
         prof.stop()
-        path = os.path.join(self.profile_dir or "/tmp", f"{time.time()}-TP-0.trace.json.gz")
+        suffix = getattr(self, "profile_suffix", "")
+        path = os.path.join(self.profile_dir or "/tmp", f"{time.time()}-TP-0{suffix}.trace.json.gz")
         prof.export_chrome_trace(path)
         self.profile_steps_left = None
         log.info("Profiling done. Trace saved to: %s", path)
         return {"ok": True, "message": "Stop profiling. This will take some time.\n", "path": path}
+
+
+def _profiler_activities(body: dict, torch, activity) -> list:
+    """SGLang's `activities` of /start_profile: ["CPU", "GPU"] by default; ["GPU"] = GPU
+    kernels only (decode kernels without the host's ranges). Without a GPU the CPU ranges are
+    all there is, so they stay."""
+    wanted = [str(a).upper() for a in (body.get("activities") or ["CPU", "GPU"])]
+    gpu = torch.cuda.is_available()
+    chosen = []
+    if "CPU" in wanted or not gpu:
+        chosen.append(activity.CPU)
+    if gpu and ("GPU" in wanted or "CUDA" in wanted):
+        chosen.append(activity.CUDA)
+    return chosen
 
 
 # --- requests ---------------------------------------------------------------------------
