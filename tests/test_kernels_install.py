@@ -497,6 +497,17 @@ def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypat
         assert tree.env_file.read_text() == before  # put back
         code, _, err = tree.kd("bench", "--service", "--variants", "simt,mma", "--rounds", "1")
         assert code == 1 and "same attention kernel" in err
+        # A group's A/B is refused alike, and --allow-same-kernel reaches every host's run
+        # (which then gets as far as the service, unreachable here).
+        data["hosts"]["h2"] = {**data["hosts"]["h"], "workspace": str(tmp_path / "ws2")}
+        data["groups"] = {"pair": ["h", "h2"]}
+        tree.config.write_text(yaml.safe_dump(data))
+        args = ("bench", "--service", "--variants", "simt,mma", "--rounds", "1", "--host", "pair")
+        code, out, err = tree.kd(*args, "--json")
+        assert code == 1 and "same attention kernel" in out + err
+        code, out, err = tree.kd(*args, "--json", "--allow-same-kernel")
+        assert code != 0 and "same attention kernel" not in out + err
+        tree.env_file.write_text(before)  # both hosts share this one env file here
     from kerneldev import ab_kernels
     from kerneldev.config import load_config
     from kerneldev.transport import open_transport

@@ -164,7 +164,9 @@ def bench_command(
             request = service_bench_cmd.make_request(
                 variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
             )
-            return group_cmd.service_bench(config, hosts, request, parallel, as_json)
+            return group_cmd.service_bench(
+                config, hosts, request, parallel, as_json, allow_same_kernel=allow_same_kernel
+            )
         code = service_bench_cmd.run(
             config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
             rounds, as_json, warmup=warmup, allow_same_kernel=allow_same_kernel,

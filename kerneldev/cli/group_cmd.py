@@ -537,6 +537,7 @@ def service_bench(
     request,
     parallel: int,
     as_json: bool,
+    allow_same_kernel: bool = False,
 ) -> None:
     from kerneldev import service_bench as sb
     from kerneldev.cli import service_bench_cmd
@@ -552,6 +553,7 @@ def service_bench(
             request,
             on_progress=progress,
             results_dir=config.path.parent / sb.RESULTS_DIR,
+            allow_same_kernel=allow_same_kernel,
         )
         if not result.ok:
             raise KerneldevError(
