@@ -3,26 +3,16 @@ GPU: parsing, the config each variant resolves to, and the usage errors."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 import types
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
-
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, KERNELS / file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
+from tests.kernels.kernel_files import KERNELS
+from tests.kernels.kernel_files import load_kernel_file as _load
 
 bench = _load("_kd_test_dsv4_bench", "dsv4_bench.py")
 

@@ -16,7 +16,6 @@ GPU with FlashInfer installed (`kerneldev bench --variants simt,mma,flashinfer` 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -26,18 +25,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.kernels.kernel_files import KERNELS
+from tests.kernels.kernel_files import load_kernel_file as _load
+
 torch = pytest.importorskip("torch")
-
-KERNELS = Path(__file__).resolve().parents[2] / "kernels"
-
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, KERNELS / file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 bench = _load("_kd_test_fi_dsv4_bench", "dsv4_bench.py")
 ref = _load("_kd_test_fi_dsv4_reference", "dsv4_reference.py")
