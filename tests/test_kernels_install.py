@@ -507,3 +507,29 @@ def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypat
     with open_transport(host) as transport:
         check = ab_kernels.preflight(transport, host, ["simt", "mma"])
     assert check.kernels == {"simt": "triton (simt)", "mma": "triton (mma)"}
+
+
+def test_status_names_a_kernel_file_missing_on_the_host_not_the_config(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The configured kernel file is at a known layout, but the root holds no such tree (a
+    wrong root): the error says so (exit 1), in JSON too, instead of asking to configure it."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["root"] = str(tmp_path / "not-the-tree")
+    tree.config.write_text(yaml.safe_dump(data))
+    code, out, err = tree.kd("kernels", "status", "--json")
+    assert code == 1, (out, err)
+    error = json.loads(out)["error"]
+    assert tree.kernel in error["message"] and "not on host" in error["message"]
+    assert "root" in error["hint"]
+
+
+def test_status_refuses_a_head_count_no_server_has(tmp_path, monkeypatch, sglang_release):
+    """The probe allocates its inputs on the live host next to the server: `--heads` is
+    bounded (usage error, JSON too) instead of trying to allocate gigabytes there."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    code, out, _ = tree.kd("kernels", "status", "--json", "--heads", "100000")
+    assert code == 2 and "--heads" in json.loads(out)["error"]["message"]
+    with pytest.raises(kernel_deploy.UsageError, match="between 1 and"):
+        kernel_deploy.status(None, None, heads=kernel_deploy.MAX_HEADS + 1)
