@@ -533,3 +533,30 @@ def test_status_refuses_a_head_count_no_server_has(tmp_path, monkeypatch, sglang
     assert code == 2 and "--heads" in json.loads(out)["error"]["message"]
     with pytest.raises(kernel_deploy.UsageError, match="between 1 and"):
         kernel_deploy.status(None, None, heads=kernel_deploy.MAX_HEADS + 1)
+
+
+def test_two_of_three_variants_on_one_kernel_are_refused():
+    """simt, mma, flashinfer on SGLang 0.5.23 where mma toggles only SGLANG_SM120_MMA_FLASHMLA:
+    mma runs FlashInfer, so its row would be read as the MMA kernel's; refused naming mma and
+    flashinfer. Three different kernels, or a variant whose kernel is unknown, pass."""
+    from kerneldev import ab_kernels
+
+    check = ab_kernels.KernelCheck(
+        kernels={"simt": "triton (simt)", "mma": "flashinfer", "flashinfer": "flashinfer"},
+        envs={
+            "simt": {"SGLANG_SM120_FLASHMLA_BACKEND": "triton"},
+            "mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"},
+            "flashinfer": {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"},
+        },
+    )
+    with pytest.raises(ab_kernels.SameKernelError) as caught:
+        check.check()
+    message = caught.value.message
+    assert "variants mma, flashinfer run the same attention kernel (flashinfer)" in message
+    assert "SGLANG_SM120_FLASHMLA_BACKEND, SGLANG_SM120_MMA_FLASHMLA did not take effect" in (
+        message
+    )
+    check.kernels["mma"] = "triton (mma)"
+    check.check()
+    check.kernels["mma"] = None
+    check.check()
