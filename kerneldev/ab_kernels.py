@@ -1,5 +1,5 @@
-"""Which attention kernel each variant of an A/B ran, and the refusal of an A/B whose variants all
-ran the same one (`bench --service`, `profile`).
+"""Which attention kernel each variant of an A/B ran, and the refusal of an A/B in which two
+variants ran the same one (`bench --service`, `profile`).
 
 Before anything is restarted, the live dispatch is probed once per variant, as `kernels status`
 probes it (`kernel_deploy.dispatch_under`), in the environment the variant's switch will give
@@ -8,7 +8,8 @@ Triton variant for kerneldev's kernels ("triton (mma)", "flashinfer", "torch"). 
 variant reaches the same kernel the comparison measures nothing but noise (on SGLang 0.5.23,
 toggling only SGLANG_SM120_MMA_FLASHMLA leaves both on FlashInfer), so nothing is measured:
 `SameKernelError` (exit 1) names the variants, the kernel and the variables that differ
-between them and did not take effect. `allow_same=True`
+between them and did not take effect; so does any two variants of a longer list that reach
+the same kernel (the row of one would be read as another kernel's result). `allow_same=True`
 (`--allow-same-kernel`) measures anyway. A variant whose kernel cannot be told (no kernel file
 among the configured files, a wrapper that does not import) never refuses; the reason is kept.
 """
@@ -70,18 +71,27 @@ class KernelCheck:
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def check(self) -> None:
-        ran = set(self.kernels.values())
-        if len(self.kernels) < 2 or None in ran or len(ran) != 1:
+        # Any two variants on one kernel, not only all of them: in simt,mma,flashinfer on
+        # SGLang 0.5.23 with mma toggling only SGLANG_SM120_MMA_FLASHMLA, "mma" runs FlashInfer
+        # and its row would read as the MMA kernel's result.
+        by_kernel: dict[str, list[str]] = {}
+        for name, kernel in self.kernels.items():
+            if kernel is not None:
+                by_kernel.setdefault(kernel, []).append(name)
+        same = next(((k, v) for k, v in by_kernel.items() if len(v) > 1), None)
+        if same is None:
             return
-        names = ", ".join(self.kernels)
-        changed = differing_variables(self.envs)
+        kernel, group = same
+        names = ", ".join(group)
+        changed = differing_variables({n: self.envs.get(n, {}) for n in group})
+        run = "all run" if len(group) == len(self.kernels) else "run"
         what = (
             f"{', '.join(changed)} did not take effect"
             if changed
             else "their environments do not differ"
         )
         raise SameKernelError(
-            f"variants {names} all run the same attention kernel ({ran.pop()}): {what}; "
+            f"variants {names} {run} the same attention kernel ({kernel}): {what}; "
             "the A/B would compare a kernel with itself",
             hint="pin the backend in service.variants (SGLang 0.5.23 runs FlashInfer unless "
             "SGLANG_SM120_FLASHMLA_BACKEND=triton; `kerneldev kernels status` shows what runs), "

@@ -210,6 +210,16 @@ def run_bench(
                 pass  # a leftover temp folder must not hide the real outcome
 
     check_schema(data, f"{host.name}:{result_path}")
+    skipped = data.get("skipped") or {}
+    if skipped and not data.get("results"):
+        # Every variant asked for was skipped: an empty table with exit 0 (and a saved result
+        # that a later --compare reads as "no shapes") would look like a passing run.
+        why = "; ".join(f"{name}: {reason}" for name, reason in skipped.items())
+        raise BenchError(
+            f"nothing was timed on {host.name}: every variant asked for was skipped ({why})",
+            hint="add simt or mma to --variants (e.g. --variants simt,mma,flashinfer), or run "
+            "where FlashInfer's sm_120 DSv4 decode is installed",
+        )
     data["kerneldev"] = {
         "host": host.name,
         "source": source,

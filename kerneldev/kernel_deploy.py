@@ -98,6 +98,16 @@ def _sites(transport: Transport, host: HostConfig):
     live_files, _ = transport.hash_files(host.root, list(host.files))
     live = {f.path: f for f in live_files}
     sites = find_sites(list(live))
+    configured = find_sites(list(host.files))
+    if not sites and configured:
+        # Configured at a known layout but absent on the host: a wrong root or a tree of
+        # another release, not a config that lacks the file.
+        missing = configured[0].kernel
+        raise TransferError(
+            f"the live kernel file {missing} is not on host '{host.name}' under root {host.root}",
+            hint=f"check hosts.{host.name}.root in hosts.yaml, and that the live tree holds "
+            "this release's layout",
+        )
     if not sites:
         raise UsageError(
             f"none of the files configured for host '{host.name}' is a {KERNEL_FILE} at a "
@@ -305,6 +315,9 @@ BACKEND_VARS = (
     "SGLANG_SM120_MMA_FLASHMLA",
 )
 DEFAULT_HEADS = 64  # query heads per GPU of the attention layers (SGLang's tp_q_head_num)
+# The probe allocates its tiny inputs on the live host, next to the server: bf16 q of
+# PREFILL_TOKENS x heads x 512 is 75 MB at this bound, and DSv4 has 128 query heads in all.
+MAX_HEADS = 1024
 DECODE_TOKENS = 4  # a small decode batch
 PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
 PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host
@@ -314,6 +327,12 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
     """Per kernel site: the live files (bundled? which release?) and, from the live dispatch
     (`_kernelprobe.py` run on the host in the service's environment), the backend the wrapper's
     entry reaches for a decode call and a prefill-sized call at `heads` query heads."""
+    if not 1 <= heads <= MAX_HEADS:
+        raise UsageError(
+            f"--heads must be between 1 and {MAX_HEADS} (got {heads}): the query heads per "
+            "GPU of the server's attention layers",
+            hint="DeepSeek-V4 has 128 query heads: 128 / tensor-parallel size",
+        )
     sites, live = _sites(transport, host)
     env_file = host.service.env_file if host.service is not None else None
     result = KernelStatus(host=host.name, env_file=env_file, environment_known=False)

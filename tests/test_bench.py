@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -110,6 +111,21 @@ def test_bench_cpu_smoke_over_ssh_with_json(tmp_path, sshd_server):
     # the harness ran from a temporary folder on the host, removed afterwards
     remote_dir = Path(data["kernels"][0]["path"]).parent
     assert remote_dir.name.startswith("kerneldev-bench.") and not remote_dir.exists()
+
+
+def test_only_a_skipped_variant_is_a_failure_not_an_empty_table(tmp_path):
+    """`--variants flashinfer` where FlashInfer is not installed times nothing: exit 1 with the
+    skip's reason (JSON too), and no result saved that a later --compare would read."""
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("flashinfer") is not None:
+        pytest.skip("FlashInfer is installed here")
+    config = write_config(tmp_path)
+    proc = kerneldev(config, *SMOKE_ON_CPU, "--variants", "flashinfer", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert "every variant asked for was skipped" in error["message"]
+    assert "flashinfer: FlashInfer is not installed" in error["message"]
+    assert not (config.parent / ".kerneldev" / "results").exists()
 
 
 # --- sources, failures and errors, with a fast fake kernel ----------------------------------

@@ -518,3 +518,56 @@ def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypat
     with open_transport(host) as transport:
         check = ab_kernels.preflight(transport, host, ["simt", "mma"])
     assert check.kernels == {"simt": "triton (simt)", "mma": "triton (mma)"}
+
+
+def test_status_names_a_kernel_file_missing_on_the_host_not_the_config(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The configured kernel file is at a known layout, but the root holds no such tree (a
+    wrong root): the error says so (exit 1), in JSON too, instead of asking to configure it."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["root"] = str(tmp_path / "not-the-tree")
+    tree.config.write_text(yaml.safe_dump(data))
+    code, out, err = tree.kd("kernels", "status", "--json")
+    assert code == 1, (out, err)
+    error = json.loads(out)["error"]
+    assert tree.kernel in error["message"] and "not on host" in error["message"]
+    assert "root" in error["hint"]
+
+
+def test_status_refuses_a_head_count_no_server_has(tmp_path, monkeypatch, sglang_release):
+    """The probe allocates its inputs on the live host next to the server: `--heads` is
+    bounded (usage error, JSON too) instead of trying to allocate gigabytes there."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    code, out, _ = tree.kd("kernels", "status", "--json", "--heads", "100000")
+    assert code == 2 and "--heads" in json.loads(out)["error"]["message"]
+    with pytest.raises(kernel_deploy.UsageError, match="between 1 and"):
+        kernel_deploy.status(None, None, heads=kernel_deploy.MAX_HEADS + 1)
+
+
+def test_two_of_three_variants_on_one_kernel_are_refused():
+    """simt, mma, flashinfer on SGLang 0.5.23 where mma toggles only SGLANG_SM120_MMA_FLASHMLA:
+    mma runs FlashInfer, so its row would be read as the MMA kernel's; refused naming mma and
+    flashinfer. Three different kernels, or a variant whose kernel is unknown, pass."""
+    from kerneldev import ab_kernels
+
+    check = ab_kernels.KernelCheck(
+        kernels={"simt": "triton (simt)", "mma": "flashinfer", "flashinfer": "flashinfer"},
+        envs={
+            "simt": {"SGLANG_SM120_FLASHMLA_BACKEND": "triton"},
+            "mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"},
+            "flashinfer": {"SGLANG_SM120_FLASHMLA_BACKEND": "flashinfer"},
+        },
+    )
+    with pytest.raises(ab_kernels.SameKernelError) as caught:
+        check.check()
+    message = caught.value.message
+    assert "variants mma, flashinfer run the same attention kernel (flashinfer)" in message
+    assert "SGLANG_SM120_FLASHMLA_BACKEND, SGLANG_SM120_MMA_FLASHMLA did not take effect" in (
+        message
+    )
+    check.kernels["mma"] = "triton (mma)"
+    check.check()
+    check.kernels["mma"] = None
+    check.check()

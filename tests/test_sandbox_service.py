@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -206,6 +207,15 @@ def test_server_info_follows_the_env_file_across_restarts(box):
     finally:
         edit.restore()
     assert "SGLANG_SM120_MMA_FLASHMLA" not in (box.service_dir / "service.env").read_text()
+
+
+def test_the_live_tree_holds_no_bytecode_after_a_restart(box, monkeypatch):
+    """The service imports the live kernel file as SGLang would, but writes no __pycache__ into
+    the live tree (bytes nobody pushed; a same-size push in the same second would run them),
+    also when started from a shell that writes bytecode (a restart over SSH)."""
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+    assert service.restart(box.transport, box.host.service, interval=INTERVAL).healthy
+    assert sorted(Path(box.root).rglob("__pycache__")) == []
 
 
 def test_unavailable_backend_never_gets_healthy(box):

@@ -574,3 +574,50 @@ def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monke
                 assert "SGLANG_TORCH_PROFILER_DIR" in traces.no_trace_error("mma", "x").message
     finally:
         listener.close()
+
+
+def test_an_ab_waits_for_the_hosts_lock_and_touches_nothing_while_held(
+    tmp_path, monkeypatch, isolated_home
+):
+    """bench --service and profile rewrite the env file and restart the service, so they hold
+    the host's lock like `restart`: while another command holds it (here alice's, on another
+    machine) they give up naming the holder (exit 1, JSON too), restarting nothing and leaving
+    the env file as it was. Without it, two A/Bs at once restarted the service under each
+    other's requests and left the env file on a variant's settings."""
+    import io
+    from dataclasses import replace
+
+    from kerneldev import host_lock
+    from kerneldev.cli import service_bench_cmd
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    root = tmp_path / "live"
+    root.mkdir()
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("SGLANG_SM120_MMA_FLASHMLA=0\n")
+    restarts = tmp_path / "restarts.log"
+    config = tmp_path / "hosts.yaml"
+    service = {
+        "restart": f"echo restarted >> '{restarts}'",
+        "health": "http://127.0.0.1:9/health",
+        "timeout": 1,
+        "env_file": str(env_file),
+        "variants": {"simt": SIMT, "mma": MMA},
+    }
+    entry = {"transport": "local", "root": str(root), "files": ["x.py"], "workspace": "ws"}
+    entry.update(python=sys.executable, service=service)
+    config.write_text(yaml.safe_dump({"hosts": {"h": entry}}))
+    me = host_lock.HostLock(LocalTransport(), str(root), "push").me
+    other = replace(me, machine="elsewhere", user="alice", token="cafe")
+    (root / host_lock.LOCK_FILE).parent.mkdir(parents=True, exist_ok=True)
+    (root / host_lock.LOCK_FILE).write_text(json.dumps(other.__dict__))
+    monkeypatch.setattr(service_bench_cmd, "LOCK_WAIT", 0.0, raising=False)
+    for args in (["bench", "--service", "--rounds", "1"], ["profile"]):
+        out, err = io.StringIO(), io.StringIO()
+        env = Environment(stdout=out, stderr=err, stdin=io.StringIO())
+        code = main(["--config", str(config), *args, "--variants", "simt,mma", "--json"], env=env)
+        assert int(code) == 1, (args, out.getvalue(), err.getvalue())
+        assert "alice@elsewhere" in json.loads(out.getvalue())["error"]["message"]
+        assert not restarts.exists()
+        assert env_file.read_text() == "SGLANG_SM120_MMA_FLASHMLA=0\n"

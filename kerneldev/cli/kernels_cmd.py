@@ -67,6 +67,7 @@ def status_command(
         kernel_deploy.DEFAULT_HEADS,
         "--heads",
         min=1,
+        max=kernel_deploy.MAX_HEADS,
         help="Query heads per GPU of the server's attention layers (tp_q_head_num): the "
         "probe's decode and prefill calls use them.",
     ),

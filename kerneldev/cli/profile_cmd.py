@@ -8,7 +8,12 @@ from kerneldev import decode_profile
 from kerneldev.cli.bench_cmd import ALLOW_SAME_KERNEL_OPTION
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
-from kerneldev.cli.service_bench_cmd import progress_printer, service_logs_shown, table
+from kerneldev.cli.service_bench_cmd import (
+    host_locked,
+    progress_printer,
+    service_logs_shown,
+    table,
+)
 from kerneldev.config import load_config
 from kerneldev.service_variants import check_variants, parse_variants
 from kerneldev.transport import open_transport
@@ -36,7 +41,11 @@ def profile_command(
     host = config.host(host_name)
     names = parse_variants(variants)
     check_variants(host, names)  # exit 2 before connecting
-    with open_transport(host) as transport, service_logs_shown(host):
+    with (
+        open_transport(host) as transport,
+        host_locked(transport, host, "profile"),
+        service_logs_shown(host),
+    ):
         result = decode_profile.run_profile(
             transport,
             host,

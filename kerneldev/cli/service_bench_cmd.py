@@ -78,6 +78,23 @@ def make_request(
     return request
 
 
+LOCK_WAIT = 60.0  # seconds, as `restart`'s default --lock-wait
+
+
+@contextlib.contextmanager
+def host_locked(transport, host, command: str):
+    """The host's lock for a whole A/B: it rewrites service.env_file and restarts the service,
+    so a second A/B (or a push, a restart) at the same time would restart the service under
+    the first one's requests and leave the env file on a variant's settings."""
+    from kerneldev.cli.host_steps import locked
+
+    lock = locked(transport, host, command, False, LOCK_WAIT)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def run(
     config: Config,
     host_name: str | None,
@@ -96,7 +113,11 @@ def run(
         variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
     )
     check_variants(host, request.variants)  # exit 2 before connecting
-    with open_transport(host) as transport, service_logs_shown(host):
+    with (
+        open_transport(host) as transport,
+        host_locked(transport, host, "bench --service"),
+        service_logs_shown(host),
+    ):
         result = service_bench.run_service_bench(
             transport,
             host,

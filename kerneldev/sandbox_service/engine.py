@@ -109,10 +109,16 @@ def _load_kernel_module(path: str):
         raise EngineError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
+    # No __pycache__ in the live tree: it would hold bytes nobody pushed, and a pushed file of
+    # the same size within the same second as the cached one would run the old bytecode.
+    writes_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
     try:
         spec.loader.exec_module(module)
     except Exception as err:  # a broken push must show up as a failed start, with the reason
         raise EngineError(f"importing {path} failed: {type(err).__name__}: {err}") from err
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     if not callable(getattr(module, ENTRY_POINT, None)):
         raise EngineError(f"{path} has no function {ENTRY_POINT}()")
     return module
