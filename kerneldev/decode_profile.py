@@ -32,7 +32,13 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import read_service_env
 from kerneldev.errors import BenchError, KerneldevError, UsageError
-from kerneldev.service_variants import HostScripts, VariantSwitcher, check_variants, service_url
+from kerneldev.service_variants import (
+    HostScripts,
+    VariantSwitcher,
+    check_variants,
+    make_host_folder,
+    service_url,
+)
 from kerneldev.trace_summary import ATTENTION_FAMILIES
 from kerneldev.transport.base import Transport
 
@@ -81,18 +87,9 @@ class TraceFolders:
             env = {}
         self.configured = env.get("SGLANG_TORCH_PROFILER_DIR") or None
         if self.configured is None:
-            made = self.transport.run(
-                'd=$(mktemp -d "${TMPDIR:-/tmp}/kerneldev-traces.XXXXXX") && chmod 1777 "$d" '
-                '&& echo "$d"',
-                timeout=60,
+            self.made = make_host_folder(
+                self.transport, self.host, "kerneldev-traces", shared=True, error=BenchError
             )
-            folder = made.stdout.strip()
-            if not made.ok or not folder.startswith("/"):
-                raise BenchError(
-                    f"cannot create a trace folder on {self.host.name}: "
-                    f"{(made.stderr or made.stdout).strip() or f'exit {made.exited}'}"
-                )
-            self.made = folder
         return self
 
     def folder(self, variant: str) -> str:

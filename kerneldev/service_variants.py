@@ -161,6 +161,31 @@ class VariantSwitcher:
             self.say(f"warning: restoring the service failed too: {err.message}")
 
 
+def make_host_folder(
+    transport: Transport,
+    host: HostConfig,
+    prefix: str,
+    *,
+    shared: bool = False,
+    error: type[KerneldevError] = ServiceError,
+) -> str:
+    """A fresh folder under the host's $TMPDIR (else /tmp), by mktemp; `shared`: mode 1777,
+    so that a server running as another user can write into it. Its absolute path; `error`
+    with the host's answer when it cannot be made."""
+    chmod = ' && chmod 1777 "$d"' if shared else ""
+    made = transport.run(
+        f'd=$(mktemp -d "${{TMPDIR:-/tmp}}/{prefix}.XXXXXX"){chmod} && echo "$d"', timeout=60
+    )
+    folder = made.stdout.strip()
+    if not made.ok or not folder.startswith("/"):
+        what = "a trace folder" if shared else "a temporary folder"
+        raise error(
+            f"cannot create {what} on {host.name}: "
+            f"{(made.stderr or made.stdout).strip() or f'exit {made.exited}'}"
+        )
+    return folder
+
+
 class HostScripts:
     """A temporary folder on the host holding the stdlib-only scripts; removed on exit."""
 
@@ -170,15 +195,7 @@ class HostScripts:
         self.dir: str | None = None
 
     def __enter__(self) -> HostScripts:
-        made = self.transport.run(
-            'mktemp -d "${TMPDIR:-/tmp}/kerneldev-service.XXXXXX"', timeout=60
-        )
-        tmp = made.stdout.strip()
-        if not made.ok or not tmp.startswith("/"):
-            raise ServiceError(
-                f"cannot create a temporary folder on {self.host.name}: "
-                f"{(made.stderr or made.stdout).strip() or f'exit {made.exited}'}"
-            )
+        tmp = make_host_folder(self.transport, self.host, "kerneldev-service")
         self.dir = tmp
         here = Path(__file__).resolve().parent
         for name in HOST_SCRIPTS:
