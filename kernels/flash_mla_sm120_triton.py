@@ -607,7 +607,7 @@ def _prefetch_rows(KV_ptr, stride_kv_page, page_size, idx, valid, FMT: tl.conste
 
 @triton.jit
 def _split_heads(
-    heads, b, prow, prow_hstride, final, H,
+    heads, b, split, H, num_splits,
     Q_ptr, stride_qb, stride_qh, stride_qd,
     KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
     EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
@@ -625,11 +625,9 @@ def _split_heads(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
-    BALANCED: tl.constexpr,
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
-    store the result: final bf16 out and lse with one split (or, BALANCED, where `final`),
-    else the fp32 partial at rows `prow + heads * prow_hstride` of the partial buffers."""
+    store the result (final bf16 out and lse with one split, else the fp32 partial)."""
     head_mask = heads < H
     d = tl.arange(0, D_QK)
     q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
@@ -649,30 +647,19 @@ def _split_heads(
     )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     if SINGLE_SPLIT:
-        _store_final(acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink, O_ptr,
-                     stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK,
-                     RNE_BY_HAND)  # fmt: skip
-    elif BALANCED:
-        if final:
-            _store_final(acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink, O_ptr,
-                         stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK,
-                         RNE_BY_HAND)  # fmt: skip
-        else:
-            _store_partial(acc, l_i, lse2, prow + heads.to(tl.int64) * prow_hstride, head_mask,
-                           PO_ptr, PLSE_ptr)  # fmt: skip
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
-        _store_partial(acc, l_i, lse2, prow + heads.to(tl.int64) * prow_hstride, head_mask,
-                       PO_ptr, PLSE_ptr)  # fmt: skip
-
-
-@triton.jit
-def _store_partial(acc, l_i, lse2, row, head_mask, PO_ptr, PLSE_ptr):
-    """A split's normalised fp32 partial and its base-2 LSE at partial-buffer rows `row`."""
-    d = tl.arange(0, D_QK)
-    inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-    tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    tl.store(PO_ptr + row[:, None] * D_QK + d[None, :], acc * inv_l[:, None],
-             mask=head_mask[:, None])  # fmt: skip
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -735,150 +722,23 @@ def _mma_split_kernel(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
-    B=1,
-    num_progs=1,
-    META_ptr=None,
-    BALANCED: tl.constexpr = False,
-    B_POW2: tl.constexpr = 1,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
     tl.static_assert(BLOCK_H % EXACT_BLOCK_H == 0, "the exact path splits the head block")
-    if BALANCED:
-        # Length-aware schedule: every request's tiles (as far as topk_length reaches) cut
-        # into pieces of at most tpp tiles, tpp = the call's tiles / num_progs; one program per
-        # piece, in request order (the grid, num_progs + B programs per head block, bounds the
-        # piece count; the programs past it return).
-        g = tl.program_id(0)
-        h0 = tl.program_id(1) * BLOCK_H
-        n_b, cum, tpp, total = _balanced_plan(
-            LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, topk, e_topk,
-            num_progs, HAS_EXTRA, BLOCK_N, B_POW2,
-        )  # fmt: skip
-        offs_b = tl.arange(0, B_POW2)
-        k_b = tl.cdiv(n_b, tpp)  # pieces per request
-        cum_k = tl.cumsum(k_b, 0)
-        b = tl.sum((cum_k <= g).to(tl.int32))  # the request of piece g
-        # Programs past the last piece: request B - 1 with no heads (every load and store
-        # masked; no branch around the tile loop, which made it slower).
-        h0 = tl.where(b < B, h0, H)
-        b = tl.minimum(b, B - 1)
-        k = tl.sum(tl.where(offs_b == b, k_b, 0))
-        n = tl.sum(tl.where(offs_b == b, n_b, 0))
-        j = g - tl.sum(tl.where(offs_b == b, cum_k, 0)) + k  # piece j of k: tiles split evenly
-        t0 = j * n // tl.maximum(k, 1)
-        t1 = tl.where(j < k, (j + 1) * n // tl.maximum(k, 1), t0)
-        if (tl.program_id(1) == 0) & (g < B):
-            # request g's first piece and piece count, for the combine: [B, 2] int32
-            row = g * 2 + tl.arange(0, 2)
-            first_g = tl.sum(tl.where(offs_b == g, cum_k - k_b, 0))
-            k_g = tl.sum(tl.where(offs_b == g, k_b, 0))
-            tl.store(META_ptr + row, tl.where(tl.arange(0, 2) == 0, first_g, k_g))
-        # Partials [num_progs + B, H, 512], row g * H + h; a request of one piece is finished
-        # here.
-        _attend_piece(
-            b, h0, t0, t1, g.to(tl.int64) * H, 1, k == 1,
-            Q_ptr, stride_qb, stride_qh, stride_qd,
-            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
-            stride_it, topk, LEN_ptr, stride_len,
-            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
-            stride_eit, e_topk, ELEN_ptr, stride_elen,
-            SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
-            stride_lh, PO_ptr, PLSE_ptr, H, qk_scale_log2, has_len, has_elen,
-            SINGLE_SPLIT, BLOCK_H, BLOCK_N, HAS_EXTRA, HAS_SINK, DOT_DTYPE, PV_SPLIT,
-            RNE_BY_HAND, S_BY_GROUP, NUM_STAGES, RUN_BF16_P, EXACT_BELOW,
-            EXACT_BLOCK_H, COUNT_BLOCK, COUNT_ONE_BLOCK, PREFETCH, FMT, E_FMT, True,
-        )  # fmt: skip
-    else:
-        pid_bh = tl.program_id(0)
-        split = tl.program_id(1)
-        num_head_blocks = tl.cdiv(H, BLOCK_H)
-        b = pid_bh // num_head_blocks
-        h0 = (pid_bh % num_head_blocks) * BLOCK_H
-        # The split's tiles of the two caches' tile lists laid end to end (main, then extra),
-        # so that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 +
-        # 8 tiles over 10 splits, one tile each).
-        t0 = split * tiles_per_split
-        _attend_piece(
-            b, h0, t0, t0 + tiles_per_split,
-            (b.to(tl.int64) * H) * num_splits + split, num_splits, SINGLE_SPLIT,
-            Q_ptr, stride_qb, stride_qh, stride_qd,
-            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it, topk,
-            LEN_ptr, stride_len,
-            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
-            stride_eit, e_topk, ELEN_ptr, stride_elen,
-            SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
-            PO_ptr, PLSE_ptr, H, qk_scale_log2, has_len, has_elen,
-            SINGLE_SPLIT, BLOCK_H, BLOCK_N, HAS_EXTRA, HAS_SINK, DOT_DTYPE, PV_SPLIT,
-            RNE_BY_HAND, S_BY_GROUP, NUM_STAGES, RUN_BF16_P, EXACT_BELOW, EXACT_BLOCK_H,
-            COUNT_BLOCK, COUNT_ONE_BLOCK, PREFETCH, FMT, E_FMT, False,
-        )  # fmt: skip
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    num_head_blocks = tl.cdiv(H, BLOCK_H)
+    b = pid_bh // num_head_blocks
+    h0 = (pid_bh % num_head_blocks) * BLOCK_H
 
-
-@triton.jit
-def _balanced_plan(
-    LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, topk, e_topk, num_progs,
-    HAS_EXTRA: tl.constexpr, BLOCK_N: tl.constexpr, B_POW2: tl.constexpr,
-):  # fmt: skip
-    """The length-aware schedule, from the lengths on the device (no host sync): per request
-    its tile count (main tiles up to topk_length, then extra tiles) and the inclusive running
-    sum of those, the tiles per program, and the total."""
-    offs_b = tl.arange(0, B_POW2)
-    in_b = offs_b < B
-    # (without lengths the pointer is another tensor of at least B elements: read, not used)
-    n_len = tl.load(LEN_ptr + offs_b * stride_len, mask=in_b, other=topk)
-    n_len = tl.where(has_len != 0, n_len, topk)
-    n_b = tl.cdiv(tl.maximum(tl.minimum(n_len, topk), 0), BLOCK_N)
-    if HAS_EXTRA:
-        e_len = tl.load(ELEN_ptr + offs_b * stride_elen, mask=in_b, other=e_topk)
-        e_len = tl.where(has_elen != 0, e_len, e_topk)
-        n_b += tl.cdiv(tl.maximum(tl.minimum(e_len, e_topk), 0), BLOCK_N)
-    n_b = tl.where(in_b, n_b, 0)
-    cum = tl.cumsum(n_b, 0)
-    total = tl.sum(n_b)
-    tpp = tl.maximum(tl.cdiv(total, num_progs), 1)
-    return n_b, cum, tpp, total
-
-
-@triton.jit
-def _attend_piece(
-    b, h0, t0, t1, prow, prow_hstride, final,
-    Q_ptr, stride_qb, stride_qh, stride_qd,
-    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it, topk,
-    LEN_ptr, stride_len,
-    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
-    e_topk, ELEN_ptr, stride_elen,
-    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
-    PO_ptr, PLSE_ptr, H, qk_scale_log2, has_len, has_elen,
-    SINGLE_SPLIT: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    HAS_EXTRA: tl.constexpr,
-    HAS_SINK: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    PV_SPLIT: tl.constexpr,
-    RNE_BY_HAND: tl.constexpr,
-    S_BY_GROUP: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-    RUN_BF16_P: tl.constexpr,
-    EXACT_BELOW: tl.constexpr,
-    EXACT_BLOCK_H: tl.constexpr,
-    COUNT_BLOCK: tl.constexpr,
-    COUNT_ONE_BLOCK: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    FMT: tl.constexpr,
-    E_FMT: tl.constexpr,
-    BALANCED: tl.constexpr,
-):  # fmt: skip
-    """Tiles [t0, t1) of request b's tile list (its main cache's tiles, then its extra
-    cache's) for the heads from h0: the exact PV or the bf16-P loop, and the store (final
-    or the partial at rows prow + h * prow_hstride). The main cache's tile count is that of
-    topk (the split schedule) or, BALANCED, that of the request's length."""
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
-    if BALANCED:
-        main_tiles = tl.cdiv(tl.maximum(length, 0), BLOCK_N)
-    else:
-        main_tiles = tl.cdiv(topk, BLOCK_N)
+    # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
+    # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
+    # over 10 splits, one tile each).
+    t0 = split * tiles_per_split
+    t1 = t0 + tiles_per_split
+    main_tiles = tl.cdiv(topk, BLOCK_N)
     start = tl.minimum(t0, main_tiles) * BLOCK_N
     end = tl.minimum(tl.minimum(t1, main_tiles) * BLOCK_N, length)
     e_start = 0
@@ -907,29 +767,29 @@ def _attend_piece(
     if exact:
         for sub in tl.static_range(BLOCK_H // EXACT_BLOCK_H):
             _split_heads(
-                h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, prow, prow_hstride,
-                final, H, Q_ptr, stride_qb, stride_qh, stride_qd,
+                h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
                 KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
                 EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
                 e_start, e_end,
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, BALANCED,
+                S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
             )  # fmt: skip
     else:
         # RUN_BF16_P off: the second of two launches, which only redoes few-token requests.
         if RUN_BF16_P:
             _split_heads(
-                h0 + tl.arange(0, BLOCK_H), b, prow, prow_hstride, final, H,
-                Q_ptr, stride_qb, stride_qh, stride_qd,
+                h0 + tl.arange(0, BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
                 KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
                 EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
                 e_start, e_end,
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
-                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, BALANCED,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT,
             )  # fmt: skip
 
 
@@ -951,29 +811,14 @@ def _combine_kernel(
     BLOCK_D: tl.constexpr,
     HAS_SINK: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
-    META_ptr=None,
-    BALANCED: tl.constexpr = False,
 ):
-    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink.
-    BALANCED: the request's pieces of the length-aware schedule are partial rows first..first +
-    count - 1 (META, written by the split kernel); a request of one piece was finished there
-    (nothing to do), one with none gets the empty result (out 0, lse the sink's or -inf)."""
+    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink."""
     pid = tl.program_id(0)  # b * H + h
     b = pid // H
     h = pid % H
     s = tl.arange(0, SPLITS_POW2)
-    if BALANCED:
-        # the split kernel's plan: request b's first piece and piece count
-        first = tl.load(META_ptr + b * 2)
-        n_pieces = tl.load(META_ptr + b * 2 + 1)
-        if n_pieces == 1:
-            return
-        row_s = (first + s).to(tl.int64) * H + h
-        in_s = s < n_pieces
-    else:
-        row_s = pid.to(tl.int64) * num_splits + s
-        in_s = s < num_splits
-    lse = tl.load(PLSE_ptr + row_s, mask=in_s, other=float("-inf"))
+    row0 = pid.to(tl.int64) * num_splits
+    lse = tl.load(PLSE_ptr + row0 + s, mask=s < num_splits, other=float("-inf"))
     mx = tl.max(lse, axis=0)
     if HAS_SINK:
         sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
@@ -986,7 +831,9 @@ def _combine_kernel(
     coef = tl.where(den > 0, w / den, 0.0)
 
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    parts = tl.load(PO_ptr + row_s[:, None] * D_QK + d[None, :], mask=in_s[:, None], other=0.0)
+    parts = tl.load(
+        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < num_splits)[:, None], other=0.0
+    )
     out = tl.sum(parts * coef[:, None], axis=0)
     o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_ptrs + d, _to_out_dtype(out, O_ptr, RNE_BY_HAND))
@@ -1025,9 +872,6 @@ class MMARow(NamedTuple):
     # 64-token K tile in shared memory): 32-token tiles and 4 warps fit two per SM.
     prefill_block_n: int = 0
     prefill_num_warps: int = 0
-    # Calls given topk_length (decode-sized): the length-aware schedule (`balanced_programs`
-    # in MMAConfig) instead of equal splits of topk.
-    balanced_lengths: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1041,16 +885,16 @@ MMA_ROWS: dict[str, MMARow] = {
     # Prefill with H <= 16: 32-token tiles, 4 warps (runs P1, P2: T1024 / T4096 H8 dual
     # 430 / 1673 -> 392 / 1513 µs; 16-token tiles or 2 warps slower, 2 pipeline stages 1.6x
     # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True),
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, True),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, True),
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False),
 }
 
 
@@ -1079,11 +923,6 @@ class MMAConfig(NamedTuple):
     exact_block_h: int = 0  # heads per exact-PV sub-block of a program (0: block_h)
     exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
     prefetch_next: bool = False  # L2 prefetch of the next tile's rows (GPU only)
-    # With topk_length given: programs per head block of the length-aware schedule (0: off,
-    # equal splits of topk). The tiles the lengths select, all requests' end to end, are cut
-    # into this many equal runs, so short requests leave no SM idle (the lengths are read on
-    # the device; no host sync).
-    balanced_programs: int = 0
 
 
 MAX_SPLITS = 64
@@ -1096,8 +935,6 @@ PV_SPLIT_MAX_TOKENS = 256
 # A call is prefill-sized for the table's `prefill_*` fields from this many programs per
 # resident slot (SMs x programs per SM) on: every program then has one split.
 PREFILL_PROGRAMS_PER_SLOT = 4
-# The length-aware schedule reads every request's lengths in each program: up to this many.
-BALANCED_MAX_B = 1024
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 
@@ -1143,17 +980,9 @@ def mma_config(
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
-    balanced = 0
-    if (
-        row.balanced_lengths
-        and programs < PREFILL_PROGRAMS_PER_SLOT * slots
-        and B <= BALANCED_MAX_B
-    ):
-        balanced = max(1, min(slots // triton.cdiv(H, block_h), B * tiles))
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
-        balanced,
     )  # fmt: skip
 
 
@@ -1222,21 +1051,11 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # Tiles per split over the two caches' tile lists laid end to end.
     tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
     tiles_per_split = max(triton.cdiv(tiles, splits), 1)
-    # The length-aware schedule, where lengths are given: pieces of at most (the call's tiles
-    # / num_progs) tiles, at most num_progs + B of them; partials [num_progs + B, H, 512].
-    balanced = cfg.balanced_programs > 0 and (flags["has_len"] or flags["has_elen"])
-    num_progs = cfg.balanced_programs if balanced else 1
-    if balanced:
-        part_o = torch.empty(num_progs + B, H, HEAD_DIM, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(num_progs + B, H, dtype=torch.float32, device=q.device)
-        meta = torch.empty(B, 2, dtype=torch.int32, device=q.device)
-    elif splits > 1:
+    if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     else:
         part_o, part_lse = common["O_ptr"], common["LSE_ptr"]  # unused
-    if not balanced:
-        meta = common["LSE_ptr"]  # unused
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
     # unsupported interpreter limitation), so on CPU the operands are float32 instead.
     dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
@@ -1254,21 +1073,15 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         launches = [(True, 0), (False, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
     exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
-    b_pow2 = triton.next_power_of_2(B) if balanced else 1
     for run_bf16_p, below in launches:
         # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
         block_h = cfg.block_h if run_bf16_p else exact_block_h
-        if balanced:
-            grid = (num_progs + B, triton.cdiv(H, block_h))
-        else:
-            grid = (B * triton.cdiv(H, block_h), splits)
-        _mma_split_kernel[grid](
+        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
             **common, **main, **extra,
             tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
             H=H, num_splits=splits, **flags,
-            B=B, num_progs=num_progs, META_ptr=meta, BALANCED=balanced, B_POW2=b_pow2,
-            SINGLE_SPLIT=splits == 1 and not balanced, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
             DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
             NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
             EXACT_BLOCK_H=exact_block_h,
@@ -1276,19 +1089,16 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             PREFETCH=cfg.prefetch_next and q.is_cuda,
             num_warps=cfg.num_warps, num_stages=stages,
         )  # fmt: skip
-    if splits > 1 or balanced:
-        # Balanced: a request's pieces are at most its tiles + 1 and at most num_progs.
-        pieces = tiles if balanced else splits
-        splits_pow2 = triton.next_power_of_2(pieces)
+    if splits > 1:
+        splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
         _combine_kernel[(B * H, HEAD_DIM // block_d)](
             part_o, part_lse, common["SINK_ptr"], common["stride_sink"],
             common["O_ptr"], common["stride_ob"], common["stride_oh"],
             common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
-            H, num_progs if balanced else splits,
+            H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
-            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"],
-            META_ptr=meta, BALANCED=balanced, num_warps=4,
+            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip
 
 
