@@ -495,7 +495,8 @@ def _ms(value: float | None) -> str:
 def step_profile(ctx: DemoContext) -> DemoStep:
     """Which kernels take the decode time, per variant (CPU time of the service's profiler
     ranges here: no GPU)."""
-    from kerneldev import decode_profile, trace_summary
+    from kerneldev import decode_profile
+    from kerneldev.hostside import trace_summary
 
     name = "kerneldev profile --variants simt,mma --concurrency 4 --steps 3"
     expected = "a trace per variant whose summary names the sparse-decode attention kernel"

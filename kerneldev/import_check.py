@@ -30,7 +30,7 @@ from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
-from kerneldev.transport import _importscan
+from kerneldev.hostside import importscan as _importscan
 from kerneldev.transport.base import Transport
 
 IMPORT_TIMEOUT = 600.0  # seconds; importing a whole SGLang package can take a while

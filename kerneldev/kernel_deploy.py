@@ -11,7 +11,7 @@ status: per kernel site, whether the live kernel file is this kerneldev's bundle
 older bundled release (by sha256, `kernel_releases.py`) or something else, and which backend
 the live wrapper's entry reaches (FlashInfer, Triton with the MMA or SIMT kernel, torch) for a
 decode call and a prefill-sized call: not read from the wrapper's text but from the live
-dispatch, by `transport/_kernelprobe.py` run on the host with its python and the variables of
+dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
 `service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
 wrapper reads its switch at import, so a note says when the env file changed after the
 service's last restart by kerneldev.
@@ -35,9 +35,9 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, parse_env_file
 from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
+from kerneldev.hostside import kernelprobe as _kernelprobe
 from kerneldev.kernel_releases import RELEASED
 from kerneldev.state import STATE_DIR, load_state
-from kerneldev.transport import _kernelprobe
 from kerneldev.transport.base import Transport
 
 KERNEL_FILE = "flash_mla_sm120_triton.py"

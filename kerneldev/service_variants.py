@@ -18,7 +18,7 @@ import shlex
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from importlib import resources
 
 from kerneldev import interrupt
 from kerneldev import service as service_mod
@@ -197,9 +197,9 @@ class HostScripts:
     def __enter__(self) -> HostScripts:
         tmp = make_host_folder(self.transport, self.host, "kerneldev-service")
         self.dir = tmp
-        here = Path(__file__).resolve().parent
+        scripts = resources.files("kerneldev.hostside")
         for name in HOST_SCRIPTS:
-            self.transport.write_atomic(posixpath.join(tmp, name), (here / name).read_bytes())
+            self.transport.write_atomic(posixpath.join(tmp, name), (scripts / name).read_bytes())
         return self
 
     def path(self, name: str) -> str:

@@ -3,7 +3,7 @@ name, the workspace side of every comparison (hashes), and one snapshot of live,
 the last sync. pull, diff and push all select files here, so every command sees the same set.
 
 `files` entries are shell globs matched per path segment (`*`, `?`, `[...]`; not recursive, `*`
-skips dotfiles), like the host-side expansion in `transport/_hashfiles.py`. A literal name that
+skips dotfiles), like the host-side expansion in `hostside/hashfiles.py`. A literal name that
 contains glob characters is kept escaped (`star[1].py` -> `star[[]1].py`): the config's
 `- path: NAME` form does that, so the rest of the code only ever sees patterns.
 

@@ -24,8 +24,8 @@ from kerneldev import kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.envfile import parse_env_file
+from kerneldev.hostside import importscan as _importscan
 from kerneldev.sandbox import find_sshd
-from kerneldev.transport import _importscan
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 

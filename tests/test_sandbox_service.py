@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import service, trace_summary
+from kerneldev import service
 from kerneldev.config import load_config
 from kerneldev.envfile import EnvFileEdit
+from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available
 from kerneldev.transport import open_transport
 

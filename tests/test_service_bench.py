@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import interrupt, trace_summary
+from kerneldev import interrupt
 from kerneldev import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
 from kerneldev.envfile import EnvFileEdit, render
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
+from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
 from kerneldev.service_variants import (
     RestartSkippedError,
@@ -256,7 +257,7 @@ def _load_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "service_load_under_test", ROOT / "kerneldev" / "service_load.py"
+        "service_load_under_test", ROOT / "kerneldev" / "hostside" / "service_load.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -23,7 +23,7 @@ from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
-from kerneldev.transport._hashfiles import answer, find_named, hash_tree
+from kerneldev.hostside.hashfiles import answer, find_named, hash_tree
 from kerneldev.transport.base import (
     CHUNK,
     TEMP_MARK,

@@ -42,7 +42,9 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
-from kerneldev.transport import _hashfiles, _receivefiles, _sendfiles
+from kerneldev.hostside import hashfiles as _hashfiles
+from kerneldev.hostside import receivefiles as _receivefiles
+from kerneldev.hostside import sendfiles as _sendfiles
 from kerneldev.transport.base import (
     CHUNK,
     TEMP_MARK,
