@@ -22,7 +22,7 @@ from kerneldev import kernel_deploy
 from kerneldev.config import HostConfig
 from kerneldev.envfile import read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, TransferError
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 
 class SameKernelError(RefusedError):

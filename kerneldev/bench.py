@@ -42,7 +42,7 @@ from kerneldev import harness, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.gitrepo import GitUnavailable, head_commit
-from kerneldev.transport.base import OutputCallback, Transport
+from kerneldev.hosts.transport.base import OutputCallback, Transport
 from kerneldev.workspace import literal_path, path_matches
 
 SCHEMA = harness.SCHEMA

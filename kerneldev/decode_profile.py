@@ -32,6 +32,7 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import read_service_env
 from kerneldev.errors import BenchError, KerneldevError, UsageError
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside.trace_summary import ATTENTION_FAMILIES
 from kerneldev.service_variants import (
     HostScripts,
@@ -40,7 +41,6 @@ from kerneldev.service_variants import (
     make_host_folder,
     service_url,
 )
-from kerneldev.transport.base import Transport
 
 SCHEMA = "kerneldev.service-profile/1"
 PROFILES_DIR = Path(".kerneldev") / "profiles"

@@ -23,10 +23,10 @@ from pathlib import Path
 from kerneldev import bench, drift, service, sync
 from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import KerneldevError, RefusedError, UsageError
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.sandbox import Sandbox, create_sandbox
 from kerneldev.state import state_path
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
 
 
 @dataclass

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from kerneldev import fleet, interrupt
+from kerneldev import interrupt
 from kerneldev.config import Config, HostConfig, load_config, locate_config
 from kerneldev.errors import (
     ConfigError,
@@ -47,9 +47,10 @@ from kerneldev.errors import (
     HostKeyError,
     KerneldevError,
 )
-from kerneldev.gpus import GpuReport, query_gpus
+from kerneldev.hosts import fleet
+from kerneldev.hosts.gpus import GpuReport, query_gpus
+from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.service import check_health
-from kerneldev.transport.base import TEMP_MARK, Transport
 from kerneldev.workspace import display_pattern, is_glob
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -284,7 +285,7 @@ class _HostDoctor:
     def dns(self) -> Check:
         if (local := self._local(DNS)) is not None:
             return local
-        from kerneldev.transport.ssh_connection import (
+        from kerneldev.hosts.transport.ssh_connection import (
             SSHConnection,
             load_ssh_config,
             parse_jump,
@@ -379,7 +380,7 @@ class _HostDoctor:
     def host_key(self) -> Check:
         if (local := self._local(HOST_KEY)) is not None:
             return local
-        from kerneldev import hostkeys
+        from kerneldev.hosts import hostkeys
 
         assert self.connection is not None and self.target is not None
         check = self.connection.scan_host_key()
@@ -409,7 +410,7 @@ class _HostDoctor:
     def auth(self) -> Check:
         if (local := self._local(AUTH)) is not None:
             return local
-        from kerneldev.transport.ssh import SSHTransport
+        from kerneldev.hosts.transport.ssh import SSHTransport
 
         assert self.connection is not None and self.target is not None
         self.connection.transport()  # logs in, or raises with what was tried
@@ -628,7 +629,7 @@ class _HostDoctor:
 
 
 def _local_transport(host: HostConfig) -> Transport:
-    from kerneldev.transport.local import LocalTransport
+    from kerneldev.hosts.transport.local import LocalTransport
 
     return LocalTransport(host)
 

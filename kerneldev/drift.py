@@ -31,7 +31,7 @@ from typing import Any
 from kerneldev.config import HostConfig
 from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.history import Leftovers
-from kerneldev.transport.base import RemoteFile, Transport
+from kerneldev.hosts.transport.base import RemoteFile, Transport
 from kerneldev.workspace import LocalFile, local_file, resolve_paths, snapshot
 
 IN_SYNC = "in-sync"

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, TransferError
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 
 def parse_env_file(text: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from enum import IntEnum
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: hostkeys and service import this module
-    from kerneldev.hostkeys import HostKeyCheck
+    from kerneldev.hosts.hostkeys import HostKeyCheck
     from kerneldev.service import ServiceHealth
 
 

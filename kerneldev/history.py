@@ -21,8 +21,8 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from kerneldev.errors import TransferError
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.state import DeployRecord, deploy_from_dict
-from kerneldev.transport.base import Transport
 
 HISTORY_FILE = ".kerneldev/history.jsonl"  # under the host's root
 BACKUP_DIR = ".kerneldev/backups"

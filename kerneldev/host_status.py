@@ -14,7 +14,7 @@ matches (and healthy, when a health check is configured); 1 reachable with a pro
 changed since its deploy, an unhealthy service, a step that failed); 3 unreachable (connection,
 authentication or host key).
 
-Several hosts are looked at in parallel by `kerneldev.fleet` (a thread pool, one connection
+Several hosts are looked at in parallel by `kerneldev.hosts.fleet` (a thread pool, one connection
 each).
 """
 
@@ -23,13 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kerneldev import fleet, history, interrupt
-from kerneldev import gpus as gpus_core
+from kerneldev import history, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, HostConnectionError, HostKeyError, KerneldevError
+from kerneldev.hosts import fleet
+from kerneldev.hosts import gpus as gpus_core
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.service import check_health
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
 from kerneldev.workspace import glob_escape
 
 HEALTH_TIMEOUT = 10.0  # seconds for one health check

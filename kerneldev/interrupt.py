@@ -24,7 +24,7 @@ _active = False
 
 
 class _Shields(threading.local):
-    """Per thread: a clean-up shielded in one host's worker thread (kerneldev/fleet.py) must
+    """Per thread: a clean-up shielded in one host's worker thread (kerneldev/hosts/fleet.py) must
     not keep Ctrl-C from the others, and the count is never updated by two threads at once."""
 
     count = 0

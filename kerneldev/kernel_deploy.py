@@ -35,10 +35,10 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, parse_env_file
 from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import kernelprobe as _kernelprobe
 from kerneldev.kernel_releases import RELEASED
 from kerneldev.state import STATE_DIR, load_state
-from kerneldev.transport.base import Transport
 
 KERNEL_FILE = "flash_mla_sm120_triton.py"
 WRAPPER_FILE = "flash_mla_sm120.py"

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, UsageError
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.service_variants import service_url
-from kerneldev.transport.base import Transport
 
 
 @dataclass

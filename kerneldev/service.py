@@ -26,7 +26,7 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 DEFAULT_INTERVAL = 1.0  # seconds between health checks
 

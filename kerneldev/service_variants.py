@@ -25,7 +25,7 @@ from kerneldev import service as service_mod
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.envfile import EnvFileEdit
 from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UsageError
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 ProgressCallback = Callable[[str], None]
 HOST_SCRIPTS = ("service_load.py", "trace_summary.py")  # stdlib-only, run on the host

@@ -59,6 +59,13 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.host_lock import HostLock
+from kerneldev.hosts.transport.base import (
+    ByteCallback,
+    LiveChangedError,
+    PutItem,
+    Transport,
+    temp_path,
+)
 from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
 from kerneldev.printable import printable, printable_list
@@ -72,13 +79,6 @@ from kerneldev.state import (
     new_deploy_id,
     now_iso,
     update_state,
-)
-from kerneldev.transport.base import (
-    ByteCallback,
-    LiveChangedError,
-    PutItem,
-    Transport,
-    temp_path,
 )
 from kerneldev.workspace import (
     Snapshot,

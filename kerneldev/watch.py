@@ -49,11 +49,11 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.printable import printable_list
 from kerneldev.service import ServiceHealth
 from kerneldev.state import STATE_DIR, now_iso
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
 from kerneldev.workspace import is_configured, resolve_paths
 
 DEFAULT_DEBOUNCE = 0.3  # seconds of quiet that end a burst of saves

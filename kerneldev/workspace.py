@@ -28,8 +28,8 @@ from pathlib import Path
 from kerneldev.config import HostConfig
 from kerneldev.errors import FileSetError, StateError, UsageError
 from kerneldev.history import INCOMPLETE, Leftovers, leftovers_in
+from kerneldev.hosts.transport.base import RemoteFile, Transport
 from kerneldev.state import STATE_DIR, State, load_state, state_path
-from kerneldev.transport.base import RemoteFile, Transport
 
 GLOB_CHARS = "*?["
 

@@ -8,8 +8,8 @@ import socket
 import threading
 from pathlib import Path
 
+from kerneldev.hosts.transport.base import TEMP_MARK
 from kerneldev.state import load_state
-from kerneldev.transport.base import TEMP_MARK
 
 
 class CuttingProxy:

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 from kerneldev import host_lock, interrupt, sync
 from kerneldev.config import load_config
 from kerneldev.errors import ConfigError, KerneldevError
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.state import load_state
-from kerneldev.transport import open_transport
-from kerneldev.transport.local import LocalTransport
 from tests.faults import temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host

@@ -19,9 +19,9 @@ import pytest
 from kerneldev import host_lock, interrupt, sync
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
+from kerneldev.hosts.transport.base import LiveChangedError, PutItem
+from kerneldev.hosts.transport.ssh import SSHTransport
 from kerneldev.state import load_state
-from kerneldev.transport.base import LiveChangedError, PutItem
-from kerneldev.transport.ssh import SSHTransport
 from tests.sshutil import ssh_host, write_hosts_yaml
 from tests.test_transport import HOSTILE_NAMES
 

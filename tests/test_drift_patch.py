@@ -14,7 +14,7 @@ import yaml
 from kerneldev import drift
 from kerneldev.config import HostConfig
 from kerneldev.errors import TransferError
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts.transport.local import LocalTransport
 from tests.localhost import local_host
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, fleet, interrupt, sync
+from kerneldev import drift, interrupt, sync
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ExitCode,
@@ -21,8 +21,9 @@ from kerneldev.errors import (
     StateError,
     UsageError,
 )
+from kerneldev.hosts import fleet
+from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.state import load_state
-from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev, start_kerneldev
 from tests.sshd import find_sshd, free_port, start_sshd
 from tests.sshutil import ssh_entry

@@ -510,7 +510,7 @@ def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypat
         tree.env_file.write_text(before)  # both hosts share this one env file here
     from kerneldev import ab_kernels
     from kerneldev.config import load_config
-    from kerneldev.transport import open_transport
+    from kerneldev.hosts.transport import open_transport
 
     host = load_config(tree.config).host("h")
     if sglang_release.version == "0.5.23":  # pinned: the variable takes effect

@@ -17,9 +17,9 @@ import pytest
 from kerneldev import service
 from kerneldev.config import load_config
 from kerneldev.envfile import EnvFileEdit
+from kerneldev.hosts.transport import open_transport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available
-from kerneldev.transport import open_transport
 
 pytestmark = pytest.mark.skipif(
     not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"

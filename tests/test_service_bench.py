@@ -21,6 +21,7 @@ from kerneldev import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
 from kerneldev.envfile import EnvFileEdit, render
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
+from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
 from kerneldev.service_variants import (
@@ -29,7 +30,6 @@ from kerneldev.service_variants import (
     check_variants,
     service_url,
 )
-from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev
 from tests.localhost import local_host
 
@@ -535,7 +535,7 @@ def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monke
 
     from kerneldev.config import load_config
     from kerneldev.decode_profile import TraceFolders
-    from kerneldev.transport import open_transport
+    from kerneldev.hosts.transport import open_transport
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     listener = socket.socket()

@@ -17,8 +17,8 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
+from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.state import StateError, load_state, state_path
-from kerneldev.transport.local import LocalTransport
 from tests.localhost import local_host
 
 

@@ -28,7 +28,7 @@ from kerneldev.cli.output import (
 )
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, UsageError
-from kerneldev.transport import open_transport
+from kerneldev.hosts.transport import open_transport
 
 VERDICT_STYLE = {
     bench.FASTER: "green",

@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from kerneldev import fleet, fleet_ops, interrupt
+from kerneldev import fleet_ops, interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.host_steps import print_service_logs, print_table
 from kerneldev.cli.output import (
@@ -29,7 +29,8 @@ from kerneldev.cli.output import (
 )
 from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UsageError
-from kerneldev.fleet import HostEvent, HostOutcome
+from kerneldev.hosts import fleet
+from kerneldev.hosts.fleet import HostEvent, HostOutcome
 from kerneldev.printable import printable_list
 
 OUTCOME_STYLE = {

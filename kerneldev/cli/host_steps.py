@@ -13,7 +13,7 @@ from kerneldev import service as service_core
 from kerneldev.cli import environment, output
 from kerneldev.cli.output import err_console, print_info, print_warning
 from kerneldev.config import HostConfig
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 STATUS_STYLE = {
     drift.IN_SYNC: "green",

@@ -9,7 +9,7 @@ from kerneldev import kernel_deploy
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.host_steps import print_patch, print_table
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
-from kerneldev.transport import open_transport
+from kerneldev.hosts.transport import open_transport
 
 kernels_app = typer.Typer(
     name="kernels",

@@ -20,10 +20,10 @@ from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_w
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 from kerneldev.printable import printable, printable_list
 from kerneldev.service import require_service
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
 
 PATHS_ARGUMENT = typer.Argument(
     None,

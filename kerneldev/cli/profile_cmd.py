@@ -15,8 +15,8 @@ from kerneldev.cli.service_bench_cmd import (
     table,
 )
 from kerneldev.config import load_config
+from kerneldev.hosts.transport import open_transport
 from kerneldev.service_variants import check_variants, parse_variants
-from kerneldev.transport import open_transport
 
 
 def profile_command(

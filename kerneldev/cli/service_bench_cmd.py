@@ -21,8 +21,8 @@ from kerneldev.cli.output import (
 )
 from kerneldev.config import Config
 from kerneldev.errors import ExitCode
+from kerneldev.hosts.transport import open_transport
 from kerneldev.service_variants import check_variants, parse_variants
-from kerneldev.transport import open_transport
 
 # The A/B lines a person reads; the JSON has a verdict for every statistic.
 HEADLINE_METRICS = (

@@ -9,8 +9,8 @@ from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, PARALLEL_OPTION, load
 from kerneldev.cli.host_steps import locked, restart_with_progress
 from kerneldev.cli.output import print_json
 from kerneldev.errors import RemoteCommandError
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 
 
 def restart_command(

@@ -15,8 +15,8 @@ from kerneldev.printable import printable, printable_list
 
 if TYPE_CHECKING:
     from kerneldev.doctor import Check, DoctorReport
-    from kerneldev.gpus import GpuReport
     from kerneldev.host_status import HostStatus
+    from kerneldev.hosts.gpus import GpuReport
 
 HOSTS_OPTION = typer.Option(
     None,

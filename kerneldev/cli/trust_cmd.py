@@ -1,15 +1,15 @@
 """`kerneldev trust`: show the host's key and, once the user confirms, record it in known_hosts.
-The workflow is `kerneldev.trust`; this module asks the question and renders the result."""
+The workflow is `kerneldev.hosts.trust`; this module asks the question and renders the result."""
 
 from __future__ import annotations
 
 import typer
 
 from kerneldev import interrupt
-from kerneldev import trust as trust_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.output import print_info, print_json
 from kerneldev.errors import ExitCode
+from kerneldev.hosts import trust as trust_core
 
 
 def register(app: typer.Typer) -> None:

@@ -23,8 +23,7 @@ from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
-from kerneldev.hostside.hashfiles import answer, find_named, hash_tree
-from kerneldev.transport.base import (
+from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
     ByteCallback,
@@ -34,6 +33,7 @@ from kerneldev.transport.base import (
     RemoteFile,
     Transport,
 )
+from kerneldev.hostside.hashfiles import answer, find_named, hash_tree
 
 
 class LocalTransport(Transport):

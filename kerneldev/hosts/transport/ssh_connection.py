@@ -4,14 +4,14 @@
 ~/.ssh/config's HostName, User, Port, IdentityFile, ProxyCommand and ProxyJump, which win over
 defaults; `KERNELDEV_SSH_CONFIG` or `ssh_config=` names another ssh_config file, `none` reads
 none), dials the host directly, through a ProxyCommand or through each ProxyJump hop in turn,
-verifies every host key on the way (see `kerneldev.hostkeys`; there is no switch to turn that
+verifies every host key on the way (see `kerneldev.hosts.hostkeys`; there is no switch to turn that
 off), and authenticates. It opens on first use, keeps the connection and its SFTP session for
 reuse, and closes them all (with the hops and ProxyCommand processes) in `close()`.
 
 Authentication tries, in order: the configured identity files, the ssh-agent's keys, then
 ~/.ssh/id_ed25519, id_ecdsa, id_rsa. Passwords are never asked for.
 
-What is done over the connection (commands, files, HTTP) is `kerneldev.transport.ssh`.
+What is done over the connection (commands, files, HTTP) is `kerneldev.hosts.transport.ssh`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import paramiko
 
-from kerneldev import hostkeys
 from kerneldev.config import HostConfig
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
+from kerneldev.hosts import hostkeys
 from kerneldev.local_user import local_user
 
 # paramiko logs refused channels etc. as warnings; with no handler Python would print them to

@@ -1,7 +1,7 @@
 """Trusting a host's SSH key: scan the key the host offers, decide what it means against the
 known_hosts files, record it once the user agreed, and say what happened.
 
-The decision (the rules are in `kerneldev.hostkeys`):
+The decision (the rules are in `kerneldev.hosts.hostkeys`):
 - the key is on record: nothing to do ("already-trusted");
 - it is unknown: `confirm(offer)` is asked; yes records it ("added"), no leaves it ("declined");
 - it changed or is revoked: `HostKeyError`, never overridden here;
@@ -60,8 +60,8 @@ def trust_host(
     if host.transport == "local":
         return TrustResult(host.name, None, None, None, LOCAL, None)
     # Imported here: paramiko loads only when a key is really scanned.
-    from kerneldev import hostkeys
-    from kerneldev.transport.ssh_connection import SSHConnection
+    from kerneldev.hosts import hostkeys
+    from kerneldev.hosts.transport.ssh_connection import SSHConnection
 
     with SSHConnection(host, ssh_config=ssh_config) as connection:
         check = connection.scan_host_key()

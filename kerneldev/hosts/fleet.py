@@ -37,8 +37,8 @@ from typing import Any, Protocol
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
 
 DEFAULT_PARALLEL = 8
 

@@ -1,7 +1,7 @@
 """The host over SSH: commands, files and HTTP, all over one connection per CLI invocation.
 
 The connection itself (ssh_config, ProxyJump / ProxyCommand, host keys, authentication) is
-`kerneldev.transport.ssh_connection.SSHConnection`; `SSHTransport` opens it on first use and
+`kerneldev.hosts.transport.ssh_connection.SSHConnection`; `SSHTransport` opens it on first use and
 runs everything through it: commands in `sh -c` sessions, files over its SFTP session (writes
 to a temporary name, then a rename), HTTP health checks over direct-tcpip channels (so the
 service's port need not be reachable from here).
@@ -42,10 +42,7 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
-from kerneldev.hostside import hashfiles as _hashfiles
-from kerneldev.hostside import receivefiles as _receivefiles
-from kerneldev.hostside import sendfiles as _sendfiles
-from kerneldev.transport.base import (
+from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
     ByteCallback,
@@ -60,7 +57,7 @@ from kerneldev.transport.base import (
     Transport,
     temp_path,
 )
-from kerneldev.transport.ssh_connection import (
+from kerneldev.hosts.transport.ssh_connection import (
     CONNECT_TIMEOUT,
     DEFAULT_KEYS,
     IO_TIMEOUT,
@@ -73,6 +70,9 @@ from kerneldev.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
+from kerneldev.hostside import hashfiles as _hashfiles
+from kerneldev.hostside import receivefiles as _receivefiles
+from kerneldev.hostside import sendfiles as _sendfiles
 
 # The connecting side's names stay importable from here, as before the split.
 __all__ = [

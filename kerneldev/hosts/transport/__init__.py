@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kerneldev.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
+from kerneldev.hosts.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
 
 if TYPE_CHECKING:
     from kerneldev.config import HostConfig
@@ -26,10 +26,10 @@ def open_transport(
     $KERNELDEV_SSH_CONFIG / ~/.ssh/config (`"none"` reads none); `connect_timeout` is in
     seconds, None for the default."""
     if host.transport == "local":
-        from kerneldev.transport.local import LocalTransport
+        from kerneldev.hosts.transport.local import LocalTransport
 
         return LocalTransport(host)
     # Imported here so that commands that never connect do not load paramiko.
-    from kerneldev.transport.ssh import SSHConnection, SSHTransport
+    from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
 
     return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))

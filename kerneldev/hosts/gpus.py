@@ -11,7 +11,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass, field
 
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
 
 FIELDS = "index,name,memory.used,memory.total,utilization.gpu"
 NO_NVIDIA_SMI = "no nvidia-smi"
