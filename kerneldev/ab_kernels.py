@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 from kerneldev import kernel_deploy
 from kerneldev.config import HostConfig
-from kerneldev.envfile import read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.service.envfile import read_service_env
 
 
 class SameKernelError(RefusedError):

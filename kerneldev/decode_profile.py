@@ -27,14 +27,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import ab_kernels, server_process
+from kerneldev import ab_kernels
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
-from kerneldev.envfile import read_service_env
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside.trace_summary import ATTENTION_FAMILIES
-from kerneldev.service_variants import (
+from kerneldev.service import server_process
+from kerneldev.service.envfile import read_service_env
+from kerneldev.service.variants import (
     HostScripts,
     VariantSwitcher,
     check_variants,

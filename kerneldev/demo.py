@@ -20,12 +20,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, drift, service, sync
+from kerneldev import bench, drift, sync
 from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import KerneldevError, RefusedError, UsageError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.sandbox import Sandbox, create_sandbox
+from kerneldev.service import restart as service
 from kerneldev.state import state_path
 
 

@@ -50,7 +50,7 @@ from kerneldev.errors import (
 from kerneldev.hosts import fleet
 from kerneldev.hosts.gpus import GpuReport, query_gpus
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
-from kerneldev.service import check_health
+from kerneldev.service.restart import check_health
 from kerneldev.workspace import display_pattern, is_glob
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"

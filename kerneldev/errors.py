@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: hostkeys and service import this module
     from kerneldev.hosts.hostkeys import HostKeyCheck
-    from kerneldev.service import ServiceHealth
+    from kerneldev.service.restart import ServiceHealth
 
 
 class ExitCode(IntEnum):

@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from kerneldev import drift, host_lock, interrupt, sync
-from kerneldev import service as service_core
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.printable import printable_list
+from kerneldev.service import restart as service_core
 from kerneldev.workspace import hash_patterns, resolve_paths
 
 EventCallback = Callable[[HostEvent], None]

@@ -30,7 +30,7 @@ from kerneldev.hosts import fleet
 from kerneldev.hosts import gpus as gpus_core
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.service import check_health
+from kerneldev.service.restart import check_health
 from kerneldev.workspace import glob_escape
 
 HEALTH_TIMEOUT = 10.0  # seconds for one health check

@@ -28,10 +28,10 @@ from pathlib import Path
 
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
-from kerneldev.envfile import export_prefix, read_service_env
 from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import importscan as _importscan
+from kerneldev.service.envfile import export_prefix, read_service_env
 
 IMPORT_TIMEOUT = 600.0  # seconds; importing a whole SGLang package can take a while
 OUTPUT_TAIL = 2000  # characters of a failed import's output kept in the report

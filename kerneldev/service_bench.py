@@ -43,12 +43,7 @@ from kerneldev.bench import RESULTS_DIR, save_result
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.service_variants import (
-    HostScripts,
-    VariantSwitcher,
-    check_variants,
-    service_url,
-)
+from kerneldev.service.variants import HostScripts, VariantSwitcher, check_variants, service_url
 
 SCHEMA = "kerneldev.service-bench/1"
 BETTER, WORSE, NO_CHANGE, ONE_ROUND = "better", "worse", "no change", "one round"

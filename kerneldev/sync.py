@@ -69,7 +69,7 @@ from kerneldev.hosts.transport.base import (
 from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
 from kerneldev.printable import printable, printable_list
-from kerneldev.service import ServiceHealth
+from kerneldev.service.restart import ServiceHealth
 from kerneldev.state import (
     STATE_DIR,
     DeployedFile,

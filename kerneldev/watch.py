@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, host_lock, interrupt, service, sync
+from kerneldev import bench, host_lock, interrupt, sync
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     HostConnectionError,
@@ -52,7 +52,8 @@ from kerneldev.errors import (
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.printable import printable_list
-from kerneldev.service import ServiceHealth
+from kerneldev.service import restart as service
+from kerneldev.service.restart import ServiceHealth
 from kerneldev.state import STATE_DIR, now_iso
 from kerneldev.workspace import is_configured, resolve_paths
 

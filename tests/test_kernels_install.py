@@ -23,9 +23,9 @@ import yaml
 from kerneldev import kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
-from kerneldev.envfile import parse_env_file
 from kerneldev.hostside import importscan as _importscan
 from kerneldev.sandbox import find_sshd
+from kerneldev.service.envfile import parse_env_file
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 

@@ -547,7 +547,7 @@ def test_restart_http_health(env_factory, monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     # Poll fast: this test is about the HTTP path, not the interval.
-    monkeypatch.setattr("kerneldev.service.DEFAULT_INTERVAL", 0.1)
+    monkeypatch.setattr("kerneldev.service.restart.DEFAULT_INTERVAL", 0.1)
     try:
         port = server.server_address[1]
         env = env_factory(

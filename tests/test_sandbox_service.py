@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import service
 from kerneldev.config import load_config
-from kerneldev.envfile import EnvFileEdit
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available
+from kerneldev.service import restart as service
+from kerneldev.service.envfile import EnvFileEdit
 
 pytestmark = pytest.mark.skipif(
     not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"

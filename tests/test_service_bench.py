@@ -19,12 +19,12 @@ import yaml
 from kerneldev import interrupt
 from kerneldev import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
-from kerneldev.envfile import EnvFileEdit, render
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
 from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
-from kerneldev.service_variants import (
+from kerneldev.service.envfile import EnvFileEdit, render
+from kerneldev.service.variants import (
     RestartSkippedError,
     VariantSwitcher,
     check_variants,
@@ -115,7 +115,7 @@ def test_second_interrupt_skips_the_restart_and_names_the_command(tmp_path):
     host = _host(tmp_path, restart="true", health="true", env_file=str(env), variants={"m": MMA})
     switcher = VariantSwitcher(LocalTransport(host), host)
     switcher.switch("m")
-    import kerneldev.service as service_mod
+    import kerneldev.service.restart as service_mod
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt

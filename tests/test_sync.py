@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, service, sync, workspace
+from kerneldev import drift, sync, workspace
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.errors import (
     NothingToRollBackError,
@@ -18,6 +18,7 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.service import restart as service
 from kerneldev.state import StateError, load_state, state_path
 from tests.localhost import local_host
 

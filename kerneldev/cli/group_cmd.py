@@ -383,7 +383,7 @@ def push(
     serial: int | None,
     as_json: bool,
 ) -> None:
-    from kerneldev.service import require_service
+    from kerneldev.service.restart import require_service
 
     if req.restart and not req.dry_run:
         for host in hosts:  # fail before deploying anywhere, not after the first wave
@@ -430,7 +430,7 @@ def restart(
     serial: int | None,
     as_json: bool,
 ) -> None:
-    from kerneldev.service import require_service
+    from kerneldev.service.restart import require_service
 
     for host in hosts:
         require_service(host.service, host.name)
@@ -542,7 +542,7 @@ def service_bench(
 ) -> None:
     from kerneldev import service_bench as sb
     from kerneldev.cli import service_bench_cmd
-    from kerneldev.service_variants import check_variants
+    from kerneldev.service.variants import check_variants
 
     for host in hosts:
         check_variants(host, request.variants)  # exit 2 before connecting

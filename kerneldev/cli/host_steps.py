@@ -9,11 +9,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from kerneldev import drift, host_lock
-from kerneldev import service as service_core
 from kerneldev.cli import environment, output
 from kerneldev.cli.output import err_console, print_info, print_warning
 from kerneldev.config import HostConfig
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.service import restart as service_core
 
 STATUS_STYLE = {
     drift.IN_SYNC: "green",

@@ -23,7 +23,7 @@ from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageErro
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.printable import printable, printable_list
-from kerneldev.service import require_service
+from kerneldev.service.restart import require_service
 
 PATHS_ARGUMENT = typer.Argument(
     None,

@@ -16,7 +16,7 @@ from kerneldev.cli.service_bench_cmd import (
 )
 from kerneldev.config import load_config
 from kerneldev.hosts.transport import open_transport
-from kerneldev.service_variants import check_variants, parse_variants
+from kerneldev.service.variants import check_variants, parse_variants
 
 
 def profile_command(

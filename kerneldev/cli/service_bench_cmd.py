@@ -22,7 +22,7 @@ from kerneldev.cli.output import (
 from kerneldev.config import Config
 from kerneldev.errors import ExitCode
 from kerneldev.hosts.transport import open_transport
-from kerneldev.service_variants import check_variants, parse_variants
+from kerneldev.service.variants import check_variants, parse_variants
 
 # The A/B lines a person reads; the JSON has a verdict for every statistic.
 HEADLINE_METRICS = (
@@ -46,7 +46,7 @@ def progress_printer():
 def service_logs_shown(host):
     """An unhealthy restart's logs go to stderr, as `kerneldev restart` shows them."""
     from kerneldev.cli.host_steps import print_service_logs
-    from kerneldev.service import UnhealthyError
+    from kerneldev.service.restart import UnhealthyError
 
     try:
         yield

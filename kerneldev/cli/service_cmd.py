@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from kerneldev import service as service_core
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, PARALLEL_OPTION, load_hosts
 from kerneldev.cli.host_steps import locked, restart_with_progress
 from kerneldev.cli.output import print_json
 from kerneldev.errors import RemoteCommandError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.service import restart as service_core
 
 
 def restart_command(

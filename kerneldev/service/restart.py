@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kerneldev import interrupt, restart_record
+from kerneldev import interrupt
 from kerneldev.config import ServiceConfig
 from kerneldev.errors import (
     ConnectionLostError,
@@ -27,6 +27,7 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.service import restart_record
 
 DEFAULT_INTERVAL = 1.0  # seconds between health checks
 

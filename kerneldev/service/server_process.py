@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.service_variants import service_url
+from kerneldev.service.variants import service_url
 
 
 @dataclass

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from importlib import resources
 
 from kerneldev import interrupt
-from kerneldev import service as service_mod
 from kerneldev.config import HostConfig, ServiceConfig
-from kerneldev.envfile import EnvFileEdit
 from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UsageError
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.service import restart as service_mod
+from kerneldev.service.envfile import EnvFileEdit
 
 ProgressCallback = Callable[[str], None]
 HOST_SCRIPTS = ("service_load.py", "trace_summary.py")  # stdlib-only, run on the host
