@@ -43,7 +43,7 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import OutputCallback, Transport
-from kerneldev.workspace import literal_path, path_matches
+from kerneldev.loop.workspace import literal_path, path_matches
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from kerneldev.errors import ConfigError
-from kerneldev.state import STATE_DIR
+from kerneldev.loop.state import STATE_DIR
 
 DEFAULT_CONFIG_NAME = "hosts.yaml"
 CONFIG_ENV = "KERNELDEV_CONFIG"

@@ -20,14 +20,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, drift, sync
+from kerneldev import bench
 from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import KerneldevError, RefusedError, UsageError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import drift, sync
+from kerneldev.loop.state import state_path
 from kerneldev.sandbox import Sandbox, create_sandbox
 from kerneldev.service import restart as service
-from kerneldev.state import state_path
 
 
 @dataclass
@@ -366,7 +367,7 @@ def step_import_check_refuses(ctx: DemoContext) -> DemoStep:
     DSv4 backend imports `flash_mla_with_kvcache_sm120` from it, so the push is refused before
     anything is uploaded."""
     from kerneldev import fake_sglang
-    from kerneldev.import_check import ImportRefusedError
+    from kerneldev.loop.import_check import ImportRefusedError
 
     wrapper = _other_file(ctx)
     local = ctx.host.workspace / wrapper

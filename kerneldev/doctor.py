@@ -50,8 +50,8 @@ from kerneldev.errors import (
 from kerneldev.hosts import fleet
 from kerneldev.hosts.gpus import GpuReport, query_gpus
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
+from kerneldev.loop.workspace import display_pattern, is_glob
 from kerneldev.service.restart import check_health
-from kerneldev.workspace import display_pattern, is_glob
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 CONFIG, DNS, TCP, HOST_KEY, AUTH = "config", "dns", "tcp", "host-key", "auth"

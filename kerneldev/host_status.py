@@ -23,15 +23,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kerneldev import history, interrupt
+from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, HostConnectionError, HostKeyError, KerneldevError
 from kerneldev.hosts import fleet
 from kerneldev.hosts import gpus as gpus_core
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import history
+from kerneldev.loop.workspace import glob_escape
 from kerneldev.service.restart import check_health
-from kerneldev.workspace import glob_escape
 
 HEALTH_TIMEOUT = 10.0  # seconds for one health check
 

@@ -30,16 +30,16 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import sync
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import kernelprobe as _kernelprobe
 from kerneldev.kernel_releases import RELEASED
+from kerneldev.loop import sync
+from kerneldev.loop.state import STATE_DIR, load_state
 from kerneldev.service import restart_record, server_process
 from kerneldev.service.envfile import export_prefix, parse_env_file
-from kerneldev.state import STATE_DIR, load_state
 
 KERNEL_FILE = "flash_mla_sm120_triton.py"
 WRAPPER_FILE = "flash_mla_sm120.py"

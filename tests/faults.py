@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from kerneldev.hosts.transport.base import TEMP_MARK
-from kerneldev.state import load_state
+from kerneldev.loop.state import load_state
 
 
 class CuttingProxy:

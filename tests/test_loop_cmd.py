@@ -202,7 +202,8 @@ def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     result alone."""
     import signal
 
-    from kerneldev import history, interrupt
+    from kerneldev import interrupt
+    from kerneldev.loop import history
 
     assert env.kd("pull").exit_code == 0
     (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")

@@ -588,10 +588,10 @@ def test_an_ab_waits_for_the_hosts_lock_and_touches_nothing_while_held(
     import io
     from dataclasses import replace
 
-    from kerneldev import host_lock
     from kerneldev.cli import service_bench_cmd
     from kerneldev.cli.environment import Environment
     from kerneldev.cli.main import main
+    from kerneldev.loop import lock as host_lock
 
     root = tmp_path / "live"
     root.mkdir()

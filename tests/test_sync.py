@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, sync, workspace
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.errors import (
     NothingToRollBackError,
@@ -18,8 +17,9 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import drift, sync, workspace
+from kerneldev.loop.state import StateError, load_state, state_path
 from kerneldev.service import restart as service
-from kerneldev.state import StateError, load_state, state_path
 from tests.localhost import local_host
 
 

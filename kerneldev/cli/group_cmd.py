@@ -1,6 +1,6 @@
 """The loop's commands on several hosts (`--host GROUP` or `--host a,b`): a live per-host view
 while they run, then a per-host summary table (or `--json` with one entry per host) and the
-worst host's exit code. The work is in `kerneldev.fleet_ops`; this module only renders.
+worst host's exit code. The work is in `kerneldev.loop.fleet_ops`; this module only renders.
 
 With one host the commands never come here: their output stays the single-host one.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from kerneldev import fleet_ops, interrupt
+from kerneldev import interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.host_steps import print_service_logs, print_table
 from kerneldev.cli.output import (
@@ -31,6 +31,7 @@ from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UsageError
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome
+from kerneldev.loop import fleet_ops
 from kerneldev.printable import printable_list
 
 OUTCOME_STYLE = {

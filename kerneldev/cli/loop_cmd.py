@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import typer
 
-from kerneldev import drift, history, host_lock, interrupt, sync
+from kerneldev import interrupt
 from kerneldev.cli import environment, output
 from kerneldev.cli.common import (
     HOST_OPTION,
@@ -22,6 +22,8 @@ from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import drift, history, sync
+from kerneldev.loop import lock as host_lock
 from kerneldev.printable import printable, printable_list
 from kerneldev.service.restart import require_service
 
@@ -303,8 +305,8 @@ def push_command(
         )
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev import fleet_ops
         from kerneldev.cli import group_cmd
+        from kerneldev.loop import fleet_ops
 
         request = fleet_ops.PushRequest(
             paths=paths,
@@ -521,8 +523,8 @@ def rollback_command(
     a second rollback re-applies it."""
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev import fleet_ops
         from kerneldev.cli import group_cmd
+        from kerneldev.loop import fleet_ops
 
         request = fleet_ops.RollbackRequest(
             force=force,

@@ -7,12 +7,13 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kerneldev import host_lock, interrupt
+from kerneldev import interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import print_error, print_line, to_jsonable
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, KerneldevError
+from kerneldev.loop import lock as host_lock
 from kerneldev.printable import printable, printable_list
 
 if TYPE_CHECKING:

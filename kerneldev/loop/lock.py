@@ -34,7 +34,7 @@ from kerneldev import interrupt
 from kerneldev.errors import RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.local_user import local_user
-from kerneldev.state import now_iso
+from kerneldev.loop.state import now_iso
 
 LOCK_FILE = ".kerneldev/lock"  # under the host's root
 DEFAULT_WAIT = 60.0  # seconds a command waits for another's lock

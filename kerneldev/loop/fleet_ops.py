@@ -25,15 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerneldev import drift, host_lock, interrupt, sync
+from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import drift, sync
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop.workspace import hash_patterns, resolve_paths
 from kerneldev.printable import printable_list
 from kerneldev.service import restart as service_core
-from kerneldev.workspace import hash_patterns, resolve_paths
 
 EventCallback = Callable[[HostEvent], None]
 
@@ -238,7 +240,7 @@ def diff_group(
         report = drift.compute_drift(transport, host, paths, patch=patch)
         found = None
         try:
-            from kerneldev import history
+            from kerneldev.loop import history
 
             found = history.find_leftovers(transport, host.root)
         except interrupt.Interrupted:

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 from kerneldev.errors import TransferError
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.state import DeployRecord, deploy_from_dict
+from kerneldev.loop.state import DeployRecord, deploy_from_dict
 
 HISTORY_FILE = ".kerneldev/history.jsonl"  # under the host's root
 BACKUP_DIR = ".kerneldev/backups"
@@ -240,6 +240,6 @@ def _list_dirs(transport: Transport, folder: str) -> list[str]:
 
 
 def _glob_escape(path: str) -> str:
-    from kerneldev.workspace import glob_escape
+    from kerneldev.loop.workspace import glob_escape
 
     return glob_escape(path)

@@ -34,18 +34,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from kerneldev import history, interrupt
+from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
-from kerneldev.drift import (
-    CONFLICT,
-    DRIFTED,
-    EDITED,
-    IN_SYNC,
-    MISSING_LIVE,
-    NOT_PULLED,
-    classify,
-)
 from kerneldev.errors import (
     ConnectionLostError,
     FileSetError,
@@ -58,7 +49,6 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
-from kerneldev.host_lock import HostLock
 from kerneldev.hosts.transport.base import (
     ByteCallback,
     LiveChangedError,
@@ -66,11 +56,20 @@ from kerneldev.hosts.transport.base import (
     Transport,
     temp_path,
 )
-from kerneldev.import_check import ImportCheckReport, check_deploy
 from kerneldev.local_user import local_user
-from kerneldev.printable import printable, printable_list
-from kerneldev.service.restart import ServiceHealth
-from kerneldev.state import (
+from kerneldev.loop import history
+from kerneldev.loop.drift import (
+    CONFLICT,
+    DRIFTED,
+    EDITED,
+    IN_SYNC,
+    MISSING_LIVE,
+    NOT_PULLED,
+    classify,
+)
+from kerneldev.loop.import_check import ImportCheckReport, check_deploy
+from kerneldev.loop.lock import HostLock
+from kerneldev.loop.state import (
     STATE_DIR,
     DeployedFile,
     DeployRecord,
@@ -80,13 +79,15 @@ from kerneldev.state import (
     now_iso,
     update_state,
 )
-from kerneldev.workspace import (
+from kerneldev.loop.workspace import (
     Snapshot,
     check_state_owner,
     glob_escape,
     resolve_paths,
     snapshot,
 )
+from kerneldev.printable import printable, printable_list
+from kerneldev.service.restart import ServiceHealth
 
 BACKUP_DIR = history.BACKUP_DIR  # under the host's root
 
@@ -442,7 +443,7 @@ def push(
     would otherwise create the whole path there and deploy into it.
     `on_progress(path)` is called before each file, `on_bytes(n)` as bytes go out.
     `import_check` (the CLI's default) scans the live tree's imports before the upload and
-    imports the pushed modules after it, rolling back on failure (kerneldev/import_check.py).
+    imports the pushed modules after it, rolling back on failure (kerneldev/loop/import_check.py).
     `lock`: instead of holding the lock already, the caller may hand it over not yet taken:
     push takes it in its first remote command (the scan); `release_lock` (nothing after the
     push needs the lock: no restart) lets push release it in its last one - in the scan itself

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from kerneldev.config import HostConfig
 from kerneldev.errors import FileSetError, StateError, UsageError
-from kerneldev.history import INCOMPLETE, Leftovers, leftovers_in
 from kerneldev.hosts.transport.base import RemoteFile, Transport
-from kerneldev.state import STATE_DIR, State, load_state, state_path
+from kerneldev.loop.history import INCOMPLETE, Leftovers, leftovers_in
+from kerneldev.loop.state import STATE_DIR, State, load_state, state_path
 
 GLOB_CHARS = "*?["
 

@@ -30,9 +30,9 @@ from typing import Any
 
 from kerneldev.config import HostConfig
 from kerneldev.gitrepo import GitUnavailable, head_commit
-from kerneldev.history import Leftovers
 from kerneldev.hosts.transport.base import RemoteFile, Transport
-from kerneldev.workspace import LocalFile, local_file, resolve_paths, snapshot
+from kerneldev.loop.history import Leftovers
+from kerneldev.loop.workspace import LocalFile, local_file, resolve_paths, snapshot
 
 IN_SYNC = "in-sync"
 EDITED = "edited"
