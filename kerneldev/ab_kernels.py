@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kerneldev import kernel_deploy
+from kerneldev.bundled import install as kernel_deploy
 from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import kernel_deploy
+from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.hostside import importscan as _importscan

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from kerneldev import kernel_deploy
+from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
 from kerneldev.cli.host_steps import print_patch, print_table
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning

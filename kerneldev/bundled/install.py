@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev.bundled.releases import RELEASED
 from kerneldev.config import HostConfig
 from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import kernelprobe as _kernelprobe
-from kerneldev.kernel_releases import RELEASED
 from kerneldev.loop import sync
 from kerneldev.loop.state import STATE_DIR, load_state
 from kerneldev.service import restart_record, server_process
