@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import KerneldevError, RefusedError, UsageError
 from kerneldev.hosts.transport import open_transport
@@ -446,7 +446,7 @@ def _service_skip(ctx: DemoContext, name: str, expected: str) -> DemoStep | None
 def step_bench_service(ctx: DemoContext) -> DemoStep:
     """The end-to-end question: does the server decode faster with the MMA kernel? The service
     is restarted on each variant (env file + restart) and put back afterwards."""
-    from kerneldev import service_bench
+    from kerneldev.bench import service_bench
 
     c = ",".join(map(str, DEMO_CONCURRENCY))
     name = (
@@ -497,7 +497,7 @@ def _ms(value: float | None) -> str:
 def step_profile(ctx: DemoContext) -> DemoStep:
     """Which kernels take the decode time, per variant (CPU time of the service's profiler
     ranges here: no GPU)."""
-    from kerneldev import decode_profile
+    from kerneldev.bench import profile as decode_profile
     from kerneldev.hostside import trace_summary
 
     name = "kerneldev profile --variants simt,mma --concurrency 4 --steps 3"

@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, interrupt
+from kerneldev import interrupt
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     HostConnectionError,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import bench
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.sandbox import find_sshd
 from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry

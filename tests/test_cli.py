@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import bench
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.cli import environment
 from kerneldev.cli.main import hoist_global_options
 from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path

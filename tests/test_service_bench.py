@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from kerneldev import interrupt
-from kerneldev import service_bench as sb
+from kerneldev.bench import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
 from kerneldev.hosts.transport.local import LocalTransport
@@ -417,7 +417,7 @@ def test_kernel_families_name_who_wrote_the_attention_kernel(name, expected):
 
 
 def test_a_profile_records_which_attention_kernel_ran():
-    from kerneldev.decode_profile import attention_of
+    from kerneldev.bench.profile import attention_of
 
     families = [
         {"family": trace_summary.ATTN_FLASHINFER, "total_ms": 3.0, "share": 0.3},
@@ -533,8 +533,8 @@ def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monke
     import socket
     import stat
 
+    from kerneldev.bench.profile import TraceFolders
     from kerneldev.config import load_config
-    from kerneldev.decode_profile import TraceFolders
     from kerneldev.hosts.transport import open_transport
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))

@@ -392,7 +392,7 @@ def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
     host (Triton interpreter, one tiny shape) and its verdict is in the push's event."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from kerneldev.harness import bundled_file
+    from kerneldev.bench.harness import bundled_file
 
     setup = Setup(tmp_path, sshd_server, python=sys.executable)
     shape = "B=1,H=16,topk=16,page=16"

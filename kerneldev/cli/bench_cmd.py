@@ -1,4 +1,4 @@
-"""`kerneldev bench`: parse, call `kerneldev.bench`, render the table (or the JSON)."""
+"""`kerneldev bench`: parse, call `kerneldev.bench.kernel_bench`, render the table (or the JSON)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from kerneldev import bench
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.cli import environment
 from kerneldev.cli.common import (
     HOST_OPTION,

@@ -487,7 +487,7 @@ def bench(
     parallel: int,
     as_json: bool,
 ) -> None:
-    from kerneldev import bench as bench_core
+    from kerneldev.bench import kernel_bench as bench_core
 
     def one(host, transport, progress):
         progress("running the harness")
@@ -541,7 +541,7 @@ def service_bench(
     as_json: bool,
     allow_same_kernel: bool = False,
 ) -> None:
-    from kerneldev import service_bench as sb
+    from kerneldev.bench import service_bench as sb
     from kerneldev.cli import service_bench_cmd
     from kerneldev.service.variants import check_variants
 

@@ -1,10 +1,10 @@
-"""`kerneldev profile`: parse, call `kerneldev.decode_profile`, render the top kernels (or JSON)."""
+"""`kerneldev profile`: parse, call `kerneldev.bench.profile`, render the top kernels (or JSON)."""
 
 from __future__ import annotations
 
 import typer
 
-from kerneldev import decode_profile
+from kerneldev.bench import profile as decode_profile
 from kerneldev.cli.bench_cmd import ALLOW_SAME_KERNEL_OPTION
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line

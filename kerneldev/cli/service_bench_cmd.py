@@ -1,4 +1,4 @@
-"""`kerneldev bench --service`: parse, call `kerneldev.service_bench`, render (or JSON).
+"""`kerneldev bench --service`: parse, call `kerneldev.bench.service_bench`, render (or JSON).
 
 Reached through `kerneldev bench --service` (bench_cmd.py hands over here), so the options
 live on the bench command; this module does the work and the rendering.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from kerneldev import service_bench
+from kerneldev.bench import service_bench
 from kerneldev.cli.output import (
     NUMBER,
     Column,

@@ -84,7 +84,8 @@ def watch_command(
 ) -> None:
     """Push each save of the workspace's files to the host (as `push` does), optionally
     restart and check the kernel; one line per event. Ctrl-C stops (exit 0 between events)."""
-    from kerneldev import bench, watch
+    from kerneldev import watch
+    from kerneldev.bench import kernel_bench as bench
 
     config = load_config(config_path(ctx))
     host = config.host(host_name)  # one host: a group name is refused here

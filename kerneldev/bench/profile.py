@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import ab_kernels
 from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev.bench import ab_kernels
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport

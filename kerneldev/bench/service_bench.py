@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import ab_kernels
-from kerneldev.bench import RESULTS_DIR, save_result
+from kerneldev.bench import ab_kernels
+from kerneldev.bench.kernel_bench import RESULTS_DIR, save_result
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport

@@ -1,7 +1,7 @@
 """`kerneldev bench`: run the DSv4 benchmark harness on the host's GPU and compare results.
 
 `run_bench` copies the harness (`kernels/dsv4_bench.py` and the files it imports; what kerneldev
-relies on from it is in `kerneldev.harness`) and the chosen kernel file into a fresh temporary
+relies on from it is in `kerneldev.bench.harness`) and the chosen kernel file into a fresh temporary
 folder on the host (`mktemp -d`), runs it there with the host's configured `python` on the
 configured GPU, streams its progress, reads the JSON it writes (schema `kerneldev.bench/1`,
 `docs/bench-json.md`), removes the folder (also on failure or Ctrl-C), saves the JSON locally
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerneldev import harness, interrupt
+from kerneldev import interrupt
+from kerneldev.bench import harness
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.gitrepo import GitUnavailable, head_commit
