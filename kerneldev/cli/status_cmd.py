@@ -1,6 +1,6 @@
 """`kerneldev status` (where each host stands) and `kerneldev doctor` (what is wrong, step by
-step, and how to fix it). The work is `kerneldev.host_status` and `kerneldev.doctor`; this
-module parses, calls them and renders."""
+step, and how to fix it). The work is `kerneldev.diagnose.status` and `kerneldev.diagnose.doctor`;
+this module parses, calls them and renders."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from kerneldev.cli.output import STATUS, TEXT, Column, print_json, print_line, p
 from kerneldev.printable import printable, printable_list
 
 if TYPE_CHECKING:
-    from kerneldev.doctor import Check, DoctorReport
-    from kerneldev.host_status import HostStatus
+    from kerneldev.diagnose.doctor import Check, DoctorReport
+    from kerneldev.diagnose.status import HostStatus
     from kerneldev.hosts.gpus import GpuReport
 
 HOSTS_OPTION = typer.Option(
@@ -66,8 +66,9 @@ def status_command(
 ) -> None:
     """Per host: reachable, last deploy, live files vs that deploy, service health, GPUs.
     Exit 0 all fine, 1 a host has a problem, 3 a host is unreachable (the worst host wins)."""
-    from kerneldev import host_status, interrupt
+    from kerneldev import interrupt
     from kerneldev.config import load_config
+    from kerneldev.diagnose import status as host_status
 
     hosts = load_config(config_path(ctx)).hosts_for(host_spec)
     try:
@@ -221,7 +222,8 @@ def doctor_command(
 ) -> None:
     """Check config, DNS, port, host key, login, root, files, write access, GPUs, Python,
     torch, triton and service health, one line each with a fix. Exit 1 when a check fails."""
-    from kerneldev import doctor, interrupt
+    from kerneldev import interrupt
+    from kerneldev.diagnose import doctor
 
     try:
         report = doctor.diagnose(
