@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from kerneldev.bench import kernel_bench as bench
-from kerneldev.sandbox import find_sshd
+from kerneldev.sandbox.host import find_sshd
 from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry
 from tests.test_bench_harness import FAKE_KERNEL, TINY, assert_valid_result

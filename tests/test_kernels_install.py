@@ -24,7 +24,7 @@ from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.hostside import importscan as _importscan
-from kerneldev.sandbox import find_sshd
+from kerneldev.sandbox.host import find_sshd
 from kerneldev.service.envfile import parse_env_file
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry

@@ -21,7 +21,7 @@ import yaml
 
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
-from kerneldev.sandbox import find_sshd
+from kerneldev.sandbox.host import find_sshd
 from tests.sshutil import ssh_entry
 
 A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"

@@ -22,7 +22,7 @@ from kerneldev.config import HostConfig, ServiceConfig, load_config
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
 from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hostside import trace_summary
-from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
+from kerneldev.sandbox.host import create_sandbox, decode_service_available, find_sshd
 from kerneldev.service.envfile import EnvFileEdit, render
 from kerneldev.service.variants import (
     RestartSkippedError,

@@ -24,8 +24,8 @@ import pytest
 
 from kerneldev.config import load_config
 from kerneldev.hosts.transport import open_transport
-from kerneldev.sandbox import create_sandbox, decode_service_available
-from kerneldev.sandbox_service.scripted import ERROR_MESSAGE, SPEC_ENV
+from kerneldev.sandbox.host import create_sandbox, decode_service_available
+from kerneldev.sandbox.service.scripted import ERROR_MESSAGE, SPEC_ENV
 from kerneldev.service import restart as service
 from tests import sglang_client
 from tests.clirun import run_kerneldev

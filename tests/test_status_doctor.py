@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import kerneldev.sandbox
+import kerneldev.sandbox.host
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.local_user import local_user
@@ -251,7 +251,7 @@ def read_only_root(tmp_path, monkeypatch):
         f'"{root}" "{find_sshd()}" "$@"\n'
     )
     wrapper.chmod(0o755)
-    monkeypatch.setattr(kerneldev.sandbox, "find_sshd", lambda: str(wrapper))
+    monkeypatch.setattr(kerneldev.sandbox.host, "find_sshd", lambda: str(wrapper))
     try:
         server = start_sshd(tmp_path / "sshd-ro")
     except RuntimeError as err:

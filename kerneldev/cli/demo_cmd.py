@@ -29,7 +29,7 @@ def demo_command(
     """Run pull, diff, edit, push, restart, drift detection and rollback on a sandbox host."""
     from rich.markup import escape
 
-    from kerneldev import demo  # the sandbox and paramiko: only when the demo runs
+    from kerneldev.sandbox import demo  # the sandbox and paramiko: only when the demo runs
 
     # A plain `kill` must still stop the sandbox's sshd and fake service: turn SIGTERM into
     # SystemExit so the demo's clean-up (a `finally`) runs.

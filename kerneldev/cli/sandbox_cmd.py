@@ -10,7 +10,7 @@ import typer
 
 from kerneldev.cli.common import JSON_OPTION
 from kerneldev.cli.output import print_info, print_json, print_line
-from kerneldev.sandbox import SandboxStatus, sandbox_down, sandbox_status, sandbox_up
+from kerneldev.sandbox.host import SandboxStatus, sandbox_down, sandbox_status, sandbox_up
 
 app = typer.Typer(
     help="Start, stop or show a sandbox host on this machine (a fake live SGLang tree, a "

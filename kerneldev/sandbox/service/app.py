@@ -51,9 +51,9 @@ from dataclasses import asdict, dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from kerneldev.sandbox_service import engine as engine_mod
-from kerneldev.sandbox_service import sglang_api
-from kerneldev.sandbox_service.scripted import SPEC_ENV, ScriptedStreams, StreamScript
+from kerneldev.sandbox.service import engine as engine_mod
+from kerneldev.sandbox.service import sglang_api
+from kerneldev.sandbox.service.scripted import SPEC_ENV, ScriptedStreams, StreamScript
 
 log = logging.getLogger("sandbox_service")
 MODEL_NAME = "kerneldev-sandbox-dsv4"
@@ -648,7 +648,7 @@ def create_app(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m kerneldev.sandbox_service",
+        prog="python -m kerneldev.sandbox.service",
         description="kerneldev's sandbox decode service (SGLang API subset).",
     )
     p.add_argument("--root", required=True, help="the live SGLang tree holding the kernel file")

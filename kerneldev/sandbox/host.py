@@ -38,10 +38,10 @@ from pathlib import Path
 
 import yaml
 
-from kerneldev import fake_sglang
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.errors import SandboxError, UsageError
 from kerneldev.local_user import local_user
+from kerneldev.sandbox import fake_sglang
 
 ATTENTION_DIR = "python/sglang/srt/layers/attention"
 KERNEL_FILES = (
@@ -251,7 +251,7 @@ def _restart_script(
             f"if [ -f {env_file} ]; then set -a; . {env_file}; set +a; fi\n"
         )
         command = (
-            f"{q(python)} -m kerneldev.sandbox_service --root {q(str(decode_root))} "
+            f"{q(python)} -m kerneldev.sandbox.service --root {q(str(decode_root))} "
             f"--port {port} --decode-log-interval {DECODE_LOG_INTERVAL}"
         )
     # Stops the old instance (waiting until it is gone, zombies count as gone), then starts a
@@ -344,7 +344,7 @@ def create_sandbox(
     detach: bool = False,
 ) -> Sandbox:
     """Build the sandbox under `folder` (created). `use_ssh=None` uses sshd when installed.
-    `decode_service=None` runs the real decode service (kerneldev.sandbox_service) when its
+    `decode_service=None` runs the real decode service (kerneldev.sandbox.service) when its
     packages are installed, else the health-only fake; True requires it. `detach` starts it in
     its own session (it outlives this process)."""
     folder = Path(os.path.abspath(folder))
@@ -469,7 +469,7 @@ def _finish(
 
 
 def decode_service_available() -> bool:
-    """Whether this Python can run kerneldev.sandbox_service (the `service` and `kernels`
+    """Whether this Python can run kerneldev.sandbox.service (the `service` and `kernels`
     extras)."""
     import importlib.util
 
@@ -630,7 +630,7 @@ def _sshd_marker(folder: Path) -> tuple[Path, str]:
 
 def _service_marker(folder: Path) -> tuple[Path, str]:
     # The health-only fake runs `<folder>/service/fake_sglang.py`, the decode service
-    # `-m kerneldev.sandbox_service --root <folder>/host/sglang`: both name the folder.
+    # `-m kerneldev.sandbox.service --root <folder>/host/sglang`: both name the folder.
     return folder / "service" / "service.pid", str(folder) + os.sep
 
 

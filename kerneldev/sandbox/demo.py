@@ -27,7 +27,7 @@ from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop import drift, sync
 from kerneldev.loop.state import state_path
-from kerneldev.sandbox import Sandbox, create_sandbox
+from kerneldev.sandbox.host import Sandbox, create_sandbox
 from kerneldev.service import restart as service
 
 
@@ -366,8 +366,8 @@ def step_import_check_refuses(ctx: DemoContext) -> DemoStep:
     """A wrapper that only re-exports the kernel entry (what kerneldev once bundled): SGLang's
     DSv4 backend imports `flash_mla_with_kvcache_sm120` from it, so the push is refused before
     anything is uploaded."""
-    from kerneldev import fake_sglang
     from kerneldev.loop.import_check import ImportRefusedError
+    from kerneldev.sandbox import fake_sglang
 
     wrapper = _other_file(ctx)
     local = ctx.host.workspace / wrapper

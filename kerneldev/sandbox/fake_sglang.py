@@ -6,7 +6,7 @@ What it still serves, and why no real release can: the demo runs on a fresh mach
 right after `scripts/bootstrap demo`, which fetches no SGLang wheel (the tests' releases come
 from `scripts/bootstrap test`, scripts/sglang_releases.py); a real release's wrapper imports
 `sglang/__init__.py` and `sglang.srt.utils`, which need some thirty more packages and a
-torchvision built for the local torch; and the sandbox's decode service (kerneldev.sandbox_service)
+torchvision built for the local torch; and the sandbox's decode service (kerneldev.sandbox.service)
 calls the wrapper's Triton path on every request, which this tree's wrapper always takes.
 Everything the tests check about the drop-in (install, the import check, status, rollback)
 runs against SGLang 0.5.14 and 0.5.23 themselves (tests/sglang_releases.py), not this tree.

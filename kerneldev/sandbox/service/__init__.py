@@ -11,7 +11,7 @@ FP8 cache, all in-flight requests batched into one kernel call per layer, plus a
 - `engine.py`: the model stand-in (no HTTP): loads `flash_mla_sm120_triton.py` from the live
   tree, builds the inputs, runs one decode step for a batch.
 - `app.py`: the FastAPI app, the continuous-batching scheduler thread, the profiler and the
-  SGLang-style decode log lines; `python -m kerneldev.sandbox_service --help` starts it.
+  SGLang-style decode log lines; `python -m kerneldev.sandbox.service --help` starts it.
 - `sglang_api.py`: the informational routes (models, model and server info, flush, health).
 - `scripted.py`: scripted-stream mode, a fixed timetable instead of the engine (for checking
   what benchmark clients compute).
