@@ -358,7 +358,8 @@ def test_progress_lines_are_cut_to_the_terminal_width():
     one line each, cut with an ellipsis, in whatever chunks the transport delivers them."""
     import io
 
-    from kerneldev.cli import bench_cmd, environment
+    from kerneldev.cli import environment
+    from kerneldev.cli.commands import bench as bench_cmd
 
     err = io.StringIO()
     with environment.use(environment.Environment(stderr=err, stderr_isatty=True, width=80)):

@@ -1,4 +1,4 @@
-"""`kerneldev sandbox up|down|status --dir D` (kerneldev/cli/sandbox_cmd.py over sandbox.py):
+"""`kerneldev sandbox up|down|status --dir D` (kerneldev/cli/commands/sandbox.py over sandbox.py):
 the sandbox's hosts.yaml works after `up`, `down` stops exactly its processes; and the demo
 reports a step it could not run as SKIPPED."""
 

@@ -335,7 +335,7 @@ def test_server_settings_that_differ_between_variants_are_named():
         {"setting": "cuda_graph_max_bs", "values": {"a": 128, "b": None}},
     ]
     assert data["server"]["b"]["changed_between_rounds"] == ["tp_size"]
-    from kerneldev.cli.service_bench_cmd import server_difference_lines
+    from kerneldev.cli.commands.service_bench import server_difference_lines
 
     lines = server_difference_lines(data)
     assert lines[0] == "server setting differs between variants: cuda_graph_max_bs: a=128, b=None"
@@ -588,7 +588,7 @@ def test_an_ab_waits_for_the_hosts_lock_and_touches_nothing_while_held(
     import io
     from dataclasses import replace
 
-    from kerneldev.cli import service_bench_cmd
+    from kerneldev.cli.commands import service_bench as service_bench_cmd
     from kerneldev.cli.environment import Environment
     from kerneldev.cli.main import main
     from kerneldev.loop import lock as host_lock

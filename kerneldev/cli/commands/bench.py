@@ -153,13 +153,13 @@ def bench_command(
     config = load_config(config_path(ctx))
     hosts = select_hosts(config, host_name)
     if on_service:
-        from kerneldev.cli import service_bench_cmd
+        from kerneldev.cli.commands import service_bench as service_bench_cmd
 
         if requests is None:
             levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
             requests = max(8, 4 * max(levels))
         if len(hosts) > 1:
-            from kerneldev.cli import group_cmd
+            from kerneldev.cli.commands import group as group_cmd
 
             request = service_bench_cmd.make_request(
                 variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
@@ -178,7 +178,7 @@ def bench_command(
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
 
         if compare_to is not None:
             raise UsageError(

@@ -169,7 +169,7 @@ def pull_command(
     """Copy the live files from the host into the workspace (only what changed)."""
     config, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
 
         return group_cmd.pull(config, hosts, paths, force, from_host, parallel, as_json)
     host = hosts[0]
@@ -227,7 +227,7 @@ def diff_command(
     """Compare live, workspace, last sync and mirror. Exit 0 only when all is in sync."""
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
 
         return group_cmd.diff(hosts, paths, patch, parallel, as_json)
     host = hosts[0]
@@ -305,7 +305,7 @@ def push_command(
         )
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
         from kerneldev.loop import fleet_ops
 
         request = fleet_ops.PushRequest(
@@ -523,7 +523,7 @@ def rollback_command(
     a second rollback re-applies it."""
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
         from kerneldev.loop import fleet_ops
 
         request = fleet_ops.RollbackRequest(

@@ -37,7 +37,7 @@ def restart_command(
     """Run the service's restart command on the host and wait until it is healthy."""
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
-        from kerneldev.cli import group_cmd
+        from kerneldev.cli.commands import group as group_cmd
 
         return group_cmd.restart(hosts, break_lock, lock_wait, parallel, serial, as_json)
     host = hosts[0]

@@ -515,7 +515,7 @@ def bench(
     with running(hosts) as view:
         outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
     if not as_json:
-        from kerneldev.cli import bench_cmd
+        from kerneldev.cli.commands import bench as bench_cmd
 
         for o in outcomes:
             if o.ok:
@@ -542,7 +542,7 @@ def service_bench(
     allow_same_kernel: bool = False,
 ) -> None:
     from kerneldev.bench import service_bench as sb
-    from kerneldev.cli import service_bench_cmd
+    from kerneldev.cli.commands import service_bench as service_bench_cmd
     from kerneldev.service.variants import check_variants
 
     for host in hosts:

@@ -5,15 +5,15 @@ from __future__ import annotations
 import typer
 
 from kerneldev.bench import profile as decode_profile
-from kerneldev.cli.bench_cmd import ALLOW_SAME_KERNEL_OPTION
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
-from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
-from kerneldev.cli.service_bench_cmd import (
+from kerneldev.cli.commands.bench import ALLOW_SAME_KERNEL_OPTION
+from kerneldev.cli.commands.service_bench import (
     host_locked,
     progress_printer,
     service_logs_shown,
     table,
 )
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
+from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 from kerneldev.config import load_config
 from kerneldev.hosts.transport import open_transport
 from kerneldev.service.variants import check_variants, parse_variants
