@@ -20,13 +20,10 @@ from dataclasses import dataclass, field
 
 from kerneldev.bundled import install as kernel_deploy
 from kerneldev.config import HostConfig
-from kerneldev.errors import KerneldevError, RefusedError, TransferError
+from kerneldev.errors import KerneldevError, TransferError
+from kerneldev.errors import SameKernelError as SameKernelError  # re-exported: it was defined here
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.service.envfile import read_service_env
-
-
-class SameKernelError(RefusedError):
-    """Every variant of the A/B ran the same attention kernel."""
 
 
 def variant_env(base: dict[str, str], host: HostConfig, name: str) -> dict[str, str]:

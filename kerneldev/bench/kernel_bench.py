@@ -45,6 +45,7 @@ from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import OutputCallback, Transport
 from kerneldev.loop.workspace import literal_path, path_matches
+from kerneldev.paths import RESULTS_DIR
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
@@ -55,7 +56,6 @@ KNOWN_VARIANTS = ("simt", "mma", harness.DISPATCH, harness.FLASHINFER)
 # Where SGLang keeps it, used when no configured `files` entry names the kernel file.
 DEFAULT_KERNEL_PATH = f"python/sglang/srt/layers/attention/{KERNEL_FILE}"
 RESULT_NAME = "result.json"
-RESULTS_DIR = Path(".kerneldev") / "results"
 
 # Verdicts of `compare`, per shape and variant.
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change"

@@ -33,6 +33,7 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside.trace_summary import ATTENTION_FAMILIES
+from kerneldev.paths import PROFILES_DIR
 from kerneldev.service import server_process
 from kerneldev.service.envfile import read_service_env
 from kerneldev.service.variants import (
@@ -44,7 +45,6 @@ from kerneldev.service.variants import (
 )
 
 SCHEMA = "kerneldev.service-profile/1"
-PROFILES_DIR = Path(".kerneldev") / "profiles"
 
 ProgressCallback = Callable[[str], None]
 

@@ -29,6 +29,7 @@ The doctor reads and connects; the only thing it writes is its test file under
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import json
 import posixpath
 import secrets
@@ -51,6 +52,7 @@ from kerneldev.hosts import fleet
 from kerneldev.hosts.gpus import GpuReport, query_gpus
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.workspace import display_pattern, is_glob
+from kerneldev.paths import KERNELDEV_DIR
 from kerneldev.service.restart import check_health
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -66,45 +68,12 @@ _FOUND_BY = {
     "workspace": "named by the workspace you are in",
 }
 
-# Runs under the host's `python` (fed on stdin): versions without importing torch or triton,
-# which would take seconds and need a GPU for nothing here. Python 3.6-compatible.
-_VERSIONS_SCRIPT = """\
-import json, platform, sys
-try:
-    from importlib.metadata import version, PackageNotFoundError
-except ImportError:  # before Python 3.8: present or not, without a version
-    version = None
-    import imp
-out = {"python": platform.python_version(), "executable": sys.executable}
-for name in ("torch", "triton"):
-    found = None
-    if version is not None:
-        try:
-            found = version(name)
-        except PackageNotFoundError:
-            pass
-    else:
-        try:
-            imp.find_module(name)
-            found = "(version unknown)"
-        except ImportError:
-            pass
-    out[name] = found
-print(json.dumps(out))
-"""
+# Run under the host's `python` (fed on stdin); read when first needed.
+_SCRIPTS = importlib.resources.files("kerneldev.hostside")
 
-# On a GPU host only: torch's own view of CUDA (importing torch takes seconds).
-_CUDA_SCRIPT = """\
-import json
-try:
-    import torch
-except Exception as err:
-    print(json.dumps({"error": "%s: %s" % (type(err).__name__, err)}))
-    raise SystemExit(0)
-n = torch.cuda.device_count() if torch.version.cuda else 0
-caps = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(n)]
-print(json.dumps({"cuda": torch.version.cuda, "devices": n, "caps": caps}))
-"""
+
+def _host_script(name: str) -> bytes:
+    return (_SCRIPTS / name).read_bytes()
 
 
 @dataclass
@@ -473,7 +442,7 @@ class _HostDoctor:
 
     def write(self) -> Check:
         t = self._transport()
-        folder = posixpath.join(self.host.root, ".kerneldev")
+        folder = posixpath.join(self.host.root, KERNELDEV_DIR)
         # Named like every kerneldev temporary file, so a leftover is found and removed by
         # the next push's clean-up.
         probe = posixpath.join(folder, f".doctor{TEMP_MARK}{secrets.token_hex(6)}")
@@ -525,7 +494,7 @@ class _HostDoctor:
     def python(self) -> Check:
         t = self._transport()
         python = self.host.python
-        result = t.run(f"{python} -", stdin=_VERSIONS_SCRIPT.encode(), timeout=60)
+        result = t.run(f"{python} -", stdin=_host_script("versions.py"), timeout=60)
         if result.exited == 127:
             return Check(
                 PYTHON,
@@ -576,7 +545,9 @@ class _HostDoctor:
         """On a GPU host: torch must be a CUDA build that sees the GPUs (this imports torch,
         a few seconds); reports the compute capability as torch sees it."""
         python = self.host.python
-        result = self._transport().run(f"{python} -", stdin=_CUDA_SCRIPT.encode(), timeout=120)
+        result = self._transport().run(
+            f"{python} -", stdin=_host_script("cuda_probe.py"), timeout=120
+        )
         try:
             cuda = json.loads(result.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):

@@ -27,7 +27,8 @@ from typing import Any
 
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
-from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
+from kerneldev.errors import DiffersError, ExitCode, KerneldevError, UnhealthyError
+from kerneldev.errors import GroupError as GroupError  # re-exported: it was defined here
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
 from kerneldev.hosts.transport.base import Transport
@@ -42,18 +43,6 @@ EventCallback = Callable[[HostEvent], None]
 SAME = "same"
 DIFFERS = "differs"
 MISSING = "missing"
-
-
-class GroupError(KerneldevError):
-    """A group command where at least one host did not end ok; `exit_code` is the worst
-    host's, `report` the whole group's result (one entry per host)."""
-
-    def __init__(self, message: str, exit_code: int, hint: str | None = None, *, report=None):
-        super().__init__(message, hint, report=report)
-        try:
-            self.exit_code = ExitCode(exit_code)
-        except ValueError:
-            self.exit_code = ExitCode.FAILURE
 
 
 def describe_failures(outcomes: Sequence[HostOutcome]) -> str:
@@ -153,22 +142,20 @@ def pull_group(
         else:
             cmp.pull = sync.pull(transport, host, paths, force=force, on_progress=progress)
         if cmp.differing:
-            raise _Differs(cmp)
+            raise _differs(cmp)
         return cmp
 
     return [ref] + fleet.run_on_hosts(others, compare, parallel=parallel, on_event=on_event)
 
 
-class _Differs(KerneldevError):
+def _differs(cmp: HostComparison) -> DiffersError:
     """A compared host whose live files are not the reference's (exit 1, the comparison kept)."""
-
-    def __init__(self, cmp: HostComparison) -> None:
-        names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != SAME)
-        super().__init__(
-            f"live files differ from the reference host {cmp.reference}: {names}",
-            hint=f"see `kerneldev diff --host {cmp.host}`; pull from it with --from {cmp.host}",
-            report=cmp,
-        )
+    names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != SAME)
+    return DiffersError(
+        f"live files differ from the reference host {cmp.reference}: {names}",
+        hint=f"see `kerneldev diff --host {cmp.host}`; pull from it with --from {cmp.host}",
+        report=cmp,
+    )
 
 
 # --- diff -------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ from dataclasses import asdict, dataclass, field
 from kerneldev.errors import TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop.state import DeployRecord, deploy_from_dict
+from kerneldev.paths import HOST_BACKUPS, HOST_HISTORY, KERNELDEV_DIR
 
-HISTORY_FILE = ".kerneldev/history.jsonl"  # under the host's root
-BACKUP_DIR = ".kerneldev/backups"
+HISTORY_FILE = HOST_HISTORY  # under the host's root
+BACKUP_DIR = HOST_BACKUPS
 INCOMPLETE = ".incomplete"  # marker file inside a backup folder
 HISTORY_SCHEMA = 1
 DEFAULT_KEEP = 20  # deploys whose backups are kept (config: keep_backups)
@@ -84,7 +85,7 @@ def _stays_in_root(path: object, backup: object) -> bool:
     def relative(p: object) -> bool:
         return isinstance(p, str) and bool(p) and not p.startswith("/") and ".." not in p.split("/")
 
-    if not relative(path) or str(path).split("/")[0] == ".kerneldev":
+    if not relative(path) or str(path).split("/")[0] == KERNELDEV_DIR:
         return False
     return backup is None or (relative(backup) and str(backup).startswith(BACKUP_DIR + "/"))
 

@@ -24,11 +24,18 @@ import shlex
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
-from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
+from kerneldev.errors import (
+    ImportFailedError as ImportFailedError,  # re-exported: it was defined here
+)
+from kerneldev.errors import (
+    ImportRefusedError as ImportRefusedError,  # re-exported: it was defined here
+)
+from kerneldev.errors import RemoteCommandError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import importscan as _importscan
 from kerneldev.service.envfile import export_prefix, read_service_env
@@ -75,16 +82,6 @@ class ImportCheckReport:
     scan: ImportScan | None = None
     after_upload: ImportRun | None = None
     rolled_back_by: str | None = None  # id of the automatic rollback after a failed import
-
-
-class ImportRefusedError(RefusedError):
-    """The new files lack names that the live tree imports (or do not parse). `report` is the
-    push/rollback result (with its import_check), which `--json` prints."""
-
-
-class ImportFailedError(KerneldevError):
-    """A pushed module failed to import on the host; the push was rolled back. `report` is the
-    push/rollback result (with its import_check), which `--json` prints."""
 
 
 # --- before the upload ------------------------------------------------------------------
@@ -222,22 +219,10 @@ def _run_scanner(transport: Transport, host: HostConfig, targets: list[str]) -> 
 
 # --- after the upload -------------------------------------------------------------------
 
-_IMPORTER = """
-import importlib, json, sys, traceback
-failed = 0
-for root, module in json.loads(sys.argv[1]):
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        importlib.import_module(module)
-        print("kerneldev: imported " + module)
-    except BaseException as err:
-        failed = 1
-        traceback.print_exc()
-        why = "%s: %s" % (type(err).__name__, err)
-        sys.stderr.write("kerneldev: cannot import %s: %s\\n" % (module, why))
-sys.exit(failed)
-"""
+
+def _importer_source() -> str:
+    """hostside/importer.py, run with `python -c`."""
+    return (resources.files("kerneldev.hostside") / "importer.py").read_text(encoding="utf-8")
 
 
 def import_command(host: HostConfig, modules: dict[str, str], roots: dict[str, str]) -> str:
@@ -247,7 +232,9 @@ def import_command(host: HostConfig, modules: dict[str, str], roots: dict[str, s
     first = pairs[0][0]
     args = " " + shlex.quote(json.dumps(pairs))
     # Only the configured python: another interpreter's verdict says nothing of the server's.
-    return f"cd {shlex.quote(first)} && " + _python_command(host, _IMPORTER, args, fallback=False)
+    return f"cd {shlex.quote(first)} && " + _python_command(
+        host, _importer_source(), args, fallback=False
+    )
 
 
 def import_after_upload(

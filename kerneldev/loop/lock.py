@@ -31,12 +31,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from kerneldev import interrupt
+from kerneldev.errors import LockBusyError as LockBusyError  # re-exported: it was defined here
 from kerneldev.errors import RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.local_user import local_user
 from kerneldev.loop.state import now_iso
+from kerneldev.paths import HOST_LOCK, KERNELDEV_DIR
 
-LOCK_FILE = ".kerneldev/lock"  # under the host's root
+LOCK_FILE = HOST_LOCK  # under the host's root
 DEFAULT_WAIT = 60.0  # seconds a command waits for another's lock
 POLL = 0.25  # seconds between attempts
 
@@ -54,14 +56,6 @@ class LockHolder:
 
     def describe(self) -> str:
         return f"{self.user}@{self.machine} (pid {self.pid}, `{self.command}`) since {self.since}"
-
-
-class LockBusyError(RefusedError):
-    """Another command holds the host's lock."""
-
-    def __init__(self, message: str, holder: LockHolder | None, hint: str | None = None):
-        super().__init__(message, hint)
-        self.holder = holder
 
 
 def wait_text(seconds: float) -> str:
@@ -167,7 +161,7 @@ class HostLock:
         raise TransferError(
             f"cannot create the lock {self.path} on {self.transport.host_name}: "
             f"{result.stderr.strip() or f'exit {result.exited}'}",
-            hint="kerneldev needs write access to <root>/.kerneldev on the host",
+            hint=f"kerneldev needs write access to <root>/{KERNELDEV_DIR} on the host",
         )
 
     def _remove_if(self, token: str | None) -> None:
@@ -212,7 +206,7 @@ class HostLock:
             raise TransferError(
                 f"cannot create the lock {self.path} on {self.transport.host_name}: "
                 f"{answer.get('error')}",
-                hint="kerneldev needs write access to <root>/.kerneldev on the host",
+                hint=f"kerneldev needs write access to <root>/{KERNELDEV_DIR} on the host",
             )
         return False
 

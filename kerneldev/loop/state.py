@@ -46,8 +46,9 @@ from typing import Any
 
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.errors import StateError
+from kerneldev.paths import KERNELDEV_DIR
 
-STATE_DIR = ".kerneldev"
+STATE_DIR = KERNELDEV_DIR
 STATE_FILE = "state.json"
 STATE_LOCK = "state.lock"
 STATE_VERSION = 3

@@ -86,6 +86,7 @@ from kerneldev.loop.workspace import (
     resolve_paths,
     snapshot,
 )
+from kerneldev.paths import DISCARDED_DIR
 from kerneldev.printable import printable, printable_list
 from kerneldev.service.restart import ServiceHealth
 
@@ -148,7 +149,7 @@ def pull(
         raise RefusedError(
             "not pulled, the workspace has unpushed edits in: " + printable_list(refused),
             hint="push them first, see them with `kerneldev diff --patch`, or discard them with "
-            "`kerneldev pull --force` (their bytes are kept under .kerneldev/discarded/)",
+            f"`kerneldev pull --force` (their bytes are kept under {DISCARDED_DIR}/)",
             report={"host": host.name, "workspace": str(workspace), "refused": refused},
         )
 

@@ -27,6 +27,7 @@ from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop import drift, sync
 from kerneldev.loop.state import state_path
+from kerneldev.paths import PROFILES_DIR, RESULTS_DIR
 from kerneldev.sandbox.host import Sandbox, create_sandbox
 from kerneldev.service import restart as service
 
@@ -411,7 +412,7 @@ def step_bench(ctx: DemoContext) -> DemoStep:
         source="live",
         cpu_mode=True,
         rotate=1,
-        results_dir=ctx.sandbox.dir / ".kerneldev" / "results",
+        results_dir=ctx.sandbox.dir / RESULTS_DIR,
     )
     entries = [(r["shape"], r["label"], r["status"]) for r in result.data["results"]]
     passed = sum(status == "ok" for _, _, status in entries)
@@ -464,7 +465,7 @@ def step_bench_service(ctx: DemoContext) -> DemoStep:
         service_bench.ServiceBenchRequest(
             ["simt", "mma"], DEMO_CONCURRENCY, requests=4, input_len=8, max_new_tokens=4, rounds=1
         ),
-        results_dir=ctx.sandbox.dir / ".kerneldev" / "results",
+        results_dir=ctx.sandbox.dir / RESULTS_DIR,
         health_interval=HEALTH_INTERVAL,
     )
     restored = ctx.transport.read_bytes(env_file) == before
@@ -511,7 +512,7 @@ def step_profile(ctx: DemoContext) -> DemoStep:
         concurrency=4,
         steps=3,
         top=5,
-        profiles_dir=ctx.sandbox.dir / ".kerneldev" / "profiles",
+        profiles_dir=ctx.sandbox.dir / PROFILES_DIR,
         health_interval=HEALTH_INTERVAL,
     )
     ctx.data["profile"] = result

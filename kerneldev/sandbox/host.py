@@ -192,40 +192,7 @@ def start_sshd(tmp: Path, detach: bool = False) -> SSHServer:
 
 # --- the fake service -------------------------------------------------------------------
 
-FAKE_SERVICE = r'''"""Stands in for SGLang's server: 503 while "loading", then 200 on /health."""
-import http.server
-import sys
-import time
-
-port, warmup = int(sys.argv[1]), float(sys.argv[2])
-started = time.monotonic()
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        ready = time.monotonic() - started >= warmup
-        body = b"ok\n" if ready else b"loading\n"
-        self.send_response(200 if ready else 503)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, fmt, *args):
-        sys.stderr.write("fake-sglang: " + (fmt % args) + "\n")
-
-
-# The previous instance may still hold the port for a moment after it was killed.
-for _ in range(200):
-    try:
-        server = http.server.HTTPServer(("127.0.0.1", port), Handler)
-        break
-    except OSError:
-        time.sleep(0.05)
-else:
-    sys.exit("fake-sglang: port %d stays busy" % port)
-print("fake-sglang: listening on 127.0.0.1:%d, healthy after %.1fs" % (port, warmup), flush=True)
-server.serve_forever()
-'''
+_FAKE_SERVICE = importlib.resources.files("kerneldev.hostside") / "fake_sglang_server.py"
 
 
 def _restart_script(
@@ -364,7 +331,7 @@ def create_sandbox(
     notes.extend(_git_commit(mirror))
 
     port = free_port()
-    (service_dir / "fake_sglang.py").write_text(FAKE_SERVICE)
+    (service_dir / "fake_sglang.py").write_bytes(_FAKE_SERVICE.read_bytes())
     if decode_service is None:
         decode_service = decode_service_available()
         if not decode_service:

@@ -22,7 +22,10 @@ from importlib import resources
 
 from kerneldev import interrupt
 from kerneldev.config import HostConfig, ServiceConfig
-from kerneldev.errors import ExitCode, KerneldevError, ServiceError, UsageError
+from kerneldev.errors import KerneldevError, ServiceError, UsageError
+from kerneldev.errors import (
+    RestartSkippedError as RestartSkippedError,  # re-exported: it was defined here
+)
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.service import restart as service_mod
 from kerneldev.service.envfile import EnvFileEdit
@@ -76,12 +79,6 @@ def service_url(svc: ServiceConfig, host_name: str) -> str:
         f"no service URL for host '{host_name}': `health` is not a URL",
         hint=f"set hosts.{host_name}.service.url (e.g. http://127.0.0.1:30000)",
     )
-
-
-class RestartSkippedError(ServiceError):
-    """A second Ctrl-C skipped the restart on the original settings."""
-
-    exit_code = ExitCode.INTERRUPTED
 
 
 @dataclass

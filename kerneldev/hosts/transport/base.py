@@ -22,11 +22,14 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from kerneldev.atomic_file import temp_stem
+from kerneldev.errors import (
+    LiveChangedError as LiveChangedError,  # re-exported: it was defined here
+)
 from kerneldev.errors import TransferError
+from kerneldev.paths import TEMP_MARK
 
 # Every temporary file kerneldev writes on a host is named `.<target>.kerneldev-tmp-<random>`
 # next to its target, so leftovers of an interrupted run can be found and removed safely.
-TEMP_MARK = ".kerneldev-tmp-"
 CHUNK = 1 << 20  # bytes per read/write when streaming files
 
 
@@ -87,14 +90,6 @@ class PutItem:
     mode: int | None = None  # None: keep the replaced file's mode (0o644 for a new file)
     expect_sha256: str | None = None  # live as planned (None: absent), for the check
     check: bool = True  # compare-and-swap: refuse when live is no longer `expect_sha256`
-
-
-class LiveChangedError(TransferError):
-    """`put_files`' compare-and-swap found the live file changed; `index` names the item."""
-
-    def __init__(self, index: int, path: str) -> None:
-        super().__init__(f"{path} changed on the host")
-        self.index = index
 
 
 # put_files' callbacks: on_start(index) before an item's bytes go; on_landed(index, sha256,
