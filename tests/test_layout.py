@@ -145,3 +145,22 @@ def test_at_most_twelve_modules_directly_under_kerneldev():
         p.stem for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")
     )
     assert len(flat) <= 12, flat
+
+
+def test_the_import_contracts_hold():
+    """pyproject's [tool.importlinter] contracts (CI runs `lint-imports` too): the layers, the
+    core without typer or rich, hostside and errors importing nothing of kerneldev, no cycles."""
+    pytest.importorskip("importlinter")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command as lint\n"
+            "sys.argv[0] = 'lint-imports'; sys.exit(lint())",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

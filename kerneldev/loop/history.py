@@ -15,6 +15,7 @@ folder's backups are not needed and are removed (see `clean_leftovers`).
 
 from __future__ import annotations
 
+import glob
 import json
 import posixpath
 import shlex
@@ -184,7 +185,7 @@ def clean_leftovers(
             notes.append(f"kept the backups of the interrupted deploy {deploy_id} ({folder})")
             continue
         record = planned.records[0]
-        live, _ = transport.hash_files(root, [_glob_escape(f.path) for f in record.files])
+        live, _ = transport.hash_files(root, [glob.escape(f.path) for f in record.files])
         live_sha = {f.path: f.sha256 for f in live}
         record.files = [
             f
@@ -217,7 +218,7 @@ def prune_backups(transport: Transport, root: str, history: History, keep: int) 
     if not candidates:
         return []
     paths = sorted({f.path for r in candidates for f in r.files})
-    live, _ = transport.hash_files(root, [_glob_escape(p) for p in paths])
+    live, _ = transport.hash_files(root, [glob.escape(p) for p in paths])
     live_sha = {f.path: f.sha256 for f in live}
     pruned = []
     for record in candidates:
@@ -238,9 +239,3 @@ def _list_dirs(transport: Transport, folder: str) -> list[str]:
     if not result.ok:
         raise TransferError(f"cannot list {folder} on {transport.host_name}")
     return [line for line in result.stdout.splitlines() if line]
-
-
-def _glob_escape(path: str) -> str:
-    from kerneldev.loop.workspace import glob_escape
-
-    return glob_escape(path)

@@ -186,7 +186,7 @@ def bench_command(
             )
         return group_cmd.bench(
             config, hosts, variant_list, shape_list, source=source, gpu=gpu, cpu=cpu,
-            rotate=rotate, parallel=parallel, as_json=as_json,
+            rotate=rotate, parallel=parallel, as_json=as_json, render=render,
         )  # fmt: skip
     host = hosts[0]
     baseline = bench.load_result(compare_to) if compare_to else None

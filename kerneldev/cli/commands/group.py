@@ -486,6 +486,7 @@ def bench(
     rotate: int | None,
     parallel: int,
     as_json: bool,
+    render: Callable[[Any, Any], None],  # bench.render: passed in, bench imports this module
 ) -> None:
     from kerneldev.bench import kernel_bench as bench_core
 
@@ -515,11 +516,9 @@ def bench(
     with running(hosts) as view:
         outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
     if not as_json:
-        from kerneldev.cli.commands import bench as bench_cmd
-
         for o in outcomes:
             if o.ok:
-                bench_cmd.render(o.result, None)
+                render(o.result, None)
                 print_info(f"{o.host}: saved: {o.result.saved_to}")
 
     def describe(o: HostOutcome) -> str:
