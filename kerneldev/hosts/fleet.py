@@ -39,16 +39,28 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.status_words import StatusWord
 
 DEFAULT_PARALLEL = 8
 
-# Outcome statuses.
-OK = "ok"
-FAILED = "failed"  # the operation ran and found a problem (exit 1)
-USAGE = "usage"  # bad usage or config for this host (exit 2)
-UNREACHABLE = "unreachable"  # connection or host key (exit 3)
-INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM (exit 130 / 143), or not started because of it
-SKIPPED = "skipped"  # not started: an earlier wave failed
+
+class OutcomeStatus(StatusWord):
+    """How one host's part of a group command ended."""
+
+    OK = "ok"
+    FAILED = "failed"  # the operation ran and found a problem (exit 1)
+    USAGE = "usage"  # bad usage or config for this host (exit 2)
+    UNREACHABLE = "unreachable"  # connection or host key (exit 3)
+    INTERRUPTED = "interrupted"  # Ctrl-C / SIGTERM (exit 130 / 143), or not started because of it
+    SKIPPED = "skipped"  # not started: an earlier wave failed
+
+
+OK = OutcomeStatus.OK
+FAILED = OutcomeStatus.FAILED
+USAGE = OutcomeStatus.USAGE
+UNREACHABLE = OutcomeStatus.UNREACHABLE
+INTERRUPTED = OutcomeStatus.INTERRUPTED
+SKIPPED = OutcomeStatus.SKIPPED
 
 # Worst first: the group's exit code is that of its first-ranked host.
 EXIT_ORDER: tuple[int, ...] = (

@@ -33,17 +33,38 @@ from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import RemoteFile, Transport
 from kerneldev.loop.history import Leftovers
 from kerneldev.loop.workspace import LocalFile, local_file, resolve_paths, snapshot
+from kerneldev.status_words import StatusWord
 
-IN_SYNC = "in-sync"
-EDITED = "edited"
-DRIFTED = "drifted"
-CONFLICT = "conflict"
-NOT_PULLED = "not-pulled"
-MISSING_LIVE = "missing-live"
 
-MIRROR_SAME = "same"
-MIRROR_DIFFERS = "differs"
-MIRROR_ABSENT = "absent"
+class FileStatus(StatusWord):
+    """Where a tracked file stands: workspace and live against the base of the last pull/push."""
+
+    IN_SYNC = "in-sync"
+    EDITED = "edited"
+    DRIFTED = "drifted"
+    CONFLICT = "conflict"
+    NOT_PULLED = "not-pulled"
+    MISSING_LIVE = "missing-live"
+
+
+class MirrorStatus(StatusWord):
+    """The live file against the mirror's git HEAD."""
+
+    SAME = "same"
+    DIFFERS = "differs"
+    ABSENT = "absent"
+
+
+IN_SYNC = FileStatus.IN_SYNC
+EDITED = FileStatus.EDITED
+DRIFTED = FileStatus.DRIFTED
+CONFLICT = FileStatus.CONFLICT
+NOT_PULLED = FileStatus.NOT_PULLED
+MISSING_LIVE = FileStatus.MISSING_LIVE
+
+MIRROR_SAME = MirrorStatus.SAME
+MIRROR_DIFFERS = MirrorStatus.DIFFERS
+MIRROR_ABSENT = MirrorStatus.ABSENT
 
 
 @dataclass

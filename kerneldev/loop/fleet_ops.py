@@ -37,12 +37,22 @@ from kerneldev.loop import lock as host_lock
 from kerneldev.loop.workspace import hash_patterns, resolve_paths
 from kerneldev.printable import printable_list
 from kerneldev.service import restart as service_core
+from kerneldev.status_words import StatusWord
 
 EventCallback = Callable[[HostEvent], None]
 
-SAME = "same"
-DIFFERS = "differs"
-MISSING = "missing"
+
+class LiveMatch(StatusWord):
+    """A host's live file against the reference host's (group comparisons)."""
+
+    SAME = "same"
+    DIFFERS = "differs"
+    MISSING = "missing"
+
+
+SAME = LiveMatch.SAME
+DIFFERS = LiveMatch.DIFFERS
+MISSING = LiveMatch.MISSING
 
 
 def describe_failures(outcomes: Sequence[HostOutcome]) -> str:
