@@ -128,7 +128,11 @@ def test_the_errors_module_imports_nothing_else_of_kerneldev():
 
 def test_every_error_class_lives_in_the_errors_module():
     for name in _modules():
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as err:  # an optional extra (torch, fastapi) not installed
+            if (err.name or "").startswith("kerneldev"):
+                raise
     pending, classes = [KerneldevError], []
     while pending:
         cls = pending.pop()
