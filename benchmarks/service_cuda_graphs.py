@@ -36,8 +36,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kerneldev.sandbox import SANDBOX_VARIANTS, create_sandbox  # noqa: E402
-from kerneldev.sandbox_service.engine import DISABLE_GRAPH_ENV  # noqa: E402
+from kerneldev.sandbox.host import SANDBOX_VARIANTS, create_sandbox  # noqa: E402
+from kerneldev.sandbox.service.engine import DISABLE_GRAPH_ENV  # noqa: E402
 
 MODES = {
     "graphs": {"simt": "0", "mma": "0"},

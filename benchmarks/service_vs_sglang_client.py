@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kerneldev.config import load_config  # noqa: E402
-from kerneldev.sandbox import SANDBOX_VARIANTS, create_sandbox  # noqa: E402
+from kerneldev.sandbox.host import SANDBOX_VARIANTS, create_sandbox  # noqa: E402
 from tests import sglang_client  # noqa: E402
 
 METRICS = ("median_tpot_ms", "median_ttft_ms", "median_itl_ms")

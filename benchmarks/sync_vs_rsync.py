@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kerneldev pull / push / diff timed side by side with `rsync -a -e ssh` and `scp`.
 
-Starts its own OpenSSH sshd on 127.0.0.1 with fresh keys (kerneldev.sandbox's starter), and a
+Starts its own OpenSSH sshd on 127.0.0.1 with fresh keys (kerneldev.sandbox.host's starter), and a
 temporary HOME whose ~/.ssh/config (given to OpenSSH with -F) names that server `kbench`, so
 rsync, scp, ssh and kerneldev (`hostname: kbench` in a temporary hosts.yaml) all reach the
 same server the way a user's tools would. Every tool gets its own folder on the "host" and locally.
@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kerneldev.sandbox import start_sshd
+from kerneldev.sandbox.host import start_sshd
 
 SMALL = 13 * 1024
 BIG = 50 * 1000 * 1000

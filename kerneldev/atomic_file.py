@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from kerneldev.paths import TEMP_MARK
+
 CHUNK = 1 << 20  # bytes per read/write when streaming
 # A file name is at most 255 bytes (NAME_MAX) and a temporary name adds about 30 to its
 # target's, so the target's part is cut to this many bytes (leftovers are found by the mark).
@@ -31,7 +33,7 @@ def temp_stem(target_name: str) -> str:
 
 def temp_name_prefix(target_name: str) -> str:
     """Prefix of the temporary file written next to `target_name` before the rename."""
-    return f".{temp_stem(target_name)}.kerneldev-tmp-"
+    return f".{temp_stem(target_name)}{TEMP_MARK}"
 
 
 def write_bytes_atomic(

@@ -31,12 +31,12 @@ from typing import Any
 import yaml
 
 from kerneldev.errors import ConfigError
-from kerneldev.state import STATE_DIR
+from kerneldev.paths import KERNELDEV_DIR as STATE_DIR
+from kerneldev.paths import WORKSPACE_POINTER
 
 DEFAULT_CONFIG_NAME = "hosts.yaml"
 CONFIG_ENV = "KERNELDEV_CONFIG"
 HOST_ENV = "KERNELDEV_HOST"
-WORKSPACE_POINTER = ".kerneldev/config.json"  # in a workspace: {"config": path, "host": name}
 
 
 @dataclass(frozen=True)

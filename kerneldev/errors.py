@@ -4,16 +4,38 @@ Every expected failure raises a `KerneldevError` subclass carrying a one-line `m
 optional `hint` (what to do next). The CLI's single handler (`kerneldev.cli.main.main`) prints
 them and returns `exit_code`; anything else is a bug and keeps its traceback. Every error class
 of the project lives here; the modules that raise them re-export the ones they used to define.
+
+This module imports nothing else of kerneldev (an import-linter contract in .importlinter):
+what an error carries from elsewhere is typed by the Protocols below.
 """
 
 from __future__ import annotations
 
+import signal
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # only for annotations: hostkeys and service import this module
-    from kerneldev.hostkeys import HostKeyCheck
-    from kerneldev.service import ServiceHealth
+
+class HostKeyCheckLike(Protocol):
+    """What `HostKeyError.check` is: a `kerneldev.hosts.hostkeys.HostKeyCheck`."""
+
+    name: str  # the known_hosts name: `host` or `[host]:port`
+    key_type: str
+    fingerprint: str
+    status: str
+
+
+class ServiceHealthLike(Protocol):
+    """What `UnhealthyError.health` is: a `kerneldev.service.restart.ServiceHealth`."""
+
+    healthy: bool
+    elapsed: float
+
+
+class LockHolderLike(Protocol):
+    """What `LockBusyError.holder` is: a `kerneldev.loop.lock.LockHolder`."""
+
+    def describe(self) -> str: ...
 
 
 class ExitCode(IntEnum):
@@ -83,7 +105,7 @@ class HostKeyError(KerneldevError):
     exit_code = ExitCode.UNREACHABLE
 
     def __init__(
-        self, message: str, hint: str | None = None, *, check: HostKeyCheck | None = None
+        self, message: str, hint: str | None = None, *, check: HostKeyCheckLike | None = None
     ) -> None:
         super().__init__(message, hint)
         self.check = check
@@ -138,7 +160,7 @@ class UnhealthyError(ServiceError):
         message: str,
         logs: str | None,
         hint: str | None = None,
-        health: ServiceHealth | None = None,
+        health: ServiceHealthLike | None = None,
     ) -> None:
         super().__init__(message, hint, report=health)
         self.logs = logs
@@ -162,3 +184,66 @@ class ConnectionLostError(HostConnectionError):
 
 class SandboxError(KerneldevError):
     """The sandbox folder is not a sandbox, or its sshd or service could not be started."""
+
+
+class Interrupted(KerneldevError):
+    """The command was stopped by SIGINT (exit 130) or SIGTERM (exit 143) at a safe point."""
+
+    def __init__(self, signum: int, message: str | None = None) -> None:
+        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+        super().__init__(message or f"interrupted by {name}")
+        self.signum = signum
+        self.exit_code = ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.INTERRUPTED
+
+
+class LiveChangedError(TransferError):
+    """`put_files`' compare-and-swap found the live file changed; `index` names the item."""
+
+    def __init__(self, index: int, path: str) -> None:
+        super().__init__(f"{path} changed on the host")
+        self.index = index
+
+
+class RestartSkippedError(ServiceError):
+    """A second Ctrl-C skipped the restart on the original settings."""
+
+    exit_code = ExitCode.INTERRUPTED
+
+
+class LockBusyError(RefusedError):
+    """Another command holds the host's lock."""
+
+    def __init__(self, message: str, holder: LockHolderLike | None, hint: str | None = None):
+        super().__init__(message, hint)
+        self.holder = holder
+
+
+class ImportRefusedError(RefusedError):
+    """The new files lack names that the live tree imports (or do not parse). `report` is the
+    push/rollback result (with its import_check), which `--json` prints."""
+
+
+class ImportFailedError(KerneldevError):
+    """A pushed module failed to import on the host; the push was rolled back. `report` is the
+    push/rollback result (with its import_check), which `--json` prints."""
+
+
+class GroupError(KerneldevError):
+    """A group command where at least one host did not end ok; `exit_code` is the worst
+    host's, `report` the whole group's result (one entry per host)."""
+
+    def __init__(self, message: str, exit_code: int, hint: str | None = None, *, report=None):
+        super().__init__(message, hint, report=report)
+        try:
+            self.exit_code = ExitCode(exit_code)
+        except ValueError:
+            self.exit_code = ExitCode.FAILURE
+
+
+class DiffersError(KerneldevError):
+    """A compared host whose live files are not the reference's (exit 1, the comparison is the
+    `report`)."""
+
+
+class SameKernelError(RefusedError):
+    """Every variant of the A/B ran the same attention kernel."""

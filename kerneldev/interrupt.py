@@ -17,30 +17,20 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kerneldev.errors import ExitCode, KerneldevError
+from kerneldev.errors import Interrupted as Interrupted  # re-exported: it was defined here
 
 _pending: int | None = None
 _active = False
 
 
 class _Shields(threading.local):
-    """Per thread: a clean-up shielded in one host's worker thread (kerneldev/fleet.py) must
+    """Per thread: a clean-up shielded in one host's worker thread (kerneldev/hosts/fleet.py) must
     not keep Ctrl-C from the others, and the count is never updated by two threads at once."""
 
     count = 0
 
 
 _shields = _Shields()
-
-
-class Interrupted(KerneldevError):
-    """The command was stopped by SIGINT (exit 130) or SIGTERM (exit 143) at a safe point."""
-
-    def __init__(self, signum: int, message: str | None = None) -> None:
-        name = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-        super().__init__(message or f"interrupted by {name}")
-        self.signum = signum
-        self.exit_code = ExitCode.TERMINATED if signum == signal.SIGTERM else ExitCode.INTERRUPTED
 
 
 def pending() -> int | None:

@@ -38,7 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, host_lock, interrupt, service, sync
+from kerneldev import interrupt
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     HostConnectionError,
@@ -49,12 +50,15 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop import sync
+from kerneldev.loop.state import STATE_DIR, now_iso
+from kerneldev.loop.workspace import is_configured, resolve_paths
 from kerneldev.printable import printable_list
-from kerneldev.service import ServiceHealth
-from kerneldev.state import STATE_DIR, now_iso
-from kerneldev.transport import open_transport
-from kerneldev.transport.base import Transport
-from kerneldev.workspace import is_configured, resolve_paths
+from kerneldev.service import restart as service
+from kerneldev.service.restart import ServiceHealth
 
 DEFAULT_DEBOUNCE = 0.3  # seconds of quiet that end a burst of saves
 MAX_BURST = 5.0  # a burst is pushed after this many seconds even if changes keep coming

@@ -8,8 +8,8 @@ import socket
 import threading
 from pathlib import Path
 
-from kerneldev.state import load_state
-from kerneldev.transport.base import TEMP_MARK
+from kerneldev.hosts.transport.base import TEMP_MARK
+from kerneldev.loop.state import load_state
 
 
 class CuttingProxy:

@@ -19,12 +19,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kerneldev import host_lock, interrupt, sync
+from kerneldev import interrupt
 from kerneldev.config import load_config
 from kerneldev.errors import ConfigError, KerneldevError
-from kerneldev.state import load_state
-from kerneldev.transport import open_transport
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop import sync
+from kerneldev.loop.state import load_state
 from tests.faults import temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host

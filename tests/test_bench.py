@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import bench
-from kerneldev.sandbox import find_sshd
+from kerneldev.bench import kernel_bench as bench
+from kerneldev.sandbox.host import find_sshd
 from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry
 from tests.test_bench_harness import FAKE_KERNEL, TINY, assert_valid_result
@@ -358,7 +358,8 @@ def test_progress_lines_are_cut_to_the_terminal_width():
     one line each, cut with an ellipsis, in whatever chunks the transport delivers them."""
     import io
 
-    from kerneldev.cli import bench_cmd, environment
+    from kerneldev.cli import environment
+    from kerneldev.cli.commands import bench as bench_cmd
 
     err = io.StringIO()
     with environment.use(environment.Environment(stderr=err, stderr_isatty=True, width=80)):

@@ -16,12 +16,14 @@ from pathlib import Path
 import paramiko
 import pytest
 
-from kerneldev import host_lock, interrupt, sync
+from kerneldev import interrupt
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
-from kerneldev.state import load_state
-from kerneldev.transport.base import LiveChangedError, PutItem
-from kerneldev.transport.ssh import SSHTransport
+from kerneldev.hosts.transport.base import LiveChangedError, PutItem
+from kerneldev.hosts.transport.ssh import SSHTransport
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop import sync
+from kerneldev.loop.state import load_state
 from tests.sshutil import ssh_host, write_hosts_yaml
 from tests.test_transport import HOSTILE_NAMES
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import bench
+from kerneldev.bench import kernel_bench as bench
 from kerneldev.cli import environment
 from kerneldev.cli.main import hoist_global_options
 from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
-from kerneldev.sandbox import free_port
+from kerneldev.sandbox.host import free_port
 from tests.clirun import run_kerneldev
 from tests.sshutil import run_cli, ssh_host, write_hosts_yaml
 from tests.test_loop_cmd import A, B, Env, kd, make_env

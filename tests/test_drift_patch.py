@@ -1,4 +1,4 @@
-"""`kerneldev diff --patch` on what is not a small text file (kerneldev/drift.py): binary files
+"""`kerneldev diff --patch` on what is not a small text file (kerneldev/loop/drift.py): binary files
 are summarised with sizes and hashes, never printed; large files are not diffed; long patches
 are cut."""
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import yaml
 
-from kerneldev import drift
 from kerneldev.config import HostConfig
 from kerneldev.errors import TransferError
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import drift
 from tests.localhost import local_host
 
 

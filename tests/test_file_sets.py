@@ -1,4 +1,4 @@
-"""The file set a host's `files` entries name (kerneldev/workspace.py, config.py): entries that
+"""The file set a host's `files` entries name (kerneldev/loop/workspace.py, config.py): entries that
 match nothing, literal names with glob characters, `**`, a `root` that does not exist, and
 `transport: local` with a stray `hostname`. Through the real entry point where users meet it."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import drift, workspace
 from kerneldev.config import load_config
 from kerneldev.errors import ConfigError, ExitCode
+from kerneldev.loop import drift, workspace
 from tests.clirun import run_kerneldev
 
 K = "k/kernel.py"

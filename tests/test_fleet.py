@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, fleet, interrupt, sync
+from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ExitCode,
@@ -21,8 +21,10 @@ from kerneldev.errors import (
     StateError,
     UsageError,
 )
-from kerneldev.state import load_state
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts import fleet
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import drift, sync
+from kerneldev.loop.state import load_state
 from tests.clirun import run_kerneldev, start_kerneldev
 from tests.sshd import find_sshd, free_port, start_sshd
 from tests.sshutil import ssh_entry
@@ -297,9 +299,9 @@ def test_ctrl_c_after_every_host_pushed_is_not_an_interruption(tmp_path, servers
     recorded, so the group push exits 0 and says the signal came after the end."""
     import io
 
-    from kerneldev import history
     from kerneldev.cli.environment import Environment
     from kerneldev.cli.main import main
+    from kerneldev.loop import history
 
     f = Fleet(tmp_path, servers)
     for key, value in f.env().items():
@@ -447,7 +449,7 @@ def test_interrupt_leaves_unstarted_hosts_not_started(tmp_path, monkeypatch):
 
 
 def test_state_version_2_is_read_and_each_host_keeps_its_own_record(tmp_path):
-    from kerneldev.state import state_path, update_state
+    from kerneldev.loop.state import state_path, update_state
 
     ws = tmp_path / "ws"
     state_path(ws).parent.mkdir(parents=True)

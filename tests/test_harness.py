@@ -1,4 +1,4 @@
-"""kerneldev's side of the benchmark harness (`kerneldev.harness`) held against the harness
+"""kerneldev's side of the benchmark harness (`kerneldev.bench.harness`) held against the harness
 itself (`kernels/dsv4_bench.py`): the command line kerneldev builds is the one the harness reads,
 the files it uploads are the bundled ones, and bad requests fail the harness's own checks."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from kerneldev.kernels import dsv4_bench
 
-from kerneldev import harness
+from kerneldev.bench import harness
 
 
 def harness_reads(args: list[str]):

@@ -80,8 +80,8 @@ def test_the_wheel_ships_every_package_and_the_kernel_files(installed):
     assert not missing, f"packages of the source tree missing from the wheel: {sorted(missing)}"
     for kernel_file in (REPO / "kernels").glob("*.py"):
         assert f"kerneldev/kernels/{kernel_file.name}" in names
-    for helper in (REPO / "kerneldev" / "transport").glob("_*.py"):
-        assert f"kerneldev/transport/{helper.name}" in names
+    for helper in (REPO / "kerneldev" / "hostside").glob("*.py"):
+        assert f"kerneldev/hostside/{helper.name}" in names
 
 
 def test_the_installed_copy_runs_help_and_imports_every_package(installed):

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import kernel_deploy
+from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
-from kerneldev.envfile import parse_env_file
-from kerneldev.sandbox import find_sshd
-from kerneldev.transport import _importscan
+from kerneldev.hostside import importscan as _importscan
+from kerneldev.sandbox.host import find_sshd
+from kerneldev.service.envfile import parse_env_file
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 
@@ -508,9 +508,9 @@ def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypat
         code, out, err = tree.kd(*args, "--json", "--allow-same-kernel")
         assert code != 0 and "same attention kernel" not in out + err
         tree.env_file.write_text(before)  # both hosts share this one env file here
-    from kerneldev import ab_kernels
+    from kerneldev.bench import ab_kernels
     from kerneldev.config import load_config
-    from kerneldev.transport import open_transport
+    from kerneldev.hosts.transport import open_transport
 
     host = load_config(tree.config).host("h")
     if sglang_release.version == "0.5.23":  # pinned: the variable takes effect
@@ -550,7 +550,7 @@ def test_two_of_three_variants_on_one_kernel_are_refused():
     """simt, mma, flashinfer on SGLang 0.5.23 where mma toggles only SGLANG_SM120_MMA_FLASHMLA:
     mma runs FlashInfer, so its row would be read as the MMA kernel's; refused naming mma and
     flashinfer. Three different kernels, or a variant whose kernel is unknown, pass."""
-    from kerneldev import ab_kernels
+    from kerneldev.bench import ab_kernels
 
     check = ab_kernels.KernelCheck(
         kernels={"simt": "triton (simt)", "mma": "flashinfer", "flashinfer": "flashinfer"},

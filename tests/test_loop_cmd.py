@@ -21,7 +21,7 @@ import yaml
 
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
-from kerneldev.sandbox import find_sshd
+from kerneldev.sandbox.host import find_sshd
 from tests.sshutil import ssh_entry
 
 A = "python/sglang/srt/layers/attention/flash_mla_sm120_triton.py"
@@ -202,7 +202,8 @@ def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     result alone."""
     import signal
 
-    from kerneldev import history, interrupt
+    from kerneldev import interrupt
+    from kerneldev.loop import history
 
     assert env.kd("pull").exit_code == 0
     (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")
@@ -547,7 +548,7 @@ def test_restart_http_health(env_factory, monkeypatch):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     # Poll fast: this test is about the HTTP path, not the interval.
-    monkeypatch.setattr("kerneldev.service.DEFAULT_INTERVAL", 0.1)
+    monkeypatch.setattr("kerneldev.service.restart.DEFAULT_INTERVAL", 0.1)
     try:
         port = server.server_address[1]
         env = env_factory(

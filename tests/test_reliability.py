@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import history, host_lock, sync
 from kerneldev.config import HostConfig
 from kerneldev.errors import KerneldevError, RefusedError
-from kerneldev.state import DeployedFile, DeployRecord, load_state
-from kerneldev.transport import open_transport
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import history, sync
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop.state import DeployedFile, DeployRecord, load_state
 from tests.clirun import run_kerneldev, start_kerneldev
 from tests.faults import CuttingProxy, check_backups, sha, temp_files
 from tests.localhost import local_host

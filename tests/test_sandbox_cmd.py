@@ -1,4 +1,4 @@
-"""`kerneldev sandbox up|down|status --dir D` (kerneldev/cli/sandbox_cmd.py over sandbox.py):
+"""`kerneldev sandbox up|down|status --dir D` (kerneldev/cli/commands/sandbox.py over sandbox.py):
 the sandbox's hosts.yaml works after `up`, `down` stops exactly its processes; and the demo
 reports a step it could not run as SKIPPED."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import demo
 from kerneldev.errors import ExitCode
-from kerneldev.sandbox import find_sshd, start_sshd
+from kerneldev.sandbox import demo
+from kerneldev.sandbox.host import find_sshd, start_sshd
 from tests.clirun import run_kerneldev
 
 
@@ -112,7 +112,7 @@ def test_sandbox_up_on_a_taken_port_changes_only_the_port_in_hosts_yaml(tmp_path
 
 def test_a_port_that_cannot_be_changed_alone_is_refused_and_the_file_kept(tmp_path):
     from kerneldev.errors import SandboxError
-    from kerneldev.sandbox import _set_port_in_place
+    from kerneldev.sandbox.host import _set_port_in_place
 
     config = tmp_path / "hosts.yaml"
     text = "ports: &p 2222  # shared\nhosts:\n  sandbox:\n    port: *p\n  b:\n    port: *p\n"
@@ -221,7 +221,7 @@ def test_a_port_left_in_time_wait_by_a_killed_sshd_counts_as_free():
     """`sandbox up` after its sshd was killed with clients connected: the old port only has
     connections in TIME_WAIT, which sshd's own bind ignores; keeping the port keeps
     hosts.yaml (and a running `watch`, which reconnects to it) valid."""
-    from kerneldev.sandbox import _port_free
+    from kerneldev.sandbox.host import _port_free
 
     listener = socket.socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -1,7 +1,7 @@
 """The sandbox's decode service against real clients: the `openai` package, httpx, the profiler.
 
 One sandbox (local transport) for the module: its restart script starts
-`python -m kerneldev.sandbox_service` on a loopback port, which imports the live kernel file
+`python -m kerneldev.sandbox.service` on a loopback port, which imports the live kernel file
 and decodes under the Triton interpreter on tiny sizes (a step takes a few hundred ms).
 """
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import service, trace_summary
 from kerneldev.config import load_config
-from kerneldev.envfile import EnvFileEdit
-from kerneldev.sandbox import create_sandbox, decode_service_available
-from kerneldev.transport import open_transport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hostside import trace_summary
+from kerneldev.sandbox.host import create_sandbox, decode_service_available
+from kerneldev.service import restart as service
+from kerneldev.service.envfile import EnvFileEdit
 
 pytestmark = pytest.mark.skipif(
     not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"
@@ -288,7 +289,7 @@ def test_a_client_that_hangs_up_is_aborted(box):
 
 
 def test_graph_batch_sizes_are_sglangs_and_a_batch_pads_to_the_next():
-    from kerneldev.sandbox_service.engine import decode_graph_batch_sizes, padded_batch
+    from kerneldev.sandbox.service.engine import decode_graph_batch_sizes, padded_batch
 
     sizes = decode_graph_batch_sizes(128)
     assert sizes[:7] == [1, 2, 4, 8, 12, 16, 24] and sizes[-1] == 128 and len(sizes) == 20
@@ -300,7 +301,7 @@ def test_graph_batch_sizes_are_sglangs_and_a_batch_pads_to_the_next():
 
 
 def test_scripted_stream_spec_parses_and_refuses_typos():
-    from kerneldev.sandbox_service.scripted import StreamScript
+    from kerneldev.sandbox.service.scripted import StreamScript
 
     s = StreamScript.parse("chunk_tokens=4, gap_ms=50,error_request=0")
     assert (s.chunk_tokens, s.gap_ms, s.error_request) == (4, 50.0, 0)
@@ -317,8 +318,8 @@ def test_a_replayed_graph_decodes_the_same_tokens_as_eager(tmp_path):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    from kerneldev.sandbox import kernel_source
-    from kerneldev.sandbox_service import engine
+    from kerneldev.sandbox.host import kernel_source
+    from kerneldev.sandbox.service import engine
 
     kernel = tmp_path / engine.KERNEL_RELPATH
     kernel.parent.mkdir(parents=True)

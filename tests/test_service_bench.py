@@ -16,19 +16,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kerneldev import interrupt, trace_summary
-from kerneldev import service_bench as sb
+from kerneldev import interrupt
+from kerneldev.bench import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
-from kerneldev.envfile import EnvFileEdit, render
 from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
-from kerneldev.sandbox import create_sandbox, decode_service_available, find_sshd
-from kerneldev.service_variants import (
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.hostside import trace_summary
+from kerneldev.sandbox.host import create_sandbox, decode_service_available, find_sshd
+from kerneldev.service.envfile import EnvFileEdit, render
+from kerneldev.service.variants import (
     RestartSkippedError,
     VariantSwitcher,
     check_variants,
     service_url,
 )
-from kerneldev.transport.local import LocalTransport
 from tests.clirun import run_kerneldev
 from tests.localhost import local_host
 
@@ -114,7 +115,7 @@ def test_second_interrupt_skips_the_restart_and_names_the_command(tmp_path):
     host = _host(tmp_path, restart="true", health="true", env_file=str(env), variants={"m": MMA})
     switcher = VariantSwitcher(LocalTransport(host), host)
     switcher.switch("m")
-    import kerneldev.service as service_mod
+    import kerneldev.service.restart as service_mod
 
     def interrupted(*_a, **_k):
         raise KeyboardInterrupt
@@ -256,7 +257,7 @@ def _load_module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(
-        "service_load_under_test", ROOT / "kerneldev" / "service_load.py"
+        "service_load_under_test", ROOT / "kerneldev" / "hostside" / "service_load.py"
     )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -334,7 +335,7 @@ def test_server_settings_that_differ_between_variants_are_named():
         {"setting": "cuda_graph_max_bs", "values": {"a": 128, "b": None}},
     ]
     assert data["server"]["b"]["changed_between_rounds"] == ["tp_size"]
-    from kerneldev.cli.service_bench_cmd import server_difference_lines
+    from kerneldev.cli.commands.service_bench import server_difference_lines
 
     lines = server_difference_lines(data)
     assert lines[0] == "server setting differs between variants: cuda_graph_max_bs: a=128, b=None"
@@ -416,7 +417,7 @@ def test_kernel_families_name_who_wrote_the_attention_kernel(name, expected):
 
 
 def test_a_profile_records_which_attention_kernel_ran():
-    from kerneldev.decode_profile import attention_of
+    from kerneldev.bench.profile import attention_of
 
     families = [
         {"family": trace_summary.ATTN_FLASHINFER, "total_ms": 3.0, "share": 0.3},
@@ -532,9 +533,9 @@ def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monke
     import socket
     import stat
 
+    from kerneldev.bench.profile import TraceFolders
     from kerneldev.config import load_config
-    from kerneldev.decode_profile import TraceFolders
-    from kerneldev.transport import open_transport
+    from kerneldev.hosts.transport import open_transport
 
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     listener = socket.socket()
@@ -587,10 +588,10 @@ def test_an_ab_waits_for_the_hosts_lock_and_touches_nothing_while_held(
     import io
     from dataclasses import replace
 
-    from kerneldev import host_lock
-    from kerneldev.cli import service_bench_cmd
+    from kerneldev.cli.commands import service_bench as service_bench_cmd
     from kerneldev.cli.environment import Environment
     from kerneldev.cli.main import main
+    from kerneldev.loop import lock as host_lock
 
     root = tmp_path / "live"
     root.mkdir()

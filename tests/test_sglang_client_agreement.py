@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import service
 from kerneldev.config import load_config
-from kerneldev.sandbox import create_sandbox, decode_service_available
-from kerneldev.sandbox_service.scripted import ERROR_MESSAGE, SPEC_ENV
-from kerneldev.transport import open_transport
+from kerneldev.hosts.transport import open_transport
+from kerneldev.sandbox.host import create_sandbox, decode_service_available
+from kerneldev.sandbox.service.scripted import ERROR_MESSAGE, SPEC_ENV
+from kerneldev.service import restart as service
 from tests import sglang_client
 from tests.clirun import run_kerneldev
 

@@ -16,9 +16,9 @@ import pytest
 from paramiko.hostkeys import HostKeys
 
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
-from kerneldev.sandbox import free_port, keygen
-from kerneldev.transport.ssh import SSHTransport, parse_jump
-from kerneldev.transport.ssh_connection import SSHConnection
+from kerneldev.hosts.transport.ssh import SSHTransport, parse_jump
+from kerneldev.hosts.transport.ssh_connection import SSHConnection
+from kerneldev.sandbox.host import free_port, keygen
 from tests.sshutil import (
     kill_sshd_and_sessions,
     run_cli,

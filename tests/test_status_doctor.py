@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import kerneldev.sandbox
+import kerneldev.sandbox.host
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.local_user import local_user
@@ -251,7 +251,7 @@ def read_only_root(tmp_path, monkeypatch):
         f'"{root}" "{find_sshd()}" "$@"\n'
     )
     wrapper.chmod(0o755)
-    monkeypatch.setattr(kerneldev.sandbox, "find_sshd", lambda: str(wrapper))
+    monkeypatch.setattr(kerneldev.sandbox.host, "find_sshd", lambda: str(wrapper))
     try:
         server = start_sshd(tmp_path / "sshd-ro")
     except RuntimeError as err:
@@ -497,8 +497,10 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
 def test_ctrl_c_before_the_hosts_start_is_reported_as_the_interrupt(tmp_path, monkeypatch):
     import signal
 
-    from kerneldev import doctor, host_status, interrupt
+    from kerneldev import interrupt
     from kerneldev.config import load_config
+    from kerneldev.diagnose import doctor
+    from kerneldev.diagnose import status as host_status
 
     config = tmp_path / "hosts.yaml"
     entry = {"transport": "local", "root": str(tmp_path), "files": ["a"], "workspace": "w"}
@@ -521,8 +523,9 @@ def test_ctrl_c_mid_run_still_gives_json_with_what_was_collected(
     `interrupted: true`, exit 130."""
     import signal
 
-    from kerneldev import doctor as doctor_core
-    from kerneldev import host_status, interrupt
+    from kerneldev import interrupt
+    from kerneldev.diagnose import doctor as doctor_core
+    from kerneldev.diagnose import status as host_status
 
     root = live_tree(tmp_path)
     entry = ssh_host_entry(sshd_server, tmp_path, root, service={"health": "true"})

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import drift, service, sync, workspace
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.errors import (
     NothingToRollBackError,
@@ -17,8 +16,10 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
-from kerneldev.state import StateError, load_state, state_path
-from kerneldev.transport.local import LocalTransport
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import drift, sync, workspace
+from kerneldev.loop.state import StateError, load_state, state_path
+from kerneldev.service import restart as service
 from tests.localhost import local_host
 
 
@@ -227,7 +228,7 @@ def test_restart_requires_config(transport):
 
 
 def test_demo_refuses_a_folder_with_files(tmp_path):
-    from kerneldev.demo import run_demo
+    from kerneldev.sandbox.demo import run_demo
 
     (tmp_path / "something").write_text("mine")
     with pytest.raises(UsageError, match="not an empty folder"):
@@ -246,7 +247,7 @@ def test_workspace_of_another_host_is_refused(host, transport):
 
 def test_demo_on_the_local_transport(tmp_path):
     """The fallback when sshd is not installed: the same steps, all passing."""
-    from kerneldev.demo import run_demo
+    from kerneldev.sandbox.demo import run_demo
 
     result = run_demo(tmp_path / "sb", use_ssh=False)
     assert result.transport == "local"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
-from kerneldev.transport import open_transport
-from kerneldev.transport.local import LocalTransport
-from kerneldev.transport.ssh import SSHTransport, hash_command
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.hosts.transport.ssh import SSHTransport, hash_command
 from tests.sshutil import ssh_host
 
 HOSTILE_NAMES = [

@@ -1,5 +1,5 @@
-"""The trust workflow as the core runs it (`kerneldev.trust`), against a real sshd: what the user
-is asked, what is recorded, and what is refused. The CLI's wording is tested in
+"""The trust workflow as the core runs it (`kerneldev.hosts.trust`), against a real sshd: what the
+user is asked, what is recorded, and what is refused. The CLI's wording is tested in
 test_ssh_connection.py; here the answer comes from a plain function instead of a terminal."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev import trust
 from kerneldev.config import HostConfig
 from kerneldev.errors import HostKeyError
-from kerneldev.transport.ssh import SSHTransport
+from kerneldev.hosts import trust
+from kerneldev.hosts.transport.ssh import SSHTransport
 from tests.sshutil import ssh_host
 
 

@@ -392,7 +392,7 @@ def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
     host (Triton interpreter, one tiny shape) and its verdict is in the push's event."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from kerneldev.harness import bundled_file
+    from kerneldev.bench.harness import bundled_file
 
     setup = Setup(tmp_path, sshd_server, python=sys.executable)
     shape = "B=1,H=16,topk=16,page=16"
@@ -414,7 +414,7 @@ def test_bench_checks_the_pushed_kernel(sshd_server, tmp_path, isolated_home):
 
 
 def test_the_line_of_a_save_that_deleted_the_files_says_so():
-    from kerneldev.cli.watch_cmd import describe
+    from kerneldev.cli.commands.watch import describe
     from kerneldev.watch import UNCHANGED, WatchEvent
 
     event = WatchEvent(kind="push", host="h", time="2026-11-30T07:00:00Z", seq=3)

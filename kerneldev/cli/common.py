@@ -20,7 +20,7 @@ HOST_OPTION = typer.Option(
     show_default=False,
 )
 PARALLEL_OPTION = typer.Option(
-    8,  # kerneldev.fleet.DEFAULT_PARALLEL (not imported here: --help stays light)
+    8,  # kerneldev.hosts.fleet.DEFAULT_PARALLEL (not imported here: --help stays light)
     "--parallel",
     min=1,
     metavar="N",

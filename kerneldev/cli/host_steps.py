@@ -8,12 +8,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kerneldev import drift, host_lock
-from kerneldev import service as service_core
 from kerneldev.cli import environment, output
 from kerneldev.cli.output import err_console, print_info, print_warning
 from kerneldev.config import HostConfig
-from kerneldev.transport.base import Transport
+from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import drift
+from kerneldev.loop import lock as host_lock
+from kerneldev.service import restart as service_core
 
 STATUS_STYLE = {
     drift.IN_SYNC: "green",

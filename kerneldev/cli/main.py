@@ -82,22 +82,20 @@ def _register_commands(args: Sequence[str] | None = None) -> None:
     # Each module adds its own commands; importing them here keeps `kerneldev --help` complete.
     # The modules import their heavy dependencies (paramiko, rich tables) inside the commands.
     if _command_name(args or ()) in _LOOP_COMMANDS:
-        from kerneldev.cli import loop_cmd
+        from kerneldev.cli.commands import loop as loop_cmd
 
         _register_module(loop_cmd)
         return
-    from kerneldev.cli import (  # noqa: F401
-        bench_cmd,
-        demo_cmd,
-        kernels_cmd,
-        loop_cmd,
-        profile_cmd,
-        sandbox_cmd,
-        service_cmd,
-        status_cmd,
-        trust_cmd,
-        watch_cmd,
-    )
+    from kerneldev.cli.commands import bench as bench_cmd
+    from kerneldev.cli.commands import demo as demo_cmd
+    from kerneldev.cli.commands import kernels as kernels_cmd
+    from kerneldev.cli.commands import loop as loop_cmd
+    from kerneldev.cli.commands import profile as profile_cmd
+    from kerneldev.cli.commands import sandbox as sandbox_cmd
+    from kerneldev.cli.commands import service as service_cmd
+    from kerneldev.cli.commands import status as status_cmd
+    from kerneldev.cli.commands import trust as trust_cmd
+    from kerneldev.cli.commands import watch as watch_cmd
 
     for module in (
         loop_cmd,

@@ -195,8 +195,9 @@ def test_harness_without_flashinfer_skips_it_in_one_line(tmp_path):
 def test_kerneldev_bench_accepts_the_variant_and_prints_the_skip():
     import io
 
-    kd_bench = pytest.importorskip("kerneldev.bench")
-    from kerneldev.cli import bench_cmd, environment
+    kd_bench = pytest.importorskip("kerneldev.bench.kernel_bench")
+    from kerneldev.cli import environment
+    from kerneldev.cli.commands import bench as bench_cmd
 
     kd_bench.check_request(["simt", "mma", "flashinfer"], ["smoke"])  # no UsageError
     why = "FlashInfer is not installed here (ModuleNotFoundError: No module named 'flashinfer')"

@@ -1,0 +1,1 @@
+"""Benchmarks: the kernel harness, service benchmarks, A/B, profiles."""

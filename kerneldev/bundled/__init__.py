@@ -1,0 +1,1 @@
+"""The bundled kernels (kerneldev.kernels): install into SGLang, releases."""

@@ -1,0 +1,489 @@
+"""Deploying the bundled kernels safely: `kerneldev kernels install` and `kernels status`.
+
+install: finds the live kernel file among the configured files by name, at one of SGLang's
+layouts (`python/sglang/srt/layers/attention/`, 0.5.14 and older, or
+`python/sglang/kernels/ops/attention/`, 0.5.23), pulls it when the workspace copy is not current,
+and writes the bundled file over the workspace copy: an edit that `push` deploys (with its
+import checks). The live wrapper stays unless `with_wrapper`, and then only when the bundled
+wrapper defines every public name of the live one.
+
+status: per kernel site, whether the live kernel file is this kerneldev's bundled file, an
+older bundled release (by sha256, `kernel_releases.py`) or something else, and which backend
+the live wrapper's entry reaches (FlashInfer, Triton with the MMA or SIMT kernel, torch) for a
+decode call and a prefill-sized call: not read from the wrapper's text but from the live
+dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
+`service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
+wrapper reads its switch at import, so a note says when the env file changed after the
+service's last restart by kerneldev.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as _dt
+import difflib
+import hashlib
+import importlib.resources
+import json
+import posixpath
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev.bundled.releases import RELEASED
+from kerneldev.config import HostConfig
+from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
+from kerneldev.hosts.transport.base import Transport
+from kerneldev.hostside import kernelprobe as _kernelprobe
+from kerneldev.loop import sync
+from kerneldev.loop.state import STATE_DIR, load_state
+from kerneldev.service import restart_record, server_process
+from kerneldev.service.envfile import export_prefix, parse_env_file
+
+KERNEL_FILE = "flash_mla_sm120_triton.py"
+WRAPPER_FILE = "flash_mla_sm120.py"
+# SGLang's layouts: up to 0.5.14 under srt/layers/attention/, from 0.5.23 (at the latest) under
+# kernels/ops/attention/. Both below SGLang's import root `python/`.
+IMPORT_ROOT = "python"
+LAYOUTS = {
+    "python/sglang/srt/layers/attention": "sglang",
+    "python/sglang/kernels/ops/attention": "sglang (kernels/ops)",
+}
+
+BUNDLED = "bundled"  # this kerneldev's file
+BUNDLED_OLDER = "bundled-older"  # an earlier kerneldev release
+OTHER = "other"
+MISSING = "missing"
+
+
+@dataclass
+class KernelSite:
+    layout: str
+    folder: str  # relative to the host's root
+    kernel: str  # path of the kernel file
+    wrapper: str | None  # path of the wrapper when it is among the configured files
+
+
+def bundled_bytes(name: str) -> bytes:
+    return (importlib.resources.files("kerneldev.kernels") / name).read_bytes()
+
+
+def classify_file(name: str, sha256: str | None) -> tuple[str, str | None]:
+    """(kind, release) of a live kernel file by its hash."""
+    if sha256 is None:
+        return MISSING, None
+    if sha256 == hashlib.sha256(bundled_bytes(name)).hexdigest():
+        return BUNDLED, "this kerneldev"
+    release = RELEASED.get(name, {}).get(sha256)
+    if release is not None:
+        return BUNDLED_OLDER, release
+    return OTHER, None
+
+
+def find_sites(live_paths: list[str]) -> list[KernelSite]:
+    """The kernel sites among the configured live files (by file name and known folder)."""
+    present = set(live_paths)
+    sites = []
+    for folder, layout in LAYOUTS.items():
+        kernel = f"{folder}/{KERNEL_FILE}"
+        if kernel in present:
+            wrapper = f"{folder}/{WRAPPER_FILE}"
+            sites.append(
+                KernelSite(layout, folder, kernel, wrapper if wrapper in present else None)
+            )
+    return sites
+
+
+def _sites(transport: Transport, host: HostConfig):
+    live_files, _ = transport.hash_files(host.root, list(host.files))
+    live = {f.path: f for f in live_files}
+    sites = find_sites(list(live))
+    configured = find_sites(list(host.files))
+    if not sites and configured:
+        # Configured at a known layout but absent on the host: a wrong root or a tree of
+        # another release, not a config that lacks the file.
+        missing = configured[0].kernel
+        raise TransferError(
+            f"the live kernel file {missing} is not on host '{host.name}' under root {host.root}",
+            hint=f"check hosts.{host.name}.root in hosts.yaml, and that the live tree holds "
+            "this release's layout",
+        )
+    if not sites:
+        raise UsageError(
+            f"none of the files configured for host '{host.name}' is a {KERNEL_FILE} at a "
+            "known layout (" + ", ".join(f"{f}/" for f in LAYOUTS) + ")",
+            hint=f"add the live kernel file (and its {WRAPPER_FILE}) under hosts.{host.name}"
+            ".files in hosts.yaml",
+        )
+    return sites, live
+
+
+# --- install ----------------------------------------------------------------------------
+
+
+@dataclass
+class InstalledFile:
+    path: str
+    role: str  # "kernel" or "wrapper"
+    action: str  # "installed" or "unchanged" (the workspace already has the bundled bytes)
+    live_sha256: str
+    new_sha256: str
+    patch: str  # unified diff, live -> bundled
+
+
+@dataclass
+class InstallResult:
+    host: str
+    workspace: str
+    files: list[InstalledFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def install(
+    transport: Transport, host: HostConfig, *, with_wrapper: bool = False, force: bool = False
+) -> InstallResult:
+    """Write the bundled kernel file (and with `with_wrapper` the wrapper) over the workspace
+    copies of the live ones; `kerneldev push` deploys them. Files not yet pulled (or pulled
+    and changed live since) are pulled first; unpushed workspace edits refuse unless `force`."""
+    sites, live = _sites(transport, host)
+    targets = [(s.kernel, KERNEL_FILE, "kernel") for s in sites]
+    if with_wrapper:
+        for s in sites:
+            if s.wrapper is None:
+                raise UsageError(
+                    f"--with-wrapper: {s.folder}/{WRAPPER_FILE} is not among the configured files",
+                    hint=f"add it under hosts.{host.name}.files, or install only the kernel file",
+                )
+            targets.append((s.wrapper, WRAPPER_FILE, "wrapper"))
+    paths = [t[0] for t in targets]
+    state = load_state(host.workspace, host.name)
+    workspace = Path(host.workspace)
+    stale = [
+        p
+        for p in paths
+        if not (workspace / p).exists()
+        or p not in state.files
+        or state.files[p].sha256 != live[p].sha256
+    ]
+    if stale:
+        sync.pull(transport, host, stale, force=force)  # refuses unpushed edits unless force
+    bundled = {p: hashlib.sha256(bundled_bytes(name)).hexdigest() for p, name, _ in targets}
+    edited = [
+        p
+        for p in paths
+        if p not in stale
+        and hashlib.sha256((workspace / p).read_bytes()).hexdigest()
+        not in (live[p].sha256, bundled[p])  # an earlier install is no edit to protect
+    ]
+    if edited and not force:
+        raise RefusedError(
+            "not installed, the workspace has unpushed edits in: " + ", ".join(edited),
+            hint="push or discard them first (`kerneldev diff --patch`), or overwrite them with "
+            "`kerneldev kernels install --force`",
+        )
+
+    result = InstallResult(host=host.name, workspace=str(workspace))
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    contents = {
+        path: ((workspace / path).read_bytes(), bundled_bytes(name)) for path, name, _ in targets
+    }
+    for path, _, role in targets:  # every check before the first write
+        old, new = contents[path]
+        if role == "wrapper":
+            _check_wrapper_interface(path, old, new)
+            if b"flashinfer" in old.lower():
+                result.notes.append(
+                    f"{path}: the live wrapper can use FlashInfer; the bundled one cannot "
+                    "(SGLANG_SM120_FLASHMLA_BACKEND=flashinfer falls back to Triton there)"
+                )
+    for path, _, role in targets:
+        old, new = contents[path]
+        live_sha = live[path].sha256
+        new_sha = hashlib.sha256(new).hexdigest()
+        action = "unchanged" if old == new else "installed"
+        if old != new:
+            try:
+                if path in edited:  # --force: the edits are kept, as `pull --force` keeps them
+                    keep = workspace / STATE_DIR / "discarded" / stamp / path
+                    write_bytes_atomic(keep, old, live[path].mode)
+                    result.notes.append(f"your edits to {path} were kept in {keep}")
+                write_bytes_atomic(workspace / path, new, live[path].mode)
+            except OSError as err:
+                raise TransferError(f"cannot write {workspace / path}: {err}") from None
+        patch = "".join(
+            difflib.unified_diff(
+                old.decode("utf-8", "replace").splitlines(keepends=True),
+                new.decode("utf-8", "replace").splitlines(keepends=True),
+                f"live/{path}",
+                f"bundled/{path}",
+            )
+        )
+        result.files.append(InstalledFile(path, role, action, live_sha, new_sha, patch))
+    if not with_wrapper:
+        for s in sites:
+            if s.wrapper:
+                result.notes.append(f"{s.wrapper}: the live wrapper stays (--with-wrapper)")
+    return result
+
+
+def public_definitions(source: bytes) -> set[str]:
+    """Names a module defines at top level (def, class, assignment) that do not start with _."""
+    names = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(t.id for t in targets if isinstance(t, ast.Name))
+    return {n for n in names if not n.startswith("_")}
+
+
+def _check_wrapper_interface(path: str, live: bytes, bundled: bytes) -> None:
+    try:
+        wanted = public_definitions(live)
+    except SyntaxError as err:
+        raise RefusedError(
+            f"--with-wrapper: the live {path} does not parse (line {err.lineno}); its public "
+            "interface cannot be compared, nothing was installed"
+        ) from None
+    lacking = sorted(wanted - public_definitions(bundled))
+    if lacking:
+        raise RefusedError(
+            f"--with-wrapper refused: the bundled {WRAPPER_FILE} lacks public names of the live "
+            f"{path}: {', '.join(lacking)}; nothing was installed",
+            hint="install only the kernel file (the live wrapper calls its entry point)",
+        )
+
+
+# --- status -----------------------------------------------------------------------------
+
+
+@dataclass
+class FileStatus:
+    path: str
+    sha256: str | None
+    kind: str  # bundled, bundled-older, other, missing
+    release: str | None
+
+
+@dataclass
+class DispatchCall:
+    """What the live wrapper's entry reached for one call (the probe's answer)."""
+
+    call: str  # "decode" or "prefill"
+    tokens: int  # query tokens of the call (prefill: more than SGLang's 64-token decode limit)
+    heads: int
+    backend: str | None  # "flashinfer", "triton", "torch"; None when it cannot be told
+    function: str | None  # the backend function reached (module.name)
+    kernel_variant: str | None  # "mma" or "simt" when Triton runs a bundled kernel
+    error: str | None = None  # why backend is None
+
+
+@dataclass
+class BackendChoice:
+    backend: str | None  # the decode call's backend; None when it cannot be told
+    kernel_variant: str | None  # the decode call's Triton variant (bundled kernels)
+    environment: str  # where the variables came from, or "unknown"
+    reason: str
+    calls: list[DispatchCall] = field(default_factory=list)  # decode, then prefill
+    switch: dict[str, str] = field(default_factory=dict)  # the SGLANG_SM120_* the probe saw
+
+    def backend_of(self, call: str) -> str | None:
+        return next((c.backend for c in self.calls if c.call == call), None)
+
+
+@dataclass
+class SiteStatus:
+    layout: str
+    kernel: FileStatus
+    wrapper: FileStatus | None
+    backend: BackendChoice
+
+
+@dataclass
+class KernelStatus:
+    host: str
+    env_file: str | None
+    environment_known: bool
+    sites: list[SiteStatus] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+BACKEND_VARS = (
+    "SGLANG_SM120_FLASHMLA_BACKEND",
+    "SGLANG_SM120_TRITON_FLASHMLA",
+    "SGLANG_SM120_MMA_FLASHMLA",
+)
+DEFAULT_HEADS = 64  # query heads per GPU of the attention layers (SGLang's tp_q_head_num)
+# The probe allocates its tiny inputs on the live host, next to the server: bf16 q of
+# PREFILL_TOKENS x heads x 512 is 75 MB at this bound, and DSv4 has 128 query heads in all.
+MAX_HEADS = 1024
+DECODE_TOKENS = 4  # a small decode batch
+PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
+PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host
+
+
+def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS) -> KernelStatus:
+    """Per kernel site: the live files (bundled? which release?) and, from the live dispatch
+    (`_kernelprobe.py` run on the host in the service's environment), the backend the wrapper's
+    entry reaches for a decode call and a prefill-sized call at `heads` query heads."""
+    if not 1 <= heads <= MAX_HEADS:
+        raise UsageError(
+            f"--heads must be between 1 and {MAX_HEADS} (got {heads}): the query heads per "
+            "GPU of the server's attention layers",
+            hint="DeepSeek-V4 has 128 query heads: 128 / tensor-parallel size",
+        )
+    sites, live = _sites(transport, host)
+    env_file = host.service.env_file if host.service is not None else None
+    result = KernelStatus(host=host.name, env_file=env_file, environment_known=False)
+    env: dict[str, str] = {}
+    env_bytes: bytes | None = None
+    if env_file:
+        try:
+            env_bytes = transport.read_bytes(env_file)
+            env = parse_env_file(env_bytes.decode("utf-8", "replace"))
+            result.environment_known = True
+        except TransferError as err:
+            result.notes.append(f"cannot read service.env_file: {err.message}")
+    else:
+        result.notes.append(
+            "the service's environment is unknown (no service.env_file): the wrapper was "
+            "probed in the login environment of the host"
+        )
+    if env_bytes is not None:
+        changed = restart_record.changed_since_restart(host.name, env_file, env_bytes)
+        if changed:
+            result.notes.append(changed)
+        differs = _server_env_differs(transport, host, env)
+        if differs:
+            result.notes.append(differs)
+    for s in sites:
+        k_sha = live[s.kernel].sha256
+        kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
+        wrapper = None
+        wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
+        if s.wrapper:
+            w_sha = live[s.wrapper].sha256
+            wrapper = FileStatus(s.wrapper, w_sha, *classify_file(WRAPPER_FILE, w_sha))
+        choice = probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
+        if not result.environment_known:
+            choice.environment = "unknown"
+        elif env_file:
+            choice.environment = env_file
+        result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice))
+    return result
+
+
+def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
+    """A note when the running server's process environment (readable through /proc) holds
+    other SGLANG_SM120_* values than the env file: it started before the file changed."""
+    found = server_process.find(transport, host)
+    running = server_process.environment(transport, found.pid) if found else None
+    if running is None:
+        return None
+    keys = sorted(k for k in set(env) | set(running) if k.startswith("SGLANG_SM120_"))
+    differ = [k for k in keys if env.get(k) != running.get(k)]
+    if not differ:
+        return None
+    shown = ", ".join(
+        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})" for k in differ
+    )
+    return (
+        f"the running server (pid {found.pid}) started with other values than "
+        f"{host.service.env_file}: {shown}; it runs what those select until it restarts"
+    )
+
+
+def dispatch_under(
+    transport: Transport, host: HostConfig, env: dict[str, str], *, heads: int = DEFAULT_HEADS
+) -> BackendChoice:
+    """The first kernel site's dispatch under `env` (an A/B variant's environment)."""
+    sites, _ = _sites(transport, host)
+    s = sites[0]
+    wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
+    return probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
+
+
+def _module_of(path: str) -> str:
+    """The module name of a file under SGLang's import root `python/`."""
+    return path[len(IMPORT_ROOT) + 1 : -len(".py")].replace("/", ".")
+
+
+_PROBE: str | None = None
+
+
+def probe_dispatch(
+    transport: Transport,
+    host: HostConfig,
+    kernel_path: str,
+    wrapper_path: str,
+    env: dict[str, str],
+    heads: int,
+) -> BackendChoice:
+    """Run the host-side probe (`_kernelprobe.py`) with the host's python and `env`, from the
+    live tree's import root, writing no bytecode there."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
+    request = {
+        "wrapper": _module_of(wrapper_path),
+        "kernel": _module_of(kernel_path),
+        "calls": [
+            {"name": "decode", "tokens": DECODE_TOKENS, "heads": heads},
+            {"name": "prefill", "tokens": PREFILL_TOKENS, "heads": heads},
+        ],
+    }
+    command = (
+        export_prefix(env)
+        + f"cd {shlex.quote(posixpath.join(host.root, IMPORT_ROOT))} && "
+        + f"PYTHONDONTWRITEBYTECODE=1 {shlex.quote(host.python)} -B -c {shlex.quote(_PROBE)}"
+    )
+    unknown = BackendChoice(None, None, "", "")
+    try:
+        run = transport.run(command, stdin=json.dumps(request).encode(), timeout=PROBE_TIMEOUT)
+    except RemoteCommandError as err:
+        unknown.reason = f"the probe did not run: {err.message}"
+        return unknown
+    try:
+        answer = json.loads(run.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        unknown.reason = f"the probe failed with {host.python} (exit {run.exited}): {tail}"
+        return unknown
+    unknown.switch = answer.get("switch", {})
+    if not answer.get("imported"):
+        unknown.reason = f"the wrapper cannot be imported: {answer.get('error')}"
+        return unknown
+    calls = [
+        DispatchCall(
+            c["call"],
+            c["tokens"],
+            c["heads"],
+            c["backend"],
+            c["function"],
+            c["variant"],
+            c["error"],
+        )
+        for c in answer["calls"]
+    ]
+    decode = calls[0]
+    parts = []
+    for c in calls:
+        where = f"{c.call} ({c.tokens} tokens, {c.heads} heads): "
+        parts.append(where + (c.function or f"unknown, {c.error}"))
+    if answer.get("_sm120_default_backend") is not None:
+        parts.append(f"wrapper switch _sm120_default_backend={answer['_sm120_default_backend']}")
+    uses_flashinfer = any(c.backend == "flashinfer" for c in calls)
+    if uses_flashinfer and not answer.get("flashinfer"):
+        parts.append(
+            "FlashInfer's sm_120 sparse MLA is not installed for this python: those calls fail"
+        )
+    return BackendChoice(
+        decode.backend,
+        decode.kernel_variant if decode.backend == "triton" else None,
+        "",
+        "; ".join(parts),
+        calls,
+        answer.get("switch", {}),
+    )

@@ -1,0 +1,1 @@
+"""One module per command group, registered by `kerneldev.cli.main`."""

@@ -1,0 +1,333 @@
+"""`kerneldev bench`: parse, call `kerneldev.bench.kernel_bench`, render the table (or the JSON)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kerneldev.bench import kernel_bench as bench
+from kerneldev.cli import environment
+from kerneldev.cli.common import (
+    HOST_OPTION,
+    JSON_OPTION,
+    PARALLEL_OPTION,
+    config_path,
+    select_hosts,
+    variants_option,
+)
+from kerneldev.cli.output import (
+    NUMBER,
+    Cell,
+    Column,
+    print_info,
+    print_json,
+    print_line,
+    print_table,
+    print_warning,
+)
+from kerneldev.config import load_config
+from kerneldev.errors import ExitCode, UsageError
+from kerneldev.hosts.transport import open_transport
+
+VERDICT_STYLE = {
+    bench.FASTER: "green",
+    bench.SLOWER: "red",
+    bench.NO_CHANGE: "dim",
+    bench.FAILED: "bold red",
+    bench.BASELINE_FAILED: "yellow",
+    bench.NEW: "cyan",
+}
+
+
+# Module-level: typer options with list/Path defaults (ruff B008).
+SHAPES_OPTION = typer.Option(
+    None,
+    "--shapes",
+    metavar="SHAPES",
+    help="A named set (decode, flashmla, paths, smoke) or one shape such as "
+    "B=1,H=64,topk=512 (keys: B H topk page extra_topk extra_page sink lengths invalid pad; "
+    "see docs/usage.md); "
+    "repeatable, or ';'-separated. Default: decode (smoke with --cpu).",
+    show_default=False,
+)
+COMPARE_OPTION = typer.Option(
+    None,
+    "--compare",
+    metavar="FILE",
+    help="An earlier result (saved JSON or --json output): mark each shape faster / slower / "
+    "no change (no change = the p20-p80 intervals overlap).",
+    show_default=False,
+)
+
+
+ALLOW_SAME_KERNEL_OPTION = typer.Option(
+    False,
+    "--allow-same-kernel",
+    help="With --service (and in profile): measure even when every variant runs the same "
+    "attention kernel (refused otherwise: a variable that did not take effect).",
+)
+
+
+def bench_command(
+    ctx: typer.Context,
+    variants: str = variants_option(
+        "Comma-separated variants of the kernel file: simt, mma, or dispatch (the "
+        "file's own choice by environment), and flashinfer (FlashInfer's sm_120 DSv4 decode, "
+        "where the host has it; else one line says why it was skipped). The first is the A "
+        "of the A/B ratios."
+    ),
+    shapes: list[str] = SHAPES_OPTION,
+    source: str = typer.Option(
+        "bundled",
+        "--source",
+        metavar="SOURCE",
+        help="Kernel file to run: bundled (this kerneldev's), workspace (your edited copy), "
+        "or live (the file the server runs, benchmarked where it lies).",
+    ),
+    compare_to: Path = COMPARE_OPTION,
+    gpu: str = typer.Option(
+        None,
+        "--gpu",
+        metavar="IDS",
+        help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`).",
+    ),
+    cpu: bool = typer.Option(
+        False,
+        "--cpu",
+        help="Run under the Triton interpreter on the host's CPU (tiny shapes; checks "
+        "correctness, times are meaningless).",
+    ),
+    rotate: int = typer.Option(
+        None,
+        "--rotate",
+        min=1,
+        metavar="N",
+        help="Input sets per shape (default 3).",
+        show_default=False,
+    ),
+    parallel: int = PARALLEL_OPTION,
+    host_name: str | None = HOST_OPTION,
+    as_json: bool = JSON_OPTION,
+    # --- `bench --service`: decode timings of the running service ---
+    on_service: bool = typer.Option(
+        False,
+        "--service",
+        help="Time the running service instead of the kernel: restart it on each of "
+        "--variants (names from service.variants) in interleaved rounds and stream requests.",
+    ),
+    concurrency: str = typer.Option(
+        "1,16,64",
+        "--concurrency",
+        metavar="LIST",
+        help="With --service: requests in flight, comma-separated.",
+    ),
+    requests: int = typer.Option(
+        None,
+        "--requests",
+        metavar="N",
+        help="With --service: requests per concurrency level per round "
+        "(default: 4 x the concurrency, at least 8).",
+        show_default=False,
+    ),
+    input_len: int = typer.Option(
+        128, "--input-len", metavar="N", help="With --service: prompt tokens (ids)."
+    ),
+    max_new_tokens: int = typer.Option(
+        64, "--max-new-tokens", metavar="N", help="With --service: output tokens per request."
+    ),
+    rounds: int = typer.Option(
+        2, "--rounds", metavar="N", help="With --service: rounds; variants alternate A B, B A, ..."
+    ),
+    warmup: int = typer.Option(
+        2,
+        "--warmup",
+        metavar="N",
+        help="With --service: warm-up requests before each level, at its concurrency "
+        "(at least c of them; 0: none).",
+    ),
+    allow_same_kernel: bool = ALLOW_SAME_KERNEL_OPTION,
+) -> None:
+    """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
+    With --service: decode timings of the running service per variant (restarts it)."""
+    config = load_config(config_path(ctx))
+    hosts = select_hosts(config, host_name)
+    if on_service:
+        from kerneldev.cli.commands import service_bench as service_bench_cmd
+
+        if requests is None:
+            levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
+            requests = max(8, 4 * max(levels))
+        if len(hosts) > 1:
+            from kerneldev.cli.commands import group as group_cmd
+
+            request = service_bench_cmd.make_request(
+                variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
+            )
+            return group_cmd.service_bench(
+                config, hosts, request, parallel, as_json, allow_same_kernel=allow_same_kernel
+            )
+        code = service_bench_cmd.run(
+            config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
+            rounds, as_json, warmup=warmup, allow_same_kernel=allow_same_kernel,
+        )  # fmt: skip
+        if code:
+            raise typer.Exit(code)
+        return
+    variant_list = [v.strip() for v in variants.split(",") if v.strip()]
+    shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
+    bench.check_request(variant_list, shape_list)  # exit 2 before connecting
+    if len(hosts) > 1:
+        from kerneldev.cli.commands import group as group_cmd
+
+        if compare_to is not None:
+            raise UsageError(
+                "--compare works on one host", hint="run it with --host NAME for that host"
+            )
+        return group_cmd.bench(
+            config, hosts, variant_list, shape_list, source=source, gpu=gpu, cpu=cpu,
+            rotate=rotate, parallel=parallel, as_json=as_json, render=render,
+        )  # fmt: skip
+    host = hosts[0]
+    baseline = bench.load_result(compare_to) if compare_to else None
+
+    with open_transport(host) as transport:
+        result = bench.run_bench(
+            transport,
+            host,
+            variant_list,
+            shape_list,
+            source=source,
+            gpu=gpu,
+            cpu_mode=cpu,
+            on_output=_stream(),
+            results_dir=config.path.parent / bench.RESULTS_DIR,
+            rotate=rotate,
+        )
+    comparison = (
+        bench.compare(result.data, baseline, str(compare_to)) if baseline is not None else None
+    )
+    if as_json:
+        print_json(bench.bench_report(result, comparison))
+    else:
+        render(result, comparison)
+    if comparison:
+        for warning in comparison.warnings:
+            print_warning(warning)
+    print_info(f"saved: {result.saved_to}")
+    if not result.ok:
+        bad = [f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"]
+        print_warning("failed accuracy or did not run: " + "; ".join(bad))
+        raise typer.Exit(int(ExitCode.FAILURE))
+
+
+def _stream():
+    """The harness's progress lines on stderr, only on a terminal, each cut to the terminal's
+    width (the harness writes them for a wide log; wrapped, they bury the newest line)."""
+    env = environment.current()
+    if not env.stderr_isatty:
+        return None
+    width = max(env.err_console.width, 20)
+    pending = ""
+
+    def write(text: str) -> None:
+        nonlocal pending
+        *lines, pending = (pending + text).split("\n")
+        for line in lines:
+            env.stderr.write((line if len(line) < width else line[: width - 2] + "…") + "\n")
+        env.stderr.flush()
+
+    return write
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> None:
+    data = result.data
+    ab = result.ab
+    ratio_by_key = {(r.shape, r.label): r.speedup for r in ab.ratios}
+    terminal = bool(environment.current().stdout_isatty)
+    marks = (
+        {"ok": Cell("✓", "green"), "failed": Cell("✗ failed", "bold red")}
+        if terminal
+        else {"ok": Cell("ok"), "failed": Cell("FAILED")}
+    )
+    marks["error"] = Cell("✗ error", "bold red") if terminal else Cell("ERROR")
+    # On a narrow terminal the secondary numbers give way first (a pipe and --json keep them).
+    columns = [
+        Column("shape"),
+        Column("variant"),
+        Column("µs", NUMBER),
+        Column("p20-p80", NUMBER, drop_order=1),
+        Column("GB/s", NUMBER, drop_order=4),
+        Column("% BW", NUMBER),
+        Column("TFLOP/s", NUMBER, drop_order=3),
+        Column("x floor", NUMBER, drop_order=2),
+        Column("acc"),
+    ]
+    if ab.baseline_label and ab.ratios:
+        columns.append(Column(f"vs {ab.baseline_label}", NUMBER))
+    if comparison:
+        columns.append(Column("vs baseline"))
+    rows = []
+    for r in data["results"]:
+        timed = r["median_us"] is not None
+        row = [
+            r["shape"],
+            r["label"],
+            _fmt(r["median_us"], ".1f"),
+            f"{r['p20_us']:.1f}-{r['p80_us']:.1f}" if timed else "-",
+            _fmt(r["gbs"], ".0f"),
+            _fmt(r["pct_copy_bw"], ".1f"),
+            _fmt(r["tflops"], ".1f"),
+            _fmt(r["x_floor"], ".1f"),
+            marks.get(r["status"], Cell(str(r["status"]))),
+        ]
+        if ab.baseline_label and ab.ratios:
+            speedup = ratio_by_key.get((r["shape"], r["label"]))
+            row.append(f"{speedup:.2f}x" if speedup else "-")
+        if comparison:
+            row.append(_verdict_cell(comparison, r))
+        rows.append(row)
+
+    device = data.get("device") or {}
+    title = f"{data.get('kerneldev', {}).get('source', '?')} kernel on {device.get('name')}"
+    copy = data.get("copy_bandwidth")
+    if copy:
+        title += f" (copy {copy['gbs']:.0f} GB/s)"
+    if data.get("timing") == "cpu-wallclock":
+        title += " - CPU interpreter, times meaningless"
+    print_table(title, columns, rows, title_in_pipe=True)
+
+    for label, mean in ab.geomean.items():
+        shapes = sum(1 for r in ab.ratios if r.label == label and r.speedup)
+        text = f"{mean:.2f}x" if mean else "-"
+        out_line(f"geomean {label} vs {ab.baseline_label}: {text} over {shapes} shape(s)")
+    if comparison:
+        for label, mean in comparison.geomean.items():
+            text = f"{mean:.2f}x" if mean else "-"
+            out_line(f"geomean {label} vs baseline {comparison.baseline}: {text}")
+    for name, why in (data.get("skipped") or {}).items():
+        out_line(f"skipped {name}: {why}")
+
+
+def _verdict_cell(comparison: bench.Comparison, r: dict) -> Cell | str:
+    change = next(
+        (c for c in comparison.changes if c.shape == r["shape"] and c.label == r["label"]), None
+    )
+    if change is None:
+        return "-"
+    text = change.verdict
+    if change.speedup:
+        text += f" {change.speedup:.2f}x"
+    return Cell(text, VERDICT_STYLE.get(change.verdict))
+
+
+def out_line(text: str) -> None:
+    print_line(text)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)

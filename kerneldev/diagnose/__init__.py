@@ -1,0 +1,1 @@
+"""What is wrong and where: `kerneldev status` and `kerneldev doctor`."""

@@ -1,0 +1,1 @@
+"""Hosts: transports (local, SSH), host keys and trust, groups, GPUs."""

@@ -1,0 +1,35 @@
+"""Transports: how kerneldev reaches a host (SSH or this machine)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kerneldev.hosts.transport.base import CommandResult, OutputCallback, RemoteFile, Transport
+
+if TYPE_CHECKING:
+    from kerneldev.config import HostConfig
+
+__all__ = ["CommandResult", "OutputCallback", "RemoteFile", "Transport", "open_transport"]
+
+
+def open_transport(
+    host: HostConfig,
+    *,
+    ssh_config: str | Path | None = None,
+    connect_timeout: float | None = None,
+) -> Transport:
+    """The transport for a configured host, not yet connected (it connects on first use).
+
+    `ssh_config` and `connect_timeout` apply to SSH hosts only (a `transport: local` host has
+    nothing to dial): `ssh_config` is the ssh_config file to honour instead of
+    $KERNELDEV_SSH_CONFIG / ~/.ssh/config (`"none"` reads none); `connect_timeout` is in
+    seconds, None for the default."""
+    if host.transport == "local":
+        from kerneldev.hosts.transport.local import LocalTransport
+
+        return LocalTransport(host)
+    # Imported here so that commands that never connect do not load paramiko.
+    from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
+
+    return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))

@@ -1,0 +1,319 @@
+"""The transport interface: everything kerneldev does on a host goes through these methods.
+
+Two implementations exist: `SSHTransport` (paramiko, one connection per CLI invocation, reused
+for exec, SFTP and port forwarding) and `LocalTransport` (subprocess + the local file system,
+for a user working on the GPU box itself, and for tests). Every operation above this layer
+(pull, diff, push, rollback, restart, bench) is written once against `Transport`.
+
+All paths given to a transport are absolute POSIX paths on the host.
+"""
+
+from __future__ import annotations
+
+import abc
+import glob
+import hashlib
+import io
+import posixpath
+import secrets
+import shlex
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from kerneldev.atomic_file import temp_stem
+from kerneldev.errors import (
+    LiveChangedError as LiveChangedError,  # re-exported: it was defined here
+)
+from kerneldev.errors import TransferError
+from kerneldev.paths import TEMP_MARK
+
+# Every temporary file kerneldev writes on a host is named `.<target>.kerneldev-tmp-<random>`
+# next to its target, so leftovers of an interrupted run can be found and removed safely.
+CHUNK = 1 << 20  # bytes per read/write when streaming files
+
+
+def temp_path(folder: str, name: str) -> str:
+    """A fresh temporary name next to `folder/name` on the host (a long name is cut for it)."""
+    return posixpath.join(folder, f".{temp_stem(name)}{TEMP_MARK}{secrets.token_hex(6)}")
+
+
+ByteCallback = Callable[[int], None]
+
+# Receives a command's output as it arrives (decoded text chunks), for streaming progress.
+OutputCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a command on the host did."""
+
+    command: str
+    exited: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exited == 0
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """A file on the host as seen by `Transport.hash_files`: path relative to the root."""
+
+    path: str
+    sha256: str
+    size: int
+    mode: int  # permission bits only (st_mode & 0o7777)
+
+
+@dataclass(frozen=True)
+class HostScan:
+    """What `Transport.scan` saw on the host in one look."""
+
+    files: list[RemoteFile]  # as hash_files
+    unmatched: list[str]  # as hash_files
+    root_exists: bool
+    found: list[str]  # as find_temp_files: kerneldev's temporary files and the named markers
+    # The host lock's outcome when the scan was asked to take it (`_hashfiles.answer`); None
+    # when not asked or the transport cannot (the caller then takes the lock on its own).
+    lock: dict | None = None
+
+
+@dataclass(frozen=True)
+class PutItem:
+    """One file for `Transport.put_files`."""
+
+    path: str  # absolute on the host
+    open: Callable[[], BinaryIO]  # opens the source (called once, when its turn comes)
+    mode: int | None = None  # None: keep the replaced file's mode (0o644 for a new file)
+    expect_sha256: str | None = None  # live as planned (None: absent), for the check
+    check: bool = True  # compare-and-swap: refuse when live is no longer `expect_sha256`
+
+
+# put_files' callbacks: on_start(index) before an item's bytes go; on_landed(index, sha256,
+# size) once it is renamed over its target (sha256 and size of the bytes sent).
+IndexCallback = Callable[[int], None]
+LandedCallback = Callable[[int, str, int], None]
+
+
+class Transport(abc.ABC):
+    """A connection to one host. Use as a context manager; connects lazily on first use."""
+
+    host_name: str  # the config's name for the host, for messages
+
+    # --- commands -------------------------------------------------------------------------
+    @abc.abstractmethod
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        stdin: bytes | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> CommandResult:
+        """Run a shell command on the host (via `sh -c`), return its result; never raises for a
+        non-zero exit. `on_output(text)` is called with stdout chunks as they arrive (streaming
+        progress of long commands). A timeout raises `RemoteCommandError`."""
+
+    # --- files ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
+        """Expand `patterns` (paths relative to `root`, shell globs allowed) on the host and
+        return (files found with sha256/size/mode, patterns that matched nothing). One round trip
+        for all files. Matches are regular files only, sorted by path, never outside `root`."""
+
+    def scan(
+        self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
+    ) -> HostScan:
+        """`hash_files`, whether `root` exists, and `find_temp_files(root, markers)` together:
+        one round trip where the transport can (this default makes three). `lock`: take the
+        host lock in the same command first (`HostLock.scan_request`); this default cannot,
+        and says so with `HostScan.lock` None."""
+        files, unmatched = self.hash_files(root, patterns)
+        return HostScan(files, unmatched, self.exists(root), self.find_temp_files(root, markers))
+
+    @abc.abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """The file's bytes; `TransferError` when missing or unreadable."""
+
+    def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        """Read several files in one go: yields `(path, chunks)` in the order given, where
+        `chunks` yields the file's bytes in bounded pieces; consume it before asking for the
+        next file. A file that is missing or unreadable raises `TransferError` from its
+        `chunks` (possibly after some bytes: discard them). Closing the generator early (an
+        interrupt) stops the transfer. The default reads file by file; transports override
+        it with one stream for all files."""
+        for path in paths:
+            yield path, iter([self.read_bytes(path)])
+
+    def write_atomic(self, path: str, data: bytes, mode: int | None = None) -> None:
+        """Write to a temporary file in the same folder, then rename over `path`, so a reader
+        never sees a half-written file. Keeps the existing file's mode unless `mode` is given;
+        creates parent folders."""
+        self.put_file(path, io.BytesIO(data), mode=mode)
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def mkdirs(self, path: str) -> None:
+        """Create the folder and its parents (no error when it exists)."""
+
+    @abc.abstractmethod
+    def remove(self, path: str) -> None:
+        """Delete a file or a whole folder tree; no error when absent."""
+
+    # --- streaming and host-side file work ----------------------------------------------
+    # Defaults are built on run() (a POSIX shell on the host); transports override what they
+    # can do better.
+    @abc.abstractmethod
+    def put_file(
+        self,
+        path: str,
+        source: BinaryIO,
+        *,
+        mode: int | None = None,
+        on_bytes: ByteCallback | None = None,
+        before_rename: Callable[[], None] | None = None,
+    ) -> None:
+        """Stream `source` into a temporary file next to `path` in chunks, call
+        `before_rename()` (a compare-and-swap check; raising there leaves `path` untouched),
+        then rename over `path`. The temporary file never outlives a failure or an interrupt.
+        Same mode/owner rules as `write_atomic`."""
+
+    def put_files(
+        self,
+        items: list[PutItem],
+        *,
+        on_landed: LandedCallback,
+        on_start: IndexCallback | None = None,
+        on_bytes: ByteCallback | None = None,
+    ) -> None:
+        """Land several files, in order, each as `put_file` does (temporary file, the
+        compare-and-swap check when `check`, rename), stopping at the first failure:
+        `LiveChangedError` for a failed check, `TransferError` for the rest; Ctrl-C is
+        honoured between chunks. `on_landed` is called for exactly the files renamed over
+        their targets, even when a later one fails or the command is interrupted. This default
+        puts file by file; transports override it with one stream for all files."""
+        for i, item in enumerate(items):
+            if on_start is not None:
+                on_start(i)
+            with item.open() as handle:
+                reader = _HashingReader(handle)
+                self.put_file(
+                    item.path,
+                    reader,
+                    mode=item.mode,
+                    on_bytes=on_bytes,
+                    before_rename=self._compare_and_swap(i, item),
+                )
+            on_landed(i, reader.digest.hexdigest(), reader.size)
+
+    def _compare_and_swap(self, index: int, item: PutItem) -> Callable[[], None]:
+        def check() -> None:
+            if item.check and self.file_sha256(item.path) != item.expect_sha256:
+                raise LiveChangedError(index, item.path)
+
+        return check
+
+    def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
+        """Copy files on the host (no round trip through this machine), each atomically:
+        `cp -p` to a temporary name next to the destination, then rename. One command.
+        Returns {destination: sha256 of the copy}, hashed by the host's `sha256sum` in the
+        same command (None where the host has no sha256sum)."""
+        if not pairs:
+            return {}
+        lines = []
+        for i, (src, dst) in enumerate(pairs):
+            folder, name = posixpath.split(dst)
+            tmp = shlex.quote(temp_path(folder, name))
+            q = shlex.quote(dst)
+            lines.append(
+                f"mkdir -p -- {shlex.quote(folder)} && cp -p -- {shlex.quote(src)} {tmp} "
+                f"&& mv -f -- {tmp} {q} || {{ rm -f -- {tmp}; exit 1; }}\n"
+                f"h=$(sha256sum < {q} 2>/dev/null) && echo {i} $h"
+            )
+        # The script goes in on stdin: hundreds of files would pass sshd's command length.
+        result = self.run("sh -s", stdin=("\n".join(lines) + "\n").encode("utf-8"))
+        if not result.ok:
+            raise TransferError(
+                f"copying on {self.host_name} failed: "
+                f"{result.stderr.strip() or f'exit {result.exited}'}"
+            )
+        sums: dict[str, str | None] = {dst: None for _, dst in pairs}
+        for line in result.stdout.splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0].isdigit() and int(fields[0]) < len(pairs):
+                sums[pairs[int(fields[0])][1]] = fields[1]
+        return sums
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename `src` over `dst` in one step (both in the same folder)."""
+        result = self.run(f"mv -f -- {shlex.quote(src)} {shlex.quote(dst)}")
+        if not result.ok:
+            raise TransferError(f"cannot rename {src} on {self.host_name}: {result.stderr.strip()}")
+
+    def file_sha256(self, path: str) -> str | None:
+        """sha256 of one file on the host, hashed there; None when it is not there."""
+        folder, name = posixpath.split(path)
+        files, _ = self.hash_files(folder, [glob.escape(name)])
+        return files[0].sha256 if files else None
+
+    def find_temp_files(self, root: str, markers: str | None = None) -> list[str]:
+        """kerneldev's own temporary files anywhere under `root` (leftovers when no kerneldev
+        command runs), plus files named `markers` when given; one command."""
+        extra = f" -o -name {shlex.quote(markers)}" if markers else ""
+        result = self.run(
+            f"find {shlex.quote(root)} -type f \\( -name {shlex.quote('.*' + TEMP_MARK + '*')}"
+            f"{extra} \\) -print0 2>/dev/null; exit 0"
+        )
+        return sorted(p for p in result.stdout.split("\0") if p)
+
+    def append_text(self, path: str, text: str, then: str = "") -> None:
+        """Append `text` to a file on the host (created with its folder when missing); one
+        O_APPEND write, so concurrent appends do not interleave within a line. `then`: a
+        shell command run after a successful append, in the same round trip."""
+        folder = posixpath.dirname(path)
+        result = self.run(
+            f"mkdir -p -- {shlex.quote(folder)} && cat >> {shlex.quote(path)}"
+            + (f" && {then}" if then else ""),
+            stdin=text.encode("utf-8"),
+        )
+        if not result.ok:
+            raise TransferError(
+                f"cannot append to {path} on {self.host_name}: {result.stderr.strip()}"
+            )
+
+    # --- network --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def http_get(self, url: str, timeout: float = 5.0) -> int:
+        """GET `url` as seen from the host (for SSH: through a direct-tcpip channel, so the
+        port need not be reachable from here). Returns the HTTP status; raises
+        `HostConnectionError` when nothing answers."""
+
+    # --- lifetime -------------------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - optional for implementations without resources
+        pass
+
+    def __enter__(self) -> Transport:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _HashingReader:
+    """Hashes and counts what is read from a binary file (the bytes actually sent)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.handle.read(n)
+        self.digest.update(data)
+        self.size += len(data)
+        return data

@@ -1,0 +1,1 @@
+"""Scripts run on the host with the standard library only."""

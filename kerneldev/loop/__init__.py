@@ -1,0 +1,1 @@
+"""The loop: pull, drift, push, roll back, the import check, groups' release."""

@@ -1,0 +1,1137 @@
+"""pull, push and rollback: moving kernel files between the host and the workspace safely.
+
+- pull: one `hash_files` round trip for all files; identical files are not transferred; a
+  workspace file with unpushed edits is never overwritten without `force` (with `force` its
+  bytes are kept under `<workspace>/.kerneldev/discarded/<time>/<path>`).
+- push: uploads the files whose workspace content differs from live, each atomically, after
+  copying the live bytes to `<root>/.kerneldev/backups/<deploy-id>/<path>` on the host. Files
+  that drifted on the host (or conflict) are refused unless `force`. `dry_run` only plans.
+- rollback: puts back the files of the last deploy from its host backups and records that as
+  a deploy of its own, so a second rollback re-applies what the first one undid. A file the
+  deploy created (it did not exist before) is removed by the rollback; its bytes are backed up
+  first like any other, so the redo brings it back.
+
+Nothing is half-done silently: if an upload fails midway, is interrupted (Ctrl-C, SIGTERM) or
+loses its connection, the deploy record lists exactly the files that landed (marked incomplete)
+and the error names deployed and not-deployed files. Each file is streamed to a temporary file
+next to its target and renamed over it only after a compare-and-swap check (live must still
+be what the plan saw), so a target is always its old or its new version. Backups are copies
+made on the host. push and rollback expect the caller to hold the host lock
+(`host_lock.HostLock`); they clean leftovers of interrupted runs and append to the host's
+shared history (`history.py`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import hashlib
+import os
+import posixpath
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from kerneldev import interrupt
+from kerneldev.atomic_file import write_stream_atomic
+from kerneldev.config import HostConfig
+from kerneldev.errors import (
+    ConnectionLostError,
+    FileSetError,
+    KerneldevError,
+    NothingToRollBackError,
+    PartialDeployError,
+    RefusedError,
+    ServiceError,
+    TransferError,
+    UnhealthyError,
+    UsageError,
+)
+from kerneldev.hosts.transport.base import (
+    ByteCallback,
+    LiveChangedError,
+    PutItem,
+    Transport,
+    temp_path,
+)
+from kerneldev.local_user import local_user
+from kerneldev.loop import history
+from kerneldev.loop.drift import (
+    CONFLICT,
+    DRIFTED,
+    EDITED,
+    IN_SYNC,
+    MISSING_LIVE,
+    NOT_PULLED,
+    classify,
+)
+from kerneldev.loop.import_check import ImportCheckReport, check_deploy
+from kerneldev.loop.lock import HostLock
+from kerneldev.loop.state import (
+    STATE_DIR,
+    DeployedFile,
+    DeployRecord,
+    State,
+    load_state,
+    new_deploy_id,
+    now_iso,
+    update_state,
+)
+from kerneldev.loop.workspace import (
+    Snapshot,
+    check_state_owner,
+    glob_escape,
+    resolve_paths,
+    snapshot,
+)
+from kerneldev.paths import DISCARDED_DIR
+from kerneldev.printable import printable, printable_list
+from kerneldev.service.restart import ServiceHealth
+
+BACKUP_DIR = history.BACKUP_DIR  # under the host's root
+
+ProgressCallback = Callable[[str], None]
+
+
+# --- pull -------------------------------------------------------------------------------
+
+
+@dataclass
+class PulledFile:
+    path: str
+    action: str  # "pulled", "unchanged", "overwritten" (had local edits; --force)
+    sha256: str
+    size: int
+    mode: int
+    discarded: str | None = None  # where the overwritten workspace bytes were kept
+
+
+@dataclass
+class PullResult:
+    host: str
+    workspace: str
+    files: list[PulledFile] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # configured/named but not on the host
+
+    @property
+    def transferred(self) -> int:
+        return sum(1 for f in self.files if f.action != "unchanged")
+
+
+def pull(
+    transport: Transport,
+    host: HostConfig,
+    paths: list[str] | None = None,
+    force: bool = False,
+    on_progress: ProgressCallback | None = None,
+) -> PullResult:
+    """Copy live files into the workspace and record them as the new base."""
+    selected = resolve_paths(host, paths)
+    snap = snapshot(transport, host, selected)
+    workspace = Path(host.workspace)
+    result = PullResult(host=host.name, workspace=str(workspace))
+    # Never written: a symlink in the workspace leads them outside it (path -> where).
+    outside = _leading_outside(workspace, [p for p in snap.paths if p in snap.live])
+
+    refused = []
+    for path in snap.paths:
+        live, local = snap.live.get(path), snap.local[path]
+        if path in outside:
+            continue
+        if live is None or local is None or local.sha256 == live.sha256:
+            continue
+        base = snap.state.files.get(path)
+        if base is None or local.sha256 != base.sha256:
+            refused.append(path)
+    if refused and not force:
+        raise RefusedError(
+            "not pulled, the workspace has unpushed edits in: " + printable_list(refused),
+            hint="push them first, see them with `kerneldev diff --patch`, or discard them with "
+            f"`kerneldev pull --force` (their bytes are kept under {DISCARDED_DIR}/)",
+            report={"host": host.name, "workspace": str(workspace), "refused": refused},
+        )
+
+    bases: list[tuple[str, str, int, int]] = []
+    # Gone from the host and from the workspace: both sides agree, so the base is forgotten
+    # (else the file stays `missing-live`, exit 1, for ever after it was deleted everywhere).
+    gone = [p for p in snap.paths if p not in snap.live and snap.local[p] is None]
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    # Every file to transfer comes down in one transfer, in this order (one stream, or SFTP file
+    # by file: the transport picks what is cheaper on this host).
+    fetch = [
+        p
+        for p in snap.paths
+        if p in snap.live
+        and p not in outside
+        and (snap.local[p] is None or snap.local[p].sha256 != snap.live[p].sha256)
+    ]
+    stream = transport.stream_files([posixpath.join(host.root, p) for p in fetch])
+    try:
+        for path in snap.paths:
+            live, local = snap.live.get(path), snap.local[path]
+            if live is None:
+                result.missing.append(path)
+                continue
+            if path in outside:
+                continue  # never written through the link; reported below
+            target = workspace / path
+            if local is not None and local.sha256 == live.sha256:
+                if local.mode != live.mode:
+                    try:
+                        os.chmod(target, live.mode)
+                    except OSError as err:
+                        raise TransferError(f"cannot set the mode of {target}: {err}") from None
+                bases.append((path, live.sha256, live.size, live.mode))
+                result.files.append(
+                    PulledFile(path, "unchanged", live.sha256, live.size, live.mode)
+                )
+                continue
+            if on_progress:
+                on_progress(path)
+            interrupt.check()
+            _, chunks = next(stream)
+            discarded = None
+            if path in refused:
+                keep = workspace / STATE_DIR / "discarded" / stamp / path
+                _copy_local_atomic(target, keep, local.mode)
+                discarded = str(keep)
+            # Streamed to a temporary file in chunks (memory stays flat, Ctrl-C is honoured
+            # between chunks), renamed over the workspace file only when complete.
+            reader = _ChunkReader(chunks)
+            _write_local_stream(target, reader, live.mode)
+            sha = reader.hexdigest()  # what we got, even if live changed since the hash
+            bases.append((path, sha, reader.size, live.mode))
+            action = "overwritten" if discarded else "pulled"
+            result.files.append(PulledFile(path, action, sha, reader.size, live.mode, discarded))
+    finally:
+        stream.close()  # an early stop (error, Ctrl-C) ends the transfer on the host too
+
+        # What was pulled before a failure or Ctrl-C stays recorded; the rest is pulled next
+        # time. Read-modify-write under the state lock: another terminal's records survive.
+        def change(state: State) -> None:
+            state.host, state.root = host.name, host.root
+            for path, sha, size, mode in bases:
+                state.set_base(path, sha, size, mode, "pull")
+            for path in gone:
+                state.files.pop(path, None)
+
+        with interrupt.shield():
+            update_state(workspace, change, host.name)
+    if outside:
+        pulled = sum(1 for f in result.files if f.action != "unchanged")
+        raise RefusedError(
+            "not pulled, a symlink in the workspace leads outside it: "
+            + "; ".join(f"{printable(p)} -> {printable(t)}" for p, t in outside.items())
+            + (f" ({pulled} other file(s) pulled)" if pulled else ""),
+            hint=f"kerneldev writes only inside the workspace ({workspace}); remove the symlink "
+            "or point it inside the workspace, then pull again",
+            report={**dataclasses.asdict(result), "outside": outside},  # --json: what was pulled
+        )
+    return result
+
+
+def _leading_outside(workspace: Path, paths: list[str]) -> dict[str, str]:
+    """The paths whose workspace file, through a symlink (a folder or the file itself), lies
+    outside the workspace, with where it leads. Real paths are compared, so a workspace that
+    is itself a link (or lies under one) is fine."""
+    root = os.path.realpath(workspace)
+    inside = root.rstrip(os.sep) + os.sep
+    outside = {}
+    for path in paths:
+        real = os.path.realpath(workspace / path)
+        if real != root and not real.startswith(inside):
+            outside[path] = real
+    return outside
+
+
+class _ChunkReader:
+    """A binary file over an iterator of byte chunks (a transport's `stream_files`), hashing
+    and counting what is read."""
+
+    def __init__(self, chunks) -> None:
+        self.chunks = iter(chunks)
+        self.pending = b""
+        self.digest = hashlib.sha256()
+        self.size = 0
+
+    def read(self, n: int = -1) -> bytes:
+        while not self.pending:
+            chunk = next(self.chunks, None)
+            if chunk is None:
+                return b""
+            self.pending = chunk
+        if n < 0 or n >= len(self.pending):
+            data, self.pending = self.pending, b""
+        else:
+            data, self.pending = self.pending[:n], self.pending[n:]
+        self.digest.update(data)
+        self.size += len(data)
+        return data
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+def _write_local_stream(path: Path, source, mode: int) -> None:
+    try:
+        write_stream_atomic(path, source, mode, on_chunk=lambda _n: interrupt.check())
+    except OSError as err:
+        raise TransferError(f"cannot write {path}: {err}") from None
+
+
+def _copy_local_atomic(source: Path, path: Path, mode: int) -> None:
+    try:
+        with open(source, "rb") as f:
+            write_stream_atomic(path, f, mode)
+    except OSError as err:
+        raise TransferError(f"cannot write {path}: {err}") from None
+
+
+# --- push -------------------------------------------------------------------------------
+
+
+@dataclass
+class PlannedFile:
+    path: str
+    status: str  # drift status before the push
+    action: str  # "upload", "create", "skip", "refused"
+    old_sha256: str | None
+    new_sha256: str | None
+    reason: str | None = None
+
+
+@dataclass
+class PushResult:
+    host: str
+    dry_run: bool
+    deploy_id: str | None  # None when nothing was uploaded
+    files: list[PlannedFile] = field(default_factory=list)
+    deployed: list[str] = field(default_factory=list)
+    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    notes: list[str] = field(default_factory=list)  # leftovers cleaned, backups pruned, ...
+    auto_rollback: RollbackResult | None = None  # when --restart found the service unhealthy
+    import_check: ImportCheckReport | None = None  # None: not run (dry run, --no-import-check)
+
+    @property
+    def uploads(self) -> list[PlannedFile]:
+        return [f for f in self.files if f.action in ("upload", "create")]
+
+    @property
+    def refused(self) -> list[PlannedFile]:
+        return [f for f in self.files if f.action == "refused"]
+
+
+def plan_push(
+    transport: Transport, host: HostConfig, paths: list[str] | None = None, force: bool = False
+) -> PushResult:
+    """Decide per file what a push would do; changes nothing."""
+    return _plan(transport, host, paths, force)[0]
+
+
+def _missing_root(host: HostConfig) -> RefusedError:
+    return RefusedError(
+        f"push refused: the root {host.root} does not exist on host '{host.name}'",
+        hint=f"check `root:` of host '{host.name}' in the config (a typo?); to create it "
+        "and push into it, run `kerneldev push --create-root`",
+    )
+
+
+def _plan(
+    transport: Transport,
+    host: HostConfig,
+    paths: list[str] | None,
+    force: bool,
+    leftovers: bool = False,
+    lock: HostLock | None = None,
+    release_lock: bool = False,
+) -> tuple[PushResult, Snapshot]:
+    selected = resolve_paths(host, paths)
+    request = None
+    if lock is not None:
+
+        def request(local: dict[str, str]) -> dict:
+            return lock.scan_request(local if release_lock else None)
+
+    snap = snapshot(transport, host, selected, leftovers=leftovers, lock=request)
+    plan = PushResult(host=host.name, dry_run=True, deploy_id=None)
+    for path in snap.paths:
+        live, local = snap.live.get(path), snap.local[path]
+        base = snap.state.files.get(path)
+        status, _ = classify(
+            live.sha256 if live else None,
+            local.sha256 if local else None,
+            base.sha256 if base else None,
+        )
+        old = live.sha256 if live else None
+        new = local.sha256 if local else None
+        action, reason = "skip", None
+        if status == IN_SYNC:
+            reason = "live already has these bytes"
+        elif status == NOT_PULLED:
+            reason = "not in the workspace"
+        elif status == EDITED:
+            action = "upload"
+        elif status in (DRIFTED, CONFLICT):
+            if force:
+                action, reason = "upload", f"{status}; overwritten because of --force"
+            else:
+                action = "refused"
+                reason = (
+                    "live changed since the last pull/push"
+                    if status == DRIFTED
+                    else "both live and the workspace changed"
+                )
+        elif status == MISSING_LIVE:
+            if local is None:
+                reason = "neither on the host nor in the workspace"
+            elif base is None or force:
+                action = "create"  # a new file, or a file deleted on the host and --force
+            else:
+                action, reason = "refused", "deleted on the host since the last pull/push"
+        plan.files.append(PlannedFile(path, status, action, old, new, reason))
+    # New files, and files deleted on the host since the last sync (refused without --force).
+    creates = [f for f in plan.files if f.status == MISSING_LIVE and f.new_sha256 is not None]
+    if creates:
+        for i in _out_of_root(transport, host, [f.path for f in creates]):
+            creates[i].action, creates[i].reason = "refused", OUT_OF_ROOT
+    return plan, snap
+
+
+# Why a planned new file is refused even with --force (`PlannedFile.reason`).
+OUT_OF_ROOT = "on the host it leads out of root (a symlink) or is not a regular file"
+
+
+def _out_of_root(transport: Transport, host: HostConfig, paths: list[str]) -> list[int]:
+    """Indexes of `paths` (planned as new files) that something on the host already occupies,
+    or whose nearest existing folder is outside root. The scan sees only regular files inside
+    root, so a symlink out of it (or through a symlinked folder) looks absent; writing the
+    "new" file would land outside root, through the link. One command, only for new files."""
+    lines = [f"cd -- {shlex.quote(host.root)} || exit 0", 'r=$(pwd -P); [ "$r" = / ] && r=']
+    for i, path in enumerate(paths):
+        q = shlex.quote(path)
+        lines.append(
+            f"if [ -e {q} ] || [ -L {q} ]; then echo {i}; else d=$(dirname -- {q}); "
+            'while [ ! -d "$d" ]; do d=$(dirname -- "$d"); done; '
+            f'case "$(cd -- "$d" && pwd -P)/" in "$r"/*) ;; *) echo {i};; esac; fi'
+        )
+    result = transport.run("sh -s", stdin=("\n".join(lines) + "\n").encode("utf-8"))
+    return [int(w) for w in result.stdout.split() if w.isdigit() and int(w) < len(paths)]
+
+
+def push(
+    transport: Transport,
+    host: HostConfig,
+    paths: list[str] | None = None,
+    force: bool = False,
+    dry_run: bool = False,
+    on_progress: ProgressCallback | None = None,
+    on_bytes: ByteCallback | None = None,
+    import_check: bool = False,
+    create_root: bool = False,
+    lock: HostLock | None = None,
+    release_lock: bool = False,
+    on_plan: Callable[[PushResult], None] | None = None,
+) -> PushResult:
+    """Upload workspace files that differ from live, with host backups and a deploy record.
+
+    Call it holding the host lock (`host_lock.HostLock`) so the plan is made inside it. With
+    `dry_run` the plan is returned and nothing changes anywhere (host, workspace, state).
+    Refused files (drifted/conflict without `force`) raise `RefusedError` before any upload;
+    a dry run returns them in the plan instead, so the user sees the whole picture.
+    A `root` that does not exist on the host is refused unless `create_root`: a typo in it
+    would otherwise create the whole path there and deploy into it.
+    `on_progress(path)` is called before each file, `on_bytes(n)` as bytes go out.
+    `import_check` (the CLI's default) scans the live tree's imports before the upload and
+    imports the pushed modules after it, rolling back on failure (kerneldev/loop/import_check.py).
+    `lock`: instead of holding the lock already, the caller may hand it over not yet taken:
+    push takes it in its first remote command (the scan); `release_lock` (nothing after the
+    push needs the lock: no restart) lets push release it in its last one - in the scan itself
+    when nothing can change, in the history append when the import check is off. A no-op push
+    is then one remote command, a cold one three (scan, backups, record).
+    `on_plan(plan)` is called once with the plan the push carries out (made under the lock,
+    after any wait for it), before anything changes: what a progress bar should count.
+    """
+    # One remote command plans (hashes), sees whether root exists and finds leftovers, and
+    # takes the host lock first when it was handed over.
+    taking = lock is not None and not lock.held and not dry_run
+    try:
+        if taking:
+            plan, snap = _plan(transport, host, paths, force, True, lock, release_lock)
+            if not lock.took(snap.lock):  # busy: wait for it (or take over / break it)
+                lock.acquire()
+                plan, snap = _plan(transport, host, paths, force, leftovers=True)
+            elif not lock.held and (plan.uploads or plan.refused or snap.leftovers):
+                # The host dropped the lock (its view: nothing to change) but this plan has
+                # work after all: never change anything unlocked; take it and plan again.
+                lock.acquire()
+                plan, snap = _plan(transport, host, paths, force, leftovers=True)
+            plan.notes += lock.notes
+        else:
+            plan, snap = _plan(transport, host, paths, force, leftovers=True)
+    except FileSetError:
+        if not create_root and not transport.exists(host.root):
+            raise _missing_root(host) from None
+        raise
+    if not create_root and not snap.root_exists:
+        raise _missing_root(host)
+    if dry_run:
+        return plan
+    refused = plan.refused
+    outside = [f.path for f in refused if f.reason == OUT_OF_ROOT]
+    if outside:
+        raise RefusedError(
+            f"push refused, nothing written: {', '.join(outside)} {OUT_OF_ROOT}; kerneldev "
+            "never writes outside root",
+            hint="on the host, make it a regular file inside root (or remove the link), or "
+            "drop it from `files:`",
+            report=plan,
+        )
+    if refused:
+        raise RefusedError(
+            "push refused, live changed on the host since the last pull/push: "
+            + ", ".join(f"{printable(f.path)} ({f.status})" for f in refused),
+            hint="see the changes with `kerneldev diff --patch`; pull them and merge your edits, "
+            "or overwrite with `kerneldev push --force`",
+            report=plan,
+        )
+    plan.dry_run = False
+    if on_plan is not None:
+        on_plan(plan)
+    plan.notes += _housekeeping(transport, host, snap.state, snap.leftovers)
+    uploads = plan.uploads
+    # Files that already match live get their base refreshed; a push is a sync point.
+    in_sync = [snap.live[f.path] for f in plan.files if f.status == IN_SYNC and f.path in snap.live]
+    bases: list[tuple[str, str | None, int, int]] = [
+        (f.path, f.sha256, f.size, f.mode) for f in in_sync
+    ]
+    if not uploads:
+        _save(host, bases, None)
+        return plan
+
+    plan.deploy_id = new_deploy_id()
+    record = DeployRecord(
+        id=plan.deploy_id, time=now_iso(), host=host.name, user=local_user(), kind="push"
+    )
+    steps = []
+    for f in uploads:
+        live = snap.live.get(f.path)
+        local = snap.local[f.path]
+        # An existing live file keeps its mode; a created one gets the workspace file's.
+        mode = None if live is not None else (local.mode if local else None)
+        steps.append(
+            _Step(
+                f.path,
+                live.sha256 if live else None,
+                live.mode if live else None,
+                mode,
+                new_sha256=local.sha256 if local else None,
+            )
+        )
+
+    def land_all(todo: list[_Step], landed: Callable[[_Step, DeployedFile], None]) -> None:
+        # Every file in one transfer (one stream over SSH): each lands as put_file does,
+        # after the compare-and-swap check, and is recorded as soon as it is renamed.
+        items = [
+            PutItem(
+                posixpath.join(host.root, step.path),
+                _opener(Path(host.workspace) / step.path),
+                step.new_mode,
+                step.old_sha256,
+                check=not force,
+            )
+            for step in todo
+        ]
+
+        def started(i: int) -> None:
+            if on_progress:
+                on_progress(todo[i].path)
+            interrupt.check()
+
+        def done(i: int, sha: str, size: int) -> None:
+            step = todo[i]
+            new_mode = step.new_mode if step.new_mode is not None else step.old_mode
+            bases.append((step.path, sha, size, new_mode or 0o644))
+            landed(
+                step,
+                DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
+            )
+
+        try:
+            transport.put_files(items, on_landed=done, on_start=started, on_bytes=on_bytes)
+        except LiveChangedError as err:
+            raise _changed_while_deploying(todo[err.index].path) from None
+
+    new = _python_sources(Path(host.workspace), [f.path for f in uploads], import_check)
+    # The lock may go with the record's append when nothing follows it (no import check: its
+    # failure rolls back, under the lock).
+    release = lock if release_lock and lock is not None and not import_check else None
+    with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
+        _run_deploy(
+            transport,
+            host,
+            record,
+            steps,
+            None,
+            on_progress,
+            plan.deployed,
+            force,
+            bases,
+            land_all,
+            release=release,
+        )
+    return plan
+
+
+def _opener(source: Path) -> Callable[[], BinaryIO]:
+    def open_source() -> BinaryIO:
+        try:
+            return open(source, "rb")  # noqa: SIM115 - the transport closes it
+        except OSError as err:
+            raise TransferError(f"cannot read {source}: {err}") from None
+
+    return open_source
+
+
+def _changed_while_deploying(path: str) -> RefusedError:
+    return RefusedError(
+        f"{printable(path)} changed on the host while deploying; it was left as it is",
+        hint="run `kerneldev diff` to see the change, then pull/merge or --force",
+    )
+
+
+def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, bytes | None]:
+    """The pushed Python modules' bytes for the import check (only .py files, which are small;
+    other files stream and are never held in memory)."""
+    if not wanted:
+        return {}
+    return {p: (folder / p).read_bytes() for p in paths if p.endswith(".py")}
+
+
+def _undo(transport: Transport, host: HostConfig) -> str:
+    """Roll back the deploy just made (its files failed to import); returns the rollback's id."""
+    return rollback(transport, host, force=True, import_check=False).deploy_id
+
+
+@dataclass
+class _Step:
+    """One file of a deploy: what live is expected to be, and what to put there."""
+
+    path: str
+    old_sha256: str | None  # live as planned (None: absent)
+    old_mode: int | None
+    new_mode: int | None  # None: keep the replaced file's mode
+    backup: str | None = None  # root-relative backup path, once backed up
+    new_sha256: str | None = None  # what is planned to land (None: the file is removed)
+    restore_from: str | None = None  # rollback: root-relative backup to copy back
+
+
+def _compare(
+    transport: Transport, host: HostConfig, step: _Step, force: bool
+) -> Callable[[], None]:
+    """The compare-and-swap check run right before the rename: live must still be what the
+    plan saw (anyone may have changed it, locked or not)."""
+
+    def check() -> None:
+        if force:
+            return
+        current = transport.file_sha256(posixpath.join(host.root, step.path))
+        if current != step.old_sha256:
+            raise _changed_while_deploying(step.path)
+
+    return check
+
+
+def _back_up(
+    transport: Transport, host: HostConfig, record: DeployRecord, steps: list[_Step]
+) -> None:
+    """Copy every live file the deploy replaces into its backup folder, on the host, before
+    any of them is replaced; then check each copy against the planned sha256. The folder's
+    marker holds the planned record, so an interrupted deploy can be settled later."""
+    deploy_id = record.id
+    for step in steps:
+        if step.old_sha256 is not None:
+            step.backup = posixpath.join(BACKUP_DIR, deploy_id, step.path)
+    planned = replace(
+        record,
+        files=[
+            DeployedFile(
+                s.path,
+                s.old_sha256,
+                s.new_sha256,
+                s.old_mode,
+                s.new_mode if s.new_mode is not None else s.old_mode,
+                s.backup,
+            )
+            for s in steps
+        ],
+    )
+    history.mark_incomplete(transport, host.root, planned)
+    pairs = []
+    for step in steps:
+        if step.backup is None:
+            continue
+        pairs.append((posixpath.join(host.root, step.path), posixpath.join(host.root, step.backup)))
+    sums = transport.copy_on_host(pairs)
+    got = {s.path: sums.get(posixpath.join(host.root, s.backup)) for s in steps if s.backup}
+    if None in got.values():  # the host has no sha256sum: hash there with python
+        folder = history.backup_folder(host.root, deploy_id)
+        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
+        got = {f.path: f.sha256 for f in copied}
+    for step in steps:
+        if step.backup is not None and got.get(step.path) != step.old_sha256:
+            raise RefusedError(
+                f"{printable(step.path)} changed on the host while deploying (its backup does "
+                "not match the planned bytes); nothing was replaced",
+                hint="run `kerneldev diff` and try again",
+            )
+
+
+def _run_deploy(
+    transport: Transport,
+    host: HostConfig,
+    record: DeployRecord,
+    steps: list[_Step],
+    land: Callable[[_Step], DeployedFile] | None,
+    on_progress: ProgressCallback | None,
+    deployed_paths: list[str],
+    force: bool,
+    bases: list[tuple[str, str | None, int, int]],
+    land_all: Callable[[list[_Step], Callable[[_Step, DeployedFile], None]], None] | None = None,
+    release: HostLock | None = None,
+) -> None:
+    """Back up, then land every step, recording each landed file. Whatever stops it (an error,
+    Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
+    local state and (when the host is still reachable) the host's history are written, and
+    the error says what was deployed and what was not. `land(step)` lands one step;
+    `land_all(steps, landed)` instead lands them all in one go, calling `landed` per file.
+    `release`: a held lock to release in the same command as the record's append (pruning
+    goes first, so all of it stays under the lock)."""
+
+    def landed(step: _Step, deployed: DeployedFile) -> None:
+        record.files.append(deployed)
+        deployed_paths.append(step.path)
+
+    try:
+        _back_up(transport, host, record, steps)
+        if land_all is not None:
+            land_all(steps, landed)
+        for step in steps if land is not None else ():
+            if on_progress:
+                on_progress(step.path)
+            interrupt.check()
+            landed(step, land(step))
+    except BaseException as err:
+        with interrupt.shield():
+            stopped_by_signal = isinstance(err, interrupt.Interrupted)
+            record.complete = False
+            record.outcome = (
+                "interrupted"
+                if stopped_by_signal or isinstance(err, ConnectionLostError)
+                else "partial"
+            )
+            _save(host, bases, record if record.files else None)
+            done = [f.path for f in record.files]
+            left = [s.path for s in steps if s.path not in done]
+            if record.files:
+                _append_history(transport, host, record)
+            else:
+                _drop_backups(transport, host, record.id)
+            summary = f"Deployed: {_names(done)}\nNot deployed: {_names(left)}"
+            if stopped_by_signal:
+                raise interrupt.Interrupted(
+                    err.signum, f"{record.kind} {record.id} {err.message}\n{summary}"
+                ) from None
+            if isinstance(err, KerneldevError):
+                reason = err.message
+            elif isinstance(err, OSError):
+                reason = str(err)
+            else:
+                raise
+            if not done:
+                if isinstance(err, KerneldevError):
+                    err.message = f"{reason}\n{summary}"
+                raise
+            raise PartialDeployError(
+                f"{record.kind} {record.id} stopped midway: {reason}\n{summary}",
+                done,
+                left,
+                hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or "
+                "fix the cause and push again",
+            ) from None
+    with interrupt.shield():
+        _save(host, bases, record)
+        _prune(transport, host, record)
+        _append_history(transport, host, record, release if release and release.held else None)
+
+
+def _names(paths: list[str], limit: int = 20) -> str:
+    """A list of paths for a message: all of them up to `limit`, then a count."""
+    if not paths:
+        return "(none)"
+    shown = printable_list(paths[:limit])
+    return shown if len(paths) <= limit else f"{shown} and {len(paths) - limit} more"
+
+
+def _save(
+    host: HostConfig, bases: list[tuple[str, str | None, int, int]], record: DeployRecord | None
+) -> None:
+    """Apply this command's changes to the state file under its lock (read-modify-write):
+    bases to set (sha None: forget the file) and the deploy record to append."""
+
+    def change(state: State) -> None:
+        state.host, state.root = host.name, host.root
+        for path, sha, size, mode in bases:
+            if sha is None:
+                state.files.pop(path, None)
+            else:
+                state.set_base(path, sha, size, mode, record.kind if record else "push")
+        if record is not None and all(d.id != record.id for d in state.deploys):
+            state.deploys.append(record)
+
+    update_state(Path(host.workspace), change, host.name)
+
+
+def _append_history(
+    transport: Transport, host: HostConfig, record: DeployRecord, release: HostLock | None = None
+) -> None:
+    """Append the record to the host's history; `release`: and release that lock in the same
+    command (else the caller's `release` does it)."""
+    try:
+        history.append_record(
+            transport, host.root, record, then=release.release_command() if release else ""
+        )
+    except KerneldevError:
+        return  # the host went away; the next push from this workspace records it there
+    if release is not None:
+        release.released_on_host()
+
+
+def _drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None:
+    """Nothing landed: the deploy's backup folder is not needed (best effort)."""
+    try:
+        transport.remove(history.backup_folder(host.root, deploy_id))
+    except KerneldevError:
+        pass  # cleaned by the next push as an incomplete backup
+
+
+def _housekeeping(
+    transport: Transport, host: HostConfig, state: State, found: history.Leftovers | None = None
+) -> list[str]:
+    """Under the lock, before changing anything: remove what interrupted runs left behind.
+    `found`: what the plan's scan (made under the same lock) saw; nothing found, nothing to do."""
+    if found is not None and not found:
+        return []
+    past = history.load_history(transport, host.root)
+    removed, notes = history.clean_leftovers(transport, host.root, past, found)
+    if removed:
+        notes.insert(0, f"removed leftovers of interrupted runs: {removed.describe()}")
+    return notes
+
+
+def _prune(transport: Transport, host: HostConfig, pending: DeployRecord | None = None) -> None:
+    """Prune old backups; `pending`: a record about to be appended, counted as in the history
+    already (so pruning can run before the append that releases the lock)."""
+    try:
+        past = history.load_history(transport, host.root)
+        if pending is not None and pending.id not in past.ids:
+            past.records.append(pending)
+        if len(past.records) <= host.keep_backups:
+            return
+        history.prune_backups(transport, host.root, past, host.keep_backups)
+    except KerneldevError:
+        pass  # pruning is housekeeping; the next deploy tries again
+
+
+# --- rollback ---------------------------------------------------------------------------
+
+
+@dataclass
+class RestoredFile:
+    path: str
+    live_sha256: str | None  # what is live now (expected to be replaced)
+    restore_sha256: str | None  # what goes back (None: the file is removed)
+    backup: str | None  # root-relative backup the bytes come from
+
+
+@dataclass
+class RollbackResult:
+    host: str
+    deploy_id: str | None  # the rollback's own deploy id (None for a dry run)
+    rolls_back: str  # the deploy it undid (or, with --to, the deploy it returns to)
+    files: list[DeployedFile] = field(default_factory=list)
+    health: ServiceHealth | None = None  # when --restart ran (filled by the CLI)
+    dry_run: bool = False
+    plan: list[RestoredFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    import_check: ImportCheckReport | None = None  # None: not run (--no-import-check)
+
+
+def deploy_history(transport: Transport, host: HostConfig) -> list[DeployRecord]:
+    """Every deploy known: the host's shared history plus this workspace's records (a deploy
+    cut off before it reached the host's history), in time order."""
+    records = {r.id: r for r in load_state(host.workspace, host.name).deploys}
+    records.update({r.id: r for r in history.load_history(transport, host.root).records})
+    return [records[k] for k in sorted(records)]
+
+
+def _restore_plan(
+    records: list[DeployRecord], to: str | None
+) -> tuple[DeployRecord, list[RestoredFile], dict[str, str | None]]:
+    """(the deploy named in messages, what to restore, the sha256 expected live per path)."""
+    with_files = [r for r in records if r.files]
+    if not with_files:
+        raise NothingToRollBackError(
+            "nothing to roll back: no deploy is recorded for this host",
+            hint="rollback undoes the last `kerneldev push` (anyone's, from the host's history)",
+        )
+    expected: dict[str, str | None] = {}
+    for r in with_files:  # later deploys win: what should be live now
+        for f in r.files:
+            expected[f.path] = f.new_sha256
+    if to is None:
+        last = with_files[-1]
+        todo = [RestoredFile(f.path, f.new_sha256, f.old_sha256, f.backup) for f in last.files]
+        return last, todo, expected
+    exact = [r for r in records if r.id == to]
+    matches = exact or [r for r in records if to and r.id.startswith(to)]
+    if len({r.id for r in matches}) > 1:  # an ambiguous prefix must not pick one quietly
+        raise UsageError(
+            f"{to!r} matches {len(matches)} deploys ({', '.join(r.id for r in matches[:5])}"
+            f"{', ...' if len(matches) > 5 else ''})",
+            hint="give more of the deploy id; `kerneldev log` lists them",
+        )
+    target = matches[0] if matches else None
+    if target is None:
+        raise UsageError(
+            f"no deploy {to!r} in the history", hint="`kerneldev log` lists the deploy ids"
+        )
+    later = [r for r in with_files if r.id > target.id]
+    todo, seen = [], set()
+    for r in later:  # the first later deploy of a path backed up its bytes as of `target`
+        for f in r.files:
+            if f.path in seen:
+                continue
+            seen.add(f.path)
+            if expected[f.path] != f.old_sha256:
+                todo.append(RestoredFile(f.path, expected[f.path], f.old_sha256, f.backup))
+    return target, todo, expected
+
+
+def rollback(
+    transport: Transport,
+    host: HostConfig,
+    force: bool = False,
+    on_progress: ProgressCallback | None = None,
+    *,
+    to: str | None = None,
+    dry_run: bool = False,
+    outcome: str = "deployed",
+    import_check: bool = False,
+) -> RollbackResult:
+    """Without `to`: restore the files of the last deploy (anyone's) from its host backups.
+    With `to`: put every file changed since deploy `to` back to its bytes right after it.
+    Recorded as a deploy of its own, so a second rollback re-applies what the first undid.
+    Call it holding the host lock."""
+    state = load_state(host.workspace, host.name)
+    check_state_owner(state, host)
+    records = deploy_history(transport, host)
+    target, todo, _ = _restore_plan(records, to)
+    result = RollbackResult(host=host.name, deploy_id=None, rolls_back=target.id, dry_run=dry_run)
+    result.plan = todo
+    if not todo:
+        if to is None:
+            raise NothingToRollBackError(
+                f"the last deploy {target.id} changed no files; nothing to roll back"
+            )
+        return result
+
+    live_files, _ = transport.hash_files(host.root, [glob_escape(r.path) for r in todo])
+    live = {f.path: f for f in live_files}
+    # A file that already has the bytes to restore (an earlier, interrupted rollback got that
+    # far) needs nothing: re-running converges.
+    todo = [
+        r for r in todo if (live[r.path].sha256 if r.path in live else None) != r.restore_sha256
+    ]
+    result.plan = todo
+    if not todo:
+        return result
+    changed = [
+        r.path for r in todo if (live[r.path].sha256 if r.path in live else None) != r.live_sha256
+    ]
+    if changed and not force:
+        raise RefusedError(
+            f"rollback refused, changed on the host since deploy {target.id}: "
+            + printable_list(changed),
+            hint="see `kerneldev diff`; `kerneldev rollback --force` restores the backups anyway",
+        )
+    for r in todo:
+        if r.restore_sha256 is not None and r.backup is None:
+            raise TransferError(f"deploy {target.id} recorded no backup for {r.path}")
+    # Check every backup before touching anything, so a missing one stops us early.
+    backups = [r for r in todo if r.restore_sha256 is not None]
+    found, _ = transport.hash_files(host.root, [glob_escape(r.backup) for r in backups])
+    got = {f.path: f.sha256 for f in found}
+    for r in backups:
+        if got.get(r.backup) != r.restore_sha256:
+            what = "is missing" if r.backup not in got else "does not match its recorded sha256"
+            raise TransferError(
+                f"the backup of {r.path} on the host ({r.backup}) {what}; nothing was restored",
+                hint="backups older than the last `keep_backups` deploys are pruned",
+            )
+    if dry_run:
+        return result
+
+    result.notes += _housekeeping(transport, host, state)
+    record = DeployRecord(
+        id=new_deploy_id(),
+        time=now_iso(),
+        host=host.name,
+        user=local_user(),
+        kind="rollback",
+        rolls_back=target.id,
+        outcome=outcome,
+    )
+    result.deploy_id = record.id
+    steps = []
+    for r in todo:
+        now = live.get(r.path)
+        step = _Step(r.path, now.sha256 if now else None, now.mode if now else None, None)
+        step.restore_from, step.new_sha256 = r.backup, r.restore_sha256
+        steps.append(step)
+    bases: list[tuple[str, str | None, int, int]] = []
+
+    def land(step: _Step) -> DeployedFile:
+        live_path = posixpath.join(host.root, step.path)
+        check = _compare(transport, host, step, force)
+        if step.restore_from is None:
+            check()
+            interrupt.check()
+            transport.remove(live_path)
+            bases.append((step.path, None, 0, 0))
+            return DeployedFile(step.path, step.old_sha256, None, step.old_mode, None, step.backup)
+        # Copy the backup next to the live file on the host, check live, rename.
+        folder, name = posixpath.split(live_path)
+        tmp = temp_path(folder, name)
+        try:
+            transport.copy_on_host([(posixpath.join(host.root, step.restore_from), tmp)])
+            check()
+            interrupt.check()
+            transport.rename(tmp, live_path)
+        except BaseException:
+            with interrupt.shield():
+                try:
+                    transport.remove(tmp)
+                except KerneldevError:
+                    pass  # a cut connection: the next push removes it
+            raise
+        copied = next(f for f in found if f.path == step.restore_from)  # cp -p keeps its mode
+        mode = copied.mode
+        bases.append((step.path, step.new_sha256, copied.size, mode))
+        return DeployedFile(
+            step.path, step.old_sha256, step.new_sha256, step.old_mode, mode, step.backup
+        )
+
+    new: dict[str, bytes | None] = {}
+    if import_check:  # the restored modules' bytes, read from their (small) .py backups
+        for r in todo:
+            if r.path.endswith(".py"):
+                new[r.path] = (
+                    transport.read_bytes(posixpath.join(host.root, r.backup))
+                    if r.restore_sha256 is not None
+                    else None
+                )
+    with check_deploy(transport, host, result, new, import_check, None):
+        _run_deploy(transport, host, record, steps, land, on_progress, [], force, bases)
+        result.files = record.files
+    return result
+
+
+# --- automatic rollback of an unhealthy deploy ------------------------------------------
+
+
+def roll_back_unhealthy(
+    transport: Transport, host: HostConfig, restart: Callable[[RollbackResult], ServiceHealth]
+) -> tuple[RollbackResult, str]:
+    """Undo the last deploy after its restart never became healthy (recorded as
+    `auto-rollback`) and restart again with `restart(the rollback)`: (the rollback, how the
+    service came back). push --restart, group pushes and watch share it."""
+    undo = rollback(transport, host, outcome="auto-rollback")
+    try:
+        undo.health = restart(undo)
+        return undo, "healthy again with the previous files"
+    except ServiceError as err:
+        return undo, f"still not healthy after the rollback: {err.message}"
+
+
+def rolled_back_error(
+    result: PushResult,
+    unhealthy: UnhealthyError,
+    undo: RollbackResult,
+    after: str,
+    logs_shown: bool = False,
+) -> UnhealthyError:
+    """What a push whose restart never became healthy fails with once `roll_back_unhealthy`
+    has run: both outcomes in one message, the first restart's logs and health, and the push
+    result, its automatic rollback recorded, as the --json report. `logs_shown`: the logs were
+    already printed above (the hint says where to look)."""
+    result.auto_rollback = undo
+    failed = UnhealthyError(
+        f"deploy {result.deploy_id} did not come up healthy ({unhealthy.message}); it was "
+        f"rolled back as {undo.deploy_id} and the service restarted: {after}",
+        unhealthy.logs,
+        hint=f"see the service logs{' above' if logs_shown else ''}; fix the kernel and push "
+        "again (`--no-rollback` keeps a failing deploy in place for debugging)",
+        health=unhealthy.health,
+    )
+    failed.report = result
+    return failed
+
+
+# --- log --------------------------------------------------------------------------------
+
+
+@dataclass
+class LoggedFile:
+    path: str
+    old_sha256: str | None
+    new_sha256: str | None
+    live: bool  # the deploy's bytes for this path are what the host has now
+
+
+@dataclass
+class LogEntry:
+    id: str
+    time: str
+    user: str
+    kind: str
+    outcome: str
+    rolls_back: str | None
+    files: list[LoggedFile] = field(default_factory=list)
+
+
+def deploy_log(transport: Transport, host: HostConfig) -> list[LogEntry]:
+    """Every deploy on the host (the shared history plus this workspace's records), oldest
+    first, with whether each file's deployed bytes are still live."""
+    records = deploy_history(transport, host)
+    paths = sorted({f.path for r in records for f in r.files})
+    live_files, _ = (
+        transport.hash_files(host.root, [glob_escape(p) for p in paths]) if paths else ([], [])
+    )
+    live = {f.path: f.sha256 for f in live_files}
+    return [
+        LogEntry(
+            r.id,
+            r.time,
+            r.user,
+            r.kind,
+            r.outcome,
+            r.rolls_back,
+            [
+                LoggedFile(f.path, f.old_sha256, f.new_sha256, live.get(f.path) == f.new_sha256)
+                for f in r.files
+            ],
+        )
+        for r in records
+    ]

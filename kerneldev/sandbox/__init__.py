@@ -1,0 +1,1 @@
+"""A sandbox host on this machine: sshd, tree, decode service, demo."""

@@ -1,0 +1,3 @@
+from kerneldev.sandbox.service.app import main
+
+main()

@@ -1,3 +1,0 @@
-from kerneldev.sandbox_service.app import main
-
-main()

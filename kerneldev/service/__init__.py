@@ -1,0 +1,1 @@
+"""The SGLang service on a host: restart, env file, variants, processes."""
