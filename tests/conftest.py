@@ -17,6 +17,16 @@ def _running_sshd(tmp_path_factory, folder: str):
     server.stop()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_state_home(tmp_path_factory):
+    """kerneldev's local state (the restart record, $XDG_STATE_HOME/kerneldev) in a folder of
+    this test process: parallel workers never write one shared file, and the user's own
+    ~/.local/state is left alone. A test that unsets it gets its own HOME's instead."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def sshd_server(tmp_path_factory) -> SSHServer:
     """One real sshd for the session. Tests that rotate its key must use `fresh_sshd`."""

@@ -160,7 +160,9 @@ def test_a_system_python_gets_a_project_venv_and_pip_runs_only_there(world):
     again, calls = world("test")
     assert again.returncode == 0, again.stderr
     assert _pip_installs(calls) == [] and "already installed" in again.stderr
-    assert calls[-1]["args"] == ["-m", "pytest", "-q"]
+    # pytest on parallel workers: one per core (as nproc counts them) plus one, at most 8
+    workers = min(len(os.sched_getaffinity(0)) + 1, 8)
+    assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", str(workers), "--dist", "worksteal"]
     # test: the SGLang releases are fetched first (pytest itself downloads nothing)
     assert calls[-2]["args"] == ["scripts/sglang_releases.py", "fetch"] and calls[-2]["venv"]
 
@@ -168,6 +170,10 @@ def test_a_system_python_gets_a_project_venv_and_pip_runs_only_there(world):
     assert offline.returncode == 0, offline.stderr
     assert all(c["args"][:1] != ["scripts/sglang_releases.py"] for c in calls)
     assert "KERNELDEV_SGLANG=skip" in offline.stderr
+
+    serial, calls = world("test", KERNELDEV_TEST_WORKERS="0")  # the user picks the count
+    assert serial.returncode == 0, serial.stderr
+    assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", "0", "--dist", "worksteal"]
 
 
 def test_python3_venv_is_installed_via_apt_when_venv_cannot_work(world):

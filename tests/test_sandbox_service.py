@@ -164,6 +164,23 @@ def test_sglang_info_endpoints_answer_with_sglangs_field_names(box):
     assert health.status_code == 200 and health.text == ""
 
 
+def _wait_until_complete(trace: Path, timeout: float = 60) -> None:
+    """Until the gzipped trace reads to its end-of-stream marker and parses as JSON: the export
+    is done (the 1 s pause that stood here was a guess a loaded machine can outlast)."""
+    import gzip
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with gzip.open(trace, "rb") as f:
+                json.load(f)
+            return
+        except (EOFError, OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
 def test_profile_by_step_count_traces_only_those_decode_steps(box, tmp_path):
     """SGLang's step-count profiling: start_step (at least the next step) and num_steps; the
     trace is written by itself after those steps (a later /stop_profile has nothing to stop),
@@ -182,7 +199,7 @@ def test_profile_by_step_count_traces_only_those_decode_steps(box, tmp_path):
     traces = list(out_dir.glob("*-TP-0.trace.json.gz"))
     assert len(traces) == 1
     assert httpx.post(url(box, "/stop_profile")).status_code == 400  # stopped by itself
-    time.sleep(1.0)  # the export is done when the file is complete
+    _wait_until_complete(traces[0])  # the export writes the file as it goes
     summary = trace_summary.summarise(str(traces[0]))
     calls = {r["name"]: r["calls"] for r in summary["top"]}
     layers = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]["sizes"]["layers"]

@@ -204,6 +204,94 @@ def test_variants_are_checked_before_connecting(tmp_path):
     assert service_url(svc, "h") == "http://127.0.0.1:30000"
 
 
+def _bench_main(config: Path, *args: str) -> tuple[int, str, str]:
+    """`kerneldev --config CONFIG ARGS` in this process: (exit code, stdout, stderr)."""
+    import io
+
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["--config", str(config), *args], env=Environment(stdout=out, stderr=err))
+    return int(code), out.getvalue(), err.getvalue()
+
+
+def _bench_config(tmp_path: Path) -> tuple[Path, Path]:
+    """hosts.yaml with one local host whose service would log each restart to the returned
+    file: a refused command line must leave that file absent (and write nothing else)."""
+    restarts = tmp_path / "restarts.log"
+    service = {
+        "restart": f"echo restarted >> '{restarts}'",
+        "health": "true",
+        "url": "http://127.0.0.1:9",
+        "env_file": str(tmp_path / "svc.env"),
+        "variants": {"simt": SIMT, "mma": MMA},
+    }
+    entry = {"transport": "local", "root": str(tmp_path), "files": ["x.py"], "workspace": "ws"}
+    config = tmp_path / "hosts.yaml"
+    config.write_text(yaml.safe_dump({"hosts": {"h": {**entry, "service": service}}}))
+    return config, restarts
+
+
+SERVICE_ONLY_OPTIONS = (
+    ("--concurrency", "1"),
+    ("--requests", "1"),
+    ("--input-len", "8"),
+    ("--max-new-tokens", "2"),
+    ("--rounds", "1"),
+    ("--warmup", "0"),
+    ("--allow-same-kernel",),
+)
+KERNEL_ONLY_OPTIONS = (
+    ("--shapes", "smoke"),
+    ("--source", "live"),
+    ("--compare", "old.json"),
+    ("--gpu", "0"),
+    ("--cpu",),
+    ("--rotate", "1"),
+)
+
+
+def test_a_service_option_without_service_exits_2_naming_it(tmp_path):
+    config, restarts = _bench_config(tmp_path)
+    for option in SERVICE_ONLY_OPTIONS:
+        code, out, err = _bench_main(config, "bench", "--cpu", *option)
+        assert code == 2, (option, out, err)
+        assert f"error: {option[0]} applies only with --service" in err, err
+        assert "add --service" in err and "Traceback" not in err
+        assert out == ""
+    code, out, err = _bench_main(config, "bench", "--rounds", "3", "--warmup", "1", "--json")
+    assert code == 2, err
+    assert json.loads(out) == {  # as every usage error reports under --json
+        "error": {
+            "code": 2,
+            "type": "UsageError",
+            "message": "--rounds, --warmup apply only with --service",
+            "hint": "add --service to time the running service, or drop them",
+        }
+    }
+    assert not restarts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # nothing ran, no result
+
+
+def test_a_kernel_bench_option_with_service_exits_2_naming_it(tmp_path):
+    config, restarts = _bench_config(tmp_path)
+    for option in KERNEL_ONLY_OPTIONS:
+        code, out, err = _bench_main(
+            config, "bench", "--service", "--variants", "simt,mma", "--rounds", "1", *option
+        )
+        assert code == 2, (option, out, err)
+        assert f"error: {option[0]} applies only without --service" in err, err
+        assert "Traceback" not in err and out == ""
+    code, out, err = _bench_main(config, "bench", "--service", "--cpu", "--shapes", "x", "--json")
+    assert code == 2, err
+    error = json.loads(out)["error"]
+    assert error["type"] == "UsageError" and error["code"] == 2
+    assert error["message"] == "--shapes, --cpu apply only without --service (to the kernel bench)"
+    assert not restarts.exists()  # refused before the service or its env file was touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]
+
+
 def test_config_reads_service_variants_env_file_and_url(tmp_path):
     cfg = tmp_path / "hosts.yaml"
     base = {

@@ -69,6 +69,49 @@ ALLOW_SAME_KERNEL_OPTION = typer.Option(
 )
 
 
+# The options of one of bench's two modes (parameter names): given in the other mode they are
+# refused with exit 2 rather than ignored. --variants, --host, --parallel and --json serve both.
+KERNEL_ONLY = ("shapes", "source", "compare_to", "gpu", "cpu", "rotate")
+SERVICE_ONLY = (
+    "concurrency",
+    "requests",
+    "input_len",
+    "max_new_tokens",
+    "rounds",
+    "warmup",
+    "allow_same_kernel",
+)
+
+
+def refuse_options_of_other_mode(ctx: typer.Context, on_service: bool) -> None:
+    """Exit 2 naming each option given on the command line that the chosen mode does not use
+    (`bench --service --shapes smoke`, `bench --rounds 3`), before anything is read or run."""
+    names = KERNEL_ONLY if on_service else SERVICE_ONLY
+    # By the enum's name: typer ships its own copy of click, whose ParameterSource is not
+    # click's.
+    sources = {name: ctx.get_parameter_source(name) for name in names}
+    given = [
+        param.opts[0]
+        for param in ctx.command.params
+        if param.name in names
+        and sources[param.name] is not None
+        and sources[param.name].name not in ("DEFAULT", "DEFAULT_MAP")
+    ]
+    if not given:
+        return
+    options = ", ".join(given)
+    verb, it = ("applies", "it") if len(given) == 1 else ("apply", "them")
+    if on_service:
+        raise UsageError(
+            f"{options} {verb} only without --service (to the kernel bench)",
+            hint=f"drop {it} from `bench --service`, or run `kerneldev bench` without --service",
+        )
+    raise UsageError(
+        f"{options} {verb} only with --service",
+        hint=f"add --service to time the running service, or drop {it}",
+    )
+
+
 def bench_command(
     ctx: typer.Context,
     variants: str = variants_option(
@@ -149,7 +192,9 @@ def bench_command(
     allow_same_kernel: bool = ALLOW_SAME_KERNEL_OPTION,
 ) -> None:
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
-    With --service: decode timings of the running service per variant (restarts it)."""
+    With --service: decode timings of the running service per variant (restarts it).
+    An option of the other mode exits 2 naming it."""
+    refuse_options_of_other_mode(ctx, on_service)
     config = load_config(config_path(ctx))
     hosts = select_hosts(config, host_name)
     if on_service:
