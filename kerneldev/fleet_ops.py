@@ -25,12 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerneldev import drift, fleet, host_lock, interrupt, sync
+from kerneldev import deploy_tally, drift, fleet, host_lock, interrupt, sync
 from kerneldev import service as service_core
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.fleet import HostEvent, HostOutcome, Progress
-from kerneldev.printable import printable_list
 from kerneldev.transport.base import Transport
 from kerneldev.workspace import hash_patterns, resolve_paths
 
@@ -336,11 +335,7 @@ def push_host(
             with interrupt.shield():
                 lock.release()
     except interrupt.Interrupted as err:
-        if "\nDeployed: " not in err.message:
-            done = result.deployed if result is not None else None
-            left = "everything (stopped before the upload)" if done is None else "(none)"
-            shown = printable_list(done or []) or "(none)"
-            err.message += f"\nDeployed: {shown}\nNot deployed: {left}"
+        deploy_tally.attach(err, deploy_tally.stopped_at(result.deployed if result else None))
         err.report = result
         raise
     return result

@@ -26,10 +26,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import interrupt
+from kerneldev import deploy_tally, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.envfile import export_prefix, read_service_env
-from kerneldev.errors import KerneldevError, RefusedError, RemoteCommandError, TransferError
+from kerneldev.errors import (
+    DeployTally,
+    KerneldevError,
+    RefusedError,
+    RemoteCommandError,
+    TransferError,
+)
 from kerneldev.transport import _importscan
 from kerneldev.transport.base import Transport
 
@@ -334,7 +340,7 @@ def check_deploy(
         err.report = result
         raise
     except interrupt.Interrupted as err:
-        if "\nDeployed: " in err.message:  # the undo itself was stopped: its summary stands
+        if err.tally is not None:  # the undo itself was stopped: its summary stands
             err.report = result
             raise
         # The files have landed; say so, and that their import was not checked.
@@ -344,9 +350,9 @@ def check_deploy(
         stopped = interrupt.Interrupted(
             err.signum,
             f"deploy {result.deploy_id} {err.message} during the import check: its files are "
-            f"live, their import was not checked\nDeployed: {', '.join(landed) or '(none)'}"
-            "\nNot deployed: (none)",
+            "live, their import was not checked",
         )
+        deploy_tally.attach(stopped, DeployTally(tuple(landed), ()))
         stopped.hint = "`kerneldev rollback` undoes it; pushing again re-runs the check"
         stopped.report = result
         raise stopped from None

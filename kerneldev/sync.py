@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from kerneldev import history, interrupt
+from kerneldev import deploy_tally, history, interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.drift import (
@@ -48,6 +48,7 @@ from kerneldev.drift import (
 )
 from kerneldev.errors import (
     ConnectionLostError,
+    DeployTally,
     FileSetError,
     KerneldevError,
     NothingToRollBackError,
@@ -736,11 +737,12 @@ def _run_deploy(
                 _append_history(transport, host, record)
             else:
                 _drop_backups(transport, host, record.id)
-            summary = f"Deployed: {_names(done)}\nNot deployed: {_names(left)}"
+            tally = DeployTally(tuple(done), tuple(left))
             if stopped_by_signal:
-                raise interrupt.Interrupted(
-                    err.signum, f"{record.kind} {record.id} {err.message}\n{summary}"
-                ) from None
+                stopped = interrupt.Interrupted(
+                    err.signum, f"{record.kind} {record.id} {err.message}"
+                )
+                raise deploy_tally.attach(stopped, tally) from None
             if isinstance(err, KerneldevError):
                 reason = err.message
             elif isinstance(err, OSError):
@@ -749,27 +751,20 @@ def _run_deploy(
                 raise
             if not done:
                 if isinstance(err, KerneldevError):
-                    err.message = f"{reason}\n{summary}"
+                    deploy_tally.attach(err, tally)
                 raise
-            raise PartialDeployError(
-                f"{record.kind} {record.id} stopped midway: {reason}\n{summary}",
+            partial = PartialDeployError(
+                f"{record.kind} {record.id} stopped midway: {reason}",
                 done,
                 left,
                 hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or "
                 "fix the cause and push again",
-            ) from None
+            )
+            raise deploy_tally.attach(partial, tally) from None
     with interrupt.shield():
         _save(host, bases, record)
         _prune(transport, host, record)
         _append_history(transport, host, record, release if release and release.held else None)
-
-
-def _names(paths: list[str], limit: int = 20) -> str:
-    """A list of paths for a message: all of them up to `limit`, then a count."""
-    if not paths:
-        return "(none)"
-    shown = printable_list(paths[:limit])
-    return shown if len(paths) <= limit else f"{shown} and {len(paths) - limit} more"
 
 
 def _save(

@@ -38,9 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, host_lock, interrupt, service, sync
+from kerneldev import bench, deploy_tally, host_lock, interrupt, service, sync
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
+    DeployTally,
     HostConnectionError,
     HostKeyError,
     KerneldevError,
@@ -49,7 +50,6 @@ from kerneldev.errors import (
     UnhealthyError,
     UsageError,
 )
-from kerneldev.printable import printable_list
 from kerneldev.service import ServiceHealth
 from kerneldev.state import STATE_DIR, now_iso
 from kerneldev.transport import open_transport
@@ -554,12 +554,11 @@ class Watcher:
             self._push_locked(event, existing, started)
         except interrupt.Interrupted as err:
             # As `push` says it: what landed (the deploy record has it too) and what did not.
-            if "\nDeployed: " not in err.message:
-                if event.deploy_id:
-                    shown = printable_list(event.deployed)
-                    err.message += f"\nDeployed: {shown} as {event.deploy_id}"
-                else:
-                    err.message += "\nDeployed: (none)\nNot deployed: " + printable_list(existing)
+            if event.deploy_id:
+                tally = deploy_tally.stopped_at(event.deployed, event.deploy_id)
+            else:
+                tally = DeployTally((), tuple(existing))
+            deploy_tally.attach(err, tally)
             raise
         except HostKeyError:
             raise

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import typer
 
-from kerneldev import drift, history, host_lock, interrupt, sync
+from kerneldev import deploy_tally, drift, history, host_lock, interrupt, sync
 from kerneldev.cli import environment, output
 from kerneldev.cli.common import (
     HOST_OPTION,
@@ -371,12 +371,7 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
     try:
         yield
     except interrupt.Interrupted as err:
-        if "\nDeployed: " not in err.message:
-            done = landed()
-            left = "everything (stopped before the upload)" if done is None else "(none)"
-            err.message += (
-                f"\nDeployed: {printable_list(done or []) or '(none)'}\nNot deployed: {left}"
-            )
+        deploy_tally.attach(err, deploy_tally.stopped_at(landed()))
         raise
 
 
