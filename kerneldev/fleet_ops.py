@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kerneldev import deploy_tally, drift, fleet, host_lock, interrupt, sync
+from kerneldev import deploy_tally, drift, fleet, host_lock, interrupt, release, sync
 from kerneldev import service as service_core
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
@@ -348,21 +348,14 @@ def _restart_or_roll_back(
     no_rollback: bool,
     progress: Progress,
 ) -> None:
-    try:
-        result.health = _restart(transport, host, progress)
-        return
-    except UnhealthyError as err:
-        result.health = err.health
-        if no_rollback or not result.deploy_id:
-            again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-            again.report = result  # the deploy did happen: --json shows it with the health
-            raise again from None
-        unhealthy = err
-    progress(f"not healthy; rolling back deploy {result.deploy_id}")
-    undo, second = sync.roll_back_unhealthy(
-        transport, host, lambda _undo: _restart(transport, host, progress)
+    def rolling_back(_unhealthy: UnhealthyError) -> None:
+        progress(f"not healthy; rolling back deploy {result.deploy_id}")
+
+    hooks = release.ReleaseHooks(lambda: _restart(transport, host, progress), rolling_back)
+    outcome = release.restart_or_roll_back(
+        transport, host, result.deploy_id, hooks, roll_back=not no_rollback
     )
-    raise sync.rolled_back_error(result, unhealthy, undo, second)
+    release.raise_unless_healthy(result, outcome)
 
 
 def push_group(
@@ -445,9 +438,7 @@ def rollback_host(
                 result.health = _restart(transport, host, progress)
             except UnhealthyError as err:
                 result.health = err.health
-                again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-                again.report = result
-                raise again from None
+                raise release.with_result(err, result) from None
         return result
     finally:
         if lock is not None:

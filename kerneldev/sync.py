@@ -51,9 +51,7 @@ from kerneldev.errors import (
     NothingToRollBackError,
     PartialDeployError,  # noqa: F401 - raised by push_pipeline.run_deploy, long named here
     RefusedError,
-    ServiceError,
     TransferError,
-    UnhealthyError,
     UsageError,
 )
 from kerneldev.host_lock import HostLock
@@ -718,47 +716,6 @@ def rollback(
         push_pipeline.run_deploy(transport, deploy, land)
         result.files = record.files
     return result
-
-
-# --- automatic rollback of an unhealthy deploy ------------------------------------------
-
-
-def roll_back_unhealthy(
-    transport: Transport, host: HostConfig, restart: Callable[[RollbackResult], ServiceHealth]
-) -> tuple[RollbackResult, str]:
-    """Undo the last deploy after its restart never became healthy (recorded as
-    `auto-rollback`) and restart again with `restart(the rollback)`: (the rollback, how the
-    service came back). push --restart, group pushes and watch share it."""
-    undo = rollback(transport, host, outcome="auto-rollback")
-    try:
-        undo.health = restart(undo)
-        return undo, "healthy again with the previous files"
-    except ServiceError as err:
-        return undo, f"still not healthy after the rollback: {err.message}"
-
-
-def rolled_back_error(
-    result: PushResult,
-    unhealthy: UnhealthyError,
-    undo: RollbackResult,
-    after: str,
-    logs_shown: bool = False,
-) -> UnhealthyError:
-    """What a push whose restart never became healthy fails with once `roll_back_unhealthy`
-    has run: both outcomes in one message, the first restart's logs and health, and the push
-    result, its automatic rollback recorded, as the --json report. `logs_shown`: the logs were
-    already printed above (the hint says where to look)."""
-    result.auto_rollback = undo
-    failed = UnhealthyError(
-        f"deploy {result.deploy_id} did not come up healthy ({unhealthy.message}); it was "
-        f"rolled back as {undo.deploy_id} and the service restarted: {after}",
-        unhealthy.logs,
-        hint=f"see the service logs{' above' if logs_shown else ''}; fix the kernel and push "
-        "again (`--no-rollback` keeps a failing deploy in place for debugging)",
-        health=unhealthy.health,
-    )
-    failed.report = result
-    return failed
 
 
 # --- log --------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kerneldev import bench, deploy_tally, host_lock, interrupt, service, sync
+from kerneldev import bench, deploy_tally, host_lock, interrupt, release, service, sync
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     DeployTally,
@@ -665,29 +665,38 @@ class Watcher:
         transport = self.transport
         assert transport is not None
         self.on_progress(f"restarting the service on {self.host.name}")
+
+        def rolling_back(unhealthy: UnhealthyError) -> None:
+            event.health = unhealthy.health
+            self.on_progress(f"rolling back {result.deploy_id} on {self.host.name}")
+
+        def rolled_back(undo: sync.RollbackResult) -> None:
+            event.outcome = ROLLED_BACK  # recorded even if the restart below fails
+            event.rollback_id = undo.deploy_id
+
+        hooks = release.ReleaseHooks(
+            lambda: service.restart(transport, self.host.service), rolling_back, rolled_back
+        )
         try:
-            event.health = service.restart(transport, self.host.service)
-            return
-        except UnhealthyError as err:
-            event.health = err.health
-            first = err.message
+            outcome = release.restart_or_roll_back(
+                transport,
+                self.host,
+                result.deploy_id,
+                hooks,
+                roll_back=self.options.rollback_on_unhealthy,
+            )
         except ServiceError as err:
             event.outcome = FAILED
             event.message, event.hint = err.message, err.hint
             return
-        if not self.options.rollback_on_unhealthy:
-            event.outcome = UNHEALTHY
-            event.message = first
+        event.health = outcome.health
+        if outcome.unhealthy is None:
             return
-        self.on_progress(f"rolling back {result.deploy_id} on {self.host.name}")
-
-        def restart_again(undo: sync.RollbackResult) -> ServiceHealth:
-            event.outcome = ROLLED_BACK  # recorded even if the restart below fails
-            event.rollback_id = undo.deploy_id
-            return service.restart(transport, self.host.service)
-
-        _, second = sync.roll_back_unhealthy(transport, self.host, restart_again)
-        event.message = f"{first}; after the rollback: {second}"
+        if outcome.rollback is None:
+            event.outcome = UNHEALTHY
+            event.message = outcome.unhealthy.message
+            return
+        event.message = f"{outcome.unhealthy.message}; after the rollback: {outcome.after}"
         event.hint = "fix the kernel and save again"
 
     def _check(self) -> CheckSummary:

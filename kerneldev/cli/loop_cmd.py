@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 
 import typer
 
-from kerneldev import deploy_tally, drift, history, host_lock, interrupt, sync
+from kerneldev import deploy_tally, drift, history, host_lock, interrupt, release, sync
 from kerneldev.cli import environment, output
 from kerneldev.cli.common import (
     HOST_OPTION,
@@ -408,38 +408,34 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
     """Restart; when health never comes, roll this deploy back and restart again (unless
     --no-rollback), then fail reporting both outcomes (the logs were shown by the restart)."""
 
-    try:
-        result.health = _restart_or_report(transport, host, result, as_json)
-        return
-    except UnhealthyError as err:
-        if no_rollback or not result.deploy_id:
-            raise
-        unhealthy = err
-    print_warning(f"rolling back deploy {result.deploy_id} automatically: {unhealthy.message}")
+    def rolling_back(unhealthy: UnhealthyError) -> None:
+        print_warning(f"rolling back deploy {result.deploy_id} automatically: {unhealthy.message}")
 
-    def restart_again(undo: sync.RollbackResult):
+    def rolled_back(undo: sync.RollbackResult) -> None:
         print_info(
             f"rolled back {', '.join(f.path for f in undo.files)} (recorded as "
             f"{undo.deploy_id}); restarting again"
         )
-        return restart_with_progress(transport, host, quiet=as_json)
 
-    undo, second = sync.roll_back_unhealthy(transport, host, restart_again)
-    # --json: the deploy, its failed health and the automatic rollback
-    raise sync.rolled_back_error(result, unhealthy, undo, second, logs_shown=True)
+    hooks = release.ReleaseHooks(
+        lambda: restart_with_progress(transport, host, quiet=as_json), rolling_back, rolled_back
+    )
+    outcome = release.restart_or_roll_back(
+        transport, host, result.deploy_id, hooks, roll_back=not no_rollback
+    )
+    # --json: the deploy, its failed health and any automatic rollback
+    release.raise_unless_healthy(result, outcome, logs_shown=True)
 
 
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
-    """Restart after a push/rollback; when health never comes, `--json` still gets the deploy
+    """Restart after a rollback; when health never comes, `--json` still gets the rollback
     with the failed health result in it."""
 
     try:
         return restart_with_progress(transport, host, quiet=as_json)
     except UnhealthyError as err:
         result.health = err.health
-        again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-        again.report = result  # the deploy did happen: --json shows it with the failed health
-        raise again from None
+        raise release.with_result(err, result) from None
 
 
 def render_push(result: sync.PushResult) -> None:
