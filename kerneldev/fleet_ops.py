@@ -30,6 +30,7 @@ from kerneldev import service as service_core
 from kerneldev.config import HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError
 from kerneldev.fleet import HostEvent, HostOutcome, Progress
+from kerneldev.push_pipeline import PushRequest
 from kerneldev.transport.base import Transport
 from kerneldev.workspace import hash_patterns, resolve_paths
 
@@ -277,19 +278,6 @@ def diff_group(
 
 
 # --- push -------------------------------------------------------------------------------
-
-
-@dataclass
-class PushRequest:
-    paths: list[str] | None = None
-    force: bool = False
-    dry_run: bool = False
-    restart: bool = False
-    no_rollback: bool = False
-    import_check: bool = True
-    create_root: bool = False
-    break_lock: bool = False
-    lock_wait: float = host_lock.DEFAULT_WAIT
 
 
 def push_host(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
-from kerneldev import deploy_tally, history, interrupt
+from kerneldev import deploy_tally, history, host_lock, interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ConnectionLostError,
@@ -54,6 +54,22 @@ from kerneldev.workspace import glob_escape
 BACKUP_DIR = history.BACKUP_DIR  # under the host's root
 
 ProgressCallback = Callable[[str], None]
+
+
+@dataclass
+class PushRequest:
+    """What one push is asked to do, on one host or on each of a group's: the options of
+    `kerneldev push`, for `sync.push` and the release step after it (kerneldev/release.py)."""
+
+    paths: list[str] | None = None
+    force: bool = False
+    dry_run: bool = False
+    restart: bool = False
+    no_rollback: bool = False
+    import_check: bool = True
+    create_root: bool = False
+    break_lock: bool = False
+    lock_wait: float = host_lock.DEFAULT_WAIT
 
 
 @dataclass(frozen=True)

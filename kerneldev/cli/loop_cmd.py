@@ -21,6 +21,7 @@ from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_j
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
 from kerneldev.printable import printable, printable_list
+from kerneldev.push_pipeline import PushRequest
 from kerneldev.service import require_service
 from kerneldev.transport import open_transport
 from kerneldev.transport.base import Transport
@@ -302,21 +303,20 @@ def push_command(
             hint="use `push --restart --serial N`, or `--parallel N` to bound a plain push",
         )
     _, hosts = load_hosts(ctx, host_name)
+    request = PushRequest(
+        paths=paths,
+        force=force,
+        dry_run=dry_run,
+        restart=restart,
+        no_rollback=no_rollback,
+        import_check=not no_import_check,
+        create_root=create_root,
+        break_lock=break_lock,
+        lock_wait=lock_wait,
+    )
     if len(hosts) > 1:
-        from kerneldev import fleet_ops
         from kerneldev.cli import group_cmd
 
-        request = fleet_ops.PushRequest(
-            paths=paths,
-            force=force,
-            dry_run=dry_run,
-            restart=restart,
-            no_rollback=no_rollback,
-            import_check=not no_import_check,
-            create_root=create_root,
-            break_lock=break_lock,
-            lock_wait=lock_wait,
-        )
         return group_cmd.push(hosts, request, parallel, serial, as_json)
     host = hosts[0]
     if restart and not dry_run:
@@ -337,17 +337,7 @@ def push_command(
                 # restart still needs it.
                 lock = locked(transport, host, "push", break_lock, lock_wait, create_root, True)
                 try:
-                    result = _push_locked(
-                        transport,
-                        host,
-                        paths,
-                        force,
-                        not no_import_check,
-                        as_json,
-                        create_root,
-                        lock,
-                        not restart,
-                    )
+                    result = _push_locked(transport, host, request, lock, as_json)
                     if restart:
                         _restart_or_roll_back(transport, host, result, no_rollback, as_json)
                 finally:
@@ -376,21 +366,27 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
 
 
 def _push_locked(
-    transport, host, paths, force, import_check, as_json, create_root, lock=None, release=False
+    transport: Transport,
+    host: HostConfig,
+    request: PushRequest,
+    lock: host_lock.HostLock,
+    as_json: bool,
 ) -> sync.PushResult:
+    """The push under `lock` (taken by its first remote command and released by its last
+    unless the restart still needs it), with a byte progress bar, its notes and its table."""
     progress, on_plan, on_bytes = _byte_progress(host)
     try:
         result = sync.push(
             transport,
             host,
-            paths,
-            force=force,
+            request.paths,
+            force=request.force,
             on_progress=None if progress else _progress("uploading"),
             on_bytes=on_bytes,
-            import_check=import_check,
-            create_root=create_root,
+            import_check=request.import_check,
+            create_root=request.create_root,
             lock=lock,
-            release_lock=release,
+            release_lock=not request.restart,
             on_plan=on_plan,
         )
     finally:
