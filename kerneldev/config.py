@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -74,6 +74,14 @@ class HostConfig:
     workspace_peers: tuple[str, ...] = ()
 
 
+class HostChoice(NamedTuple):
+    """What `Config.choose` picked: the `--host`-style value, and whether it came from
+    $KERNELDEV_HOST (messages about a bad value name the variable)."""
+
+    value: str | None
+    from_env: bool
+
+
 @dataclass(frozen=True)
 class Config:
     path: Path
@@ -82,11 +90,22 @@ class Config:
     workspace_host: str | None = None  # the host whose workspace pointer led to this file
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> host names
 
+    def choose(self, name: str | None = None) -> HostChoice:
+        """The host-selection rule, the one place it is written: `name` (a `--host` value),
+        else $KERNELDEV_HOST, else the host of the workspace we are in, else `default`. The
+        value may name a host, a group or a comma list; None: nothing chose one (`host` then
+        takes the only host)."""
+        if name:
+            return HostChoice(name, False)
+        from_env = os.environ.get(HOST_ENV)
+        if from_env:
+            return HostChoice(from_env, True)
+        return HostChoice(self.workspace_host or self.default, False)
+
     def host(self, name: str | None = None) -> HostConfig:
         """The named host, else $KERNELDEV_HOST, else the host of the workspace we are in, else
         `default`, else the only host. A group name is refused: use `hosts_for`."""
-        from_env = os.environ.get(HOST_ENV) if not name else None
-        chosen = name or from_env or self.workspace_host or self.default
+        chosen, from_env = self.choose(name)
         if chosen is not None and chosen in self.groups:
             raise ConfigError(
                 f"'{chosen}' is a group of hosts ({', '.join(self.groups[chosen])}) and this "
@@ -117,8 +136,7 @@ class Config:
         """The hosts a `--host` value names: a host, a group, or a comma list of either (in
         order, each host once). Without a value: $KERNELDEV_HOST (which may also name a group or
         list), else the workspace's host, else `default`, else the only host."""
-        from_env = os.environ.get(HOST_ENV) if not spec else None
-        chosen = spec or from_env or self.workspace_host or self.default
+        chosen, from_env = self.choose(spec)
         if chosen is None:
             return [self.host(None)]
         names = [part.strip() for part in chosen.split(",")]

@@ -12,6 +12,7 @@ what an error carries from elsewhere is typed by the Protocols below.
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, Protocol
 
@@ -47,11 +48,25 @@ class ExitCode(IntEnum):
     TERMINATED = 143  # SIGTERM: 128 + 15
 
 
+@dataclass(frozen=True)
+class DeployTally:
+    """Where a deploy that did not run to its end stands: the files that landed and those that
+    did not. Carried by the error (`KerneldevError.tally`) so callers decide on data; the
+    `Deployed: ... / Not deployed: ...` lines of its message are built from it by
+    `deploy_tally.summary`."""
+
+    deployed: tuple[str, ...] = ()
+    not_deployed: tuple[str, ...] | None = ()  # None: stopped before the upload (everything)
+    deploy_id: str | None = None  # named after the deployed files (watch's line has no other)
+
+
 class KerneldevError(Exception):
     """`report`: the partial result a `--json` caller still gets on stdout (a refused plan, an
-    unhealthy health result), or None."""
+    unhealthy health result), or None. `tally`: set once the message says what was deployed
+    and what was not (a deploy stopped midway, or before or after its uploads)."""
 
     exit_code: ExitCode = ExitCode.FAILURE
+    tally: DeployTally | None = None
 
     def __init__(self, message: str, hint: str | None = None, *, report: Any = None) -> None:
         super().__init__(message)

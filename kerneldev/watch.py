@@ -42,6 +42,7 @@ from kerneldev import interrupt
 from kerneldev.bench import kernel_bench as bench
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
+    DeployTally,
     HostConnectionError,
     HostKeyError,
     KerneldevError,
@@ -52,11 +53,10 @@ from kerneldev.errors import (
 )
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.loop import deploy_tally, release, sync
 from kerneldev.loop import lock as host_lock
-from kerneldev.loop import sync
 from kerneldev.loop.state import STATE_DIR, now_iso
 from kerneldev.loop.workspace import is_configured, resolve_paths
-from kerneldev.printable import printable_list
 from kerneldev.service import restart as service
 from kerneldev.service.restart import ServiceHealth
 
@@ -558,12 +558,11 @@ class Watcher:
             self._push_locked(event, existing, started)
         except interrupt.Interrupted as err:
             # As `push` says it: what landed (the deploy record has it too) and what did not.
-            if "\nDeployed: " not in err.message:
-                if event.deploy_id:
-                    shown = printable_list(event.deployed)
-                    err.message += f"\nDeployed: {shown} as {event.deploy_id}"
-                else:
-                    err.message += "\nDeployed: (none)\nNot deployed: " + printable_list(existing)
+            if event.deploy_id:
+                tally = deploy_tally.stopped_at(event.deployed, event.deploy_id)
+            else:
+                tally = DeployTally((), tuple(existing))
+            deploy_tally.attach(err, tally)
             raise
         except HostKeyError:
             raise
@@ -670,29 +669,38 @@ class Watcher:
         transport = self.transport
         assert transport is not None
         self.on_progress(f"restarting the service on {self.host.name}")
+
+        def rolling_back(unhealthy: UnhealthyError) -> None:
+            event.health = unhealthy.health
+            self.on_progress(f"rolling back {result.deploy_id} on {self.host.name}")
+
+        def rolled_back(undo: sync.RollbackResult) -> None:
+            event.outcome = ROLLED_BACK  # recorded even if the restart below fails
+            event.rollback_id = undo.deploy_id
+
+        hooks = release.ReleaseHooks(
+            lambda: service.restart(transport, self.host.service), rolling_back, rolled_back
+        )
         try:
-            event.health = service.restart(transport, self.host.service)
-            return
-        except UnhealthyError as err:
-            event.health = err.health
-            first = err.message
+            outcome = release.restart_or_roll_back(
+                transport,
+                self.host,
+                result.deploy_id,
+                hooks,
+                roll_back=self.options.rollback_on_unhealthy,
+            )
         except ServiceError as err:
             event.outcome = FAILED
             event.message, event.hint = err.message, err.hint
             return
-        if not self.options.rollback_on_unhealthy:
-            event.outcome = UNHEALTHY
-            event.message = first
+        event.health = outcome.health
+        if outcome.unhealthy is None:
             return
-        self.on_progress(f"rolling back {result.deploy_id} on {self.host.name}")
-
-        def restart_again(undo: sync.RollbackResult) -> ServiceHealth:
-            event.outcome = ROLLED_BACK  # recorded even if the restart below fails
-            event.rollback_id = undo.deploy_id
-            return service.restart(transport, self.host.service)
-
-        _, second = sync.roll_back_unhealthy(transport, self.host, restart_again)
-        event.message = f"{first}; after the rollback: {second}"
+        if outcome.rollback is None:
+            event.outcome = UNHEALTHY
+            event.message = outcome.unhealthy.message
+            return
+        event.message = f"{outcome.unhealthy.message}; after the rollback: {outcome.after}"
         event.hint = "fix the kernel and save again"
 
     def _check(self) -> CheckSummary:

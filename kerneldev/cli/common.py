@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
-from kerneldev.config import HOST_ENV, Config, HostConfig, load_config
+from kerneldev.config import Config, HostConfig, load_config
 
 HOST_OPTION = typer.Option(
     None,
@@ -60,7 +58,7 @@ def load_hosts(ctx: typer.Context, host_name: str | None) -> tuple[Config, list[
 
 def select_hosts(config: Config, host_name: str | None) -> list[HostConfig]:
     """See `load_hosts`."""
-    chosen = host_name or os.environ.get(HOST_ENV) or config.workspace_host or config.default
+    chosen = config.choose(host_name).value
     if chosen is not None and ("," in chosen or chosen in config.groups):
         return config.hosts_for(host_name)
     return [config.host(host_name)]

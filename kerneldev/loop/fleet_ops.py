@@ -32,10 +32,10 @@ from kerneldev.errors import GroupError as GroupError  # re-exported: it was def
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.loop import drift, sync
+from kerneldev.loop import deploy_tally, drift, release, sync
 from kerneldev.loop import lock as host_lock
+from kerneldev.loop.push_pipeline import PushRequest
 from kerneldev.loop.workspace import hash_patterns, resolve_paths
-from kerneldev.printable import printable_list
 from kerneldev.service import restart as service_core
 from kerneldev.status_words import StatusWord
 
@@ -280,19 +280,6 @@ def diff_group(
 # --- push -------------------------------------------------------------------------------
 
 
-@dataclass
-class PushRequest:
-    paths: list[str] | None = None
-    force: bool = False
-    dry_run: bool = False
-    restart: bool = False
-    no_rollback: bool = False
-    import_check: bool = True
-    create_root: bool = False
-    break_lock: bool = False
-    lock_wait: float = host_lock.DEFAULT_WAIT
-
-
 def push_host(
     transport: Transport, host: HostConfig, req: PushRequest, progress: Progress
 ) -> sync.PushResult:
@@ -336,11 +323,7 @@ def push_host(
             with interrupt.shield():
                 lock.release()
     except interrupt.Interrupted as err:
-        if "\nDeployed: " not in err.message:
-            done = result.deployed if result is not None else None
-            left = "everything (stopped before the upload)" if done is None else "(none)"
-            shown = printable_list(done or []) or "(none)"
-            err.message += f"\nDeployed: {shown}\nNot deployed: {left}"
+        deploy_tally.attach(err, deploy_tally.stopped_at(result.deployed if result else None))
         err.report = result
         raise
     return result
@@ -353,21 +336,14 @@ def _restart_or_roll_back(
     no_rollback: bool,
     progress: Progress,
 ) -> None:
-    try:
-        result.health = _restart(transport, host, progress)
-        return
-    except UnhealthyError as err:
-        result.health = err.health
-        if no_rollback or not result.deploy_id:
-            again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-            again.report = result  # the deploy did happen: --json shows it with the health
-            raise again from None
-        unhealthy = err
-    progress(f"not healthy; rolling back deploy {result.deploy_id}")
-    undo, second = sync.roll_back_unhealthy(
-        transport, host, lambda _undo: _restart(transport, host, progress)
+    def rolling_back(_unhealthy: UnhealthyError) -> None:
+        progress(f"not healthy; rolling back deploy {result.deploy_id}")
+
+    hooks = release.ReleaseHooks(lambda: _restart(transport, host, progress), rolling_back)
+    outcome = release.restart_or_roll_back(
+        transport, host, result.deploy_id, hooks, roll_back=not no_rollback
     )
-    raise sync.rolled_back_error(result, unhealthy, undo, second)
+    release.raise_unless_healthy(result, outcome)
 
 
 def push_group(
@@ -450,9 +426,7 @@ def rollback_host(
                 result.health = _restart(transport, host, progress)
             except UnhealthyError as err:
                 result.health = err.health
-                again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-                again.report = result
-                raise again from None
+                raise release.with_result(err, result) from None
         return result
     finally:
         if lock is not None:

@@ -30,14 +30,19 @@ from pathlib import Path
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
+    DeployTally,
+    RemoteCommandError,
+    TransferError,
+)
+from kerneldev.errors import (
     ImportFailedError as ImportFailedError,  # re-exported: it was defined here
 )
 from kerneldev.errors import (
     ImportRefusedError as ImportRefusedError,  # re-exported: it was defined here
 )
-from kerneldev.errors import RemoteCommandError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.hostside import importscan as _importscan
+from kerneldev.loop import deploy_tally
 from kerneldev.service.envfile import export_prefix, read_service_env
 
 IMPORT_TIMEOUT = 600.0  # seconds; importing a whole SGLang package can take a while
@@ -321,7 +326,7 @@ def check_deploy(
         err.report = result
         raise
     except interrupt.Interrupted as err:
-        if "\nDeployed: " in err.message:  # the undo itself was stopped: its summary stands
+        if err.tally is not None:  # the undo itself was stopped: its summary stands
             err.report = result
             raise
         # The files have landed; say so, and that their import was not checked.
@@ -331,9 +336,9 @@ def check_deploy(
         stopped = interrupt.Interrupted(
             err.signum,
             f"deploy {result.deploy_id} {err.message} during the import check: its files are "
-            f"live, their import was not checked\nDeployed: {', '.join(landed) or '(none)'}"
-            "\nNot deployed: (none)",
+            "live, their import was not checked",
         )
+        deploy_tally.attach(stopped, DeployTally(tuple(landed), ()))
         stopped.hint = "`kerneldev rollback` undoes it; pushing again re-runs the check"
         stopped.report = result
         raise stopped from None

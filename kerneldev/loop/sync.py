@@ -18,7 +18,8 @@ next to its target and renamed over it only after a compare-and-swap check (live
 be what the plan saw), so a target is always its old or its new version. Backups are copies
 made on the host. push and rollback expect the caller to hold the host lock
 (`host_lock.HostLock`); they clean leftovers of interrupted runs and append to the host's
-shared history (`history.py`).
+shared history (`history.py`). The deploy's stages from the backups to the record (and the
+typed data they pass) are in `push_pipeline.py`.
 """
 
 from __future__ import annotations
@@ -30,34 +31,26 @@ import os
 import posixpath
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from kerneldev import interrupt
 from kerneldev.atomic_file import write_stream_atomic
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
-    ConnectionLostError,
     FileSetError,
-    KerneldevError,
     NothingToRollBackError,
-    PartialDeployError,
+    PartialDeployError,  # noqa: F401 - raised by push_pipeline.run_deploy, long named here
     RefusedError,
-    ServiceError,
     TransferError,
-    UnhealthyError,
     UsageError,
 )
 from kerneldev.hosts.transport.base import (
     ByteCallback,
-    LiveChangedError,
-    PutItem,
     Transport,
-    temp_path,
 )
 from kerneldev.local_user import local_user
-from kerneldev.loop import history
+from kerneldev.loop import history, push_pipeline
 from kerneldev.loop.drift import (
     CONFLICT,
     DRIFTED,
@@ -69,6 +62,7 @@ from kerneldev.loop.drift import (
 )
 from kerneldev.loop.import_check import ImportCheckReport, check_deploy
 from kerneldev.loop.lock import HostLock
+from kerneldev.loop.push_pipeline import BaseUpdate, Deploy, DeployStep, ProgressCallback
 from kerneldev.loop.state import (
     STATE_DIR,
     DeployedFile,
@@ -91,8 +85,6 @@ from kerneldev.printable import printable, printable_list
 from kerneldev.service.restart import ServiceHealth
 
 BACKUP_DIR = history.BACKUP_DIR  # under the host's root
-
-ProgressCallback = Callable[[str], None]
 
 
 # --- pull -------------------------------------------------------------------------------
@@ -153,7 +145,7 @@ def pull(
             report={"host": host.name, "workspace": str(workspace), "refused": refused},
         )
 
-    bases: list[tuple[str, str, int, int]] = []
+    bases: list[BaseUpdate] = []
     # Gone from the host and from the workspace: both sides agree, so the base is forgotten
     # (else the file stays `missing-live`, exit 1, for ever after it was deleted everywhere).
     gone = [p for p in snap.paths if p not in snap.live and snap.local[p] is None]
@@ -183,7 +175,7 @@ def pull(
                         os.chmod(target, live.mode)
                     except OSError as err:
                         raise TransferError(f"cannot set the mode of {target}: {err}") from None
-                bases.append((path, live.sha256, live.size, live.mode))
+                bases.append(BaseUpdate(path, live.sha256, live.size, live.mode))
                 result.files.append(
                     PulledFile(path, "unchanged", live.sha256, live.size, live.mode)
                 )
@@ -202,7 +194,7 @@ def pull(
             reader = _ChunkReader(chunks)
             _write_local_stream(target, reader, live.mode)
             sha = reader.hexdigest()  # what we got, even if live changed since the hash
-            bases.append((path, sha, reader.size, live.mode))
+            bases.append(BaseUpdate(path, sha, reader.size, live.mode))
             action = "overwritten" if discarded else "pulled"
             result.files.append(PulledFile(path, action, sha, reader.size, live.mode, discarded))
     finally:
@@ -212,8 +204,8 @@ def pull(
         # time. Read-modify-write under the state lock: another terminal's records survive.
         def change(state: State) -> None:
             state.host, state.root = host.name, host.root
-            for path, sha, size, mode in bases:
-                state.set_base(path, sha, size, mode, "pull")
+            for base in bases:
+                state.set_base(base.path, base.sha256, base.size, base.mode, "pull")
             for path in gone:
                 state.files.pop(path, None)
 
@@ -499,15 +491,13 @@ def push(
     plan.dry_run = False
     if on_plan is not None:
         on_plan(plan)
-    plan.notes += _housekeeping(transport, host, snap.state, snap.leftovers)
+    plan.notes += push_pipeline.clean_leftovers(transport, host, snap.leftovers)
     uploads = plan.uploads
     # Files that already match live get their base refreshed; a push is a sync point.
     in_sync = [snap.live[f.path] for f in plan.files if f.status == IN_SYNC and f.path in snap.live]
-    bases: list[tuple[str, str | None, int, int]] = [
-        (f.path, f.sha256, f.size, f.mode) for f in in_sync
-    ]
+    bases = [BaseUpdate(f.path, f.sha256, f.size, f.mode) for f in in_sync]
     if not uploads:
-        _save(host, bases, None)
+        push_pipeline.save_bases(host, bases, None)
         return plan
 
     plan.deploy_id = new_deploy_id()
@@ -521,7 +511,7 @@ def push(
         # An existing live file keeps its mode; a created one gets the workspace file's.
         mode = None if live is not None else (local.mode if local else None)
         steps.append(
-            _Step(
+            DeployStep(
                 f.path,
                 live.sha256 if live else None,
                 live.mode if live else None,
@@ -529,76 +519,18 @@ def push(
                 new_sha256=local.sha256 if local else None,
             )
         )
-
-    def land_all(todo: list[_Step], landed: Callable[[_Step, DeployedFile], None]) -> None:
-        # Every file in one transfer (one stream over SSH): each lands as put_file does,
-        # after the compare-and-swap check, and is recorded as soon as it is renamed.
-        items = [
-            PutItem(
-                posixpath.join(host.root, step.path),
-                _opener(Path(host.workspace) / step.path),
-                step.new_mode,
-                step.old_sha256,
-                check=not force,
-            )
-            for step in todo
-        ]
-
-        def started(i: int) -> None:
-            if on_progress:
-                on_progress(todo[i].path)
-            interrupt.check()
-
-        def done(i: int, sha: str, size: int) -> None:
-            step = todo[i]
-            new_mode = step.new_mode if step.new_mode is not None else step.old_mode
-            bases.append((step.path, sha, size, new_mode or 0o644))
-            landed(
-                step,
-                DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
-            )
-
-        try:
-            transport.put_files(items, on_landed=done, on_start=started, on_bytes=on_bytes)
-        except LiveChangedError as err:
-            raise _changed_while_deploying(todo[err.index].path) from None
-
+    deploy = Deploy(host, record, steps, force=force, bases=bases)
+    land = push_pipeline.upload_from_workspace(transport, on_progress, on_bytes)
     new = _python_sources(Path(host.workspace), [f.path for f in uploads], import_check)
     # The lock may go with the record's append when nothing follows it (no import check: its
     # failure rolls back, under the lock).
     release = lock if release_lock and lock is not None and not import_check else None
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
-        _run_deploy(
-            transport,
-            host,
-            record,
-            steps,
-            None,
-            on_progress,
-            plan.deployed,
-            force,
-            bases,
-            land_all,
-            release=release,
-        )
-    return plan
-
-
-def _opener(source: Path) -> Callable[[], BinaryIO]:
-    def open_source() -> BinaryIO:
         try:
-            return open(source, "rb")  # noqa: SIM115 - the transport closes it
-        except OSError as err:
-            raise TransferError(f"cannot read {source}: {err}") from None
-
-    return open_source
-
-
-def _changed_while_deploying(path: str) -> RefusedError:
-    return RefusedError(
-        f"{printable(path)} changed on the host while deploying; it was left as it is",
-        hint="run `kerneldev diff` to see the change, then pull/merge or --force",
-    )
+            push_pipeline.run_deploy(transport, deploy, land, release=release)
+        finally:
+            plan.deployed = deploy.landed
+    return plan
 
 
 def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, bytes | None]:
@@ -612,236 +544,6 @@ def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, b
 def _undo(transport: Transport, host: HostConfig) -> str:
     """Roll back the deploy just made (its files failed to import); returns the rollback's id."""
     return rollback(transport, host, force=True, import_check=False).deploy_id
-
-
-@dataclass
-class _Step:
-    """One file of a deploy: what live is expected to be, and what to put there."""
-
-    path: str
-    old_sha256: str | None  # live as planned (None: absent)
-    old_mode: int | None
-    new_mode: int | None  # None: keep the replaced file's mode
-    backup: str | None = None  # root-relative backup path, once backed up
-    new_sha256: str | None = None  # what is planned to land (None: the file is removed)
-    restore_from: str | None = None  # rollback: root-relative backup to copy back
-
-
-def _compare(
-    transport: Transport, host: HostConfig, step: _Step, force: bool
-) -> Callable[[], None]:
-    """The compare-and-swap check run right before the rename: live must still be what the
-    plan saw (anyone may have changed it, locked or not)."""
-
-    def check() -> None:
-        if force:
-            return
-        current = transport.file_sha256(posixpath.join(host.root, step.path))
-        if current != step.old_sha256:
-            raise _changed_while_deploying(step.path)
-
-    return check
-
-
-def _back_up(
-    transport: Transport, host: HostConfig, record: DeployRecord, steps: list[_Step]
-) -> None:
-    """Copy every live file the deploy replaces into its backup folder, on the host, before
-    any of them is replaced; then check each copy against the planned sha256. The folder's
-    marker holds the planned record, so an interrupted deploy can be settled later."""
-    deploy_id = record.id
-    for step in steps:
-        if step.old_sha256 is not None:
-            step.backup = posixpath.join(BACKUP_DIR, deploy_id, step.path)
-    planned = replace(
-        record,
-        files=[
-            DeployedFile(
-                s.path,
-                s.old_sha256,
-                s.new_sha256,
-                s.old_mode,
-                s.new_mode if s.new_mode is not None else s.old_mode,
-                s.backup,
-            )
-            for s in steps
-        ],
-    )
-    history.mark_incomplete(transport, host.root, planned)
-    pairs = []
-    for step in steps:
-        if step.backup is None:
-            continue
-        pairs.append((posixpath.join(host.root, step.path), posixpath.join(host.root, step.backup)))
-    sums = transport.copy_on_host(pairs)
-    got = {s.path: sums.get(posixpath.join(host.root, s.backup)) for s in steps if s.backup}
-    if None in got.values():  # the host has no sha256sum: hash there with python
-        folder = history.backup_folder(host.root, deploy_id)
-        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
-        got = {f.path: f.sha256 for f in copied}
-    for step in steps:
-        if step.backup is not None and got.get(step.path) != step.old_sha256:
-            raise RefusedError(
-                f"{printable(step.path)} changed on the host while deploying (its backup does "
-                "not match the planned bytes); nothing was replaced",
-                hint="run `kerneldev diff` and try again",
-            )
-
-
-def _run_deploy(
-    transport: Transport,
-    host: HostConfig,
-    record: DeployRecord,
-    steps: list[_Step],
-    land: Callable[[_Step], DeployedFile] | None,
-    on_progress: ProgressCallback | None,
-    deployed_paths: list[str],
-    force: bool,
-    bases: list[tuple[str, str | None, int, int]],
-    land_all: Callable[[list[_Step], Callable[[_Step, DeployedFile], None]], None] | None = None,
-    release: HostLock | None = None,
-) -> None:
-    """Back up, then land every step, recording each landed file. Whatever stops it (an error,
-    Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
-    local state and (when the host is still reachable) the host's history are written, and
-    the error says what was deployed and what was not. `land(step)` lands one step;
-    `land_all(steps, landed)` instead lands them all in one go, calling `landed` per file.
-    `release`: a held lock to release in the same command as the record's append (pruning
-    goes first, so all of it stays under the lock)."""
-
-    def landed(step: _Step, deployed: DeployedFile) -> None:
-        record.files.append(deployed)
-        deployed_paths.append(step.path)
-
-    try:
-        _back_up(transport, host, record, steps)
-        if land_all is not None:
-            land_all(steps, landed)
-        for step in steps if land is not None else ():
-            if on_progress:
-                on_progress(step.path)
-            interrupt.check()
-            landed(step, land(step))
-    except BaseException as err:
-        with interrupt.shield():
-            stopped_by_signal = isinstance(err, interrupt.Interrupted)
-            record.complete = False
-            record.outcome = (
-                "interrupted"
-                if stopped_by_signal or isinstance(err, ConnectionLostError)
-                else "partial"
-            )
-            _save(host, bases, record if record.files else None)
-            done = [f.path for f in record.files]
-            left = [s.path for s in steps if s.path not in done]
-            if record.files:
-                _append_history(transport, host, record)
-            else:
-                _drop_backups(transport, host, record.id)
-            summary = f"Deployed: {_names(done)}\nNot deployed: {_names(left)}"
-            if stopped_by_signal:
-                raise interrupt.Interrupted(
-                    err.signum, f"{record.kind} {record.id} {err.message}\n{summary}"
-                ) from None
-            if isinstance(err, KerneldevError):
-                reason = err.message
-            elif isinstance(err, OSError):
-                reason = str(err)
-            else:
-                raise
-            if not done:
-                if isinstance(err, KerneldevError):
-                    err.message = f"{reason}\n{summary}"
-                raise
-            raise PartialDeployError(
-                f"{record.kind} {record.id} stopped midway: {reason}\n{summary}",
-                done,
-                left,
-                hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or "
-                "fix the cause and push again",
-            ) from None
-    with interrupt.shield():
-        _save(host, bases, record)
-        _prune(transport, host, record)
-        _append_history(transport, host, record, release if release and release.held else None)
-
-
-def _names(paths: list[str], limit: int = 20) -> str:
-    """A list of paths for a message: all of them up to `limit`, then a count."""
-    if not paths:
-        return "(none)"
-    shown = printable_list(paths[:limit])
-    return shown if len(paths) <= limit else f"{shown} and {len(paths) - limit} more"
-
-
-def _save(
-    host: HostConfig, bases: list[tuple[str, str | None, int, int]], record: DeployRecord | None
-) -> None:
-    """Apply this command's changes to the state file under its lock (read-modify-write):
-    bases to set (sha None: forget the file) and the deploy record to append."""
-
-    def change(state: State) -> None:
-        state.host, state.root = host.name, host.root
-        for path, sha, size, mode in bases:
-            if sha is None:
-                state.files.pop(path, None)
-            else:
-                state.set_base(path, sha, size, mode, record.kind if record else "push")
-        if record is not None and all(d.id != record.id for d in state.deploys):
-            state.deploys.append(record)
-
-    update_state(Path(host.workspace), change, host.name)
-
-
-def _append_history(
-    transport: Transport, host: HostConfig, record: DeployRecord, release: HostLock | None = None
-) -> None:
-    """Append the record to the host's history; `release`: and release that lock in the same
-    command (else the caller's `release` does it)."""
-    try:
-        history.append_record(
-            transport, host.root, record, then=release.release_command() if release else ""
-        )
-    except KerneldevError:
-        return  # the host went away; the next push from this workspace records it there
-    if release is not None:
-        release.released_on_host()
-
-
-def _drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None:
-    """Nothing landed: the deploy's backup folder is not needed (best effort)."""
-    try:
-        transport.remove(history.backup_folder(host.root, deploy_id))
-    except KerneldevError:
-        pass  # cleaned by the next push as an incomplete backup
-
-
-def _housekeeping(
-    transport: Transport, host: HostConfig, state: State, found: history.Leftovers | None = None
-) -> list[str]:
-    """Under the lock, before changing anything: remove what interrupted runs left behind.
-    `found`: what the plan's scan (made under the same lock) saw; nothing found, nothing to do."""
-    if found is not None and not found:
-        return []
-    past = history.load_history(transport, host.root)
-    removed, notes = history.clean_leftovers(transport, host.root, past, found)
-    if removed:
-        notes.insert(0, f"removed leftovers of interrupted runs: {removed.describe()}")
-    return notes
-
-
-def _prune(transport: Transport, host: HostConfig, pending: DeployRecord | None = None) -> None:
-    """Prune old backups; `pending`: a record about to be appended, counted as in the history
-    already (so pruning can run before the append that releases the lock)."""
-    try:
-        past = history.load_history(transport, host.root)
-        if pending is not None and pending.id not in past.ids:
-            past.records.append(pending)
-        if len(past.records) <= host.keep_backups:
-            return
-        history.prune_backups(transport, host.root, past, host.keep_backups)
-    except KerneldevError:
-        pass  # pruning is housekeeping; the next deploy tries again
 
 
 # --- rollback ---------------------------------------------------------------------------
@@ -983,7 +685,7 @@ def rollback(
     if dry_run:
         return result
 
-    result.notes += _housekeeping(transport, host, state)
+    result.notes += push_pipeline.clean_leftovers(transport, host)
     record = DeployRecord(
         id=new_deploy_id(),
         time=now_iso(),
@@ -997,41 +699,11 @@ def rollback(
     steps = []
     for r in todo:
         now = live.get(r.path)
-        step = _Step(r.path, now.sha256 if now else None, now.mode if now else None, None)
+        step = DeployStep(r.path, now.sha256 if now else None, now.mode if now else None, None)
         step.restore_from, step.new_sha256 = r.backup, r.restore_sha256
         steps.append(step)
-    bases: list[tuple[str, str | None, int, int]] = []
-
-    def land(step: _Step) -> DeployedFile:
-        live_path = posixpath.join(host.root, step.path)
-        check = _compare(transport, host, step, force)
-        if step.restore_from is None:
-            check()
-            interrupt.check()
-            transport.remove(live_path)
-            bases.append((step.path, None, 0, 0))
-            return DeployedFile(step.path, step.old_sha256, None, step.old_mode, None, step.backup)
-        # Copy the backup next to the live file on the host, check live, rename.
-        folder, name = posixpath.split(live_path)
-        tmp = temp_path(folder, name)
-        try:
-            transport.copy_on_host([(posixpath.join(host.root, step.restore_from), tmp)])
-            check()
-            interrupt.check()
-            transport.rename(tmp, live_path)
-        except BaseException:
-            with interrupt.shield():
-                try:
-                    transport.remove(tmp)
-                except KerneldevError:
-                    pass  # a cut connection: the next push removes it
-            raise
-        copied = next(f for f in found if f.path == step.restore_from)  # cp -p keeps its mode
-        mode = copied.mode
-        bases.append((step.path, step.new_sha256, copied.size, mode))
-        return DeployedFile(
-            step.path, step.old_sha256, step.new_sha256, step.old_mode, mode, step.backup
-        )
+    deploy = Deploy(host, record, steps, force=force)
+    land = push_pipeline.restore_from_backups(transport, found, on_progress)
 
     new: dict[str, bytes | None] = {}
     if import_check:  # the restored modules' bytes, read from their (small) .py backups
@@ -1043,50 +715,9 @@ def rollback(
                     else None
                 )
     with check_deploy(transport, host, result, new, import_check, None):
-        _run_deploy(transport, host, record, steps, land, on_progress, [], force, bases)
+        push_pipeline.run_deploy(transport, deploy, land)
         result.files = record.files
     return result
-
-
-# --- automatic rollback of an unhealthy deploy ------------------------------------------
-
-
-def roll_back_unhealthy(
-    transport: Transport, host: HostConfig, restart: Callable[[RollbackResult], ServiceHealth]
-) -> tuple[RollbackResult, str]:
-    """Undo the last deploy after its restart never became healthy (recorded as
-    `auto-rollback`) and restart again with `restart(the rollback)`: (the rollback, how the
-    service came back). push --restart, group pushes and watch share it."""
-    undo = rollback(transport, host, outcome="auto-rollback")
-    try:
-        undo.health = restart(undo)
-        return undo, "healthy again with the previous files"
-    except ServiceError as err:
-        return undo, f"still not healthy after the rollback: {err.message}"
-
-
-def rolled_back_error(
-    result: PushResult,
-    unhealthy: UnhealthyError,
-    undo: RollbackResult,
-    after: str,
-    logs_shown: bool = False,
-) -> UnhealthyError:
-    """What a push whose restart never became healthy fails with once `roll_back_unhealthy`
-    has run: both outcomes in one message, the first restart's logs and health, and the push
-    result, its automatic rollback recorded, as the --json report. `logs_shown`: the logs were
-    already printed above (the hint says where to look)."""
-    result.auto_rollback = undo
-    failed = UnhealthyError(
-        f"deploy {result.deploy_id} did not come up healthy ({unhealthy.message}); it was "
-        f"rolled back as {undo.deploy_id} and the service restarted: {after}",
-        unhealthy.logs,
-        hint=f"see the service logs{' above' if logs_shown else ''}; fix the kernel and push "
-        "again (`--no-rollback` keeps a failing deploy in place for debugging)",
-        health=unhealthy.health,
-    )
-    failed.report = result
-    return failed
 
 
 # --- log --------------------------------------------------------------------------------

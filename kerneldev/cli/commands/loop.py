@@ -22,8 +22,9 @@ from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.loop import drift, history, sync
+from kerneldev.loop import deploy_tally, drift, history, release, sync
 from kerneldev.loop import lock as host_lock
+from kerneldev.loop.push_pipeline import PushRequest
 from kerneldev.printable import printable, printable_list
 from kerneldev.service.restart import require_service
 
@@ -304,21 +305,20 @@ def push_command(
             hint="use `push --restart --serial N`, or `--parallel N` to bound a plain push",
         )
     _, hosts = load_hosts(ctx, host_name)
+    request = PushRequest(
+        paths=paths,
+        force=force,
+        dry_run=dry_run,
+        restart=restart,
+        no_rollback=no_rollback,
+        import_check=not no_import_check,
+        create_root=create_root,
+        break_lock=break_lock,
+        lock_wait=lock_wait,
+    )
     if len(hosts) > 1:
         from kerneldev.cli.commands import group as group_cmd
-        from kerneldev.loop import fleet_ops
 
-        request = fleet_ops.PushRequest(
-            paths=paths,
-            force=force,
-            dry_run=dry_run,
-            restart=restart,
-            no_rollback=no_rollback,
-            import_check=not no_import_check,
-            create_root=create_root,
-            break_lock=break_lock,
-            lock_wait=lock_wait,
-        )
         return group_cmd.push(hosts, request, parallel, serial, as_json)
     host = hosts[0]
     if restart and not dry_run:
@@ -339,17 +339,7 @@ def push_command(
                 # restart still needs it.
                 lock = locked(transport, host, "push", break_lock, lock_wait, create_root, True)
                 try:
-                    result = _push_locked(
-                        transport,
-                        host,
-                        paths,
-                        force,
-                        not no_import_check,
-                        as_json,
-                        create_root,
-                        lock,
-                        not restart,
-                    )
+                    result = _push_locked(transport, host, request, lock, as_json)
                     if restart:
                         _restart_or_roll_back(transport, host, result, no_rollback, as_json)
                 finally:
@@ -373,31 +363,32 @@ def _summary_on_interrupt(landed: Callable[[], list[str] | None]) -> Iterator[No
     try:
         yield
     except interrupt.Interrupted as err:
-        if "\nDeployed: " not in err.message:
-            done = landed()
-            left = "everything (stopped before the upload)" if done is None else "(none)"
-            err.message += (
-                f"\nDeployed: {printable_list(done or []) or '(none)'}\nNot deployed: {left}"
-            )
+        deploy_tally.attach(err, deploy_tally.stopped_at(landed()))
         raise
 
 
 def _push_locked(
-    transport, host, paths, force, import_check, as_json, create_root, lock=None, release=False
+    transport: Transport,
+    host: HostConfig,
+    request: PushRequest,
+    lock: host_lock.HostLock,
+    as_json: bool,
 ) -> sync.PushResult:
+    """The push under `lock` (taken by its first remote command and released by its last
+    unless the restart still needs it), with a byte progress bar, its notes and its table."""
     progress, on_plan, on_bytes = _byte_progress(host)
     try:
         result = sync.push(
             transport,
             host,
-            paths,
-            force=force,
+            request.paths,
+            force=request.force,
             on_progress=None if progress else _progress("uploading"),
             on_bytes=on_bytes,
-            import_check=import_check,
-            create_root=create_root,
+            import_check=request.import_check,
+            create_root=request.create_root,
             lock=lock,
-            release_lock=release,
+            release_lock=not request.restart,
             on_plan=on_plan,
         )
     finally:
@@ -415,38 +406,34 @@ def _restart_or_roll_back(transport, host, result: sync.PushResult, no_rollback,
     """Restart; when health never comes, roll this deploy back and restart again (unless
     --no-rollback), then fail reporting both outcomes (the logs were shown by the restart)."""
 
-    try:
-        result.health = _restart_or_report(transport, host, result, as_json)
-        return
-    except UnhealthyError as err:
-        if no_rollback or not result.deploy_id:
-            raise
-        unhealthy = err
-    print_warning(f"rolling back deploy {result.deploy_id} automatically: {unhealthy.message}")
+    def rolling_back(unhealthy: UnhealthyError) -> None:
+        print_warning(f"rolling back deploy {result.deploy_id} automatically: {unhealthy.message}")
 
-    def restart_again(undo: sync.RollbackResult):
+    def rolled_back(undo: sync.RollbackResult) -> None:
         print_info(
             f"rolled back {', '.join(f.path for f in undo.files)} (recorded as "
             f"{undo.deploy_id}); restarting again"
         )
-        return restart_with_progress(transport, host, quiet=as_json)
 
-    undo, second = sync.roll_back_unhealthy(transport, host, restart_again)
-    # --json: the deploy, its failed health and the automatic rollback
-    raise sync.rolled_back_error(result, unhealthy, undo, second, logs_shown=True)
+    hooks = release.ReleaseHooks(
+        lambda: restart_with_progress(transport, host, quiet=as_json), rolling_back, rolled_back
+    )
+    outcome = release.restart_or_roll_back(
+        transport, host, result.deploy_id, hooks, roll_back=not no_rollback
+    )
+    # --json: the deploy, its failed health and any automatic rollback
+    release.raise_unless_healthy(result, outcome, logs_shown=True)
 
 
 def _restart_or_report(transport, host: HostConfig, result, as_json: bool):
-    """Restart after a push/rollback; when health never comes, `--json` still gets the deploy
+    """Restart after a rollback; when health never comes, `--json` still gets the rollback
     with the failed health result in it."""
 
     try:
         return restart_with_progress(transport, host, quiet=as_json)
     except UnhealthyError as err:
         result.health = err.health
-        again = UnhealthyError(err.message, err.logs, err.hint, health=err.health)
-        again.report = result  # the deploy did happen: --json shows it with the failed health
-        raise again from None
+        raise release.with_result(err, result) from None
 
 
 def render_push(result: sync.PushResult) -> None:

@@ -1,0 +1,451 @@
+"""The stages of one deploy, from the backups to the record, on plain data.
+
+A push (`sync.push`) and a rollback (`sync.rollback`) plan under the host lock, then hand one
+`Deploy` here: the files to change (`DeployStep`: what live is expected to be, what goes
+there), the record to fill and the workspace bases to set. The stages run in this order:
+
+1. back up (`back_up`): copy every live file to be replaced into the deploy's backup folder on
+   the host, its marker holding the planned record, and check each copy;
+2. upload and compare-and-swap rename (a `Lander`: `upload_from_workspace` for a push,
+   `restore_from_backups` for a rollback): each file goes to a temporary file next to its
+   target and is renamed over it only while live is still what the plan saw;
+3. record (`record_deploy`): the workspace state, pruning old backups, the host's history (and,
+   when nothing follows, the lock's release in the same command).
+
+`run_deploy` runs them. Whatever stops it, the record lists exactly the files that landed and
+the error carries them as data (`errors.DeployTally`). The stages take and return dataclasses
+and a transport, never the CLI's callbacks (progress aside), so that back-up-to-record can move
+into one host-side helper call later. Planning (`sync._plan`), the import check
+(`import_check.check_deploy`) and the release step (`release.py`: restart, roll back when
+unhealthy) sit around them.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import BinaryIO
+
+from kerneldev import interrupt
+from kerneldev.config import HostConfig
+from kerneldev.errors import (
+    ConnectionLostError,
+    DeployTally,
+    KerneldevError,
+    PartialDeployError,
+    RefusedError,
+    TransferError,
+)
+from kerneldev.hosts.transport.base import (
+    ByteCallback,
+    LiveChangedError,
+    PutItem,
+    RemoteFile,
+    Transport,
+    temp_path,
+)
+from kerneldev.loop import deploy_tally, history
+from kerneldev.loop import lock as host_lock
+from kerneldev.loop.lock import HostLock
+from kerneldev.loop.state import DeployedFile, DeployRecord, State, update_state
+from kerneldev.loop.workspace import glob_escape
+from kerneldev.printable import printable
+
+BACKUP_DIR = history.BACKUP_DIR  # under the host's root
+
+ProgressCallback = Callable[[str], None]
+
+
+@dataclass
+class PushRequest:
+    """What one push is asked to do, on one host or on each of a group's: the options of
+    `kerneldev push`, for `sync.push` and the release step after it (kerneldev/loop/release.py)."""
+
+    paths: list[str] | None = None
+    force: bool = False
+    dry_run: bool = False
+    restart: bool = False
+    no_rollback: bool = False
+    import_check: bool = True
+    create_root: bool = False
+    break_lock: bool = False
+    lock_wait: float = host_lock.DEFAULT_WAIT
+
+
+@dataclass(frozen=True)
+class BaseUpdate:
+    """A workspace base to record when the command ends (`sha256` None: forget the path)."""
+
+    path: str
+    sha256: str | None
+    size: int
+    mode: int
+
+
+@dataclass
+class DeployStep:
+    """One file of a deploy: what live is expected to be, and what to put there."""
+
+    path: str
+    old_sha256: str | None  # live as planned (None: absent)
+    old_mode: int | None
+    new_mode: int | None  # None: keep the replaced file's mode
+    backup: str | None = None  # root-relative backup path, once backed up
+    new_sha256: str | None = None  # what is planned to land (None: the file is removed)
+    restore_from: str | None = None  # rollback: root-relative backup to copy back
+
+
+@dataclass
+class Deploy:
+    """One deploy as the stages see it. `bases`: set whatever happens (files already in sync);
+    the landed files' bases are added as they land, as are their entries in `record.files`."""
+
+    host: HostConfig
+    record: DeployRecord
+    steps: list[DeployStep]
+    force: bool = False  # no compare-and-swap check before a rename
+    bases: list[BaseUpdate] = field(default_factory=list)
+
+    @property
+    def landed(self) -> list[str]:
+        return [f.path for f in self.record.files]
+
+    @property
+    def not_landed(self) -> list[str]:
+        done = set(self.landed)
+        return [s.path for s in self.steps if s.path not in done]
+
+
+# How a deploy's files land: `lander(deploy, landed)` puts each step in place (after the
+# compare-and-swap check) and calls `landed(file, base)` as soon as it is renamed.
+Landed = Callable[[DeployedFile, BaseUpdate], None]
+Lander = Callable[[Deploy, Landed], None]
+
+
+# --- stage: back up -----------------------------------------------------------------------
+
+
+def back_up(transport: Transport, deploy: Deploy) -> None:
+    """Copy every live file the deploy replaces into its backup folder, on the host, before
+    any of them is replaced; then check each copy against the planned sha256. The folder's
+    marker holds the planned record, so an interrupted deploy can be settled later."""
+    host, record, steps = deploy.host, deploy.record, deploy.steps
+    deploy_id = record.id
+    for step in steps:
+        if step.old_sha256 is not None:
+            step.backup = posixpath.join(BACKUP_DIR, deploy_id, step.path)
+    planned = replace(
+        record,
+        files=[
+            DeployedFile(
+                s.path,
+                s.old_sha256,
+                s.new_sha256,
+                s.old_mode,
+                s.new_mode if s.new_mode is not None else s.old_mode,
+                s.backup,
+            )
+            for s in steps
+        ],
+    )
+    history.mark_incomplete(transport, host.root, planned)
+    pairs = []
+    for step in steps:
+        if step.backup is None:
+            continue
+        pairs.append((posixpath.join(host.root, step.path), posixpath.join(host.root, step.backup)))
+    sums = transport.copy_on_host(pairs)
+    got = {s.path: sums.get(posixpath.join(host.root, s.backup)) for s in steps if s.backup}
+    if None in got.values():  # the host has no sha256sum: hash there with python
+        folder = history.backup_folder(host.root, deploy_id)
+        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
+        got = {f.path: f.sha256 for f in copied}
+    for step in steps:
+        if step.backup is not None and got.get(step.path) != step.old_sha256:
+            raise RefusedError(
+                f"{printable(step.path)} changed on the host while deploying (its backup does "
+                "not match the planned bytes); nothing was replaced",
+                hint="run `kerneldev diff` and try again",
+            )
+
+
+# --- stage: upload, compare-and-swap rename --------------------------------------------------
+
+
+def changed_while_deploying(path: str) -> RefusedError:
+    return RefusedError(
+        f"{printable(path)} changed on the host while deploying; it was left as it is",
+        hint="run `kerneldev diff` to see the change, then pull/merge or --force",
+    )
+
+
+def upload_from_workspace(
+    transport: Transport,
+    on_progress: ProgressCallback | None = None,
+    on_bytes: ByteCallback | None = None,
+) -> Lander:
+    """A push's lander: every file in one transfer (one stream over SSH) from the workspace;
+    each lands as `put_file` does, after the compare-and-swap check."""
+
+    def land(deploy: Deploy, landed: Landed) -> None:
+        host, todo = deploy.host, deploy.steps
+        items = [
+            PutItem(
+                posixpath.join(host.root, step.path),
+                _opener(Path(host.workspace) / step.path),
+                step.new_mode,
+                step.old_sha256,
+                check=not deploy.force,
+            )
+            for step in todo
+        ]
+
+        def started(i: int) -> None:
+            if on_progress:
+                on_progress(todo[i].path)
+            interrupt.check()
+
+        def done(i: int, sha: str, size: int) -> None:
+            step = todo[i]
+            new_mode = step.new_mode if step.new_mode is not None else step.old_mode
+            landed(
+                DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
+                BaseUpdate(step.path, sha, size, new_mode or 0o644),
+            )
+
+        try:
+            transport.put_files(items, on_landed=done, on_start=started, on_bytes=on_bytes)
+        except LiveChangedError as err:
+            raise changed_while_deploying(todo[err.index].path) from None
+
+    return land
+
+
+def _opener(source: Path) -> Callable[[], BinaryIO]:
+    def open_source() -> BinaryIO:
+        try:
+            return open(source, "rb")  # noqa: SIM115 - the transport closes it
+        except OSError as err:
+            raise TransferError(f"cannot read {source}: {err}") from None
+
+    return open_source
+
+
+def restore_from_backups(
+    transport: Transport, backups: list[RemoteFile], on_progress: ProgressCallback | None = None
+) -> Lander:
+    """A rollback's lander, file by file: copy each step's backup (`restore_from`, one of the
+    checked `backups`) next to its live file on the host, check live, rename; a step with no
+    backup to restore (the deploy created the file) removes the live file."""
+
+    def land_one(deploy: Deploy, step: DeployStep) -> tuple[DeployedFile, BaseUpdate]:
+        host = deploy.host
+        live_path = posixpath.join(host.root, step.path)
+        check = _compare_and_swap(transport, deploy, step)
+        if step.restore_from is None:
+            check()
+            interrupt.check()
+            transport.remove(live_path)
+            removed = DeployedFile(
+                step.path, step.old_sha256, None, step.old_mode, None, step.backup
+            )
+            return removed, BaseUpdate(step.path, None, 0, 0)
+        folder, name = posixpath.split(live_path)
+        tmp = temp_path(folder, name)
+        try:
+            transport.copy_on_host([(posixpath.join(host.root, step.restore_from), tmp)])
+            check()
+            interrupt.check()
+            transport.rename(tmp, live_path)
+        except BaseException:
+            with interrupt.shield():
+                try:
+                    transport.remove(tmp)
+                except KerneldevError:
+                    pass  # a cut connection: the next push removes it
+            raise
+        copied = next(f for f in backups if f.path == step.restore_from)  # cp -p keeps its mode
+        mode = copied.mode
+        restored = DeployedFile(
+            step.path, step.old_sha256, step.new_sha256, step.old_mode, mode, step.backup
+        )
+        return restored, BaseUpdate(step.path, step.new_sha256, copied.size, mode)
+
+    def land(deploy: Deploy, landed: Landed) -> None:
+        for step in deploy.steps:
+            if on_progress:
+                on_progress(step.path)
+            interrupt.check()
+            landed(*land_one(deploy, step))
+
+    return land
+
+
+def _compare_and_swap(transport: Transport, deploy: Deploy, step: DeployStep) -> Callable[[], None]:
+    """The compare-and-swap check run right before the rename: live must still be what the
+    plan saw (anyone may have changed it, locked or not)."""
+
+    def check() -> None:
+        if deploy.force:
+            return
+        current = transport.file_sha256(posixpath.join(deploy.host.root, step.path))
+        if current != step.old_sha256:
+            raise changed_while_deploying(step.path)
+
+    return check
+
+
+# --- the stages in order --------------------------------------------------------------------
+
+
+def run_deploy(
+    transport: Transport, deploy: Deploy, land: Lander, release: HostLock | None = None
+) -> None:
+    """Back up, then land every step, recording each landed file. Whatever stops it (an error,
+    Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
+    local state and (when the host is still reachable) the host's history are written, and
+    the error carries what was deployed and what was not (`tally`, and its summary in the
+    message). `release`: a held lock to release in the same command as the record's append
+    (pruning goes first, so all of it stays under the lock)."""
+    record = deploy.record
+
+    def landed(file: DeployedFile, base: BaseUpdate) -> None:
+        deploy.bases.append(base)
+        record.files.append(file)
+
+    try:
+        back_up(transport, deploy)
+        land(deploy, landed)
+    except BaseException as err:
+        with interrupt.shield():
+            stopped_by_signal = isinstance(err, interrupt.Interrupted)
+            record.complete = False
+            record.outcome = (
+                "interrupted"
+                if stopped_by_signal or isinstance(err, ConnectionLostError)
+                else "partial"
+            )
+            record_stopped(transport, deploy)
+            done, left = deploy.landed, deploy.not_landed
+            tally = DeployTally(tuple(done), tuple(left))
+            if stopped_by_signal:
+                stopped = interrupt.Interrupted(
+                    err.signum, f"{record.kind} {record.id} {err.message}"
+                )
+                raise deploy_tally.attach(stopped, tally) from None
+            if isinstance(err, KerneldevError):
+                reason = err.message
+            elif isinstance(err, OSError):
+                reason = str(err)
+            else:
+                raise
+            if not done:
+                if isinstance(err, KerneldevError):
+                    deploy_tally.attach(err, tally)
+                raise
+            partial = PartialDeployError(
+                f"{record.kind} {record.id} stopped midway: {reason}",
+                done,
+                left,
+                hint="the deploy record lists what landed; `kerneldev rollback` undoes it, or "
+                "fix the cause and push again",
+            )
+            raise deploy_tally.attach(partial, tally) from None
+    with interrupt.shield():
+        record_deploy(transport, deploy, release if release and release.held else None)
+
+
+# --- stage: record ----------------------------------------------------------------------------
+
+
+def record_deploy(transport: Transport, deploy: Deploy, release: HostLock | None = None) -> None:
+    """A deploy that ran to its end: the workspace state, pruning, the host's history (with
+    `release`: and the lock's release, in the same command)."""
+    save_bases(deploy.host, deploy.bases, deploy.record)
+    prune(transport, deploy.host, deploy.record)
+    append_history(transport, deploy.host, deploy.record, release)
+
+
+def record_stopped(transport: Transport, deploy: Deploy) -> None:
+    """A deploy that stopped midway: what landed is recorded (state, history); nothing landed,
+    its backups are dropped."""
+    record = deploy.record
+    save_bases(deploy.host, deploy.bases, record if record.files else None)
+    if record.files:
+        append_history(transport, deploy.host, record)
+    else:
+        drop_backups(transport, deploy.host, record.id)
+
+
+def save_bases(host: HostConfig, bases: list[BaseUpdate], record: DeployRecord | None) -> None:
+    """Apply this command's changes to the state file under its lock (read-modify-write):
+    bases to set (sha None: forget the file) and the deploy record to append."""
+
+    def change(state: State) -> None:
+        state.host, state.root = host.name, host.root
+        for base in bases:
+            if base.sha256 is None:
+                state.files.pop(base.path, None)
+            else:
+                kind = record.kind if record else "push"
+                state.set_base(base.path, base.sha256, base.size, base.mode, kind)
+        if record is not None and all(d.id != record.id for d in state.deploys):
+            state.deploys.append(record)
+
+    update_state(Path(host.workspace), change, host.name)
+
+
+def append_history(
+    transport: Transport, host: HostConfig, record: DeployRecord, release: HostLock | None = None
+) -> None:
+    """Append the record to the host's history; `release`: and release that lock in the same
+    command (else the caller's `release` does it)."""
+    try:
+        history.append_record(
+            transport, host.root, record, then=release.release_command() if release else ""
+        )
+    except KerneldevError:
+        return  # the host went away; the next push from this workspace records it there
+    if release is not None:
+        release.released_on_host()
+
+
+def drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None:
+    """Nothing landed: the deploy's backup folder is not needed (best effort)."""
+    try:
+        transport.remove(history.backup_folder(host.root, deploy_id))
+    except KerneldevError:
+        pass  # cleaned by the next push as an incomplete backup
+
+
+def prune(transport: Transport, host: HostConfig, pending: DeployRecord | None = None) -> None:
+    """Prune old backups; `pending`: a record about to be appended, counted as in the history
+    already (so pruning can run before the append that releases the lock)."""
+    try:
+        past = history.load_history(transport, host.root)
+        if pending is not None and pending.id not in past.ids:
+            past.records.append(pending)
+        if len(past.records) <= host.keep_backups:
+            return
+        history.prune_backups(transport, host.root, past, host.keep_backups)
+    except KerneldevError:
+        pass  # pruning is housekeeping; the next deploy tries again
+
+
+# --- under the lock, before the first stage -----------------------------------------------------
+
+
+def clean_leftovers(
+    transport: Transport, host: HostConfig, found: history.Leftovers | None = None
+) -> list[str]:
+    """Under the lock, before changing anything: remove what interrupted runs left behind.
+    `found`: what the plan's scan (made under the same lock) saw; nothing found, nothing to do."""
+    if found is not None and not found:
+        return []
+    past = history.load_history(transport, host.root)
+    removed, notes = history.clean_leftovers(transport, host.root, past, found)
+    if removed:
+        notes.insert(0, f"removed leftovers of interrupted runs: {removed.describe()}")
+    return notes
