@@ -343,6 +343,8 @@ if ON_GPU:  # bf16 operands at production sizes
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(
                     exact_in_launch=True, num_stages=2
                 ),
+                # the two launches one after the other (the row runs them side by side)
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_concurrent=False),
                 # the second launch with 16- and 32-head programs
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=16),
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=32),
@@ -412,6 +414,7 @@ def _cfg_id(cfg):
         + ("-grp" if cfg.s_by_group else "")
         + (f"-x{cfg.exact_block_h}" if cfg.exact_block_h else "")
         + ("-inlaunch" if cfg.exact_in_launch else "")
+        + ("-concurrent" if cfg.exact_concurrent else "")
         + (f"-st{cfg.num_stages}" if cfg.num_stages > 1 else "")
     )
 
@@ -531,6 +534,8 @@ def test_mma_config_rule():
     assert (sm90.block_h, sm90.block_n, sm90.num_splits, sm90.num_warps) == (64, 64, 2, 8)
     assert (sm90.pv_split, sm90.pv_split_below, sm90.s_by_group) == (False, 256, False)
     assert (sm90.num_stages, sm90.exact_in_launch) == (1, False)  # two launches
+    assert sm90.exact_concurrent  # side by side (streams), not one after the other
+    assert not fl.mma_config(None, 2, 64, 64, 2048, 0).exact_concurrent  # interpreter: no streams
     piped = fl.MMA_ROWS["sm90"]._replace(num_stages=2)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=piped).num_stages == 2
     # a tile-capped grid (one tile per split) runs unpipelined whatever the row says
@@ -547,6 +552,7 @@ def test_mma_config_rule():
     assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.s_by_group) == (32, 32, 4, True)
     assert (sm120.num_splits, sm120.exact_block_h) == (2, 16)  # 188 SMs x 2 // 128 programs
     assert (sm120.num_stages, sm120.exact_in_launch) == (1, True)  # one launch
+    assert not sm120.exact_concurrent
     assert fl.mma_config((12, 0), 188, 4, 64, 37, 0).block_h == 16  # exact PV: 16 heads
     assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config((12, 0), 128, 64, 64,
                                                                          2048, 0)  # fmt: skip
@@ -569,20 +575,24 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     assert fl.mma_config((12, 0), 188, 1024, 8, 128, 512)[1:4:2] == (32, 4)  # sm_120: its row
 
 
-@pytest.mark.parametrize("in_launch", [False, True])
+@pytest.mark.parametrize("mode", ["second", "in_launch", "concurrent"])
 @pytest.mark.parametrize("count_block_max", [16, 4096])
-def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, in_launch):
+def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, mode):
     """The per-request count of valid indices that picks the exact PV, in one block (index
     rows up to COUNT_BLOCK_MAX) and in a loop (longer rows; forced here with a 16-entry
-    block), as a second launch or a branch of the one launch: the few-token requests must
-    get the exact PV and the others the bf16-P result, so every output is written and
-    accurate."""
+    block), as a second launch, a branch of the one launch, or a second launch beside the
+    first (which then skips the few-token requests; here, without streams, one after the
+    other): the few-token requests must get the exact PV and the others the bf16-P result,
+    so every output is written (poisoned first) and accurate."""
     monkeypatch.setattr(fl, "COUNT_BLOCK_MAX", count_block_max)
     inputs = ref.make_inputs(
         B=4, H=64, topk=40, page_size=64, extra_topk=24, extra_page_size=32,
         topk_length="partial", invalid_fraction=0.2, with_sink=True, device=DEVICE, seed=77,
     )  # fmt: skip
-    cfg = MMAConfig(64, BN, 2, W, 1, pv_split_below=30, exact_in_launch=in_launch)
+    cfg = MMAConfig(
+        64, BN, 2, W, 1, pv_split_below=30, exact_in_launch=mode == "in_launch",
+        exact_concurrent=mode == "concurrent",
+    )  # fmt: skip
     _run_and_check(inputs, "mma", cfg)
 
 
