@@ -43,8 +43,11 @@ Kernels:
     requests with few valid tokens each program counts its request's valid tokens on the
     device and gives those requests the exact PV (P's bf16 rounding residue added): as a
     branch of the same launch (the sm_120 row), or in a second launch of the same kernel that
-    redoes them and returns at once for the others (the sm_90 row, where the branch made the
-    bf16-P loop spill).
+    does them and returns at once for the others (the sm_90 row, where the branch made the
+    bf16-P loop spill). On the sm_90 row that launch runs on a side stream beside the first,
+    which then skips the few-token requests (disjoint outputs; device-side events, no host
+    sync): their exact pass uses the SMs that short requests leave idle instead of following
+    the longest split.
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
@@ -949,6 +952,11 @@ PV_SPLIT_MAX_TOKENS = 256
 PREFILL_PROGRAMS_PER_SLOT = 4
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
+# The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
+# split walks at least this many tiles: the exact programs' work is at most a split's tiles,
+# and with one or two the serial launch costs less than the fork, join and count (run S1:
+# B1 and B16 rows 1-2 µs slower side by side in the one-call-per-graph peers harness).
+EXACT_CONCURRENT_MIN_TILES = 3
 
 
 def mma_config(
@@ -992,10 +1000,11 @@ def mma_config(
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
+    concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
-        on_gpu and row.exact_concurrent,
+        on_gpu and row.exact_concurrent and concurrent,
     )  # fmt: skip
 
 

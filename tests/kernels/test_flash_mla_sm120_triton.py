@@ -596,6 +596,57 @@ def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, m
     _run_and_check(inputs, "mma", cfg)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="CUDA streams and graphs need a GPU")
+@pytest.mark.parametrize("stream_made_in_capture", [False, True])
+def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_capture):
+    """The exact launch on a side stream beside the bf16-P launch (`exact_concurrent`):
+    captured in a CUDA graph (the side stream made before the capture, or inside it on first
+    use) and replayed with new data copied into the same buffers, then the first data again,
+    and called eagerly from a non-default current stream: every output written (poisoned
+    before each run) and accurate against the float64 reference of the data it saw."""
+    kw = dict(B=64, H=64, topk=2048, page_size=64, with_sink=True, topk_length="partial",
+              invalid_fraction=0.1, device=DEVICE)  # fmt: skip
+    cfg = fl._device_mma_config(torch.device(DEVICE), 64, 64, 2048, 0)
+    cfg = cfg._replace(exact_in_launch=False, exact_concurrent=True)
+    sets = [ref.make_inputs(**kw, seed=_seed(f"side-stream-{i}")) for i in range(2)]
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+    out = torch.empty(64, 1, 64, 512, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(64, 64, 1, dtype=torch.float32, device=DEVICE)
+
+    def check(inputs):
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
+        acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+        assert acc["ok"], acc
+
+    def call(inputs):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        decode(**inputs, variant="mma", out=out, lse=lse, _config=cfg)
+
+    call(static)  # compile outside the capture
+    check(static)
+    if stream_made_in_capture:
+        fl._SIDE_STREAMS.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode(**static, variant="mma", out=out, lse=lse, _config=cfg)
+    for inputs in (sets[1], sets[0]):
+        for k, v in inputs.items():
+            if isinstance(v, torch.Tensor):
+                static[k].copy_(v)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        check(inputs)
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        call(sets[1])
+    torch.cuda.current_stream().wait_stream(other)
+    check(sets[1])
+
+
 def test_splits_agree_with_single_split():
     inputs = ref.make_inputs(
         B=2,
