@@ -43,8 +43,11 @@ Kernels:
     requests with few valid tokens each program counts its request's valid tokens on the
     device and gives those requests the exact PV (P's bf16 rounding residue added): as a
     branch of the same launch (the sm_120 row), or in a second launch of the same kernel that
-    redoes them and returns at once for the others (the sm_90 row, where the branch made the
-    bf16-P loop spill).
+    does them and returns at once for the others (the sm_90 row, where the branch made the
+    bf16-P loop spill). On the sm_90 row that launch runs on a side stream beside the first,
+    which then skips the few-token requests (disjoint outputs; device-side events, no host
+    sync): their exact pass uses the SMs that short requests leave idle instead of following
+    the longest split.
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
@@ -55,6 +58,7 @@ kerneldev.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import NamedTuple
 
@@ -722,6 +726,7 @@ def _mma_split_kernel(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
+    RUN_EXACT: tl.constexpr = True,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -764,21 +769,24 @@ def _mma_split_kernel(
                 COUNT_ONE_BLOCK,
             )  # fmt: skip
         exact = n_valid <= EXACT_BELOW
+    # RUN_EXACT off: the bf16-P launch of a pair whose other launch (on a side stream, running
+    # beside this one) does the few-token requests: they return here, so the two write
+    # disjoint outputs. RUN_BF16_P off: that other launch, which returns for the rest.
     if exact:
-        for sub in tl.static_range(BLOCK_H // EXACT_BLOCK_H):
-            _split_heads(
-                h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, split, H,
-                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
-                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-                e_start, e_end,
-                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
-                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
-                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
-            )  # fmt: skip
+        if RUN_EXACT:
+            for sub in tl.static_range(BLOCK_H // EXACT_BLOCK_H):
+                _split_heads(
+                    h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, split, H,
+                    num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end,
+                    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                    stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                    SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
+                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
+                )  # fmt: skip
     else:
-        # RUN_BF16_P off: the second of two launches, which only redoes few-token requests.
         if RUN_BF16_P:
             _split_heads(
                 h0 + tl.arange(0, BLOCK_H), b, split, H,
@@ -872,6 +880,10 @@ class MMARow(NamedTuple):
     # 64-token K tile in shared memory): 32-token tiles and 4 warps fit two per SM.
     prefill_block_n: int = 0
     prefill_num_warps: int = 0
+    # With the exact PV as a second launch: that launch runs on a side stream beside the
+    # bf16-P launch (which then counts too and skips the few-token requests), not after it,
+    # so its time passes under the bf16-P launch's longest split instead of adding to it.
+    exact_concurrent: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -885,7 +897,9 @@ MMA_ROWS: dict[str, MMARow] = {
     # Prefill with H <= 16: 32-token tiles, 4 warps (runs P1, P2: T1024 / T4096 H8 dual
     # 430 / 1673 -> 392 / 1513 µs; 16-token tiles or 2 warps slower, 2 pipeline stages 1.6x
     # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4),
+    # The exact launch beside the bf16-P one (side stream): edge rows' ~40 µs exact pass under
+    # the longest split (issue 20, session 4: docs/benchmarks.md).
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
@@ -923,6 +937,7 @@ class MMAConfig(NamedTuple):
     exact_block_h: int = 0  # heads per exact-PV sub-block of a program (0: block_h)
     exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
     prefetch_next: bool = False  # L2 prefetch of the next tile's rows (GPU only)
+    exact_concurrent: bool = False  # the second (exact) launch on a side stream (GPU only)
 
 
 MAX_SPLITS = 64
@@ -937,6 +952,11 @@ PV_SPLIT_MAX_TOKENS = 256
 PREFILL_PROGRAMS_PER_SLOT = 4
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
+# The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
+# split walks at least this many tiles: the exact programs' work is at most a split's tiles,
+# and with one or two the serial launch costs less than the fork, join and count (run S1:
+# B1 and B16 rows 1-2 µs slower side by side in the one-call-per-graph peers harness).
+EXACT_CONCURRENT_MIN_TILES = 3
 
 
 def mma_config(
@@ -980,9 +1000,11 @@ def mma_config(
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
+    concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
+        on_gpu and row.exact_concurrent and concurrent,
     )  # fmt: skip
 
 
@@ -1042,6 +1064,17 @@ def _launch_simt(q, main, extra, common, flags):
     )  # fmt: skip
 
 
+# One side stream per device for the exact launch (exact_concurrent), made on first use.
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
 def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
@@ -1065,30 +1098,48 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # as the bf16-P loop (exact_in_launch), or in a second launch over the same splits that
     # overwrites the first one's results for them and returns for the others. The second
     # launch's programs hold exact_block_h heads each: the few requests it redoes are spread
-    # over more SMs, and the doubled tile and smaller accumulator do not spill.
+    # over more SMs, and the doubled tile and smaller accumulator do not spill. With
+    # exact_concurrent the pair splits the requests instead (the bf16-P launch counts too and
+    # skips the few-token ones) and the exact launch runs on a side stream beside it: with
+    # partial lengths most of the bf16-P launch's programs end early, and the exact programs
+    # take their SMs while its longest splits still run.
     exact_below = 0 if cfg.pv_split else cfg.pv_split_below
+    # (bf16-P loop, exact PV, count below) per launch
     if exact_below == 0 or cfg.exact_in_launch:
-        launches = [(True, exact_below)]
+        launches = [(True, True, exact_below)]
+    elif cfg.exact_concurrent:
+        launches = [(True, False, exact_below), (False, True, exact_below)]
     else:
-        launches = [(True, 0), (False, exact_below)]
+        launches = [(True, True, 0), (False, True, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
     exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
-    for run_bf16_p, below in launches:
+    side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
+    if side is not None and len(launches) == 2:
+        # Fork: the side stream waits for what the caller queued (the inputs); the join below
+        # orders the combine (and the caller) after both. Device-side only: no host sync, and
+        # CUDA-graph capture records it as two branches. part_o / part_lse are allocated on the
+        # current stream and freed after the join, so the allocator never reuses them early.
+        current = torch.cuda.current_stream(q.device)
+        side.wait_stream(current)
+    for n, (run_bf16_p, run_exact, below) in enumerate(launches):
         # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
         block_h = cfg.block_h if run_bf16_p else exact_block_h
-        _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
-            **common, **main, **extra,
-            tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
-            H=H, num_splits=splits, **flags,
-            SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
-            DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
-            NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, EXACT_BELOW=below,
-            EXACT_BLOCK_H=exact_block_h,
-            COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
-            PREFETCH=cfg.prefetch_next and q.is_cuda,
-            num_warps=cfg.num_warps, num_stages=stages,
-        )  # fmt: skip
+        with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
+            _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+                **common, **main, **extra,
+                tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
+                H=H, num_splits=splits, **flags,
+                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+                DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
+                NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
+                EXACT_BELOW=below, EXACT_BLOCK_H=exact_block_h,
+                COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
+                PREFETCH=cfg.prefetch_next and q.is_cuda,
+                num_warps=cfg.num_warps, num_stages=stages,
+            )  # fmt: skip
+    if side is not None and len(launches) == 2:
+        current.wait_stream(side)  # join
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))

@@ -45,18 +45,20 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
     return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
             "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
-            "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next}  # fmt: skip
+            "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next,
+            "exact_concurrent": getattr(cfg, "exact_concurrent", False)}  # fmt: skip
 
 
 def compile_kernel(
     fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_branch: bool,
-    run_bf16_p: bool = True, formats: tuple[int, int] = (0, 0),
+    run_bf16_p: bool = True, formats: tuple[int, int] = (0, 0), run_exact: bool = True,
 ):  # fmt: skip
     """Compile `_mma_split_kernel` for `cc` with a table row's parameters, as `mma_config` and
     the launcher do: `pv_split` (exact PV for the whole call) with the row's EXACT_BLOCK_H
     heads; `exact_branch`: the exact PV for few-token requests, beside the bf16-P loop or
-    (`run_bf16_p` off) alone, as the second launch. `formats`: the (main, extra) caches' FMT
-    (0 V4, 1 V4.1 FP8, 2 V4.1 FP4)."""
+    (`run_bf16_p` off) alone, as the second launch; `run_exact` off: the count alone, the
+    bf16-P launch beside a concurrent exact one (`exact_concurrent`). `formats`: the (main,
+    extra) caches' FMT (0 V4, 1 V4.1 FP8, 2 V4.1 FP4)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -71,7 +73,7 @@ def compile_kernel(
         SINGLE_SPLIT=False, BLOCK_H=block_h, BLOCK_N=row["BLOCK_N"],
         HAS_EXTRA=has_extra, HAS_SINK=True, DOT_DTYPE=tl.bfloat16,
         PV_SPLIT=pv_split, RNE_BY_HAND=False, S_BY_GROUP=row.get("S_BY_GROUP", False),
-        NUM_STAGES=stages, RUN_BF16_P=run_bf16_p,
+        NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
         EXACT_BELOW=fl.PV_SPLIT_MAX_TOKENS if exact_branch else 0,
         EXACT_BLOCK_H=min(row.get("EXACT_BLOCK_H", block_h), block_h),
         COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True, PREFETCH=row["prefetch_next"],
@@ -134,23 +136,27 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
     rows = []
     for cc in ccs:
         row = table_row(fl, cc)
-        # (build, exact branch, pv_split, bf16-P loop): the row's launches for few-token
-        # requests (one launch with both loops, or two), and the whole-call exact PV the table
-        # takes for topk + extra topk <= 256.
+        # (build, exact branch, pv_split, bf16-P loop, exact PV): the row's launches for
+        # few-token requests (one launch with both loops, or two: the first counting too when
+        # the two run side by side), and the whole-call exact PV the table takes for topk +
+        # extra topk <= 256.
         if row["exact_in_launch"]:
-            builds = [("bf16-P+exact", True, False, True)]
+            builds = [("bf16-P+exact", True, False, True, True)]
         else:
-            builds = [("bf16-P", False, False, True), ("exact", True, False, False)]
-        for label, exact_branch, pv_split, run_bf16_p in (
+            first = ("bf16-P+count", True, False, True, False) if row["exact_concurrent"] else (
+                "bf16-P", False, False, True, True)  # fmt: skip
+            builds = [first, ("exact", True, False, False, True)]
+        for label, exact_branch, pv_split, run_bf16_p, run_exact in (
             *builds,
-            ("exact-all", False, True, True),
+            ("exact-all", False, True, True, True),
         ):
             # V4 caches alone and paired, and the V4.1 pair with the most code (FP8 main, FP4
             # extra: the tile's gather branches on its cache).
             for has_extra, formats in ((False, (0, 0)), (True, (0, 0)), (True, (1, 2))):
                 ck = compile_kernel(
-                    fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p, formats
-                )
+                    fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p, formats,
+                    run_exact,
+                )  # fmt: skip
                 shared = ck.metadata.shared
                 limit = SMEM_LIMIT.get(cc)
                 rows.append({

@@ -224,6 +224,13 @@ def test_prefetch_next_is_a_row_key():
     assert "prefetch_next" in bench.build_parser().format_help()
 
 
+def test_exact_concurrent_is_a_row_key():
+    """The side-by-side exact launch can be switched per variant (A/B against the serial pair)."""
+    conf = bench.parse_config("serial=exact_concurrent:0")
+    assert dict(conf.row_over) == {"exact_concurrent": 0}
+    assert "exact_concurrent" in bench.build_parser().format_help()
+
+
 # --- prefill-sized shapes and the DSv4.1 formats (issue 20) ----------------------------------
 
 

@@ -343,6 +343,8 @@ if ON_GPU:  # bf16 operands at production sizes
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(
                     exact_in_launch=True, num_stages=2
                 ),
+                # the two launches one after the other (the row runs them side by side)
+                fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_concurrent=False),
                 # the second launch with 16- and 32-head programs
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=16),
                 fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(exact_block_h=32),
@@ -412,6 +414,7 @@ def _cfg_id(cfg):
         + ("-grp" if cfg.s_by_group else "")
         + (f"-x{cfg.exact_block_h}" if cfg.exact_block_h else "")
         + ("-inlaunch" if cfg.exact_in_launch else "")
+        + ("-concurrent" if cfg.exact_concurrent else "")
         + (f"-st{cfg.num_stages}" if cfg.num_stages > 1 else "")
     )
 
@@ -531,6 +534,8 @@ def test_mma_config_rule():
     assert (sm90.block_h, sm90.block_n, sm90.num_splits, sm90.num_warps) == (64, 64, 2, 8)
     assert (sm90.pv_split, sm90.pv_split_below, sm90.s_by_group) == (False, 256, False)
     assert (sm90.num_stages, sm90.exact_in_launch) == (1, False)  # two launches
+    assert sm90.exact_concurrent  # side by side (streams), not one after the other
+    assert not fl.mma_config(None, 2, 64, 64, 2048, 0).exact_concurrent  # interpreter: no streams
     piped = fl.MMA_ROWS["sm90"]._replace(num_stages=2)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=piped).num_stages == 2
     # a tile-capped grid (one tile per split) runs unpipelined whatever the row says
@@ -547,6 +552,7 @@ def test_mma_config_rule():
     assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.s_by_group) == (32, 32, 4, True)
     assert (sm120.num_splits, sm120.exact_block_h) == (2, 16)  # 188 SMs x 2 // 128 programs
     assert (sm120.num_stages, sm120.exact_in_launch) == (1, True)  # one launch
+    assert not sm120.exact_concurrent
     assert fl.mma_config((12, 0), 188, 4, 64, 37, 0).block_h == 16  # exact PV: 16 heads
     assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config((12, 0), 128, 64, 64,
                                                                          2048, 0)  # fmt: skip
@@ -569,21 +575,76 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     assert fl.mma_config((12, 0), 188, 1024, 8, 128, 512)[1:4:2] == (32, 4)  # sm_120: its row
 
 
-@pytest.mark.parametrize("in_launch", [False, True])
+@pytest.mark.parametrize("mode", ["second", "in_launch", "concurrent"])
 @pytest.mark.parametrize("count_block_max", [16, 4096])
-def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, in_launch):
+def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, mode):
     """The per-request count of valid indices that picks the exact PV, in one block (index
     rows up to COUNT_BLOCK_MAX) and in a loop (longer rows; forced here with a 16-entry
-    block), as a second launch or a branch of the one launch: the few-token requests must
-    get the exact PV and the others the bf16-P result, so every output is written and
-    accurate."""
+    block), as a second launch, a branch of the one launch, or a second launch beside the
+    first (which then skips the few-token requests; here, without streams, one after the
+    other): the few-token requests must get the exact PV and the others the bf16-P result,
+    so every output is written (poisoned first) and accurate."""
     monkeypatch.setattr(fl, "COUNT_BLOCK_MAX", count_block_max)
     inputs = ref.make_inputs(
         B=4, H=64, topk=40, page_size=64, extra_topk=24, extra_page_size=32,
         topk_length="partial", invalid_fraction=0.2, with_sink=True, device=DEVICE, seed=77,
     )  # fmt: skip
-    cfg = MMAConfig(64, BN, 2, W, 1, pv_split_below=30, exact_in_launch=in_launch)
+    cfg = MMAConfig(
+        64, BN, 2, W, 1, pv_split_below=30, exact_in_launch=mode == "in_launch",
+        exact_concurrent=mode == "concurrent",
+    )  # fmt: skip
     _run_and_check(inputs, "mma", cfg)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA streams and graphs need a GPU")
+@pytest.mark.parametrize("stream_made_in_capture", [False, True])
+def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_capture):
+    """The exact launch on a side stream beside the bf16-P launch (`exact_concurrent`):
+    captured in a CUDA graph (the side stream made before the capture, or inside it on first
+    use) and replayed with new data copied into the same buffers, then the first data again,
+    and called eagerly from a non-default current stream: every output written (poisoned
+    before each run) and accurate against the float64 reference of the data it saw."""
+    kw = dict(B=64, H=64, topk=2048, page_size=64, with_sink=True, topk_length="partial",
+              invalid_fraction=0.1, device=DEVICE)  # fmt: skip
+    cfg = fl._device_mma_config(torch.device(DEVICE), 64, 64, 2048, 0)
+    cfg = cfg._replace(exact_in_launch=False, exact_concurrent=True)
+    sets = [ref.make_inputs(**kw, seed=_seed(f"side-stream-{i}")) for i in range(2)]
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+    out = torch.empty(64, 1, 64, 512, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(64, 64, 1, dtype=torch.float32, device=DEVICE)
+
+    def check(inputs):
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
+        acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+        assert acc["ok"], acc
+
+    def call(inputs):
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        decode(**inputs, variant="mma", out=out, lse=lse, _config=cfg)
+
+    call(static)  # compile outside the capture
+    check(static)
+    if stream_made_in_capture:
+        fl._SIDE_STREAMS.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode(**static, variant="mma", out=out, lse=lse, _config=cfg)
+    for inputs in (sets[1], sets[0]):
+        for k, v in inputs.items():
+            if isinstance(v, torch.Tensor):
+                static[k].copy_(v)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        check(inputs)
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        call(sets[1])
+    torch.cuda.current_stream().wait_stream(other)
+    check(sets[1])
 
 
 def test_splits_agree_with_single_split():
