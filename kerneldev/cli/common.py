@@ -6,6 +6,12 @@ import typer
 
 from kerneldev.config import Config, HostConfig, load_config
 
+
+def flag(*names: str, help: str):
+    """An off-by-default switch named `names` (the long name first, then any short one)."""
+    return typer.Option(False, *names, help=help)
+
+
 HOST_OPTION = typer.Option(
     None,
     "--host",
@@ -24,9 +30,7 @@ PARALLEL_OPTION = typer.Option(
     metavar="N",
     help="With a group of hosts: work on at most N hosts at a time (one connection each).",
 )
-JSON_OPTION = typer.Option(
-    False, "--json", help="Print the result as JSON on stdout (also on failure)."
-)
+JSON_OPTION = flag("--json", help="Print the result as JSON on stdout (also on failure).")
 
 
 def variants_option(help: str):

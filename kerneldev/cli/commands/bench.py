@@ -13,6 +13,7 @@ from kerneldev.cli.common import (
     JSON_OPTION,
     PARALLEL_OPTION,
     config_path,
+    flag,
     select_hosts,
     variants_option,
 )
@@ -61,8 +62,7 @@ COMPARE_OPTION = typer.Option(
 )
 
 
-ALLOW_SAME_KERNEL_OPTION = typer.Option(
-    False,
+ALLOW_SAME_KERNEL_OPTION = flag(
     "--allow-same-kernel",
     help="With --service (and in profile): measure even when every variant runs the same "
     "attention kernel (refused otherwise: a variable that did not take effect).",
@@ -135,8 +135,7 @@ def bench_command(
         metavar="IDS",
         help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`).",
     ),
-    cpu: bool = typer.Option(
-        False,
+    cpu: bool = flag(
         "--cpu",
         help="Run under the Triton interpreter on the host's CPU (tiny shapes; checks "
         "correctness, times are meaningless).",
@@ -153,8 +152,7 @@ def bench_command(
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
     # --- `bench --service`: decode timings of the running service ---
-    on_service: bool = typer.Option(
-        False,
+    on_service: bool = flag(
         "--service",
         help="Time the running service instead of the kernel: restart it on each of "
         "--variants (names from service.variants) in interleaved rounds and stream requests.",
