@@ -201,19 +201,20 @@ def bench_command(
         if requests is None:
             levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
             requests = max(8, 4 * max(levels))
-        if len(hosts) > 1:
+        # One host: resolved before the request is checked (a group of one is refused first).
+        host = config.host(host_name) if len(hosts) == 1 else None
+        request = service_bench_cmd.make_request(
+            variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
+        )
+        if host is None:
             from kerneldev.cli.commands import group as group_cmd
 
-            request = service_bench_cmd.make_request(
-                variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
-            )
             return group_cmd.service_bench(
                 config, hosts, request, parallel, as_json, allow_same_kernel=allow_same_kernel
             )
         code = service_bench_cmd.run(
-            config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
-            rounds, as_json, warmup=warmup, allow_same_kernel=allow_same_kernel,
-        )  # fmt: skip
+            config, host, request, as_json, allow_same_kernel=allow_same_kernel
+        )
         if code:
             raise typer.Exit(code)
         return
