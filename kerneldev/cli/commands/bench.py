@@ -221,6 +221,21 @@ def bench_command(
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
+
+    def run_harness(transport, host, on_output=None) -> bench.BenchResult:
+        return bench.run_bench(
+            transport,
+            host,
+            variant_list,
+            shape_list,
+            source=source,
+            gpu=gpu,
+            cpu_mode=cpu,
+            on_output=on_output,
+            results_dir=config.path.parent / bench.RESULTS_DIR,
+            rotate=rotate,
+        )
+
     if len(hosts) > 1:
         from kerneldev.cli.commands import group as group_cmd
 
@@ -229,25 +244,13 @@ def bench_command(
                 "--compare works on one host", hint="run it with --host NAME for that host"
             )
         return group_cmd.bench(
-            config, hosts, variant_list, shape_list, source=source, gpu=gpu, cpu=cpu,
-            rotate=rotate, parallel=parallel, as_json=as_json, render=render,
-        )  # fmt: skip
+            hosts, run_harness, parallel=parallel, as_json=as_json, render=render
+        )
     host = hosts[0]
     baseline = bench.load_result(compare_to) if compare_to else None
 
     with open_transport(host) as transport:
-        result = bench.run_bench(
-            transport,
-            host,
-            variant_list,
-            shape_list,
-            source=source,
-            gpu=gpu,
-            cpu_mode=cpu,
-            on_output=_stream(),
-            results_dir=config.path.parent / bench.RESULTS_DIR,
-            rotate=rotate,
-        )
+        result = run_harness(transport, host, on_output=_stream())
     comparison = (
         bench.compare(result.data, baseline, str(compare_to)) if baseline is not None else None
     )

@@ -253,6 +253,19 @@ def running(hosts: Sequence[HostConfig]) -> Iterator[HostsView]:
         yield view
 
 
+def run_each(hosts: Sequence[HostConfig], one, parallel: int) -> list[HostOutcome]:
+    """`one(host, transport, progress)` on every host, at most `parallel` at a time, each
+    host's progress in the live view."""
+    with running(hosts) as view:
+        return fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
+
+
+def succeeded(outcomes: list[HostOutcome], as_json: bool) -> list[HostOutcome]:
+    """The outcomes whose results are drawn as tables: the hosts that succeeded (none with
+    --json, where `finish` prints every result)."""
+    return [] if as_json else [o for o in outcomes if o.ok]
+
+
 # --- the commands -------------------------------------------------------------------------
 
 
@@ -460,8 +473,7 @@ def rollback(
     def one(host, transport, progress):
         return fleet_ops.rollback_host(transport, host, req, progress)
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
+    outcomes = run_each(hosts, one, parallel)
 
     def describe(o: HostOutcome) -> str:
         r = o.result
@@ -475,15 +487,9 @@ def rollback(
 
 
 def bench(
-    config: Config,
     hosts: list[HostConfig],
-    variant_list: list[str],
-    shape_list: list[str],
+    run_harness: Callable[..., Any],  # bench's: (transport, host) -> BenchResult
     *,
-    source: str,
-    gpu: str | None,
-    cpu: bool,
-    rotate: int | None,
     parallel: int,
     as_json: bool,
     render: Callable[[Any, Any], None],  # bench.render: passed in, bench imports this module
@@ -492,17 +498,7 @@ def bench(
 
     def one(host, transport, progress):
         progress("running the harness")
-        result = bench_core.run_bench(
-            transport,
-            host,
-            variant_list,
-            shape_list,
-            source=source,
-            gpu=gpu,
-            cpu_mode=cpu,
-            results_dir=config.path.parent / bench_core.RESULTS_DIR,
-            rotate=rotate,
-        )
+        result = run_harness(transport, host)
         if not result.ok:
             bad = [
                 f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"
@@ -513,13 +509,10 @@ def bench(
             )
         return result
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
-    if not as_json:
-        for o in outcomes:
-            if o.ok:
-                render(o.result, None)
-                print_info(f"{o.host}: saved: {o.result.saved_to}")
+    outcomes = run_each(hosts, one, parallel)
+    for o in succeeded(outcomes, as_json):
+        render(o.result, None)
+        print_info(f"{o.host}: saved: {o.result.saved_to}")
 
     def describe(o: HostOutcome) -> str:
         return f"all variants passed accuracy; saved {o.result.saved_to}"
@@ -563,14 +556,11 @@ def service_bench(
             )
         return result
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
-    if not as_json:
-        for o in outcomes:
-            if o.ok:
-                print_info(f"--- {o.host}:")
-                service_bench_cmd.render(o.result.data)
-                print_info(f"{o.host}: saved: {o.result.saved_to}")
+    outcomes = run_each(hosts, one, parallel)
+    for o in succeeded(outcomes, as_json):
+        print_info(f"--- {o.host}:")
+        service_bench_cmd.render(o.result.data)
+        print_info(f"{o.host}: saved: {o.result.saved_to}")
 
     def result_json(value):
         if isinstance(value, sb.ServiceBenchResult):
