@@ -50,11 +50,6 @@ class LiveMatch(StatusWord):
     MISSING = "missing"
 
 
-SAME = LiveMatch.SAME
-DIFFERS = LiveMatch.DIFFERS
-MISSING = LiveMatch.MISSING
-
-
 def describe_failures(outcomes: Sequence[HostOutcome]) -> str:
     """`2 of 3 hosts did not succeed: node1 (failed), node2 (unreachable)`."""
     bad = [o for o in outcomes if not o.ok]
@@ -105,7 +100,7 @@ class HostComparison:
 
     @property
     def differing(self) -> list[str]:
-        return [p for p, v in self.files.items() if v != SAME]
+        return [p for p, v in self.files.items() if v != LiveMatch.SAME]
 
 
 def pull_group(
@@ -140,12 +135,14 @@ def pull_group(
         live = {f.path: f.sha256 for f in live_files}
         cmp = HostComparison(host.name, reference.name)
         for path in sorted(set(all_paths) | set(live)):
-            if path not in live:
-                cmp.files[path] = MISSING if path in ref_sha else SAME  # absent on both: same
+            if path not in live:  # absent on both: same
+                cmp.files[path] = LiveMatch.MISSING if path in ref_sha else LiveMatch.SAME
             else:
-                cmp.files[path] = SAME if live[path] == ref_sha.get(path) else DIFFERS
+                cmp.files[path] = (
+                    LiveMatch.SAME if live[path] == ref_sha.get(path) else LiveMatch.DIFFERS
+                )
         if Path(host.workspace) == Path(reference.workspace):
-            same = [p for p, v in cmp.files.items() if v == SAME and p in ref_sha]
+            same = [p for p, v in cmp.files.items() if v == LiveMatch.SAME and p in ref_sha]
             if same:  # live == the workspace's new bytes: this host's base, nothing moves
                 sync.pull(transport, host, same)
                 cmp.bases_recorded = same
@@ -160,7 +157,7 @@ def pull_group(
 
 def _differs(cmp: HostComparison) -> DiffersError:
     """A compared host whose live files are not the reference's (exit 1, the comparison kept)."""
-    names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != SAME)
+    names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != LiveMatch.SAME)
     return DiffersError(
         f"live files differ from the reference host {cmp.reference}: {names}",
         hint=f"see `kerneldev diff --host {cmp.host}`; pull from it with --from {cmp.host}",

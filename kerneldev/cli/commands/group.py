@@ -44,9 +44,9 @@ OUTCOME_STYLE = {
     "running": "cyan",
     "done": "green",
     "waiting": "dim",
-    fleet_ops.SAME: "green",
-    fleet_ops.DIFFERS: "yellow",
-    fleet_ops.MISSING: "red",
+    fleet_ops.LiveMatch.SAME: "green",
+    fleet_ops.LiveMatch.DIFFERS: "yellow",
+    fleet_ops.LiveMatch.MISSING: "red",
 }
 
 
@@ -303,7 +303,7 @@ def pull(
             row = [path, "pulled" if path in {f.path for f in pulled.files} else "missing"]
             for h in ordered[1:]:
                 c = comparisons.get(h.name)
-                row.append(c.files.get(path, fleet_ops.SAME) if c else None)
+                row.append(c.files.get(path, fleet_ops.LiveMatch.SAME) if c else None)
             rows.append(row)
         print_table(
             f"pull from {reference.name} into {pulled.workspace}; other hosts compared with it",
