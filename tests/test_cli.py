@@ -306,8 +306,12 @@ def test_help_imports_no_paramiko_rich_tables_or_torch():
 
 
 # A real SIGINT, delivered while kerneldev is still importing typer (before main() runs).
+# The child first takes SIGINT's default handler: a parent that ignores SIGINT (a background
+# job of a non-interactive shell, as a CI script may start pytest) passes SIG_IGN on, and then
+# the signal would be dropped. A terminal's foreground job never starts with it ignored.
 CTRL_C_ON_IMPORT = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 class CtrlCOnImport:
     def find_spec(self, name, path=None, target=None):
         if name == "typer":
