@@ -30,7 +30,7 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import DiffersError, ExitCode, KerneldevError, UnhealthyError
 from kerneldev.errors import GroupError as GroupError  # re-exported: it was defined here
 from kerneldev.hosts import fleet
-from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
+from kerneldev.hosts.fleet import HostEvent, HostOutcome, OutcomeStatus, Progress
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop import deploy_tally, drift, release, sync
 from kerneldev.loop import lock as host_lock
@@ -122,7 +122,7 @@ def pull_group(
     others = [h for h in hosts if h.name != reference.name]
     if not ref.ok:
         why = f"not compared: the pull from the reference host {reference.name} failed"
-        if ref.status == fleet.UNREACHABLE and others:
+        if ref.status == OutcomeStatus.UNREACHABLE and others:
             why += f"; `--from {others[0].name}` pulls from another host of the group"
         return [ref] + [fleet.skipped_outcome(h.name, why) for h in others]
     pulled: sync.PullResult = ref.result
@@ -269,7 +269,7 @@ def diff_group(
             odd = [p for p, hs in table.odd.items() if o.host in hs]
             problems.append("live differs from the other hosts: " + ", ".join(odd))
         if problems:
-            o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
+            o.status, o.exit_code = OutcomeStatus.FAILED, int(ExitCode.FAILURE)
             o.error = KerneldevError("; ".join(problems))
     return outcomes, table
 

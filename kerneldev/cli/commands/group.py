@@ -30,17 +30,17 @@ from kerneldev.cli.output import (
 from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UsageError
 from kerneldev.hosts import fleet
-from kerneldev.hosts.fleet import HostEvent, HostOutcome
+from kerneldev.hosts.fleet import HostEvent, HostOutcome, OutcomeStatus
 from kerneldev.loop import fleet_ops
 from kerneldev.printable import printable_list
 
 OUTCOME_STYLE = {
-    fleet.OK: "green",
-    fleet.FAILED: "bold red",
-    fleet.USAGE: "bold red",
-    fleet.UNREACHABLE: "bold red",
-    fleet.INTERRUPTED: "yellow",
-    fleet.SKIPPED: "dim",
+    OutcomeStatus.OK: "green",
+    OutcomeStatus.FAILED: "bold red",
+    OutcomeStatus.USAGE: "bold red",
+    OutcomeStatus.UNREACHABLE: "bold red",
+    OutcomeStatus.INTERRUPTED: "yellow",
+    OutcomeStatus.SKIPPED: "dim",
     "running": "cyan",
     "done": "green",
     "waiting": "dim",
@@ -163,7 +163,7 @@ def outcome_json(o: HostOutcome, result: Callable[[Any], Any] | None = None) -> 
     if o.error is not None:
         error = {
             "code": o.exit_code,
-            "type": type(o.error).__name__ if o.status != fleet.SKIPPED else "Skipped",
+            "type": type(o.error).__name__ if o.status != OutcomeStatus.SKIPPED else "Skipped",
             "message": o.error.message,
             "hint": o.error.hint,
         }
@@ -216,7 +216,7 @@ def finish(
                 (
                     o.host,
                     o.status,
-                    str(o.exit_code) if o.status != fleet.SKIPPED else "-",
+                    str(o.exit_code) if o.status != OutcomeStatus.SKIPPED else "-",
                     f"{o.elapsed:.1f}s" if o.elapsed else "-",
                     _first_line(o.message) if o.error is not None else describe(o),
                 )
@@ -224,13 +224,13 @@ def finish(
             ],
         )
     for o in outcomes:
-        if judged and o.status == fleet.FAILED:
+        if judged and o.status == OutcomeStatus.FAILED:
             continue
-        if o.error is not None and o.status not in (fleet.OK, fleet.SKIPPED):
+        if o.error is not None and o.status not in (OutcomeStatus.OK, OutcomeStatus.SKIPPED):
             if getattr(o.error, "logs", None):  # an unhealthy service: its logs first
                 print_service_logs(o.error, o.host)
             message = o.error.message
-            if stands_shown and o.status == fleet.INTERRUPTED:
+            if stands_shown and o.status == OutcomeStatus.INTERRUPTED:
                 message = _first_line(message)
             print_error(f"{o.host}: {message}", o.error.hint)
     if code == ExitCode.OK or (judged and code == ExitCode.FAILURE):
@@ -406,7 +406,7 @@ def push(
         outcomes = fleet_ops.push_group(
             hosts, req, parallel=parallel, serial=serial, on_event=view, on_wave=view.on_wave
         )
-    interrupted = any(o.status == fleet.INTERRUPTED for o in outcomes)
+    interrupted = any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes)
     if interrupted:
         print_info(_interrupt_summary(outcomes))
     elif not req.dry_run and interrupt.consume() is not None:
@@ -417,7 +417,7 @@ def push(
     if failed_dry_run:
         for o in outcomes:
             if o.ok and o.result.refused:
-                o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
+                o.status, o.exit_code = OutcomeStatus.FAILED, int(ExitCode.FAILURE)
                 names = printable_list(f.path for f in o.result.refused)
                 o.error = KerneldevError(f"would refuse {names}")
     finish("push", outcomes, as_json, _describe_push, stands_shown=interrupted)
@@ -427,7 +427,7 @@ def _interrupt_summary(outcomes: list[HostOutcome]) -> str:
     """After Ctrl-C: what each host ended with (its own Deployed/Not deployed lines)."""
     lines = ["interrupted; where each host stands:"]
     for o in outcomes:
-        if o.status == fleet.INTERRUPTED:
+        if o.status == OutcomeStatus.INTERRUPTED:
             lines.append(f"  {o.host}: " + (o.message or "").replace("\n", "; "))
         elif o.ok:
             lines.append(f"  {o.host}: finished: {_describe_push(o)}")
