@@ -1,4 +1,5 @@
-"""What every command shares: the --host and --json options and loading the chosen host."""
+"""What every command shares: the --host, --json and --no-import-check options and loading the
+chosen host."""
 
 from __future__ import annotations
 
@@ -31,6 +32,12 @@ PARALLEL_OPTION = typer.Option(
     help="With a group of hosts: work on at most N hosts at a time (one connection each).",
 )
 JSON_OPTION = flag("--json", help="Print the result as JSON on stdout (also on failure).")
+# Every command that pushes (push, rollback, watch) can skip the import checks.
+NO_IMPORT_CHECK_OPTION = flag(
+    "--no-import-check",
+    help="Skip the import checks: the scan of the live tree's imports before the upload and "
+    "the import of the pushed modules after it.",
+)
 
 
 def variants_option(help: str):

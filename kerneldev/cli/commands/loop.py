@@ -12,6 +12,7 @@ from kerneldev.cli import environment, output
 from kerneldev.cli.common import (
     HOST_OPTION,
     JSON_OPTION,
+    NO_IMPORT_CHECK_OPTION,
     PARALLEL_OPTION,
     flag,
     load_host,
@@ -35,12 +36,6 @@ PATHS_ARGUMENT = typer.Argument(
     help="Files to act on: workspace paths or paths relative to the host's root "
     "(default: every configured file).",
     show_default=False,
-)
-
-NO_IMPORT_CHECK_OPTION = flag(
-    "--no-import-check",
-    help="Skip the import checks: the scan of the live tree's imports before the upload and "
-    "the import of the pushed modules after it.",
 )
 
 BREAK_LOCK_OPTION = flag(

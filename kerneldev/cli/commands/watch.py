@@ -9,7 +9,14 @@ import typer
 
 from kerneldev import interrupt
 from kerneldev.cli import environment
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, flag, variants_option
+from kerneldev.cli.common import (
+    HOST_OPTION,
+    JSON_OPTION,
+    NO_IMPORT_CHECK_OPTION,
+    config_path,
+    flag,
+    variants_option,
+)
 from kerneldev.cli.output import print_error, print_line, to_jsonable
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, KerneldevError
@@ -64,11 +71,7 @@ def watch_command(
         min=0,
         help="Milliseconds without another change that end a save (one push per burst).",
     ),
-    no_import_check: bool = flag(
-        "--no-import-check",
-        help="Skip the import checks of each push (the scan before the upload and the import "
-        "after it).",
-    ),
+    no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     lock_wait: float = typer.Option(
         host_lock.DEFAULT_WAIT,
         "--lock-wait",
