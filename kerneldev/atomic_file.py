@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from kerneldev.hostside.receivefiles import discard
 from kerneldev.paths import TEMP_MARK
 
 CHUNK = 1 << 20  # bytes per read/write when streaming
@@ -85,10 +86,7 @@ def write_stream_atomic(
             before_rename()
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
     _fsync_dir(path.parent)
 

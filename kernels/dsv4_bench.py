@@ -418,18 +418,19 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _git(folder: Path, *args: str) -> str | None:
+def _output_of(argv: list[str], timeout: float) -> str | None:
+    """What `argv` printed on stdout when it ran and exited 0; None when it failed, timed out or
+    is not installed (what it would have said is optional metadata)."""
     try:
-        done = subprocess.run(
-            ["git", "-C", str(folder), *args],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None
+
+
+def _git(folder: Path, *args: str) -> str | None:
+    out = _output_of(["git", "-C", str(folder), *args], timeout=10)
+    return None if out is None else out.strip()
 
 
 def kernel_file_info(name: str, path: Path) -> dict:
@@ -496,18 +497,9 @@ def device_info(torch, device: str) -> dict:
 
 
 def _driver_version() -> str | None:
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    line = done.stdout.strip().splitlines()
-    return line[0].strip() if done.returncode == 0 and line else None
+    query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"]
+    line = (_output_of(query, timeout=20) or "").strip().splitlines()
+    return line[0].strip() if line else None
 
 
 def measure_copy_bandwidth(torch, triton) -> dict:

@@ -1,14 +1,20 @@
 """Fault injection for the reliability tests: a TCP proxy that cuts the connection after a
-given number of bytes, and checks of what a host looks like after a fault."""
+given number of bytes, a transport under which someone else changes the host mid-push, and
+checks of what a host looks like after a fault."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
-from kerneldev.hosts.transport.base import TEMP_MARK
+from kerneldev.config import HostConfig
+from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.state import load_state
 
 
@@ -93,6 +99,40 @@ class CuttingProxy:
     def close(self) -> None:
         self.listener.close()
         self._cut_all()
+
+
+def meddled(host: HostConfig, before: str, meddle: Callable[[], None]) -> Transport:
+    """The host's transport, under which `meddle()` (someone else at work on the host) runs
+    just before the upload of the file whose path ends in `before` starts."""
+
+    class Meddled(type(open_transport(host))):
+        def put_files(self, items, *, on_start=None, **kw):
+            def start(i):
+                if items[i].path.endswith(before):
+                    meddle()
+                if on_start is not None:
+                    on_start(i)
+
+            return super().put_files(items, on_start=start, **kw)
+
+    return Meddled(host)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process `pid` ends within 5 s (a zombie nobody reaped yet counts as gone)."""
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        stat = Path(f"/proc/{pid}/stat")
+        try:
+            if stat.read_text().split(")")[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def sha(data: bytes) -> str:

@@ -27,7 +27,7 @@ from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.loop import lock as host_lock
 from kerneldev.loop import sync
 from kerneldev.loop.state import load_state
-from tests.faults import temp_files
+from tests.faults import meddled, process_gone, temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host
 
@@ -184,17 +184,9 @@ def test_file_disappearing_mid_push_is_refused_not_recreated(ssh_env):
     for name in ("a", "b"):
         (ws / f"k/{name}").write_bytes(b"v2\n")
 
-    class Vanishing(type(open_transport(host))):
-        def put_files(self, items, *, on_start=None, **kw):
-            def start(i):
-                if items[i].path.endswith("k/a"):
-                    (root / "k/b").unlink()  # someone deletes b on the host meanwhile
-                if on_start is not None:
-                    on_start(i)
-
-            return super().put_files(items, on_start=start, **kw)
-
-    with Vanishing(host) as t, pytest.raises(sync.PartialDeployError) as caught:
+    # Someone deletes b on the host while a is uploading.
+    vanishing = meddled(host, "k/a", (root / "k/b").unlink)
+    with vanishing as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)
     assert "k/b changed on the host" in caught.value.message
     assert not (root / "k/b").exists() and not temp_files(root)
@@ -265,24 +257,7 @@ def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, isolated
             t.run(f"sh -c 'echo $$ > {pidfile}; exec sleep 60' & wait")
         assert caught.value.exit_code == 130
     pid = int(pidfile.read_text())
-    assert _gone(pid), f"process {pid} still runs on the host"
-
-
-def _gone(pid: int) -> bool:
-    import time
-
-    for _ in range(50):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:  # a zombie of sshd's that nobody reaped yet is gone too
-            if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.1)
-    return False
+    assert process_gone(pid), f"process {pid} still runs on the host"
 
 
 def test_a_host_symlink_out_of_root_is_never_written_through(ssh_env, tmp_path):

@@ -33,6 +33,12 @@ def _source_packages() -> set[str]:
     return found
 
 
+def _pip(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> tuple[Path, Path]:
     """(the wheel, the folder it is installed into)."""
@@ -41,21 +47,15 @@ def installed(tmp_path_factory) -> tuple[Path, Path]:
     source = tmp_path_factory.mktemp("source") / "kerneldev"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
     out = tmp_path_factory.mktemp("wheel")
-    build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(out), str(source)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    build = _pip("wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(source))
     if build.returncode != 0 and "No module named" in build.stderr and "setuptools" in build.stderr:
         pytest.skip("this venv has no setuptools to build the wheel with")
     assert build.returncode == 0, build.stderr
     (wheel,) = out.glob("kerneldev-*.whl")
     target = tmp_path_factory.mktemp("site")
-    install = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
-         "--target", str(target), str(wheel)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    install = _pip(
+        "install", "--no-deps", "--no-compile", "-q", "--target", str(target), str(wheel)
+    )
     assert install.returncode == 0, install.stderr
     return wheel, target
 

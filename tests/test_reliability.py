@@ -24,7 +24,7 @@ from kerneldev.loop import history, sync
 from kerneldev.loop import lock as host_lock
 from kerneldev.loop.state import DeployedFile, DeployRecord, load_state
 from tests.clirun import run_kerneldev, start_kerneldev
-from tests.faults import CuttingProxy, check_backups, sha, temp_files
+from tests.faults import CuttingProxy, check_backups, meddled, sha, temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host, write_hosts_yaml
 
@@ -197,19 +197,9 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     for path in FILES:
         (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
 
-    class Meddler(type(open_transport(host))):
-        """Someone edits k/b.py on the host (without the lock) while a.py is uploading."""
-
-        def put_files(self, items, *, on_start=None, **kw):
-            def start(i):
-                if items[i].path.endswith("k/a.py"):
-                    (root / "k/b.py").write_bytes(b"hotfix by hand\n")
-                if on_start is not None:
-                    on_start(i)
-
-            return super().put_files(items, on_start=start, **kw)
-
-    with Meddler(host) as t, pytest.raises(sync.PartialDeployError) as caught:
+    # Someone edits k/b.py on the host (without the lock) while a.py is uploading.
+    meddler = meddled(host, "k/a.py", lambda: (root / "k/b.py").write_bytes(b"hotfix by hand\n"))
+    with meddler as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)
     assert "k/b.py changed on the host while deploying" in caught.value.message
     assert caught.value.deployed == ["k/a.py"]

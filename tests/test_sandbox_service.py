@@ -20,6 +20,7 @@ from kerneldev.hostside import trace_summary
 from kerneldev.sandbox.host import create_sandbox, decode_service_available
 from kerneldev.service import restart as service
 from kerneldev.service.envfile import EnvFileEdit
+from tests.service_start import restart_until_healthy
 
 pytestmark = pytest.mark.skipif(
     not decode_service_available(), reason="needs fastapi, uvicorn, torch and triton"
@@ -37,16 +38,7 @@ def box(tmp_path_factory):
     with open_transport(host) as transport:
         sandbox.host = host
         sandbox.transport = transport
-        seen = []
-        transport.run(host.service.restart)
-        deadline = time.monotonic() + host.service.timeout
-        while time.monotonic() < deadline:
-            ok, last = service.check_health(transport, host.service.health, 5)
-            seen.append(last)
-            if ok:
-                break
-            time.sleep(0.05)
-        sandbox.startup_checks = seen
+        _, sandbox.startup_checks = restart_until_healthy(transport, host, 0.05)
         try:
             yield sandbox
         finally:

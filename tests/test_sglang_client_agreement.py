@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -26,9 +25,9 @@ from kerneldev.config import load_config
 from kerneldev.hosts.transport import open_transport
 from kerneldev.sandbox.host import create_sandbox, decode_service_available
 from kerneldev.sandbox.service.scripted import ERROR_MESSAGE, SPEC_ENV
-from kerneldev.service import restart as service
 from tests import sglang_client
 from tests.clirun import run_kerneldev
+from tests.service_start import restart_until_healthy
 
 SPEC = "chunk_tokens=3,gap_ms=60,first_ms=60,error_request=2,error_after=1"
 REQUESTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN = 8, 2, 6, 8
@@ -64,11 +63,8 @@ def scripted_box(tmp_path_factory):
         f.write(f"{SPEC_ENV}='{SPEC}'\nKERNELDEV_SANDBOX_TOKENIZER={tokenizer}\n")
     host = load_config(sandbox.config_path).host(sandbox.host_name)
     with open_transport(host) as transport:
-        transport.run(host.service.restart)
-        deadline = time.monotonic() + host.service.timeout
-        while not service.check_health(transport, host.service.health, 5)[0]:
-            assert time.monotonic() < deadline, "the scripted sandbox never got healthy"
-            time.sleep(0.1)
+        healthy, _ = restart_until_healthy(transport, host, 0.1)
+    assert healthy, "the scripted sandbox never got healthy"
     sandbox.host = host
     try:
         yield sandbox

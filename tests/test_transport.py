@@ -18,6 +18,7 @@ from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferEr
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hosts.transport.ssh import SSHTransport, hash_command
+from tests.faults import process_gone
 from tests.sshutil import ssh_host
 
 HOSTILE_NAMES = [
@@ -100,24 +101,8 @@ def test_run_timeout_ends_the_command_on_the_host(host, tmp_path):
     with pytest.raises(RemoteCommandError, match="timed out"):
         t.run(f"echo $$ > {pidfile}; exec sleep 30", timeout=5)
     assert time.monotonic() - start < 20  # not the command's 30 s
-    assert _gone(int(pidfile.read_text()))
+    assert process_gone(int(pidfile.read_text()))
     assert t.run("echo still usable").stdout == "still usable\n"
-
-
-def _gone(pid: int) -> bool:
-    for _ in range(50):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        stat = Path(f"/proc/{pid}/stat")
-        try:  # a zombie nobody reaped yet is gone too
-            if stat.read_text().split(")")[1].split()[0] == "Z":
-                return True
-        except OSError:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_run_does_not_wait_for_a_background_daemon(host):

@@ -125,6 +125,14 @@ def setup(sshd_server, tmp_path, isolated_home) -> Setup:
     return Setup(tmp_path, sshd_server)
 
 
+def restarting_watch(tmp_path, sshd_server, service: dict) -> tuple[Setup, Watch]:
+    """A host with `service`, watched with --restart (JSON events, no import checks), ready."""
+    setup = Setup(tmp_path, sshd_server, service=service)
+    watch = Watch(setup, "--json", "--restart", "--no-import-check")
+    watch.event("ready")
+    return setup, watch
+
+
 def wait_until(condition) -> bool:
     deadline = time.monotonic() + WAIT
     while not condition():
@@ -251,9 +259,7 @@ def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isol
     # 5 s (waited out twice while sick): the healthy check over SSH must fit in it even on a
     # loaded 2-core machine (with 1 s, a check slower than that would fail the last push).
     service = {"restart": "true", "health": f"test ! -e '{sick}'", "timeout": 5}
-    setup = Setup(tmp_path, sshd_server, service=service)
-    watch = Watch(setup, "--json", "--restart", "--no-import-check")
-    watch.event("ready")
+    setup, watch = restarting_watch(tmp_path, sshd_server, service)
     hotfix = ORIGINAL_B + b"# hotfix made on the host\n"
     (setup.root / B).write_bytes(hotfix)
     (setup.workspace / B).write_bytes(ORIGINAL_B + b"# my edit\n")
@@ -289,9 +295,8 @@ def test_a_drifted_file_is_refused_and_watch_goes_on(sshd_server, tmp_path, isol
 def test_a_save_whose_restart_command_fails_is_rolled_back(sshd_server, tmp_path, isolated_home):
     """A restart command that exits 3 counts as an unhealthy service: watch rolls back."""
     sick = tmp_path / "service-is-sick"
-    setup = Setup(tmp_path, sshd_server, service={"restart": f"test ! -e '{sick}' || exit 3"})
-    watch = Watch(setup, "--json", "--restart", "--no-import-check")
-    watch.event("ready")
+    service = {"restart": f"test ! -e '{sick}' || exit 3"}
+    setup, watch = restarting_watch(tmp_path, sshd_server, service)
     sick.touch()
     (setup.workspace / A).write_bytes(ORIGINAL_A + b"# breaks the service\n")
     event = watch.event("push")
@@ -370,9 +375,7 @@ def test_ctrl_c_while_a_push_waits_for_health_ends_it_as_push_does(
     summary, the deploy complete and recorded, the host's lock released."""
     waiting = tmp_path / "health-checked"
     service = {"restart": "true", "health": f"touch '{waiting}'; false", "timeout": 300}
-    setup = Setup(tmp_path, sshd_server, service=service)
-    watch = Watch(setup, "--json", "--restart", "--no-import-check")
-    watch.event("ready")
+    setup, watch = restarting_watch(tmp_path, sshd_server, service)
     new = ORIGINAL_A + b"# tuned\n"
     (setup.workspace / A).write_bytes(new)
     assert wait_until(waiting.exists)  # pushed, restarted, now waiting for health

@@ -12,10 +12,15 @@ between them and did not take effect; so does any two variants of a longer list 
 the same kernel (the row of one would be read as another kernel's result). `allow_same=True`
 (`--allow-same-kernel`) measures anyway. A variant whose kernel cannot be told (no kernel file
 among the configured files, a wrapper that does not import) never refuses; the reason is kept.
+
+`ab_session` is the setup both commands run in: this check, the variant switcher and the
+host's scripts.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from kerneldev.bundled import install as kernel_deploy
@@ -24,6 +29,7 @@ from kerneldev.errors import KerneldevError, TransferError
 from kerneldev.errors import SameKernelError as SameKernelError  # re-exported: it was defined here
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.service.envfile import read_service_env
+from kerneldev.service.variants import HostScripts, VariantSwitcher
 
 
 def variant_env(base: dict[str, str], host: HostConfig, name: str) -> dict[str, str]:
@@ -118,3 +124,31 @@ def preflight(
     if not allow_same:
         result.check()
     return result
+
+
+@dataclass
+class ABSession:
+    """What an A/B over service variants works with, from `ab_session`."""
+
+    switcher: VariantSwitcher
+    scripts: HostScripts
+    kernels: KernelCheck
+
+
+@contextlib.contextmanager
+def ab_session(
+    transport: Transport,
+    host: HostConfig,
+    variants: list[str],
+    say: Callable[[str], None],
+    *,
+    health_interval: float | None = None,
+    allow_same_kernel: bool = False,
+) -> Iterator[ABSession]:
+    """The setup `bench --service` and `profile` share: the service's variant settings checked,
+    the kernels probed (`preflight`, which may refuse) before anything restarts, then the
+    switcher (the service always put back on the way out) and the host's scripts."""
+    switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
+    kernels = preflight(transport, host, variants, allow_same=allow_same_kernel)
+    with switcher, HostScripts(transport, host) as scripts:
+        yield ABSession(switcher, scripts, kernels)

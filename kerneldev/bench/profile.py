@@ -37,8 +37,6 @@ from kerneldev.paths import PROFILES_DIR
 from kerneldev.service import server_process
 from kerneldev.service.envfile import read_service_env
 from kerneldev.service.variants import (
-    HostScripts,
-    VariantSwitcher,
     check_variants,
     make_host_folder,
     service_url,
@@ -185,13 +183,21 @@ def run_profile(
     base = (profiles_dir or PROFILES_DIR) / (
         f"{stamp.strftime('%Y%m%dT%H%M%SZ')}-{re.sub(r'[^A-Za-z0-9_.-]', '_', host.name)}"
     )
-    switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
-    kernels = ab_kernels.preflight(transport, host, variants, allow_same=allow_same_kernel)
-    with switcher, HostScripts(transport, host) as scripts, TraceFolders(transport, host) as traces:
+    with (
+        ab_kernels.ab_session(
+            transport,
+            host,
+            variants,
+            say,
+            health_interval=health_interval,
+            allow_same_kernel=allow_same_kernel,
+        ) as ab,
+        TraceFolders(transport, host) as traces,
+    ):
         for name in variants:
-            switcher.switch(name)
+            ab.switcher.switch(name)
             trace_dir = traces.folder(name)
-            out = scripts.path(f"profile-{name}.json")
+            out = ab.scripts.path(f"profile-{name}.json")
             args = [
                 "profile",
                 "--url",
@@ -210,7 +216,7 @@ def run_profile(
                 out,
             ]
             say(f"{name}: profiling {concurrency} request(s) x {steps} decode steps")
-            done = transport.run(scripts.command("service_load.py", args) + " 2>&1")
+            done = transport.run(ab.scripts.command("service_load.py", args) + " 2>&1")
             if not done.ok and "no trace appeared" in done.stdout + done.stderr:
                 raise traces.no_trace_error(name, trace_dir)
             if not done.ok:
@@ -245,7 +251,7 @@ def run_profile(
                     local,
                     share,
                     ran,
-                    kernels.kernels.get(name),
+                    ab.kernels.kernels.get(name),
                     data.get("decode_only"),
                 )  # fmt: skip
             )

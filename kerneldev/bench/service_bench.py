@@ -43,7 +43,7 @@ from kerneldev.bench.kernel_bench import RESULTS_DIR, save_result
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
-from kerneldev.service.variants import HostScripts, VariantSwitcher, check_variants, service_url
+from kerneldev.service.variants import check_variants, service_url
 
 SCHEMA = "kerneldev.service-bench/1"
 BETTER, WORSE, NO_CHANGE, ONE_ROUND = "better", "worse", "no change", "one round"
@@ -221,13 +221,18 @@ def run_service_bench(
     order = round_order(request.variants, request.rounds)
     runs: list[dict] = []
     servers: list[dict] = []
-    switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
-    kernels = ab_kernels.preflight(transport, host, request.variants, allow_same=allow_same_kernel)
-    with switcher, HostScripts(transport, host) as scripts:
+    with ab_kernels.ab_session(
+        transport,
+        host,
+        request.variants,
+        say,
+        health_interval=health_interval,
+        allow_same_kernel=allow_same_kernel,
+    ) as ab:
         for i, (rnd, name) in enumerate(order, 1):
             say(f"[{i}/{len(order)}] round {rnd + 1}, variant {name}")
-            switch = switcher.switch(name)
-            out = scripts.path(f"load-{i}.json")
+            switch = ab.switcher.switch(name)
+            out = ab.scripts.path(f"load-{i}.json")
             args = [
                 "bench",
                 "--url",
@@ -246,7 +251,7 @@ def run_service_bench(
                 out,
             ]
             done = transport.run(
-                scripts.command("service_load.py", args) + " 2>&1", on_output=_lines_to(say)
+                ab.scripts.command("service_load.py", args) + " 2>&1", on_output=_lines_to(say)
             )
             if not done.ok:
                 raise BenchError(
@@ -284,9 +289,9 @@ def run_service_bench(
     data = build_result(host, request, url, started, runs)
     add_server_settings(data, servers)
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
-    _record_kernels(data, kernels)
+    _record_kernels(data, ab.kernels)
     saved = save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
-    return ServiceBenchResult(data, saved, switcher.restart_skipped)
+    return ServiceBenchResult(data, saved, ab.switcher.restart_skipped)
 
 
 # --- the server's settings ---------------------------------------------------------------

@@ -1,10 +1,17 @@
-"""What every command shares: the --host and --json options and loading the chosen host."""
+"""What every command shares: the --host, --json and --no-import-check options and loading the
+chosen host."""
 
 from __future__ import annotations
 
 import typer
 
 from kerneldev.config import Config, HostConfig, load_config
+
+
+def flag(*names: str, help: str):
+    """An off-by-default switch named `names` (the long name first, then any short one)."""
+    return typer.Option(False, *names, help=help)
+
 
 HOST_OPTION = typer.Option(
     None,
@@ -24,8 +31,12 @@ PARALLEL_OPTION = typer.Option(
     metavar="N",
     help="With a group of hosts: work on at most N hosts at a time (one connection each).",
 )
-JSON_OPTION = typer.Option(
-    False, "--json", help="Print the result as JSON on stdout (also on failure)."
+JSON_OPTION = flag("--json", help="Print the result as JSON on stdout (also on failure).")
+# Every command that pushes (push, rollback, watch) can skip the import checks.
+NO_IMPORT_CHECK_OPTION = flag(
+    "--no-import-check",
+    help="Skip the import checks: the scan of the live tree's imports before the upload and "
+    "the import of the pushed modules after it.",
 )
 
 

@@ -55,13 +55,6 @@ class OutcomeStatus(StatusWord):
     SKIPPED = "skipped"  # not started: an earlier wave failed
 
 
-OK = OutcomeStatus.OK
-FAILED = OutcomeStatus.FAILED
-USAGE = OutcomeStatus.USAGE
-UNREACHABLE = OutcomeStatus.UNREACHABLE
-INTERRUPTED = OutcomeStatus.INTERRUPTED
-SKIPPED = OutcomeStatus.SKIPPED
-
 # Worst first: the group's exit code is that of its first-ranked host.
 EXIT_ORDER: tuple[int, ...] = (
     int(ExitCode.INTERRUPTED),
@@ -98,7 +91,7 @@ class HostOutcome:
 
     @property
     def ok(self) -> bool:
-        return self.status == OK
+        return self.status == OutcomeStatus.OK
 
     @property
     def message(self) -> str | None:
@@ -123,17 +116,17 @@ class HostEvent:
 def status_of(code: int) -> str:
     """The outcome status for an exit code."""
     return {
-        int(ExitCode.OK): OK,
-        int(ExitCode.USAGE): USAGE,
-        int(ExitCode.UNREACHABLE): UNREACHABLE,
-        int(ExitCode.INTERRUPTED): INTERRUPTED,
-        int(ExitCode.TERMINATED): INTERRUPTED,
-    }.get(int(code), FAILED)
+        int(ExitCode.OK): OutcomeStatus.OK,
+        int(ExitCode.USAGE): OutcomeStatus.USAGE,
+        int(ExitCode.UNREACHABLE): OutcomeStatus.UNREACHABLE,
+        int(ExitCode.INTERRUPTED): OutcomeStatus.INTERRUPTED,
+        int(ExitCode.TERMINATED): OutcomeStatus.INTERRUPTED,
+    }.get(int(code), OutcomeStatus.FAILED)
 
 
 def worst_exit(outcomes: Sequence[HostOutcome]) -> int:
     """The group's exit code: the worst of its hosts' (see the module docstring)."""
-    codes = {o.exit_code for o in outcomes if o.status != SKIPPED}
+    codes = {o.exit_code for o in outcomes if o.status != OutcomeStatus.SKIPPED}
     for code in EXIT_ORDER:
         if code in codes:
             return code
@@ -147,7 +140,7 @@ def failed_outcome(host: str, error: KerneldevError, elapsed: float = 0.0) -> Ho
 
 
 def skipped_outcome(host: str, why: str) -> HostOutcome:
-    return HostOutcome(host, SKIPPED, int(ExitCode.OK), None, KerneldevError(why))
+    return HostOutcome(host, OutcomeStatus.SKIPPED, int(ExitCode.OK), None, KerneldevError(why))
 
 
 def _not_started_by_signal(host: str) -> HostOutcome:
@@ -187,7 +180,7 @@ def run_on_hosts(
         try:
             with connect(host) as transport:
                 result = fn(host, transport, progress)
-            outcome = HostOutcome(host.name, OK, int(ExitCode.OK), result, None)
+            outcome = HostOutcome(host.name, OutcomeStatus.OK, int(ExitCode.OK), result, None)
         except KerneldevError as err:
             outcome = failed_outcome(host.name, err)
         except BaseException as err:  # a bug: reported for the host, raised at the end
@@ -254,7 +247,7 @@ def run_in_waves(
     outcomes: list[HostOutcome] = []
     stopped_by: str | None = None
     for number, wave in enumerate(waves, 1):
-        if interrupt.requested() or any(o.status == INTERRUPTED for o in outcomes):
+        if interrupt.requested() or any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes):
             outcomes += [_not_started_by_signal(h.name) for h in wave]
             continue
         if stopped_by is not None:

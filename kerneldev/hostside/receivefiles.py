@@ -37,6 +37,15 @@ class Changed(Exception):
     pass
 
 
+def discard(path):
+    """Remove a temporary file that must not outlive a failure (already gone: fine). Also
+    `atomic_file`'s, for this machine's files."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def read_exact(inp, n):
     parts = []
     while n:
@@ -105,10 +114,7 @@ def receive(inp, item, mark):
             raise Changed()
         os.rename(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        discard(tmp)
         raise
     return digest.hexdigest(), size
 

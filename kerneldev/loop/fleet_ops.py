@@ -30,7 +30,7 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import DiffersError, ExitCode, KerneldevError, UnhealthyError
 from kerneldev.errors import GroupError as GroupError  # re-exported: it was defined here
 from kerneldev.hosts import fleet
-from kerneldev.hosts.fleet import HostEvent, HostOutcome, Progress
+from kerneldev.hosts.fleet import HostEvent, HostOutcome, OutcomeStatus, Progress
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop import deploy_tally, drift, release, sync
 from kerneldev.loop import lock as host_lock
@@ -48,11 +48,6 @@ class LiveMatch(StatusWord):
     SAME = "same"
     DIFFERS = "differs"
     MISSING = "missing"
-
-
-SAME = LiveMatch.SAME
-DIFFERS = LiveMatch.DIFFERS
-MISSING = LiveMatch.MISSING
 
 
 def describe_failures(outcomes: Sequence[HostOutcome]) -> str:
@@ -105,7 +100,7 @@ class HostComparison:
 
     @property
     def differing(self) -> list[str]:
-        return [p for p, v in self.files.items() if v != SAME]
+        return [p for p, v in self.files.items() if v != LiveMatch.SAME]
 
 
 def pull_group(
@@ -127,7 +122,7 @@ def pull_group(
     others = [h for h in hosts if h.name != reference.name]
     if not ref.ok:
         why = f"not compared: the pull from the reference host {reference.name} failed"
-        if ref.status == fleet.UNREACHABLE and others:
+        if ref.status == OutcomeStatus.UNREACHABLE and others:
             why += f"; `--from {others[0].name}` pulls from another host of the group"
         return [ref] + [fleet.skipped_outcome(h.name, why) for h in others]
     pulled: sync.PullResult = ref.result
@@ -140,12 +135,14 @@ def pull_group(
         live = {f.path: f.sha256 for f in live_files}
         cmp = HostComparison(host.name, reference.name)
         for path in sorted(set(all_paths) | set(live)):
-            if path not in live:
-                cmp.files[path] = MISSING if path in ref_sha else SAME  # absent on both: same
+            if path not in live:  # absent on both: same
+                cmp.files[path] = LiveMatch.MISSING if path in ref_sha else LiveMatch.SAME
             else:
-                cmp.files[path] = SAME if live[path] == ref_sha.get(path) else DIFFERS
+                cmp.files[path] = (
+                    LiveMatch.SAME if live[path] == ref_sha.get(path) else LiveMatch.DIFFERS
+                )
         if Path(host.workspace) == Path(reference.workspace):
-            same = [p for p, v in cmp.files.items() if v == SAME and p in ref_sha]
+            same = [p for p, v in cmp.files.items() if v == LiveMatch.SAME and p in ref_sha]
             if same:  # live == the workspace's new bytes: this host's base, nothing moves
                 sync.pull(transport, host, same)
                 cmp.bases_recorded = same
@@ -160,7 +157,7 @@ def pull_group(
 
 def _differs(cmp: HostComparison) -> DiffersError:
     """A compared host whose live files are not the reference's (exit 1, the comparison kept)."""
-    names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != SAME)
+    names = ", ".join(f"{p} ({v})" for p, v in cmp.files.items() if v != LiveMatch.SAME)
     return DiffersError(
         f"live files differ from the reference host {cmp.reference}: {names}",
         hint=f"see `kerneldev diff --host {cmp.host}`; pull from it with --from {cmp.host}",
@@ -272,7 +269,7 @@ def diff_group(
             odd = [p for p, hs in table.odd.items() if o.host in hs]
             problems.append("live differs from the other hosts: " + ", ".join(odd))
         if problems:
-            o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
+            o.status, o.exit_code = OutcomeStatus.FAILED, int(ExitCode.FAILURE)
             o.error = KerneldevError("; ".join(problems))
     return outcomes, table
 

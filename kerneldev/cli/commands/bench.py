@@ -13,6 +13,7 @@ from kerneldev.cli.common import (
     JSON_OPTION,
     PARALLEL_OPTION,
     config_path,
+    flag,
     select_hosts,
     variants_option,
 )
@@ -61,8 +62,7 @@ COMPARE_OPTION = typer.Option(
 )
 
 
-ALLOW_SAME_KERNEL_OPTION = typer.Option(
-    False,
+ALLOW_SAME_KERNEL_OPTION = flag(
     "--allow-same-kernel",
     help="With --service (and in profile): measure even when every variant runs the same "
     "attention kernel (refused otherwise: a variable that did not take effect).",
@@ -135,8 +135,7 @@ def bench_command(
         metavar="IDS",
         help="CUDA_VISIBLE_DEVICES on the host (default: the host's `gpu`).",
     ),
-    cpu: bool = typer.Option(
-        False,
+    cpu: bool = flag(
         "--cpu",
         help="Run under the Triton interpreter on the host's CPU (tiny shapes; checks "
         "correctness, times are meaningless).",
@@ -153,8 +152,7 @@ def bench_command(
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
     # --- `bench --service`: decode timings of the running service ---
-    on_service: bool = typer.Option(
-        False,
+    on_service: bool = flag(
         "--service",
         help="Time the running service instead of the kernel: restart it on each of "
         "--variants (names from service.variants) in interleaved rounds and stream requests.",
@@ -203,25 +201,41 @@ def bench_command(
         if requests is None:
             levels = [int(c) for c in concurrency.split(",") if c.strip().isdigit()] or [1]
             requests = max(8, 4 * max(levels))
-        if len(hosts) > 1:
+        # One host: resolved before the request is checked (a group of one is refused first).
+        host = config.host(host_name) if len(hosts) == 1 else None
+        request = service_bench_cmd.make_request(
+            variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
+        )
+        if host is None:
             from kerneldev.cli.commands import group as group_cmd
 
-            request = service_bench_cmd.make_request(
-                variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
-            )
             return group_cmd.service_bench(
                 config, hosts, request, parallel, as_json, allow_same_kernel=allow_same_kernel
             )
         code = service_bench_cmd.run(
-            config, host_name, variants, concurrency, requests, input_len, max_new_tokens,
-            rounds, as_json, warmup=warmup, allow_same_kernel=allow_same_kernel,
-        )  # fmt: skip
+            config, host, request, as_json, allow_same_kernel=allow_same_kernel
+        )
         if code:
             raise typer.Exit(code)
         return
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
+
+    def run_harness(transport, host, on_output=None) -> bench.BenchResult:
+        return bench.run_bench(
+            transport,
+            host,
+            variant_list,
+            shape_list,
+            source=source,
+            gpu=gpu,
+            cpu_mode=cpu,
+            on_output=on_output,
+            results_dir=config.path.parent / bench.RESULTS_DIR,
+            rotate=rotate,
+        )
+
     if len(hosts) > 1:
         from kerneldev.cli.commands import group as group_cmd
 
@@ -230,25 +244,13 @@ def bench_command(
                 "--compare works on one host", hint="run it with --host NAME for that host"
             )
         return group_cmd.bench(
-            config, hosts, variant_list, shape_list, source=source, gpu=gpu, cpu=cpu,
-            rotate=rotate, parallel=parallel, as_json=as_json, render=render,
-        )  # fmt: skip
+            hosts, run_harness, parallel=parallel, as_json=as_json, render=render
+        )
     host = hosts[0]
     baseline = bench.load_result(compare_to) if compare_to else None
 
     with open_transport(host) as transport:
-        result = bench.run_bench(
-            transport,
-            host,
-            variant_list,
-            shape_list,
-            source=source,
-            gpu=gpu,
-            cpu_mode=cpu,
-            on_output=_stream(),
-            results_dir=config.path.parent / bench.RESULTS_DIR,
-            rotate=rotate,
-        )
+        result = run_harness(transport, host, on_output=_stream())
     comparison = (
         bench.compare(result.data, baseline, str(compare_to)) if baseline is not None else None
     )

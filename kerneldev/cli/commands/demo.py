@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from kerneldev.cli.common import JSON_OPTION
+from kerneldev.cli.common import JSON_OPTION, flag
 from kerneldev.cli.output import out_console, print_info, print_json, print_warning
 from kerneldev.errors import ExitCode
 
@@ -23,7 +23,7 @@ DIR_OPTION = typer.Option(
 
 def demo_command(
     folder: Path | None = DIR_OPTION,
-    keep: bool = typer.Option(False, "--keep", help="Keep the sandbox's files afterwards."),
+    keep: bool = flag("--keep", help="Keep the sandbox's files afterwards."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Run pull, diff, edit, push, restart, drift detection and rollback on a sandbox host."""

@@ -30,23 +30,23 @@ from kerneldev.cli.output import (
 from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode, KerneldevError, UsageError
 from kerneldev.hosts import fleet
-from kerneldev.hosts.fleet import HostEvent, HostOutcome
+from kerneldev.hosts.fleet import HostEvent, HostOutcome, OutcomeStatus
 from kerneldev.loop import fleet_ops
 from kerneldev.printable import printable_list
 
 OUTCOME_STYLE = {
-    fleet.OK: "green",
-    fleet.FAILED: "bold red",
-    fleet.USAGE: "bold red",
-    fleet.UNREACHABLE: "bold red",
-    fleet.INTERRUPTED: "yellow",
-    fleet.SKIPPED: "dim",
+    OutcomeStatus.OK: "green",
+    OutcomeStatus.FAILED: "bold red",
+    OutcomeStatus.USAGE: "bold red",
+    OutcomeStatus.UNREACHABLE: "bold red",
+    OutcomeStatus.INTERRUPTED: "yellow",
+    OutcomeStatus.SKIPPED: "dim",
     "running": "cyan",
     "done": "green",
     "waiting": "dim",
-    fleet_ops.SAME: "green",
-    fleet_ops.DIFFERS: "yellow",
-    fleet_ops.MISSING: "red",
+    fleet_ops.LiveMatch.SAME: "green",
+    fleet_ops.LiveMatch.DIFFERS: "yellow",
+    fleet_ops.LiveMatch.MISSING: "red",
 }
 
 
@@ -163,7 +163,7 @@ def outcome_json(o: HostOutcome, result: Callable[[Any], Any] | None = None) -> 
     if o.error is not None:
         error = {
             "code": o.exit_code,
-            "type": type(o.error).__name__ if o.status != fleet.SKIPPED else "Skipped",
+            "type": type(o.error).__name__ if o.status != OutcomeStatus.SKIPPED else "Skipped",
             "message": o.error.message,
             "hint": o.error.hint,
         }
@@ -216,7 +216,7 @@ def finish(
                 (
                     o.host,
                     o.status,
-                    str(o.exit_code) if o.status != fleet.SKIPPED else "-",
+                    str(o.exit_code) if o.status != OutcomeStatus.SKIPPED else "-",
                     f"{o.elapsed:.1f}s" if o.elapsed else "-",
                     _first_line(o.message) if o.error is not None else describe(o),
                 )
@@ -224,13 +224,13 @@ def finish(
             ],
         )
     for o in outcomes:
-        if judged and o.status == fleet.FAILED:
+        if judged and o.status == OutcomeStatus.FAILED:
             continue
-        if o.error is not None and o.status not in (fleet.OK, fleet.SKIPPED):
+        if o.error is not None and o.status not in (OutcomeStatus.OK, OutcomeStatus.SKIPPED):
             if getattr(o.error, "logs", None):  # an unhealthy service: its logs first
                 print_service_logs(o.error, o.host)
             message = o.error.message
-            if stands_shown and o.status == fleet.INTERRUPTED:
+            if stands_shown and o.status == OutcomeStatus.INTERRUPTED:
                 message = _first_line(message)
             print_error(f"{o.host}: {message}", o.error.hint)
     if code == ExitCode.OK or (judged and code == ExitCode.FAILURE):
@@ -251,6 +251,19 @@ def finish(
 def running(hosts: Sequence[HostConfig]) -> Iterator[HostsView]:
     with HostsView(hosts) as view:
         yield view
+
+
+def run_each(hosts: Sequence[HostConfig], one, parallel: int) -> list[HostOutcome]:
+    """`one(host, transport, progress)` on every host, at most `parallel` at a time, each
+    host's progress in the live view."""
+    with running(hosts) as view:
+        return fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
+
+
+def succeeded(outcomes: list[HostOutcome], as_json: bool) -> list[HostOutcome]:
+    """The outcomes whose results are drawn as tables: the hosts that succeeded (none with
+    --json, where `finish` prints every result)."""
+    return [] if as_json else [o for o in outcomes if o.ok]
 
 
 # --- the commands -------------------------------------------------------------------------
@@ -290,7 +303,7 @@ def pull(
             row = [path, "pulled" if path in {f.path for f in pulled.files} else "missing"]
             for h in ordered[1:]:
                 c = comparisons.get(h.name)
-                row.append(c.files.get(path, fleet_ops.SAME) if c else None)
+                row.append(c.files.get(path, fleet_ops.LiveMatch.SAME) if c else None)
             rows.append(row)
         print_table(
             f"pull from {reference.name} into {pulled.workspace}; other hosts compared with it",
@@ -393,7 +406,7 @@ def push(
         outcomes = fleet_ops.push_group(
             hosts, req, parallel=parallel, serial=serial, on_event=view, on_wave=view.on_wave
         )
-    interrupted = any(o.status == fleet.INTERRUPTED for o in outcomes)
+    interrupted = any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes)
     if interrupted:
         print_info(_interrupt_summary(outcomes))
     elif not req.dry_run and interrupt.consume() is not None:
@@ -404,7 +417,7 @@ def push(
     if failed_dry_run:
         for o in outcomes:
             if o.ok and o.result.refused:
-                o.status, o.exit_code = fleet.FAILED, int(ExitCode.FAILURE)
+                o.status, o.exit_code = OutcomeStatus.FAILED, int(ExitCode.FAILURE)
                 names = printable_list(f.path for f in o.result.refused)
                 o.error = KerneldevError(f"would refuse {names}")
     finish("push", outcomes, as_json, _describe_push, stands_shown=interrupted)
@@ -414,7 +427,7 @@ def _interrupt_summary(outcomes: list[HostOutcome]) -> str:
     """After Ctrl-C: what each host ended with (its own Deployed/Not deployed lines)."""
     lines = ["interrupted; where each host stands:"]
     for o in outcomes:
-        if o.status == fleet.INTERRUPTED:
+        if o.status == OutcomeStatus.INTERRUPTED:
             lines.append(f"  {o.host}: " + (o.message or "").replace("\n", "; "))
         elif o.ok:
             lines.append(f"  {o.host}: finished: {_describe_push(o)}")
@@ -460,8 +473,7 @@ def rollback(
     def one(host, transport, progress):
         return fleet_ops.rollback_host(transport, host, req, progress)
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
+    outcomes = run_each(hosts, one, parallel)
 
     def describe(o: HostOutcome) -> str:
         r = o.result
@@ -475,15 +487,9 @@ def rollback(
 
 
 def bench(
-    config: Config,
     hosts: list[HostConfig],
-    variant_list: list[str],
-    shape_list: list[str],
+    run_harness: Callable[..., Any],  # bench's: (transport, host) -> BenchResult
     *,
-    source: str,
-    gpu: str | None,
-    cpu: bool,
-    rotate: int | None,
     parallel: int,
     as_json: bool,
     render: Callable[[Any, Any], None],  # bench.render: passed in, bench imports this module
@@ -492,17 +498,7 @@ def bench(
 
     def one(host, transport, progress):
         progress("running the harness")
-        result = bench_core.run_bench(
-            transport,
-            host,
-            variant_list,
-            shape_list,
-            source=source,
-            gpu=gpu,
-            cpu_mode=cpu,
-            results_dir=config.path.parent / bench_core.RESULTS_DIR,
-            rotate=rotate,
-        )
+        result = run_harness(transport, host)
         if not result.ok:
             bad = [
                 f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"
@@ -513,13 +509,10 @@ def bench(
             )
         return result
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
-    if not as_json:
-        for o in outcomes:
-            if o.ok:
-                render(o.result, None)
-                print_info(f"{o.host}: saved: {o.result.saved_to}")
+    outcomes = run_each(hosts, one, parallel)
+    for o in succeeded(outcomes, as_json):
+        render(o.result, None)
+        print_info(f"{o.host}: saved: {o.result.saved_to}")
 
     def describe(o: HostOutcome) -> str:
         return f"all variants passed accuracy; saved {o.result.saved_to}"
@@ -563,14 +556,11 @@ def service_bench(
             )
         return result
 
-    with running(hosts) as view:
-        outcomes = fleet.run_on_hosts(hosts, one, parallel=parallel, on_event=view)
-    if not as_json:
-        for o in outcomes:
-            if o.ok:
-                print_info(f"--- {o.host}:")
-                service_bench_cmd.render(o.result.data)
-                print_info(f"{o.host}: saved: {o.result.saved_to}")
+    outcomes = run_each(hosts, one, parallel)
+    for o in succeeded(outcomes, as_json):
+        print_info(f"--- {o.host}:")
+        service_bench_cmd.render(o.result.data)
+        print_info(f"{o.host}: saved: {o.result.saved_to}")
 
     def result_json(value):
         if isinstance(value, sb.ServiceBenchResult):

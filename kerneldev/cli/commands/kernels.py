@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from kerneldev.bundled import install as kernel_deploy
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, flag, load_host
 from kerneldev.cli.host_steps import print_patch, print_table
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.hosts.transport import open_transport
@@ -21,15 +21,12 @@ kernels_app = typer.Typer(
 @kernels_app.command("install")
 def install_command(
     ctx: typer.Context,
-    with_wrapper: bool = typer.Option(
-        False,
+    with_wrapper: bool = flag(
         "--with-wrapper",
         help="Also replace the live wrapper flash_mla_sm120.py (only when the bundled one "
         "keeps its public names).",
     ),
-    force: bool = typer.Option(
-        False, "--force", help="Overwrite unpushed workspace edits of those files."
-    ),
+    force: bool = flag("--force", help="Overwrite unpushed workspace edits of those files."),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:

@@ -12,7 +12,9 @@ from kerneldev.cli import environment, output
 from kerneldev.cli.common import (
     HOST_OPTION,
     JSON_OPTION,
+    NO_IMPORT_CHECK_OPTION,
     PARALLEL_OPTION,
+    flag,
     load_host,
     load_hosts,
 )
@@ -36,15 +38,7 @@ PATHS_ARGUMENT = typer.Argument(
     show_default=False,
 )
 
-NO_IMPORT_CHECK_OPTION = typer.Option(
-    False,
-    "--no-import-check",
-    help="Skip the import checks: the scan of the live tree's imports before the upload and "
-    "the import of the pushed modules after it.",
-)
-
-BREAK_LOCK_OPTION = typer.Option(
-    False,
+BREAK_LOCK_OPTION = flag(
     "--break-lock",
     help="Remove the host's lock even if its holder may still run (after making sure it does "
     "not: see the holder named when a command waits).",
@@ -152,9 +146,7 @@ def _leftovers_warning(host: HostConfig, found: history.Leftovers) -> str:
 def pull_command(
     ctx: typer.Context,
     paths: list[str] | None = PATHS_ARGUMENT,
-    force: bool = typer.Option(
-        False, "--force", help="Overwrite workspace files that have unpushed edits."
-    ),
+    force: bool = flag("--force", help="Overwrite workspace files that have unpushed edits."),
     from_host: str | None = typer.Option(
         None,
         "--from",
@@ -218,8 +210,8 @@ def pull_command(
 def diff_command(
     ctx: typer.Context,
     paths: list[str] | None = PATHS_ARGUMENT,
-    patch: bool = typer.Option(
-        False, "--patch", "-p", help="Print unified diffs (live vs workspace, mirror vs live)."
+    patch: bool = flag(
+        "--patch", "-p", help="Print unified diffs (live vs workspace, mirror vs live)."
     ),
     parallel: int = PARALLEL_OPTION,
     host_name: str | None = HOST_OPTION,
@@ -271,24 +263,17 @@ def render_drift(report: drift.DriftReport) -> None:
 def push_command(
     ctx: typer.Context,
     paths: list[str] | None = PATHS_ARGUMENT,
-    dry_run: bool = typer.Option(
-        False, "--dry-run", "-n", help="Show what would be uploaded; change nothing."
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="Upload even files that drifted on the host or conflict."
-    ),
-    restart: bool = typer.Option(
-        False, "--restart", help="Restart the service after a successful push."
-    ),
-    no_rollback: bool = typer.Option(
-        False,
+    dry_run: bool = flag("--dry-run", "-n", help="Show what would be uploaded; change nothing."),
+    force: bool = flag("--force", help="Upload even files that drifted on the host or conflict."),
+    restart: bool = flag("--restart", help="Restart the service after a successful push."),
+    no_rollback: bool = flag(
         "--no-rollback",
         help="With --restart: leave the new files in place when the service does not become "
         "healthy (default: roll them back and restart again).",
     ),
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
-    create_root: bool = typer.Option(
-        False, "--create-root", help="Create the host's `root` folder when it does not exist."
+    create_root: bool = flag(
+        "--create-root", help="Create the host's `root` folder when it does not exist."
     ),
     break_lock: bool = BREAK_LOCK_OPTION,
     lock_wait: float = LOCK_WAIT_OPTION,
@@ -483,9 +468,7 @@ def _nothing_to_push(result: sync.PushResult) -> str:
 
 def rollback_command(
     ctx: typer.Context,
-    force: bool = typer.Option(
-        False, "--force", help="Restore even files changed on the host since the deploy."
-    ),
+    force: bool = flag("--force", help="Restore even files changed on the host since the deploy."),
     to: str | None = typer.Option(
         None,
         "--to",
@@ -493,12 +476,8 @@ def rollback_command(
         help="Put every file changed since deploy ID back to its bytes right after ID "
         "(ids from `kerneldev log`; a unique prefix is enough).",
     ),
-    dry_run: bool = typer.Option(
-        False, "--dry-run", "-n", help="Show what would be restored; change nothing."
-    ),
-    restart: bool = typer.Option(
-        False, "--restart", help="Restart the service after the rollback."
-    ),
+    dry_run: bool = flag("--dry-run", "-n", help="Show what would be restored; change nothing."),
+    restart: bool = flag("--restart", help="Restart the service after the rollback."),
     no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     break_lock: bool = BREAK_LOCK_OPTION,
     lock_wait: float = LOCK_WAIT_OPTION,

@@ -6,16 +6,10 @@ import typer
 
 from kerneldev.bench import profile as decode_profile
 from kerneldev.cli.commands.bench import ALLOW_SAME_KERNEL_OPTION
-from kerneldev.cli.commands.service_bench import (
-    host_locked,
-    progress_printer,
-    service_logs_shown,
-    table,
-)
+from kerneldev.cli.commands.service_bench import progress_printer, service_session, table
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 from kerneldev.config import load_config
-from kerneldev.hosts.transport import open_transport
 from kerneldev.service.variants import check_variants, parse_variants
 
 
@@ -41,11 +35,7 @@ def profile_command(
     host = config.host(host_name)
     names = parse_variants(variants)
     check_variants(host, names)  # exit 2 before connecting
-    with (
-        open_transport(host) as transport,
-        host_locked(transport, host, "profile"),
-        service_logs_shown(host),
-    ):
+    with service_session(host, "profile") as transport:
         result = decode_profile.run_profile(
             transport,
             host,

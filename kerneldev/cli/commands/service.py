@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, PARALLEL_OPTION, load_hosts
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, PARALLEL_OPTION, flag, load_hosts
 from kerneldev.cli.host_steps import locked, restart_with_progress
 from kerneldev.cli.output import print_json
 from kerneldev.errors import RemoteCommandError
@@ -15,8 +15,8 @@ from kerneldev.service import restart as service_core
 
 def restart_command(
     ctx: typer.Context,
-    break_lock: bool = typer.Option(
-        False, "--break-lock", help="Remove the host's lock even if its holder may still run."
+    break_lock: bool = flag(
+        "--break-lock", help="Remove the host's lock even if its holder may still run."
     ),
     lock_wait: float = typer.Option(
         60.0, "--lock-wait", metavar="SECONDS", min=0, help="How long to wait for the host's lock."

@@ -19,7 +19,7 @@ from kerneldev.cli.output import (
     print_table,
     print_warning,
 )
-from kerneldev.config import Config
+from kerneldev.config import Config, HostConfig
 from kerneldev.errors import ExitCode
 from kerneldev.hosts.transport import open_transport
 from kerneldev.service.variants import check_variants, parse_variants
@@ -95,29 +95,28 @@ def host_locked(transport, host, command: str):
         lock.release()
 
 
-def run(
-    config: Config,
-    host_name: str | None,
-    variants: str,
-    concurrency: str,
-    requests: int,
-    input_len: int,
-    max_new_tokens: int,
-    rounds: int,
-    as_json: bool,
-    warmup: int = 2,
-    allow_same_kernel: bool = False,
-) -> int:
-    host = config.host(host_name)
-    request = make_request(
-        variants, concurrency, requests, input_len, max_new_tokens, rounds, warmup
-    )
-    check_variants(host, request.variants)  # exit 2 before connecting
+@contextlib.contextmanager
+def service_session(host, command: str):
+    """What an A/B of the service (`bench --service`, `profile`) runs in: a connection, the
+    host's lock for the whole A/B (`host_locked`), an unhealthy restart's logs shown."""
     with (
         open_transport(host) as transport,
-        host_locked(transport, host, "bench --service"),
+        host_locked(transport, host, command),
         service_logs_shown(host),
     ):
+        yield transport
+
+
+def run(
+    config: Config,
+    host: HostConfig,
+    request: service_bench.ServiceBenchRequest,
+    as_json: bool,
+    allow_same_kernel: bool = False,
+) -> int:
+    """One host's A/B for the checked `request` (`make_request`); the exit code."""
+    check_variants(host, request.variants)  # exit 2 before connecting
+    with service_session(host, "bench --service") as transport:
         result = service_bench.run_service_bench(
             transport,
             host,

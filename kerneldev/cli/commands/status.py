@@ -4,6 +4,8 @@ this module parses, calls them and renders."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import typer
@@ -50,40 +52,62 @@ STYLES = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("status")(status_command)
-    app.command("doctor")(doctor_command)
+    app.command("status")(_hosts_command(status))
+    app.command("doctor")(_hosts_command(doctor))
+
+
+@dataclass(frozen=True)
+class HostsQuery:
+    """What `status` and `doctor` are both asked: which hosts, how long a connection step may
+    take, how many hosts at once, JSON or tables."""
+
+    config_path: str | None
+    host_spec: str | None
+    timeout: float
+    parallel: int
+    as_json: bool
+
+
+def _hosts_command(run: Callable[[HostsQuery], None]) -> Callable[..., None]:
+    """The command that runs `run` with the options both take; `run`'s docstring is its help."""
+
+    def command(
+        ctx: typer.Context,
+        host_spec: str | None = HOSTS_OPTION,
+        timeout: float = TIMEOUT_OPTION,
+        parallel: int = PARALLEL_OPTION,
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        run(HostsQuery(config_path(ctx), host_spec, timeout, parallel, as_json))
+
+    command.__doc__ = run.__doc__  # not functools.wraps: typer would read run's signature
+    return command
 
 
 # --- status -----------------------------------------------------------------------------
 
 
-def status_command(
-    ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
-    timeout: float = TIMEOUT_OPTION,
-    parallel: int = PARALLEL_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
+def status(q: HostsQuery) -> None:
     """Per host: reachable, last deploy, live files vs that deploy, service health, GPUs.
     Exit 0 all fine, 1 a host has a problem, 3 a host is unreachable (the worst host wins)."""
     from kerneldev import interrupt
     from kerneldev.config import load_config
     from kerneldev.diagnose import status as host_status
 
-    hosts = load_config(config_path(ctx)).hosts_for(host_spec)
+    hosts = load_config(q.config_path).hosts_for(q.host_spec)
     try:
-        statuses = host_status.collect_status(hosts, connect_timeout=timeout, parallel=parallel)
+        statuses = host_status.collect_status(hosts, connect_timeout=q.timeout, parallel=q.parallel)
     except interrupt.Interrupted as err:
         # Ctrl-C: what was collected is still shown (--json: in the error's JSON document,
         # marked "interrupted"), then the command ends as interrupted (130).
         if isinstance(err.report, list):
             collected = err.report
             err.report = _status_json(collected, int(err.exit_code), interrupted=True)
-            if not as_json:
+            if not q.as_json:
                 render_status(collected)
         raise
     code = host_status.worst_exit([s.exit_code for s in statuses])
-    if as_json:
+    if q.as_json:
         print_json(_status_json(statuses, int(code)))
     else:
         render_status(statuses)
@@ -213,13 +237,7 @@ def _short_time(iso: str) -> str:
 # --- doctor -----------------------------------------------------------------------------
 
 
-def doctor_command(
-    ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
-    timeout: float = TIMEOUT_OPTION,
-    parallel: int = PARALLEL_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
+def doctor(q: HostsQuery) -> None:
     """Check config, DNS, port, host key, login, root, files, write access, GPUs, Python,
     torch, triton and service health, one line each with a fix. Exit 1 when a check fails."""
     from kerneldev import interrupt
@@ -227,7 +245,7 @@ def doctor_command(
 
     try:
         report = doctor.diagnose(
-            config_path(ctx), host_spec, connect_timeout=timeout, parallel=parallel
+            q.config_path, q.host_spec, connect_timeout=q.timeout, parallel=q.parallel
         )
     except interrupt.Interrupted as err:
         # Ctrl-C: the checks that ran are still shown (--json: in the error's JSON document,
@@ -235,10 +253,10 @@ def doctor_command(
         if isinstance(err.report, doctor.DoctorReport):
             partial = err.report
             err.report = {**partial.as_json(), "exit_code": int(err.exit_code)}
-            if not as_json:
+            if not q.as_json:
                 render_doctor(partial)
         raise
-    if as_json:
+    if q.as_json:
         print_json(report.as_json())
     else:
         render_doctor(report)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from kerneldev import interrupt
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, load_host
+from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, flag, load_host
 from kerneldev.cli.output import print_info, print_json
 from kerneldev.errors import ExitCode
 from kerneldev.hosts import trust as trust_core
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
 def trust(
     ctx: typer.Context,
     host: str = HOST_OPTION,
-    yes: bool = typer.Option(False, "--yes", "-y", help="Add the key without asking."),
+    yes: bool = flag("--yes", "-y", help="Add the key without asking."),
     json_out: bool = JSON_OPTION,
 ) -> None:
     """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""

@@ -9,7 +9,14 @@ import typer
 
 from kerneldev import interrupt
 from kerneldev.cli import environment
-from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
+from kerneldev.cli.common import (
+    HOST_OPTION,
+    JSON_OPTION,
+    NO_IMPORT_CHECK_OPTION,
+    config_path,
+    flag,
+    variants_option,
+)
 from kerneldev.cli.output import print_error, print_line, to_jsonable
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, KerneldevError
@@ -34,11 +41,10 @@ WATCH_PATHS_ARGUMENT = typer.Argument(
 def watch_command(
     ctx: typer.Context,
     paths: list[str] | None = WATCH_PATHS_ARGUMENT,
-    restart: bool = typer.Option(
-        False, "--restart", help="Restart the service after each push and wait for health."
+    restart: bool = flag(
+        "--restart", help="Restart the service after each push and wait for health."
     ),
-    no_rollback: bool = typer.Option(
-        False,
+    no_rollback: bool = flag(
         "--no-rollback",
         help="With --restart: leave a deploy whose service never becomes healthy in place "
         "(default: roll it back and restart again).",
@@ -53,8 +59,7 @@ def watch_command(
         show_default=False,
     ),
     variants: str = variants_option("With --bench: the variants to check (simt, mma, dispatch)."),
-    cpu: bool = typer.Option(
-        False,
+    cpu: bool = flag(
         "--cpu",
         help="With --bench: run under the Triton interpreter on the host's CPU (tiny shapes; "
         "times are meaningless).",
@@ -66,12 +71,7 @@ def watch_command(
         min=0,
         help="Milliseconds without another change that end a save (one push per burst).",
     ),
-    no_import_check: bool = typer.Option(
-        False,
-        "--no-import-check",
-        help="Skip the import checks of each push (the scan before the upload and the import "
-        "after it).",
-    ),
+    no_import_check: bool = NO_IMPORT_CHECK_OPTION,
     lock_wait: float = typer.Option(
         host_lock.DEFAULT_WAIT,
         "--lock-wait",

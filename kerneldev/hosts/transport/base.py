@@ -92,10 +92,37 @@ class PutItem:
     check: bool = True  # compare-and-swap: refuse when live is no longer `expect_sha256`
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """`run`'s keyword options as one value, as each transport's `_run` gets them."""
+
+    timeout: float | None = None
+    stdin: bytes | None = None
+    on_output: OutputCallback | None = None
+
+
+@dataclass(frozen=True)
+class PutOptions:
+    """`put_file`'s keyword options as one value, as each transport's `_put_file` gets them."""
+
+    mode: int | None = None
+    on_bytes: ByteCallback | None = None
+    before_rename: Callable[[], None] | None = None
+
+
 # put_files' callbacks: on_start(index) before an item's bytes go; on_landed(index, sha256,
 # size) once it is renamed over its target (sha256 and size of the bytes sent).
 IndexCallback = Callable[[int], None]
 LandedCallback = Callable[[int, str, int], None]
+
+
+@dataclass(frozen=True)
+class PutFilesCallbacks:
+    """`put_files`' callbacks as one value, as each transport's `_put_files` gets them."""
+
+    on_landed: LandedCallback
+    on_start: IndexCallback | None = None
+    on_bytes: ByteCallback | None = None
 
 
 class Transport(abc.ABC):
@@ -104,7 +131,6 @@ class Transport(abc.ABC):
     host_name: str  # the config's name for the host, for messages
 
     # --- commands -------------------------------------------------------------------------
-    @abc.abstractmethod
     def run(
         self,
         command: str,
@@ -116,6 +142,12 @@ class Transport(abc.ABC):
         """Run a shell command on the host (via `sh -c`), return its result; never raises for a
         non-zero exit. `on_output(text)` is called with stdout chunks as they arrive (streaming
         progress of long commands). A timeout raises `RemoteCommandError`."""
+        return self._run(command, RunOptions(timeout, stdin, on_output))
+
+    @abc.abstractmethod
+    def _run(self, command: str, options: RunOptions) -> CommandResult:
+        """`run` as this transport does it (the signature and its defaults live once, in
+        `run`)."""
 
     # --- files ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -168,7 +200,6 @@ class Transport(abc.ABC):
     # --- streaming and host-side file work ----------------------------------------------
     # Defaults are built on run() (a POSIX shell on the host); transports override what they
     # can do better.
-    @abc.abstractmethod
     def put_file(
         self,
         path: str,
@@ -182,6 +213,12 @@ class Transport(abc.ABC):
         `before_rename()` (a compare-and-swap check; raising there leaves `path` untouched),
         then rename over `path`. The temporary file never outlives a failure or an interrupt.
         Same mode/owner rules as `write_atomic`."""
+        self._put_file(path, source, PutOptions(mode, on_bytes, before_rename))
+
+    @abc.abstractmethod
+    def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
+        """`put_file` as this transport does it (the signature and its defaults live once,
+        in `put_file`)."""
 
     def put_files(
         self,
@@ -197,6 +234,11 @@ class Transport(abc.ABC):
         honoured between chunks. `on_landed` is called for exactly the files renamed over
         their targets, even when a later one fails or the command is interrupted. This default
         puts file by file; transports override it with one stream for all files."""
+        self._put_files(items, PutFilesCallbacks(on_landed, on_start, on_bytes))
+
+    def _put_files(self, items: list[PutItem], callbacks: PutFilesCallbacks) -> None:
+        """`put_files` as this transport does it; this default puts file by file."""
+        on_landed, on_start, on_bytes = callbacks.on_landed, callbacks.on_start, callbacks.on_bytes
         for i, item in enumerate(items):
             if on_start is not None:
                 on_start(i)

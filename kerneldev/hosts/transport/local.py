@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from kerneldev import interrupt
@@ -26,11 +26,12 @@ from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferEr
 from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
-    ByteCallback,
     CommandResult,
     HostScan,
     OutputCallback,
+    PutOptions,
     RemoteFile,
+    RunOptions,
     Transport,
 )
 from kerneldev.hostside.hashfiles import answer, find_named, hash_tree
@@ -42,14 +43,8 @@ class LocalTransport(Transport):
         self.host_name = getattr(host_config, "name", None) or "local"
 
     # --- commands -------------------------------------------------------------------------
-    def run(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> CommandResult:
+    def _run(self, command: str, options: RunOptions) -> CommandResult:
+        timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
         try:
             proc = subprocess.Popen(
                 ["sh", "-c", command],
@@ -147,15 +142,8 @@ class LocalTransport(Transport):
         except OSError as err:
             raise TransferError(f"cannot read {path} on {self.host_name}: {err}") from None
 
-    def put_file(
-        self,
-        path: str,
-        source: BinaryIO,
-        *,
-        mode: int | None = None,
-        on_bytes: ByteCallback | None = None,
-        before_rename: Callable[[], None] | None = None,
-    ) -> None:
+    def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
+        mode, on_bytes, before_rename = options.mode, options.on_bytes, options.before_rename
         if os.path.islink(path):
             # Write through a symlink to its target (as hash_files reads through it), rather
             # than replacing the link with a plain file.

@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -48,12 +48,13 @@ from kerneldev.hosts.transport.base import (
     ByteCallback,
     CommandResult,
     HostScan,
-    IndexCallback,
-    LandedCallback,
     LiveChangedError,
     OutputCallback,
+    PutFilesCallbacks,
     PutItem,
+    PutOptions,
     RemoteFile,
+    RunOptions,
     Transport,
     temp_path,
 )
@@ -162,14 +163,8 @@ class SSHTransport(Transport):
         return self.connection.dropped(err, doing)
 
     # --- commands -----------------------------------------------------------------------
-    def run(
-        self,
-        command: str,
-        *,
-        timeout: float | None = None,
-        stdin: bytes | None = None,
-        on_output: OutputCallback | None = None,
-    ) -> CommandResult:
+    def _run(self, command: str, options: RunOptions) -> CommandResult:
+        timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
         t = self._connection()
         try:
             chan = t.open_session(timeout=self.connection.connect_timeout)
@@ -409,15 +404,8 @@ class SSHTransport(Transport):
     def read_bytes(self, path: str) -> bytes:
         return b"".join(self._sftp_chunks(path))
 
-    def put_file(
-        self,
-        path: str,
-        source: BinaryIO,
-        *,
-        mode: int | None = None,
-        on_bytes: ByteCallback | None = None,
-        before_rename: Callable[[], None] | None = None,
-    ) -> None:
+    def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
+        mode, on_bytes, before_rename = options.mode, options.on_bytes, options.before_rename
         sftp = self._sftp_client()
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
@@ -462,21 +450,15 @@ class SSHTransport(Transport):
                 raise self._file_error(err, path, "write") from None
             raise
 
-    def put_files(
-        self,
-        items: list[PutItem],
-        *,
-        on_landed: LandedCallback,
-        on_start: IndexCallback | None = None,
-        on_bytes: ByteCallback | None = None,
-    ) -> None:
+    def _put_files(self, items: list[PutItem], callbacks: PutFilesCallbacks) -> None:
         # Few files (or slow-to-start commands): put_file one by one over SFTP. Else one exec
         # channel for all: `_receivefiles.py` on the host lands each one as put_file does
         # (temporary file, compare-and-swap, rename) and reports it by one line; the bytes of
         # the next file flow while the host renames the previous one.
         if not self._stream_pays(len(items), SFTP_REQUESTS_WRITE, posixpath.dirname(items[0].path)):
-            super().put_files(items, on_landed=on_landed, on_start=on_start, on_bytes=on_bytes)
+            super()._put_files(items, callbacks)
             return
+        on_landed, on_start, on_bytes = callbacks.on_landed, callbacks.on_start, callbacks.on_bytes
         command = _python_command(["python3", self.host_config.python], _script(_receivefiles))
         request = json.dumps(
             {

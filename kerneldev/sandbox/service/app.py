@@ -312,6 +312,14 @@ class BadRequest(ValueError):
     pass
 
 
+async def _json_object(request) -> dict:
+    """The request's JSON body; BadRequest unless it is an object."""
+    body = await request.json()
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    return body
+
+
 def _prompt_tokens(text, input_ids) -> int:
     if input_ids is not None:
         if not isinstance(input_ids, list) or not all(isinstance(i, int) for i in input_ids):
@@ -494,9 +502,7 @@ def create_app(
     @app.post("/generate")
     async def generate(request: Request):
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+            body = await _json_object(request)
             prompt = _prompt_tokens(body.get("text"), body.get("input_ids"))
             sp = body.get("sampling_params") or {}
             max_new = _positive_int(
@@ -555,9 +561,7 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(request: Request):
         try:
-            body = await request.json()
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
+            body = await _json_object(request)
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
                 prompt = prompt[0]
