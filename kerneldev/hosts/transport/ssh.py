@@ -28,7 +28,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import BinaryIO
 
 import paramiko
@@ -42,6 +41,7 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
+from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
@@ -58,6 +58,9 @@ from kerneldev.hosts.transport.base import (
     Transport,
     temp_path,
 )
+from kerneldev.hosts.transport.hostscripts import agent_command, hash_command
+from kerneldev.hosts.transport.hostscripts import python_command as _python_command
+from kerneldev.hosts.transport.hostscripts import script as _script
 from kerneldev.hosts.transport.ssh_connection import (
     CONNECT_TIMEOUT,
     DEFAULT_KEYS,
@@ -71,7 +74,6 @@ from kerneldev.hosts.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
-from kerneldev.hostside import hashfiles as _hashfiles
 from kerneldev.hostside import receivefiles as _receivefiles
 from kerneldev.hostside import sendfiles as _sendfiles
 
@@ -880,33 +882,20 @@ class _ChannelReader:
         raise TransferError(f"file transfer from {t.host_name} ended early: {tail[0]}")
 
 
-def hash_command(pythons: list[str]) -> str:
-    """The one shell command that hashes files on the host: the first interpreter of `pythons`
-    found runs `_hashfiles.py` (request as JSON on stdin); none found -> exit 127."""
-    return _python_command(pythons, _hash_script())
-
-
-def _python_command(pythons: list[str], source: str) -> str:
-    """A shell command that runs `source` with the first interpreter of `pythons` found on the
-    host; none found -> exit 127 with 'no python3' on stderr."""
-    candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
-    script = shlex.quote(source)
-    return (
-        f"for p in {candidates}; do "
-        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -S -c {script}; fi; '
-        f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
-    )
-
-
-_SCRIPTS: dict[str, str] = {}
-
-
-def _script(module) -> str:
-    """The source of a self-contained helper module, to run on the host with `python3 -c`."""
-    if module.__name__ not in _SCRIPTS:
-        _SCRIPTS[module.__name__] = Path(module.__file__).read_text(encoding="utf-8")
-    return _SCRIPTS[module.__name__]
-
-
-def _hash_script() -> str:
-    return _script(_hashfiles)
+def start_agent(
+    connection: SSHConnection, pythons: list[str]
+) -> tuple[AgentClient, paramiko.Channel]:
+    """Start the host agent (`hostside/agent.py`) over one exec channel of `connection`: the
+    one login shell of the connection. Returns at once (the agent's HELLO arrives later:
+    `AgentClient.wait_hello`); the channel's stderr holds why it did not start."""
+    t = connection.transport()
+    try:
+        chan = t.open_session(
+            window_size=STREAM_WINDOW,
+            max_packet_size=STREAM_PACKET,
+            timeout=connection.connect_timeout,
+        )
+        chan.exec_command(f"sh -c {shlex.quote(agent_command(pythons))}")
+    except (paramiko.SSHException, EOFError, OSError) as err:
+        raise connection.dropped(err, "starting the host agent") from None
+    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
