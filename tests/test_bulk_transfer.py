@@ -28,7 +28,7 @@ from tests.sshutil import ssh_host, write_hosts_yaml
 from tests.test_transport import HOSTILE_NAMES
 
 # How the host agent is started (the first characters, as ChannelCounter records a command).
-AGENT_START = "exec sh -c 'for p in python3; do if command -v \"$p\" >/dev/null 2>&1; then"
+AGENT_START = 'exec sh -c \'for p in python3; do if command -v "$p" >/dev/null 2>&1; then'
 
 
 @pytest.fixture(params=["agent", "stream", "sftp"])
