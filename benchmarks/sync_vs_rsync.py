@@ -6,17 +6,19 @@ temporary HOME whose ~/.ssh/config (given to OpenSSH with -F) names that server 
 rsync, scp, ssh and kerneldev (`hostname: kbench` in a temporary hosts.yaml) all reach the
 same server the way a user's tools would. Every tool gets its own folder on the "host" and locally.
 
-Cases: 1, 20 and 100 files of 13 KB, and one 50 MB file; operations: pull cold (nothing in
-the workspace), pull no-op, push cold (every file changed), push no-op, diff no-op (rsync's
-reference is a dry run, plain and with --checksum). Runs are interleaved: in each run every
-case and operation is timed for every tool, in an order rotated per run, so a load change on
-the machine hits all tools alike. kerneldev runs as its console script in a subprocess, as a
-user runs it; push uses `--no-import-check` (the import check is a separate feature that
-imports the pushed modules on the host; rsync has nothing like it).
+Cases: 1, 20 and 100 files of 13 KB, and one 50 MB file, and 1 and 20 files with 50 ms more
+round trip (`-rtt50`: through `DelayProxy`, as the machine has no netem); operations: pull
+cold (nothing in the workspace), pull no-op, push cold (every file changed), push no-op, diff
+no-op (rsync's reference is a dry run, plain and with --checksum). Runs are interleaved: in
+each run every case and operation is timed for every tool, in an order rotated per run, so a
+load change on the machine hits all tools alike. kerneldev runs as its console script in a
+subprocess, as a user runs it; push uses `--no-import-check` (the import check is a separate
+feature that imports the pushed modules on the host; rsync has nothing like it).
 
-Fixed costs are measured the same way: `python -c pass`, `kerneldev --help`,
-`python -c "import paramiko"`, a bare paramiko connect + authenticate + `true`, `ssh kbench
-true`, plus a `-X importtime` summary of `kerneldev diff`.
+The `floor` tool is one SSH session + the host's Python start-up (+ the bytes for the cold
+operations): `ssh kbench python3 -c ...`. Fixed costs are measured the same way: `python -c
+pass`, `kerneldev --help`, `python -c "import paramiko"`, a bare paramiko connect +
+authenticate + `true`, `ssh kbench true`, plus a `-X importtime` summary of `kerneldev diff`.
 
     python benchmarks/sync_vs_rsync.py [--runs 5] [--out docs/results/sync-vs-rsync.json]
 
@@ -31,12 +33,16 @@ import hashlib
 import json
 import os
 import platform
+import queue
+import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,15 +50,29 @@ from kerneldev.sandbox.host import start_sshd
 
 SMALL = 13 * 1024
 BIG = 50 * 1000 * 1000
-CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0}  # name -> number of small files (0: the big one)
+# name -> number of small files (0: the big one). A name ending in RTT_SUFFIX reaches the
+# server through DelayProxy: 50 ms more round trip (real GPU boxes are 20-150 ms away).
+CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0, "1-rtt50": 1, "20-rtt50": 20}
+RTT_SUFFIX = "-rtt50"
+ONE_WAY_DELAY = 0.025  # seconds each way: 50 ms of round trip
 OPS = ("pull_cold", "pull_noop", "push_cold", "push_noop", "diff_noop")
-TOOLS = {  # which reference tools apply to each operation
-    "pull_cold": ("kerneldev", "rsync", "scp"),
-    "pull_noop": ("kerneldev", "rsync"),
-    "push_cold": ("kerneldev", "rsync", "scp"),
-    "push_noop": ("kerneldev", "rsync"),
-    "diff_noop": ("kerneldev", "rsync", "rsync-c"),
+# Which tools are timed for each operation: add a tool here and in `Bench.command` (and a
+# folder in `Bench.own` if it keeps its own files) to time another variant.
+# "floor": one SSH session + the host's Python start-up (+ the bytes, for a cold pull or
+# push): what any tool that runs a helper on the host pays at least.
+TOOLS = {
+    "pull_cold": ("kerneldev", "rsync", "scp", "floor"),
+    "pull_noop": ("kerneldev", "rsync", "floor"),
+    "push_cold": ("kerneldev", "rsync", "scp", "floor"),
+    "push_noop": ("kerneldev", "rsync", "floor"),
+    "diff_noop": ("kerneldev", "rsync", "rsync-c", "floor"),
 }
+# The floor's host-side programs: read every file of a folder to stdout, or read stdin.
+_FLOOR_READ = (
+    "import sys,os; o=sys.stdout.buffer; d=sys.argv[1]; "
+    "[o.write(open(os.path.join(d,n),'rb').read()) for n in sorted(os.listdir(d))]"
+)
+_FLOOR_WRITE = "import sys; sys.stdin.buffer.read()"
 
 _PARAMIKO_PROBE = r"""
 import json, sys, time
@@ -73,6 +93,62 @@ print(json.dumps({"import": t1 - t0, "connect_auth": t2 - t1, "exec_true": t3 - 
 """
 
 
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 that delivers every chunk ONE_WAY_DELAY later, both ways.
+
+    Stands in for `tc qdisc ... netem delay` in a network namespace, which this benchmark's
+    machine may not have (no sch_netem): latency only, no bandwidth limit or loss."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for src, dst in ((client, server), (server, client)):
+                pending: queue.Queue = queue.Queue()
+                threading.Thread(target=self._read, args=(src, pending), daemon=True).start()
+                threading.Thread(target=self._deliver, args=(dst, pending), daemon=True).start()
+
+    @staticmethod
+    def _read(src: socket.socket, pending: queue.Queue) -> None:
+        while True:
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            pending.put((time.monotonic() + ONE_WAY_DELAY, data))
+            if not data:
+                return
+
+    @staticmethod
+    def _deliver(dst: socket.socket, pending: queue.Queue) -> None:
+        while True:
+            due, data = pending.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 class Bench:
     def __init__(self, tmp: Path, kerneldev: str, base: Path | None = None) -> None:
         self.tmp = tmp
@@ -80,20 +156,27 @@ class Bench:
         self.base = base  # another kerneldev source tree, timed as the tool "kerneldev-base"
         self.own = ("kerneldev", "rsync", "scp") + (("kerneldev-base",) if base else ())
         self.server = start_sshd(tmp / "sshd")
+        self.proxy = DelayProxy(self.server.port)
         self.home = tmp / "home"
         ssh_dir = self.home / ".ssh"
         ssh_dir.mkdir(parents=True)
-        (ssh_dir / "known_hosts").write_text(self.server.host_key_line)
+        key = self.server.host_key_line.split(" ", 1)[1]
+        (ssh_dir / "known_hosts").write_text(
+            self.server.host_key_line + f"[127.0.0.1]:{self.proxy.port} {key}"
+        )
         (ssh_dir / "config").write_text(
-            "Host kbench\n"
-            "  HostName 127.0.0.1\n"
-            f"  Port {self.server.port}\n"
-            f"  User {self.server.user}\n"
-            f"  IdentityFile {self.server.client_key}\n"
-            "  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
-            "  StrictHostKeyChecking yes\n"
-            "  BatchMode yes\n"
+            "".join(
+                f"Host {alias}\n"
+                "  HostName 127.0.0.1\n"
+                f"  Port {port}\n"
+                f"  User {self.server.user}\n"
+                f"  IdentityFile {self.server.client_key}\n"
+                "  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
+                "  StrictHostKeyChecking yes\n"
+                "  BatchMode yes\n"
+                for alias, port in (("kbench", self.server.port), ("kbench-rtt", self.proxy.port))
+            )
         )
         os.chmod(ssh_dir / "config", 0o600)
         # OpenSSH finds ~ in the passwd entry, not $HOME: rsync, scp and ssh get -F; kerneldev
@@ -103,6 +186,11 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "KERNELDEV_HOST")}
         env.update(HOME=str(self.home), KERNELDEV_CONFIG=str(self.config))
         env.pop("KERNELDEV_SSH_CONFIG", None)
+        # Compiled modules cached as a user's installed package has them (a shell that sets
+        # PYTHONDONTWRITEBYTECODE would compile every module of every run), kept out of the
+        # source trees.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
         self.env = env
         self.generation = 0
         hosts = []
@@ -117,7 +205,8 @@ class Bench:
             for tool, name in (("kerneldev", f"c{case}"), ("kerneldev-base", f"b{case}")):
                 if tool in self.own:
                     hosts.append(
-                        f"  {name}:\n    hostname: kbench\n    root: {self.remote(case, tool)}\n"
+                        f"  {name}:\n    hostname: {_alias(case)}\n"
+                        f"    root: {self.remote(case, tool)}\n"
                         f"    workspace: {self.local(case, tool)}\n    files: {files}\n"
                     )
         self.config.write_text("hosts:\n" + "".join(hosts))
@@ -147,6 +236,8 @@ class Bench:
 
     # --- one timed command per tool and operation ----------------------------------------
     def prepare(self, case: str, op: str, tool: str) -> None:
+        if tool == "floor":
+            return  # it reads rsync's folders and keeps nothing
         local = self.local(case, "rsync" if tool == "rsync-c" else tool)
         if op == "pull_cold":
             shutil.rmtree(local)
@@ -156,7 +247,7 @@ class Bench:
 
     def command(self, case: str, op: str, tool: str) -> list[str]:
         local = self.local(case, "rsync" if tool == "rsync-c" else tool)
-        remote = "kbench:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
+        remote = f"{_alias(case)}:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
         verb = op.split("_")[0]
         ssh = f"ssh -F {self.ssh_config}"
         if tool in ("kerneldev", "kerneldev-base"):
@@ -169,6 +260,14 @@ class Bench:
             if verb == "pull":
                 return ["rsync", *flags, "-e", ssh, remote + "/", str(local) + "/"]
             return ["rsync", *flags, "-e", ssh, str(local) + "/", remote + "/"]
+        if tool == "floor":
+            ssh_argv = ["ssh", "-F", str(self.ssh_config), _alias(case)]
+            folder = shlex.quote(str(self.remote(case, "rsync")))
+            if op == "pull_cold":
+                return [*ssh_argv, f"python3 -c {shlex.quote(_FLOOR_READ)} {folder}"]
+            if op == "push_cold":
+                return [*ssh_argv, f"python3 -c {shlex.quote(_FLOOR_WRITE)}"]
+            return [*ssh_argv, "python3 -c pass"]
         if tool == "scp":
             scp = ["scp", "-F", str(self.ssh_config), "-q", "-p"]
             if verb == "pull":
@@ -176,12 +275,20 @@ class Bench:
             return [*scp, *sorted(str(p) for p in local.iterdir()), remote + "/"]
         raise ValueError(tool)
 
-    def time_command(self, argv: list[str], tool: str = "") -> float:
+    def stdin_for(self, case: str, op: str, tool: str) -> bytes | None:
+        """The bytes the floor sends for a cold push: every file of the case."""
+        if tool != "floor" or op != "push_cold":
+            return None
+        folder = self.local(case, "rsync")
+        return b"".join(p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file())
+
+    def time_command(self, argv: list[str], tool: str = "", stdin: bytes | None = None) -> float:
         env = self.env
         if tool == "kerneldev-base":
             env = {**env, "PYTHONPATH": str(self.base)}
+        feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         start = time.perf_counter()
-        proc = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, env=env, capture_output=True, **feed)
         took = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(
@@ -201,7 +308,13 @@ class Bench:
         return problems
 
     def close(self) -> None:
+        self.proxy.close()
         self.server.stop()
+
+
+def _alias(case: str) -> str:
+    """The ssh_config name that reaches the server for `case` (through the proxy or not)."""
+    return "kbench-rtt" if case.endswith(RTT_SUFFIX) else "kbench"
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -336,7 +449,8 @@ def main() -> int:
                     tools = tools[r % len(tools) :] + tools[: r % len(tools)]
                     for tool in tools:
                         bench.prepare(case, op, tool)
-                        took = bench.time_command(bench.command(case, op, tool), tool)
+                        stdin = bench.stdin_for(case, op, tool)
+                        took = bench.time_command(bench.command(case, op, tool), tool, stdin)
                         times.setdefault((case, op, tool), []).append(took)
             print(f"run {r + 1}/{args.runs} done", file=sys.stderr)
         problems = bench.check_same(cases)
@@ -357,6 +471,8 @@ def main() -> int:
             for tool in TOOLS[op] + (("kerneldev-base",) if args.base else ()):
                 entry[tool] = _stats(times[(case, op, tool)])
             entry["ratio_vs_rsync"] = entry["kerneldev"]["median"] / entry["rsync"]["median"]
+            if "floor" in entry:
+                entry["ratio_vs_floor"] = entry["kerneldev"]["median"] / entry["floor"]["median"]
             if args.base:
                 base = entry["kerneldev-base"]["median"]
                 entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
@@ -403,6 +519,9 @@ def render(result: dict) -> str:
         for tool in ("scp", "rsync-c"):
             if tool in row:
                 other = f"{tool} {cell(row[tool])}"
+        floor = (
+            f" floor {cell(row['floor'])} ({row['ratio_vs_floor']:.2f}x)" if "floor" in row else ""
+        )
         lines.append(
             f"{row['case']:>5} {row['op']:<10} {cell(row['kerneldev']):>18} "
             f"{cell(row['rsync']):>18} {other:>24} {row['ratio_vs_rsync']:>6.2f}"
@@ -411,6 +530,7 @@ def render(result: dict) -> str:
                 if has_base
                 else ""
             )
+            + floor
         )
     fixed = result.get("fixed_costs")
     if fixed:

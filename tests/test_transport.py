@@ -1,5 +1,7 @@
-"""The transport contract, run identically over `LocalTransport` and `SSHTransport` (a real
-sshd on 127.0.0.1): whatever pull/diff/push build on it behaves the same on both."""
+"""The transport contract, run identically over `LocalTransport`, `SSHTransport` (a real sshd
+on 127.0.0.1; by default every step through its host agent, and with the agent pinned off as on
+a host without python3) and a bare `AgentTransport` (as a kept session's client uses it):
+whatever pull/diff/push build on it behaves the same on all."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import hashlib
 import http.server
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -14,10 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from kerneldev import interrupt
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.local import LocalTransport
-from kerneldev.hosts.transport.ssh import SSHTransport, hash_command
+from kerneldev.hosts.transport.over_agent import AgentTransport
+from kerneldev.hosts.transport.ssh import SSHTransport, hash_command, start_agent
+from kerneldev.hosts.transport.ssh_connection import SSHConnection
 from tests.faults import process_gone
 from tests.sshutil import ssh_host
 
@@ -33,14 +39,23 @@ HOSTILE_NAMES = [
 ]
 
 
-@pytest.fixture(params=["local", "ssh"])
-def host(request, tmp_path, isolated_home):
+@pytest.fixture(params=["local", "ssh", "ssh-no-agent", "agent"])
+def host(request, tmp_path, isolated_home, monkeypatch):
     """(transport, live root) for each kind of host; the root is a fresh folder."""
     root = tmp_path / "live"
     root.mkdir()
     if request.param == "local":
         transport = LocalTransport()
+    elif request.param == "agent":
+        server = request.getfixturevalue("sshd_server")
+        config = ssh_host(server, tmp_path)
+        connection = SSHConnection(config)
+        request.addfinalizer(connection.close)
+        client, _ = start_agent(connection, ["python3"])
+        transport = AgentTransport(client, config, config.name)
     else:
+        if request.param == "ssh-no-agent":
+            monkeypatch.setenv("KERNELDEV_TRANSFER", "stream")  # today's paths, no agent
         server = request.getfixturevalue("sshd_server")
         transport = open_transport(ssh_host(server, tmp_path))
         assert isinstance(transport, SSHTransport)
@@ -101,6 +116,24 @@ def test_run_timeout_ends_the_command_on_the_host(host, tmp_path):
     with pytest.raises(RemoteCommandError, match="timed out"):
         t.run(f"echo $$ > {pidfile}; exec sleep 30", timeout=5)
     assert time.monotonic() - start < 20  # not the command's 30 s
+    assert process_gone(int(pidfile.read_text()))
+    assert t.run("echo still usable").stdout == "still usable\n"
+
+
+def test_ctrl_c_during_run_ends_the_command_on_the_host(host, tmp_path):
+    t, _ = host
+    pidfile = tmp_path / "pid"
+
+    def ctrl_c_once_started() -> None:
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+
+    threading.Thread(target=ctrl_c_once_started, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(interrupt.Interrupted), interrupt.deferred_signals():
+        t.run(f"echo $$ > {pidfile}; exec sleep 30")
+    assert time.monotonic() - start < 20
     assert process_gone(int(pidfile.read_text()))
     assert t.run("echo still usable").stdout == "still usable\n"
 
@@ -341,3 +374,24 @@ def test_stream_files_missing_file_raises_and_stops_early(host):
         b"".join(chunks)
     stream.close()  # an early stop: the transfer ends, the connection stays usable
     assert t.run("echo still here").stdout == "still here\n"
+
+
+def test_ssh_without_python3_for_the_agent_falls_back_with_the_reason(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    from kerneldev.hosts.transport import ssh
+
+    host = ssh_host(sshd_server, tmp_path)
+    (Path(host.root) / "a.py").write_text("a")
+    # What the agent's start prints and exits with on a host that has no python3 at all.
+    monkeypatch.setattr(
+        ssh, "agent_command", lambda _: "echo 'kerneldev: no python3 on the host' >&2; exit 127"
+    )
+    with SSHTransport(host) as t:
+        assert t.run("echo old path").stdout == "old path\n"
+        assert t.agent_unavailable == "no python3 on the host"
+        assert t.read_bytes(str(Path(host.root) / "a.py")) == b"a"
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "agent")  # required: a clear error instead
+    with SSHTransport(host) as t:
+        with pytest.raises(TransferError, match="cannot start the host agent.*no python3"):
+            t.run("true")
