@@ -1,0 +1,120 @@
+"""What a holder and its clients say beyond the agent's own frames (agent-protocol.md).
+
+On a client's socket the holder speaks the agent protocol as the agent does (MAGIC, HELLO,
+then the frames of the client's own requests, with the client's own ids), after one frame of
+the client's that says what it came for, on the control id 0; these are numbered far from
+the agent's frame types:
+
+  USE    (client -> holder)  JSON {"key": ..., "code": ...}: run requests through the session.
+                             The holder answers MAGIC and HELLO (reconnecting first when its
+                             connection is past its maximum age), or ERROR.
+  STATUS (client -> holder)  only the HELLO, then the holder closes (`session list`).
+  STOP   (client -> holder)  end the session now (`kerneldev session stop`).
+  ERROR  (holder -> client)  instead of HELLO: the holder could not (re)connect; the payload
+                             is the error a one-shot command would have raised, as JSON.
+
+The holder's HELLO is the agent's with a `session` object added (pid, key, code stamp, ages,
+counts; `stale` when the USE named another key or code, which the client then STOPs). A holder
+being started reports `{"ok": true}`, or the same JSON error, on the pipe its starter gave it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+from dataclasses import dataclass
+
+from kerneldev import errors
+from kerneldev.errors import HostConnectionError, KerneldevError
+from kerneldev.hosts.transport.agent_client import CONTROL, HEADER, MAGIC, MAX_PAYLOAD
+
+USE, STATUS, STOP, ERROR = 64, 65, 66, 67
+PEER_CRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+
+
+@dataclass(frozen=True)
+class KeyCheck:
+    """A refused host key as a client sees it (`HostKeyError.check` across the socket)."""
+
+    name: str
+    key_type: str
+    fingerprint: str
+    status: str
+
+
+def frame(kind: int, rid: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(len(payload), rid, kind) + payload
+
+
+def error_json(err: KerneldevError) -> dict:
+    """`err` as JSON: its class (one of kerneldev.errors), message, hint and what it carries."""
+    data: dict = {"class": type(err).__name__, "message": err.message, "hint": err.hint}
+    jump_host = getattr(err, "jump_host", None)
+    if jump_host:
+        data["jump_host"] = jump_host
+    check = getattr(err, "check", None)
+    if check is not None:
+        data["check"] = {
+            "name": check.name,
+            "key_type": check.key_type,
+            "fingerprint": check.fingerprint,
+            "status": check.status,
+        }
+    return data
+
+
+def error_from_json(data: dict) -> KerneldevError:
+    """The error `error_json` wrote, as the same class with the same message and hint."""
+    cls = getattr(errors, str(data.get("class")), None)
+    if not (isinstance(cls, type) and issubclass(cls, KerneldevError)):
+        cls = HostConnectionError
+    err = cls.__new__(cls)
+    # The message is taken as written (a jump host's prefix is already in it), so the class's
+    # own __init__, which would build it again, is bypassed.
+    KerneldevError.__init__(err, str(data.get("message", "")), data.get("hint"))
+    if isinstance(err, HostConnectionError):
+        err.jump_host = data.get("jump_host")
+    if isinstance(err, errors.HostKeyError):
+        check = data.get("check")
+        err.check = KeyCheck(**check) if isinstance(check, dict) else None
+    return err
+
+
+def error_frame(err: KerneldevError) -> bytes:
+    return frame(ERROR, CONTROL, json.dumps(error_json(err)).encode("utf-8"))
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a unix socket (the kernel's word)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CRED.size)
+    return PEER_CRED.unpack(raw)[1]
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    """Exactly `n` bytes, or None at EOF before them."""
+    parts = []
+    while n:
+        block = sock.recv(min(n, 1 << 20))
+        if not block:
+            return None
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
+
+
+def recv_frame(sock: socket.socket) -> tuple[int, int, bytes] | None:
+    """(kind, request id, payload), or None at EOF; `ValueError` for an oversized frame."""
+    head = recv_exact(sock, HEADER.size)
+    if head is None:
+        return None
+    length, rid, kind = HEADER.unpack(head)
+    if length > MAX_PAYLOAD:
+        raise ValueError(f"frame of {length} bytes")
+    payload = recv_exact(sock, length) if length else b""
+    if payload is None:
+        return None
+    return kind, rid, payload
+
+
+__all__ = ["ERROR", "MAGIC", "STATUS", "STOP", "USE", "KeyCheck", "error_frame", "error_from_json"]
