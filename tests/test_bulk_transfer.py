@@ -28,10 +28,10 @@ from tests.sshutil import ssh_host, write_hosts_yaml
 from tests.test_transport import HOSTILE_NAMES
 
 
-@pytest.fixture(params=["stream", "sftp"])
+@pytest.fixture(params=["agent", "stream", "sftp"])
 def host(request, sshd_server, tmp_path, isolated_home, monkeypatch):
-    """The test sshd, with files moving in one exec stream or one by one over SFTP (the
-    transport picks by what the host costs; both paths must keep every guarantee)."""
+    """The test sshd, with files moving through the host agent, or (a host without python3's
+    agent) in one exec stream or one by one over SFTP; every path must keep every guarantee."""
     monkeypatch.setenv("KERNELDEV_TRANSFER", request.param)
     return ssh_host(sshd_server, tmp_path, files=("*.py", "*.bin"))
 
@@ -133,7 +133,7 @@ def test_stream_or_sftp_is_chosen_by_what_this_host_costs(
     out, err = io.StringIO(), io.StringIO()
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
     code = main(["--config", str(config), "diff"], env=Environment(stdout=out, stderr=err))
-    assert code == 2 and "$KERNELDEV_TRANSFER is 'rsync', not one of auto, stream, sftp" in (
+    assert code == 2 and "$KERNELDEV_TRANSFER is 'rsync', not one of auto, agent, stream, sftp" in (
         err.getvalue()
     ), err.getvalue()
     assert "Traceback" not in err.getvalue()
@@ -168,17 +168,48 @@ class ChannelCounter:
         return list(self.opened)
 
 
+def test_with_the_agent_every_command_is_one_remote_command(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """By default every step after the login goes through the host agent: each command opens
+    one exec channel (the agent, the connection's only login shell) and nothing else, no SFTP;
+    a cold push with its import check included."""
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    for i in range(20):
+        (root / f"k{i}.py").write_bytes(b"x = 1  # " + b"x" * 13000 + bytes([65 + i]) + b"\n")
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    counter = ChannelCounter(monkeypatch)
+    agent_only = ["exec sh -c 'for p in python3; do if command -v \"$p\" >/dev/null 2>"]
+    assert counter.during("--config", str(config), "pull") == agent_only  # cold: hashes + files
+    assert counter.during("--config", str(config), "pull") == agent_only
+    assert counter.during("--config", str(config), "diff") == agent_only
+    assert counter.during("--config", str(config), "push") == agent_only  # no-op
+    workspace = Path(host.workspace)
+    for i in range(3):
+        (workspace / f"k{i}.py").write_bytes(b"y = 2  # " + b"y" * 13000 + bytes([65 + i]) + b"\n")
+    # A cold push: lock + plan, backups, the files, the record + the unlock, the import check.
+    push = counter.during("--config", str(config), "push")
+    assert push == agent_only, push
+    assert (root / "k2.py").read_bytes().startswith(b"y = 2")
+    assert not (root / ".kerneldev" / "lock").exists()
+    assert '"files": [{' in (root / ".kerneldev" / "history.jsonl").read_text()
+
+
 def test_no_op_diff_and_pull_make_one_remote_command(
     sshd_server, tmp_path, isolated_home, monkeypatch
 ):
+    """Without the agent (a host without python3's path, pinned here): one remote command per
+    step, as few steps as the commands need."""
     host = ssh_host(sshd_server, tmp_path)
     root = Path(host.root)
     for i in range(20):
         (root / f"k{i}.py").write_bytes(b"x" * 13000 + bytes([i]))
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
     counter = ChannelCounter(monkeypatch)
-    # Stream or SFTP is chosen from timings, which vary with the machine's load: pinned, so
-    # the counts below are the same on every run (stream: no SFTP probe, no SFTP channel).
+    # Stream or SFTP is chosen from timings, which vary with the machine's load: pinned (which
+    # also leaves the agent out), so the counts below are the same on every run (stream: no
+    # SFTP probe, no SFTP channel).
     monkeypatch.setenv("KERNELDEV_TRANSFER", "stream")
     cold = counter.during("--config", str(config), "pull")
     assert len(cold) == 2, cold  # the hashes, then every file in one stream
@@ -210,8 +241,9 @@ def test_no_op_diff_and_pull_make_one_remote_command(
 def test_watch_and_group_pushes_take_the_lock_in_the_plan_like_push(
     sshd_server, tmp_path, isolated_home, monkeypatch
 ):
-    """A save pushed by `watch` and a push to a group make the single-host push's commands: a
-    no-op is one remote command per host (lock, plan, unlock), a cold one three."""
+    """A save pushed by `watch` and a push to a group make the single-host push's commands:
+    through the host agent, one exec channel per host and command (a no-op or a cold push),
+    and none at all for a save in `watch`, whose connection and agent live as long as it."""
     import json
     import queue
     import socket
@@ -247,7 +279,7 @@ def test_watch_and_group_pushes_take_the_lock_in_the_plan_like_push(
     for name in hosts:
         (Path(hosts[name]["workspace"]) / "k.py").write_bytes(b"k v2\n" * 3000)
     push = counter.during("--config", str(config), "push", "--host", "g", "--no-import-check")
-    assert len(execs(push)) == 6, push
+    assert len(execs(push)) == 2, push  # the agent, one per host
     for name in hosts:
         assert (Path(hosts[name]["root"]) / "k.py").read_bytes() == b"k v2\n" * 3000
         assert not (Path(hosts[name]["root"]) / ".kerneldev" / "lock").exists()
@@ -272,11 +304,11 @@ def test_watch_and_group_pushes_take_the_lock_in_the_plan_like_push(
         counter.opened.clear()
         (Path(host.workspace) / "k.py").write_bytes(b"k v2\n" * 3000)  # saved, unchanged
         assert next_push().outcome == watch.UNCHANGED
-        assert len(counter.opened) == 1, counter.opened
+        assert len(counter.opened) == 0, counter.opened
         counter.opened.clear()
         (Path(host.workspace) / "k.py").write_bytes(b"k v3\n" * 3000)
         assert next_push().outcome == watch.PUSHED
-        assert len(execs(counter.opened)) == 3, counter.opened
+        assert len(counter.opened) == 0, counter.opened
         assert (Path(host.root) / "k.py").read_bytes() == b"k v3\n" * 3000
         assert not (Path(host.root) / ".kerneldev" / "lock").exists()
         # The lock rules stay: a stale lock (its process is gone) is taken over, with a note.

@@ -1,5 +1,7 @@
-"""The transport contract, run identically over `LocalTransport` and `SSHTransport` (a real
-sshd on 127.0.0.1): whatever pull/diff/push build on it behaves the same on both."""
+"""The transport contract, run identically over `LocalTransport`, `SSHTransport` (a real sshd
+on 127.0.0.1; by default every step through its host agent, and with the agent pinned off as on
+a host without python3) and a bare `AgentTransport` (as a kept session's client uses it):
+whatever pull/diff/push build on it behaves the same on all."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ import pytest
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.local import LocalTransport
-from kerneldev.hosts.transport.ssh import SSHTransport, hash_command
+from kerneldev.hosts.transport.over_agent import AgentTransport
+from kerneldev.hosts.transport.ssh import SSHTransport, hash_command, start_agent
+from kerneldev.hosts.transport.ssh_connection import SSHConnection
 from tests.faults import process_gone
 from tests.sshutil import ssh_host
 
@@ -33,14 +37,23 @@ HOSTILE_NAMES = [
 ]
 
 
-@pytest.fixture(params=["local", "ssh"])
-def host(request, tmp_path, isolated_home):
+@pytest.fixture(params=["local", "ssh", "ssh-no-agent", "agent"])
+def host(request, tmp_path, isolated_home, monkeypatch):
     """(transport, live root) for each kind of host; the root is a fresh folder."""
     root = tmp_path / "live"
     root.mkdir()
     if request.param == "local":
         transport = LocalTransport()
+    elif request.param == "agent":
+        server = request.getfixturevalue("sshd_server")
+        config = ssh_host(server, tmp_path)
+        connection = SSHConnection(config)
+        request.addfinalizer(connection.close)
+        client, _ = start_agent(connection, ["python3"])
+        transport = AgentTransport(client, config, config.name)
     else:
+        if request.param == "ssh-no-agent":
+            monkeypatch.setenv("KERNELDEV_TRANSFER", "stream")  # today's paths, no agent
         server = request.getfixturevalue("sshd_server")
         transport = open_transport(ssh_host(server, tmp_path))
         assert isinstance(transport, SSHTransport)

@@ -68,8 +68,11 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def receive(inp, item, mark):
-    """Land one file; returns (sha256, size) of what was written, raises on failure."""
+def receive(inp, item, mark, out=None):
+    """Land one file; returns (sha256, size) of what was written, raises on failure. With
+    `confirm` set, once the bytes are written a `{"i": n, "written": true}` line goes to `out`
+    and one `R` record (rename) must follow, else the file is dropped: the client's own
+    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`)."""
     path = item["path"]
     if os.path.islink(path):
         path = os.path.realpath(path)
@@ -110,6 +113,12 @@ def receive(inp, item, mark):
                 f.write(block)
                 digest.update(block)
                 size += len(block)
+        if item.get("confirm"):
+            out.write(json.dumps({"i": item["i"], "written": True}) + "\n")
+            out.flush()
+            kind, _ = HEADER.unpack(read_exact(inp, HEADER.size))
+            if kind != b"R":
+                raise Aborted("aborted by the client")
         if item["check"] and sha256_of(path) != item["expect"]:
             raise Changed()
         os.rename(tmp, path)
@@ -125,7 +134,7 @@ def main():
     request = json.loads(read_exact(inp, length).decode("utf-8"))
     for i, item in enumerate(request["files"]):
         try:
-            sha, size = receive(inp, item, request["mark"])
+            sha, size = receive(inp, dict(item, i=i), request["mark"], out)
             line = {"i": i, "ok": True, "sha256": sha, "size": size}
         except Changed:
             line = {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}

@@ -14,18 +14,20 @@ import abc
 import glob
 import hashlib
 import io
+import json
 import posixpath
 import secrets
 import shlex
+import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
 from kerneldev.atomic_file import temp_stem
+from kerneldev.errors import HostConnectionError, TransferError
 from kerneldev.errors import (
     LiveChangedError as LiveChangedError,  # re-exported: it was defined here
 )
-from kerneldev.errors import TransferError
 from kerneldev.paths import TEMP_MARK
 
 # Every temporary file kerneldev writes on a host is named `.<target>.kerneldev-tmp-<random>`
@@ -359,3 +361,102 @@ class _HashingReader:
         self.digest.update(data)
         self.size += len(data)
         return data
+
+
+# --- shared by the transports that stream files through a host-side helper ------------------
+
+
+def settle_put_reports(
+    items: list[PutItem],
+    sent: dict[int, tuple[str, int]],
+    reports: list[dict],
+    host_name: str,
+    on_landed: LandedCallback,
+) -> None:
+    """Act on `receivefiles.py`'s reports: `on_landed` for each file the host renamed (its
+    sha256 must be what was sent), then the first failure as `LiveChangedError` (a failed
+    compare-and-swap) or `TransferError`."""
+    for report in reports:
+        i = report.get("i")
+        if not isinstance(i, int) or not 0 <= i < len(items) or not report.get("ok"):
+            continue
+        if i not in sent or report.get("sha256") != sent[i][0]:
+            raise TransferError(
+                f"{items[i].path} on {host_name}: the host wrote other bytes than "
+                "were sent (sha256 differs)"
+            )
+        on_landed(i, sent[i][0], sent[i][1])
+
+
+def raise_put_failure(items: list[PutItem], reports: list[dict], host_name: str) -> None:
+    """The first failure among `receivefiles.py`'s reports, raised (none: nothing happens)."""
+    for report in reports:
+        if report.get("ok") is False:
+            i = report.get("i", 0)
+            if report.get("reason") == "changed":
+                raise LiveChangedError(i, items[i].path)
+            raise TransferError(
+                f"cannot write {items[i].path} on {host_name}: {report.get('error')}"
+            )
+
+
+def parse_reports(data: bytes) -> list[dict]:
+    """`receivefiles.py`'s one-line JSON reports (lines that are not one are skipped)."""
+    reports = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict):
+            reports.append(report)
+    return reports
+
+
+def http_request_text(url: str) -> tuple[str, int, str]:
+    """(host, port, the HTTP/1.0 GET request) for an http:// URL, as both SSH paths send it;
+    `HostConnectionError` for another scheme."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise HostConnectionError(f"cannot GET {url}: only http:// and https:// URLs work")
+    path = parts.path or "/"
+    if parts.query:
+        path += "?" + parts.query
+    request = (
+        f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n"
+        f"User-Agent: kerneldev\r\nConnection: close\r\n\r\n"
+    )
+    return parts.hostname, parts.port or 80, request
+
+
+def http_status(url: str, status_line: str) -> int:
+    """The status of an HTTP answer's first line; `HostConnectionError` when it is none."""
+    fields = status_line.split()
+    if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
+        raise HostConnectionError(
+            f"GET {url}: not an HTTP answer ({status_line[:60]!r})"
+            if status_line
+            else f"GET {url}: the connection closed without an answer"
+        )
+    return int(fields[1])
+
+
+def hash_answer(result: CommandResult, request: dict, host_name: str) -> dict:
+    """`hashfiles.py`'s answer to `request` (files as `RemoteFile`s); `TransferError` when the
+    command failed or its output is unreadable."""
+    if not result.ok:
+        tail = result.stderr.strip().splitlines()[-1:] or ["no error output"]
+        raise TransferError(
+            f"hashing files under {request['root']} on {host_name} failed "
+            f"(exit {result.exited}): {tail[0]}"
+        )
+    try:
+        data = json.loads(result.stdout)
+        data["files"] = [RemoteFile(**f) for f in data["files"]]
+        data["unmatched"] = list(data["unmatched"])
+        if "find" in request:
+            data["found"] = [str(p) for p in data["found"]]
+            data["root_exists"] = bool(data["root_exists"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise TransferError(f"hashing files on {host_name} gave unreadable output: {err}") from None
+    return data

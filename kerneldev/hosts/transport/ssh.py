@@ -28,7 +28,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
-from pathlib import Path
 from typing import BinaryIO
 
 import paramiko
@@ -42,13 +41,13 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
+from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
     ByteCallback,
     CommandResult,
     HostScan,
-    LiveChangedError,
     OutputCallback,
     PutFilesCallbacks,
     PutItem,
@@ -56,8 +55,18 @@ from kerneldev.hosts.transport.base import (
     RemoteFile,
     RunOptions,
     Transport,
+    hash_answer,
+    http_request_text,
+    http_status,
+    parse_reports,
+    raise_put_failure,
+    settle_put_reports,
     temp_path,
 )
+from kerneldev.hosts.transport.hostscripts import agent_command, hash_command
+from kerneldev.hosts.transport.hostscripts import python_command as _python_command
+from kerneldev.hosts.transport.hostscripts import script as _script
+from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.ssh_connection import (
     CONNECT_TIMEOUT,
     DEFAULT_KEYS,
@@ -71,7 +80,6 @@ from kerneldev.hosts.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
-from kerneldev.hostside import hashfiles as _hashfiles
 from kerneldev.hostside import receivefiles as _receivefiles
 from kerneldev.hostside import sendfiles as _sendfiles
 
@@ -104,11 +112,15 @@ STREAM_PACKET = 1 << 18  # bytes per SSH packet the host may send on it (paramik
 # request times the first, an SFTP stat the second (see docs/benchmarks.md, "Sync speed").
 # Before either is known, BULK_MIN_FILES files or more go in one stream.
 BULK_MIN_FILES = 16
-# $KERNELDEV_TRANSFER pins the choice: "stream" or "sftp" for every transfer, "auto" (the
-# default) times the host as above. Timings vary with load, so tests that count remote
+# Both are today's paths for a host without the agent: by default ("auto") every step after
+# the login goes through one host agent (`hostside/agent.py`, started on the connection's one
+# exec channel: no later login shell, no later channel, no SFTP), and a host with no python3
+# falls back to them. $KERNELDEV_TRANSFER pins the choice: "agent" (required: an error when it
+# cannot start), or "stream" or "sftp" for every transfer without the agent; "auto" times the
+# host as above when the agent cannot run. Timings vary with load, so tests that count remote
 # commands pin it; it also helps to rule one path out when debugging a host.
 TRANSFER_ENV = "KERNELDEV_TRANSFER"
-TRANSFER_MODES = ("auto", "stream", "sftp")
+TRANSFER_MODES = ("auto", "agent", "stream", "sftp")
 SFTP_REQUESTS_READ = 4  # open, fstat, the pipelined reads, close
 SFTP_REQUESTS_WRITE = 12  # lstat, stat, open, chmod, writes, close, the check's 4, rename
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
@@ -148,9 +160,44 @@ class SSHTransport(Transport):
         self._exec_seconds: float | None = None  # fastest helper command seen (hash request)
         self._sftp_seconds: float | None = None  # one SFTP request's round trip
         self.transfer_mode = transfer_mode()
+        self._agent: AgentTransport | None = None
+        self._agent_tried = False
+        # Why the steps do not go through the host agent (None: they do, or not tried yet).
+        self.agent_unavailable: str | None = None
 
     def close(self) -> None:
+        if self._agent is not None:
+            self._agent.close()
+            self._agent = None
         self.connection.close()
+
+    # --- the host agent -------------------------------------------------------------------
+    def _via_agent(self) -> AgentTransport | None:
+        """The host agent's transport, started on first use (one exec channel: the only login
+        shell of this connection); None where it cannot run (no python3) or is pinned off."""
+        if self._agent is not None or self._agent_tried:
+            return self._agent
+        self._agent_tried = True
+        if self.transfer_mode in ("stream", "sftp"):
+            self.agent_unavailable = f"${TRANSFER_ENV} is {self.transfer_mode}"
+            return None
+        client, chan = start_agent(self.connection, ["python3", self.host_config.python])
+        try:
+            client.wait_hello(timeout=3 * self.connection.connect_timeout)
+        except (ConnectionLostError, TimeoutError) as err:
+            if not self.connection.is_active():
+                raise self._dropped(err, "starting the host agent") from None
+            reason = _agent_failure(chan)
+            chan.close()
+            if self.transfer_mode == "agent":
+                raise TransferError(
+                    f"cannot start the host agent on {self.host_name}: {reason}",
+                    hint=f"unset {TRANSFER_ENV} to fall back to one command per step",
+                ) from None
+            self.agent_unavailable = reason
+            return None
+        self._agent = AgentTransport(client, self.host_config, self.host_name)
+        return self._agent
 
     # The connection's parts as this class uses them (opened on first use).
     def _connection(self) -> paramiko.Transport:
@@ -164,6 +211,8 @@ class SSHTransport(Transport):
 
     # --- commands -----------------------------------------------------------------------
     def _run(self, command: str, options: RunOptions) -> CommandResult:
+        if (agent := self._via_agent()) is not None:
+            return agent._run(command, options)
         timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
         t = self._connection()
         try:
@@ -256,12 +305,16 @@ class SSHTransport(Transport):
 
     # --- files --------------------------------------------------------------------------
     def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
+        if (agent := self._via_agent()) is not None:
+            return agent.hash_files(root, patterns)
         data = self._hash_request({"root": root, "patterns": list(patterns)})
         return data["files"], data["unmatched"]
 
     def scan(
         self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
     ) -> HostScan:
+        if (agent := self._via_agent()) is not None:
+            return agent.scan(root, patterns, markers, lock)
         # The same one remote command as hash_files, which also walks root for leftovers (and
         # takes the host lock first when asked).
         names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
@@ -275,7 +328,6 @@ class SSHTransport(Transport):
 
     def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
-        root = request["root"]
         self._connection()  # connected first: the timing below is one command, not the login
         started = time.monotonic()
         result = self.run(command, stdin=json.dumps(request).encode("utf-8"))
@@ -287,26 +339,12 @@ class SSHTransport(Transport):
                 hint="kerneldev hashes all files in one remote command with python3; install "
                 "it on the host, or set `python:` in the config to a Python 3 interpreter",
             )
-        if not result.ok:
-            tail = result.stderr.strip().splitlines()[-1:] or ["no error output"]
-            raise TransferError(
-                f"hashing files under {root} on {self.host_name} failed "
-                f"(exit {result.exited}): {tail[0]}"
-            )
-        try:
-            data = json.loads(result.stdout)
-            data["files"] = [RemoteFile(**f) for f in data["files"]]
-            data["unmatched"] = list(data["unmatched"])
-            if "find" in request:
-                data["found"] = [str(p) for p in data["found"]]
-                data["root_exists"] = bool(data["root_exists"])
-        except (ValueError, KeyError, TypeError) as err:
-            raise TransferError(
-                f"hashing files on {self.host_name} gave unreadable output: {err}"
-            ) from None
-        return data
+        return hash_answer(result, request, self.host_name)
 
     def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        if (agent := self._via_agent()) is not None:
+            yield from agent.stream_files(paths)
+            return
         # Few files (or a host where commands are slow to start): SFTP, file by file, in
         # chunks. Else one exec channel for all: `_sendfiles.py` runs under the host's python
         # and frames each file's bytes in bounded records (see its docstring); no per-file
@@ -402,9 +440,13 @@ class SSHTransport(Transport):
         return TransferError(f"cannot {doing} {path} on {self.host_name}: {describe_error(err)}")
 
     def read_bytes(self, path: str) -> bytes:
+        if (agent := self._via_agent()) is not None:
+            return agent.read_bytes(path)
         return b"".join(self._sftp_chunks(path))
 
     def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
+        if (agent := self._via_agent()) is not None:
+            return agent._put_file(path, source, options)
         mode, on_bytes, before_rename = options.mode, options.on_bytes, options.before_rename
         sftp = self._sftp_client()
         path = self._follow_symlink(sftp, path)
@@ -451,6 +493,8 @@ class SSHTransport(Transport):
             raise
 
     def _put_files(self, items: list[PutItem], callbacks: PutFilesCallbacks) -> None:
+        if (agent := self._via_agent()) is not None:
+            return agent._put_files(items, callbacks)
         # Few files (or slow-to-start commands): put_file one by one over SFTP. Else one exec
         # channel for all: `_receivefiles.py` on the host lands each one as put_file does
         # (temporary file, compare-and-swap, rename) and reports it by one line; the bytes of
@@ -506,26 +550,10 @@ class SSHTransport(Transport):
                 reports = self._read_reports(chan)
         finally:
             chan.close()
-        for report in reports:
-            i = report.get("i")
-            if not isinstance(i, int) or not 0 <= i < len(items) or not report.get("ok"):
-                continue
-            if i not in sent or report.get("sha256") != sent[i][0]:
-                raise TransferError(
-                    f"{items[i].path} on {self.host_name}: the host wrote other bytes than "
-                    "were sent (sha256 differs)"
-                )
-            on_landed(i, sent[i][0], sent[i][1])
+        settle_put_reports(items, sent, reports, self.host_name, on_landed)
         if stopped is not None:
             raise stopped
-        for report in reports:
-            if not report.get("ok"):
-                i = report.get("i", 0)
-                if report.get("reason") == "changed":
-                    raise LiveChangedError(i, items[i].path)
-                raise TransferError(
-                    f"cannot write {items[i].path} on {self.host_name}: {report.get('error')}"
-                )
+        raise_put_failure(items, reports, self.host_name)
         if len(reports) < len(items):
             if not self.connection.is_active():
                 raise self._dropped(EOFError(), "uploading files")
@@ -566,17 +594,11 @@ class SSHTransport(Transport):
                 data += block
         except (paramiko.SSHException, EOFError, OSError):
             pass  # a timeout or a dropped connection: what arrived is all that is known
-        reports = []
-        for line in data.decode("utf-8", "replace").splitlines():
-            try:
-                report = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(report, dict):
-                reports.append(report)
-        return reports
+        return parse_reports(data)
 
     def rename(self, src: str, dst: str) -> None:
+        if (agent := self._via_agent()) is not None:
+            return agent.rename(src, dst)
         sftp = self._sftp_client()
         try:
             self._rename_over(sftp, src, dst)
@@ -584,6 +606,8 @@ class SSHTransport(Transport):
             raise self._file_error(err, dst, "rename onto") from None
 
     def file_sha256(self, path: str) -> str | None:
+        if (agent := self._via_agent()) is not None:
+            return agent.file_sha256(path)
         # Small files are read through SFTP in chunks (no process to start on the host);
         # big ones are hashed on the host, so their bytes do not cross the network again.
         sftp = self._sftp_client()
@@ -634,6 +658,8 @@ class SSHTransport(Transport):
         return path
 
     def exists(self, path: str) -> bool:
+        if (agent := self._via_agent()) is not None:
+            return agent.exists(path)
         sftp = self._sftp_client()
         try:
             sftp.lstat(path)
@@ -644,6 +670,8 @@ class SSHTransport(Transport):
             raise self._file_error(err, path, "stat") from None
 
     def mkdirs(self, path: str) -> None:
+        if (agent := self._via_agent()) is not None:
+            return agent.mkdirs(path)
         sftp = self._sftp_client()
         try:
             if stat.S_ISDIR(sftp.stat(path).st_mode or 0):
@@ -683,14 +711,12 @@ class SSHTransport(Transport):
         parts = urllib.parse.urlsplit(url)
         if parts.scheme == "https":
             return self._https_get_with_curl(url, timeout)
-        if parts.scheme != "http" or not parts.hostname:
-            raise HostConnectionError(f"cannot GET {url}: only http:// and https:// URLs work")
-        port = parts.port or 80
-        target = f"{parts.hostname}:{port}"
+        hostname, port, request = http_request_text(url)
+        target = f"{hostname}:{port}"
         t = self._connection()
         try:
             chan = t.open_channel(
-                "direct-tcpip", (parts.hostname, port), ("127.0.0.1", 0), timeout=timeout
+                "direct-tcpip", (hostname, port), ("127.0.0.1", 0), timeout=timeout
             )
         except paramiko.ChannelException as err:
             raise HostConnectionError(
@@ -702,13 +728,6 @@ class SSHTransport(Transport):
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         try:
             chan.settimeout(timeout)
-            path = parts.path or "/"
-            if parts.query:
-                path += "?" + parts.query
-            request = (
-                f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\n"
-                f"User-Agent: kerneldev\r\nConnection: close\r\n\r\n"
-            )
             chan.sendall(request.encode("latin-1"))
             buf = b""
             while b"\r\n" not in buf and len(buf) < 8192:
@@ -722,15 +741,7 @@ class SSHTransport(Transport):
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         finally:
             chan.close()
-        status_line = buf.split(b"\r\n", 1)[0].decode("latin-1")
-        fields = status_line.split()
-        if len(fields) < 2 or not fields[0].startswith("HTTP/") or not fields[1].isdigit():
-            raise HostConnectionError(
-                f"GET {url}: not an HTTP answer ({status_line[:60]!r})"
-                if status_line
-                else f"GET {url}: the connection closed without an answer"
-            )
-        return int(fields[1])
+        return http_status(url, buf.split(b"\r\n", 1)[0].decode("latin-1"))
 
     def _https_get_with_curl(self, url: str, timeout: float) -> int:
         # TLS is not spoken through the channel; the host's own curl does it.
@@ -880,33 +891,33 @@ class _ChannelReader:
         raise TransferError(f"file transfer from {t.host_name} ended early: {tail[0]}")
 
 
-def hash_command(pythons: list[str]) -> str:
-    """The one shell command that hashes files on the host: the first interpreter of `pythons`
-    found runs `_hashfiles.py` (request as JSON on stdin); none found -> exit 127."""
-    return _python_command(pythons, _hash_script())
+def start_agent(
+    connection: SSHConnection, pythons: list[str]
+) -> tuple[AgentClient, paramiko.Channel]:
+    """Start the host agent (`hostside/agent.py`) over one exec channel of `connection`: the
+    one login shell of the connection. Returns at once (the agent's HELLO arrives later:
+    `AgentClient.wait_hello`); the channel's stderr holds why it did not start."""
+    t = connection.transport()
+    try:
+        chan = t.open_session(
+            window_size=STREAM_WINDOW,
+            max_packet_size=STREAM_PACKET,
+            timeout=connection.connect_timeout,
+        )
+        chan.exec_command(f"sh -c {shlex.quote(agent_command(pythons))}")
+    except (paramiko.SSHException, EOFError, OSError) as err:
+        raise connection.dropped(err, "starting the host agent") from None
+    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
 
 
-def _python_command(pythons: list[str], source: str) -> str:
-    """A shell command that runs `source` with the first interpreter of `pythons` found on the
-    host; none found -> exit 127 with 'no python3' on stderr."""
-    candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
-    script = shlex.quote(source)
-    return (
-        f"for p in {candidates}; do "
-        f'if command -v "$p" >/dev/null 2>&1; then PYTHONUTF8=1 exec "$p" -S -c {script}; fi; '
-        f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
-    )
-
-
-_SCRIPTS: dict[str, str] = {}
-
-
-def _script(module) -> str:
-    """The source of a self-contained helper module, to run on the host with `python3 -c`."""
-    if module.__name__ not in _SCRIPTS:
-        _SCRIPTS[module.__name__] = Path(module.__file__).read_text(encoding="utf-8")
-    return _SCRIPTS[module.__name__]
-
-
-def _hash_script() -> str:
-    return _script(_hashfiles)
+def _agent_failure(chan: paramiko.Channel) -> str:
+    """Why the agent on `chan` did not start, from its exit status and stderr."""
+    chan.status_event.wait(EXIT_GRACE)
+    errs = b""
+    while chan.recv_stderr_ready():
+        errs += chan.recv_stderr(65536)
+    text = errs.decode("utf-8", "replace").strip()
+    if chan.exit_status == 127 and "no python3" in text:
+        return "no python3 on the host"
+    tail = text.splitlines()[-1:] or [f"exit {chan.exit_status}"]
+    return f"it ended at once: {tail[0]}"

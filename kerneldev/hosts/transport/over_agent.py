@@ -1,0 +1,468 @@
+"""The host through its agent: every operation is a request to `hostside/agent.py`, no SFTP.
+
+`AgentTransport(client, host_config, host_name)` works over any `AgentClient`: the agent that
+`SSHTransport` starts on its one exec channel (then no later step pays a login shell or a new
+channel), or a kept session holder's unix socket. It never loads paramiko.
+
+Each operation is one agent request: commands run as `/bin/sh -c` (as over SSH); hashing and
+scans run `hashfiles.py`, pulls `sendfiles.py`, pushes `receivefiles.py` and the SFTP-like
+single steps `fileops.py`, all with the agent's own interpreter (no PATH lookup); HTTP health
+checks run `httpprobe.py` on the host. The bytes, names, modes, owners and errors are those of
+`SSHTransport` with `KERNELDEV_TRANSFER=stream`. Ctrl-C (kerneldev.interrupt) and timeouts end
+the request's process group on the host with SIGNAL frames (TERM, then KILL after 2 s).
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import posixpath
+import shlex
+import time
+import urllib.parse
+from collections.abc import Iterator
+from typing import BinaryIO
+
+from kerneldev import interrupt
+from kerneldev.config import HostConfig
+from kerneldev.errors import (
+    ConnectionLostError,
+    HostConnectionError,
+    RemoteCommandError,
+    TransferError,
+)
+from kerneldev.hosts.transport.agent_client import AgentClient, AgentProcess
+from kerneldev.hosts.transport.base import (
+    CHUNK,
+    TEMP_MARK,
+    CommandResult,
+    HostScan,
+    PutFilesCallbacks,
+    PutItem,
+    PutOptions,
+    RemoteFile,
+    RunOptions,
+    Transport,
+    hash_answer,
+    http_request_text,
+    http_status,
+    parse_reports,
+    raise_put_failure,
+    settle_put_reports,
+)
+from kerneldev.hosts.transport.hostscripts import script
+from kerneldev.hostside import fileops as _fileops
+from kerneldev.hostside import hashfiles as _hashfiles
+from kerneldev.hostside import httpprobe as _httpprobe
+from kerneldev.hostside import receivefiles as _receivefiles
+from kerneldev.hostside import sendfiles as _sendfiles
+
+IO_TIMEOUT = 120.0  # seconds of silence in a file stream before the host counts as gone
+POLL = 0.5  # seconds between looks at Ctrl-C and deadlines while waiting on the host
+LOST_HINT = (
+    "check that the host is up and the network is stable, then run the command again "
+    "(file writes are atomic: a target is either old or new)"
+)
+
+
+class AgentTransport(Transport):
+    def __init__(self, client: AgentClient, host_config: HostConfig | None, host_name: str) -> None:
+        self.client = client
+        self.host_config = host_config
+        self.host_name = host_name
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _lost(self, doing: str) -> ConnectionLostError:
+        why = self.client.lost or "the stream ended"
+        return ConnectionLostError(
+            f"the connection to host '{self.host_name}' was lost while {doing}: {why}",
+            hint=LOST_HINT,
+        )
+
+    def _open(self, command: str, doing: str, python: bool = False) -> AgentProcess:
+        try:
+            return self.client.open(command, python=python)
+        except ConnectionLostError:
+            raise self._lost(doing) from None
+
+    def _end(self, process: AgentProcess) -> None:
+        """End a request that is no longer wanted (Ctrl-C, a timeout, an early stop)."""
+        with interrupt.shield():
+            process.end()
+
+    # --- commands -----------------------------------------------------------------------
+    def _run(self, command: str, options: RunOptions) -> CommandResult:
+        doing = f"running `{_first_line(command)}`"
+        process = self._open(command, doing)
+        return self._finish(process, command, options, doing)
+
+    def _finish(
+        self, process: AgentProcess, command: str, options: RunOptions, doing: str
+    ) -> CommandResult:
+        timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        parts: list[str] = []
+
+        def take() -> None:
+            text = decoder.decode(process.take_stdout())
+            if text:
+                parts.append(text)
+                if on_output:
+                    on_output(text)
+
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        try:
+            if stdin:
+                process.write(stdin)
+            process.close_stdin()
+            while not process.exited:
+                if interrupt.requested():
+                    self._end(process)
+                    interrupt.check()
+                wait = POLL
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._end(process)
+                        take()
+                        raise RemoteCommandError(
+                            f"command timed out after {timeout:g}s on {self.host_name}: {command}",
+                            result=CommandResult(
+                                command, -1, "".join(parts), process.stderr_text()
+                            ),
+                        )
+                    wait = min(wait, left)
+                if process.wait_for_output(wait):
+                    take()
+                if self.client.lost and not process.exited:
+                    raise self._lost(doing)
+            take()
+            status = process.wait()
+        except ConnectionLostError:
+            raise self._lost(doing) from None
+        tail = decoder.decode(b"", final=True)
+        if tail:
+            parts.append(tail)
+            if on_output:
+                on_output(tail)
+        return CommandResult(command, status, "".join(parts), process.stderr_text())
+
+    def _python(self, module, request: dict | bytes, doing: str) -> CommandResult:
+        """Run a hostside script with the agent's interpreter, `request` as its stdin."""
+        stdin = request if isinstance(request, bytes) else json.dumps(request).encode("utf-8")
+        process = self._open(script(module), doing, python=True)
+        return self._finish(process, f"python3 {module.__name__}", RunOptions(stdin=stdin), doing)
+
+    def _answer(self, module, request: dict, doing: str) -> dict:
+        """A hostside script's one JSON answer; `TransferError` when it failed."""
+        result = self._python(module, request, doing)
+        try:
+            answer = json.loads(result.stdout)
+            if not isinstance(answer, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            tail = result.stderr.strip().splitlines()[-1:] or [f"exit {result.exited}"]
+            raise TransferError(f"{doing} on {self.host_name} failed: {tail[0]}") from None
+        return answer
+
+    # --- hashing ------------------------------------------------------------------------
+    def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
+        data = self._hash_request({"root": root, "patterns": list(patterns)})
+        return data["files"], data["unmatched"]
+
+    def scan(
+        self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
+    ) -> HostScan:
+        names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
+        request = {"root": root, "patterns": list(patterns), "find": names}
+        if lock is not None:
+            request["lock"] = lock
+        data = self._hash_request(request)
+        return HostScan(
+            data["files"], data["unmatched"], data["root_exists"], data["found"], data.get("lock")
+        )
+
+    def _hash_request(self, request: dict) -> dict:
+        root = request["root"]
+        result = self._python(_hashfiles, request, f"hashing files under {root}")
+        return hash_answer(result, request, self.host_name)
+
+    # --- files down -----------------------------------------------------------------------
+    def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
+        process = self._open(script(_sendfiles), "starting a file transfer", python=True)
+        try:
+            try:
+                process.write(json.dumps({"paths": list(paths)}).encode("utf-8"))
+                process.close_stdin()
+            except ConnectionLostError:
+                raise self._lost("starting a file transfer") from None
+            reader = _StreamReader(process, self)
+            for path in paths:
+                yield path, self._file_chunks(reader, path)
+        finally:
+            if not process.exited:
+                self._end(process)  # an early stop (an error, Ctrl-C): the host stops too
+
+    def _file_chunks(self, reader: _StreamReader, path: str) -> Iterator[bytes]:
+        while True:
+            kind, length = _sendfiles.HEADER.unpack(reader.read_exact(_sendfiles.HEADER.size))
+            payload = reader.read_exact(length) if length else b""
+            if kind == b"D":
+                yield payload
+            elif kind == b"E":
+                return
+            elif kind == b"X":
+                reason = payload.decode("utf-8", "replace")
+                if "No such file" in reason:
+                    raise TransferError(f"{path}: no such file on {self.host_name}")
+                raise TransferError(f"cannot read {path} on {self.host_name}: {reason}")
+            else:
+                raise TransferError(f"reading {path} from {self.host_name}: garbled stream")
+
+    def read_bytes(self, path: str) -> bytes:
+        for _, chunks in self.stream_files([path]):
+            return b"".join(chunks)
+        raise TransferError(f"{path}: no such file on {self.host_name}")  # not reached
+
+    # --- files up -------------------------------------------------------------------------
+    def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
+        # One file through the push stream; `before_rename` (the caller's own check) runs
+        # while the host holds the written temporary file (`confirm`).
+        item = {"path": path, "mode": options.mode, "expect": None, "check": False}
+        if options.before_rename is not None:
+            item["confirm"] = True
+        process = self._start_receiving([item])
+        stopped: BaseException | None = None
+        try:
+            self._send_file(process, lambda: source, path, options.on_bytes)
+            if options.before_rename is not None:
+                self._wait_written(process)
+                options.before_rename()
+                process.write(_sendfiles.HEADER.pack(b"R", 0))
+        except ConnectionLostError:
+            raise self._lost(f"writing {path}") from None
+        except BaseException as err:  # Ctrl-C, the check refused, the source failed
+            stopped = err
+            self._abort(process)
+        reports = self._reports(process, f"writing {path}")
+        if stopped is not None:
+            raise stopped
+        done = [r for r in reports if "ok" in r]
+        if done and not done[0]["ok"]:
+            raise TransferError(f"cannot write {path} on {self.host_name}: {done[0].get('error')}")
+        if not done:
+            raise TransferError(f"writing {path} on {self.host_name} ended without a report")
+
+    def _put_files(self, items: list[PutItem], callbacks: PutFilesCallbacks) -> None:
+        # One stream for all: `receivefiles.py` lands each file as put_file does (temporary
+        # file, compare-and-swap, rename) and reports it by one line.
+        on_landed, on_start, on_bytes = callbacks.on_landed, callbacks.on_start, callbacks.on_bytes
+        process = self._start_receiving(
+            [
+                {"path": f.path, "mode": f.mode, "expect": f.expect_sha256, "check": f.check}
+                for f in items
+            ]
+        )
+        sent: dict[int, tuple[str, int]] = {}
+        stopped: BaseException | None = None
+        try:
+            for i, item in enumerate(items):
+                if on_start is not None:
+                    on_start(i)
+                interrupt.check()
+                if process.exited:
+                    break  # the host stopped reading (a failed check or write): it says why
+                sent[i] = self._send_file(process, item.open, item.path, on_bytes)
+        except ConnectionLostError:
+            raise self._lost("uploading files") from None
+        except BaseException as err:  # Ctrl-C, or the workspace file could not be read
+            stopped = err
+            self._abort(process)
+        # What landed is known only from the host's report: read it to the end even after
+        # Ctrl-C (shielded; bounded by IO_TIMEOUT).
+        reports = self._reports(process, "uploading files")
+        settle_put_reports(items, sent, reports, self.host_name, on_landed)
+        if stopped is not None:
+            raise stopped
+        raise_put_failure(items, reports, self.host_name)
+        if len(reports) < len(items):
+            raise TransferError(
+                f"uploading to {self.host_name} ended after {len(reports)} of {len(items)} "
+                f"files without a reason: {process.stderr_text().strip()[-200:]}"
+            )
+
+    def _start_receiving(self, files: list[dict]) -> AgentProcess:
+        request = json.dumps({"mark": TEMP_MARK, "files": files}).encode("utf-8")
+        process = self._open(script(_receivefiles), "starting a file transfer", python=True)
+        try:
+            process.write(len(request).to_bytes(8, "big") + request)
+        except ConnectionLostError:
+            raise self._lost("starting a file transfer") from None
+        return process
+
+    def _send_file(
+        self, process: AgentProcess, open_source, path: str, on_bytes
+    ) -> tuple[str, int]:
+        digest, size = hashlib.sha256(), 0
+        try:
+            handle = open_source()
+        except OSError as err:
+            raise TransferError(f"cannot read the file for {path}: {err}") from None
+        with handle:
+            # Chunks, checking for Ctrl-C between them: memory stays bounded.
+            for chunk in iter(lambda: handle.read(CHUNK), b""):  # noqa: B023
+                interrupt.check()
+                process.write(_sendfiles.HEADER.pack(b"D", len(chunk)) + chunk)
+                digest.update(chunk)
+                size += len(chunk)
+                if on_bytes:
+                    on_bytes(len(chunk))
+        process.write(_sendfiles.HEADER.pack(b"E", 0))
+        return digest.hexdigest(), size
+
+    def _wait_written(self, process: AgentProcess) -> None:
+        """Wait for the host's `written` line (confirm mode): the file is ready to rename."""
+        buf = b""
+        reader = _StreamReader(process, self)
+        while b"\n" not in buf:
+            buf += reader.read_exact(1)
+        line = json.loads(buf.decode("utf-8", "replace"))
+        if not line.get("written"):
+            raise TransferError(f"writing on {self.host_name} failed: {line.get('error')}")
+
+    def _abort(self, process: AgentProcess) -> None:
+        with interrupt.shield():
+            try:
+                process.write(_sendfiles.HEADER.pack(b"A", 0))
+            except ConnectionLostError:
+                pass
+
+    def _reports(self, process: AgentProcess, doing: str) -> list[dict]:
+        with interrupt.shield():
+            try:
+                process.close_stdin()
+                process.wait(IO_TIMEOUT)
+            except ConnectionLostError:
+                raise self._lost(doing) from None
+            except TimeoutError:
+                process.end()
+            return parse_reports(process.take_stdout())
+
+    # --- single steps -------------------------------------------------------------------
+    def _fileop(self, request: dict, path: str, doing: str) -> dict:
+        answer = self._answer(_fileops, request, f"{doing} {path}")
+        if answer.get("ok"):
+            return answer
+        if answer.get("missing"):
+            raise TransferError(f"{path}: no such file on {self.host_name}")
+        raise TransferError(f"cannot {doing} {path} on {self.host_name}: {answer.get('error')}")
+
+    def exists(self, path: str) -> bool:
+        return bool(self._fileop({"op": "exists", "path": path}, path, "stat")["exists"])
+
+    def mkdirs(self, path: str) -> None:
+        answer = self._answer(_fileops, {"op": "mkdirs", "path": path}, f"create folder {path}")
+        if answer.get("notdir"):
+            raise TransferError(f"{path} on {self.host_name} exists and is not a folder")
+        if not answer.get("ok"):
+            raise TransferError(
+                f"cannot create folder {path} on {self.host_name}: {answer.get('error')}"
+            )
+
+    def remove(self, path: str) -> None:
+        if not path.startswith("/") or posixpath.normpath(path) == "/":
+            raise TransferError(f"refusing to remove {path!r} on {self.host_name}")
+        result = self.run(f"rm -rf -- {shlex.quote(path)}")
+        if not result.ok:
+            raise TransferError(
+                f"cannot remove {path} on {self.host_name}: {result.stderr.strip()}"
+            )
+
+    def rename(self, src: str, dst: str) -> None:
+        self._fileop({"op": "rename", "src": src, "dst": dst}, dst, "rename onto")
+
+    def file_sha256(self, path: str) -> str | None:
+        return self._fileop({"op": "sha256", "path": path}, path, "read")["sha256"]
+
+    # --- network ------------------------------------------------------------------------
+    def http_get(self, url: str, timeout: float = 5.0) -> int:
+        if urllib.parse.urlsplit(url).scheme == "https":
+            return self._https_get_with_curl(url, timeout)
+        hostname, port, request = http_request_text(url)
+        answer = self._answer(
+            _httpprobe,
+            {"host": hostname, "port": port, "request": request, "timeout": timeout},
+            f"GET {url}",
+        )
+        if not answer.get("ok"):
+            target = f"{hostname}:{port}"
+            if answer.get("refused"):
+                raise HostConnectionError(
+                    f"GET {url}: nothing answers at {target} on host '{self.host_name}' "
+                    f"({answer.get('error')})"
+                )
+            if answer.get("timeout"):
+                raise HostConnectionError(f"GET {url}: no answer within {timeout:g}s")
+            raise HostConnectionError(f"GET {url}: {answer.get('error')}")
+        return http_status(url, answer.get("head", ""))
+
+    def _https_get_with_curl(self, url: str, timeout: float) -> int:
+        # TLS is not spoken by the probe; the host's own curl does it (as over SSH).
+        result = self.run(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout:g} "
+            f"-- {shlex.quote(url)}",
+            timeout=timeout + 10,
+        )
+        if result.exited == 127:
+            raise HostConnectionError(
+                f"GET {url}: https health checks need curl on host '{self.host_name}'",
+                hint="install curl on the host, or use an http:// URL or a shell command",
+            )
+        code = result.stdout.strip()
+        if not code.isdigit() or code == "000":
+            raise HostConnectionError(f"GET {url}: no answer (curl exit {result.exited})")
+        return int(code)
+
+
+class _StreamReader:
+    """Exact reads from a request's stdout, waking up to act on Ctrl-C and giving up after
+    `IO_TIMEOUT` seconds of silence; a process that ends early is reported with its stderr."""
+
+    def __init__(self, process: AgentProcess, transport: AgentTransport) -> None:
+        self.process = process
+        self.transport = transport
+        self.buf = bytearray()
+
+    def read_exact(self, n: int) -> bytes:
+        quiet_since = time.monotonic()
+        while len(self.buf) < n:
+            interrupt.check()
+            try:
+                data = self.process.read_stdout(max(n - len(self.buf), 1 << 20), timeout=POLL)
+            except TimeoutError:
+                if time.monotonic() - quiet_since > IO_TIMEOUT:
+                    raise TransferError(
+                        f"no data from {self.transport.host_name} for {IO_TIMEOUT:g}s"
+                    ) from None
+                continue
+            except ConnectionLostError:
+                raise self.transport._lost("transferring files") from None
+            if not data:
+                text = self.process.stderr_text().strip()
+                tail = text.splitlines()[-1:] or [f"exit {self.process.status}"]
+                raise TransferError(
+                    f"file transfer from {self.transport.host_name} ended early: {tail[0]}"
+                )
+            self.buf += data
+            quiet_since = time.monotonic()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+
+def _first_line(command: str) -> str:
+    first = command.split("\n", 1)[0]
+    return first if len(first) <= 100 else first[:100] + " ..."

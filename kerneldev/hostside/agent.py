@@ -1,0 +1,273 @@
+"""The host agent: one long-lived helper that runs every later remote step of a connection.
+
+Started once per connection over one SSH exec channel (the only login shell paid), it speaks
+the framed protocol of /work/coord/agent-protocol.md on its stdin/stdout: each OPEN request
+runs `/bin/sh -c command` (or, with `"python": true`, this interpreter with `-S -c source`: no
+PATH lookup, no pyenv shim) in its own process group, with its stdin, stdout and stderr
+pumped by threads as frames of that request's id; EXIT carries the status. When its stdin
+reaches EOF (the connection is gone) it ends every process it still runs (TERM, then KILL
+after 2 s) and exits, so a dropped connection leaves nothing behind.
+
+Frame: a 9-byte header (struct ">IIB": payload length, request id, type) and the payload.
+Before the first frame the agent writes MAGIC, so a client can skip whatever a login shell's
+rc files printed. Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
+"""
+
+import json
+import os
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+VERSION = "1.0.0"
+MAGIC = b"\x00KDAGENT1\n"
+HEADER = struct.Struct(">IIB")
+MAX_PAYLOAD = 1 << 20
+CONTROL = 0
+
+# frame types
+HELLO, OPEN, STDIN, SIGNAL, STDOUT, STDERR, EXIT, PING, PONG = range(9)
+
+SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT}
+END_GRACE = 2.0  # seconds between TERM and KILL when the connection is gone
+# Seconds to keep reading a command's output after it exited: a daemon it started may hold
+# the pipes open (a restart command), and must not keep the request open (as over ssh).
+EXIT_GRACE = 2.0
+READ_SIZE = 1 << 16
+
+
+class Output:
+    """Frames to the client, one writer at a time (several threads send)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def send(self, kind, rid, payload=b""):
+        frame = HEADER.pack(len(payload), rid, kind) + payload
+        with self.lock:
+            if self.broken:
+                return False
+            try:
+                view = memoryview(frame)
+                while view:
+                    view = view[os.write(self.fd, view) :]
+            except OSError:
+                self.broken = True  # the client is gone; stdin's EOF ends us
+                return False
+        return True
+
+    def send_json(self, kind, rid, value):
+        return self.send(kind, rid, json.dumps(value).encode("utf-8"))
+
+
+class Request:
+    """One OPEN: the process, its stdin feeder and output pumps, and the EXIT when done."""
+
+    def __init__(self, rid, out):
+        self.rid = rid
+        self.out = out
+        self.proc = None
+        self.stdin = queue.Queue()  # bytes; None = close stdin
+        self.exited = threading.Event()  # the process was reaped (by `finish` alone)
+        self.done = threading.Event()  # EXIT sent: output after it is dropped
+
+    def start(self, spec):
+        python = bool(spec.get("python"))
+        command = spec["command"]
+        if python:
+            argv = [sys.executable, "-S", "-c", command]
+            env = dict(os.environ, PYTHONUTF8="1")
+        else:
+            argv = ["/bin/sh", "-c", command]
+            env = None
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,  # its own process group, for SIGNAL and the clean-up
+        )
+        pumps = [
+            _thread(self.pump, self.proc.stdout, STDOUT),
+            _thread(self.pump, self.proc.stderr, STDERR),
+        ]
+        _thread(self.feed)
+        _thread(self.finish, pumps)
+
+    def pump(self, stream, kind):
+        fd = stream.fileno()
+        try:
+            while True:
+                try:
+                    block = os.read(fd, READ_SIZE)
+                except OSError:
+                    break
+                if not block or self.done.is_set():
+                    break
+                self.out.send(kind, self.rid, block)
+        finally:
+            stream.close()
+
+    def feed(self):
+        stream = self.proc.stdin
+        while True:
+            block = self.stdin.get()
+            if block is None:
+                break
+            try:
+                stream.write(block)
+                stream.flush()
+            except OSError:
+                # The process closed its input: drop the rest, as a pipe would refuse it.
+                while self.stdin.get() is not None:
+                    pass
+                break
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+    def finish(self, pumps):
+        status = self.proc.wait()
+        self.exited.set()
+        until = time.monotonic() + EXIT_GRACE
+        for pump in pumps:
+            pump.join(max(0.0, until - time.monotonic()))
+        self.done.set()
+        self.out.send_json(EXIT, self.rid, {"status": status})
+
+    def signal(self, name):
+        if self.proc is None or self.exited.is_set():
+            return
+        try:
+            os.killpg(self.proc.pid, SIGNALS[name])
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class Agent:
+    def __init__(self, inp, out):
+        self.inp = inp
+        self.out = out
+        self.requests = {}
+
+    def serve(self):
+        self.out.send_json(
+            HELLO,
+            CONTROL,
+            {
+                "agent": 1,
+                "pid": os.getpid(),
+                "python": sys.executable,
+                "version": VERSION,
+            },
+        )
+        while True:
+            head = read_exact(self.inp, HEADER.size)
+            if head is None:
+                break
+            length, rid, kind = HEADER.unpack(head)
+            if length > MAX_PAYLOAD:
+                break  # not a client of this protocol
+            payload = read_exact(self.inp, length) if length else b""
+            if payload is None:
+                break
+            self.handle(kind, rid, payload)
+
+    def handle(self, kind, rid, payload):
+        if kind == PING:
+            self.out.send(PONG, CONTROL)
+            return
+        if kind == OPEN:
+            self.forget_finished()
+            request = Request(rid, self.out)
+            self.requests[rid] = request
+            try:
+                request.start(json.loads(payload.decode("utf-8")))
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                del self.requests[rid]
+                self.out.send_json(EXIT, rid, {"error": "cannot start: %s" % (err,)})
+            return
+        request = self.requests.get(rid)
+        if request is None:
+            return  # a request that ended: late input or signals are moot
+        if kind == STDIN:
+            request.stdin.put(payload if payload else None)
+        elif kind == SIGNAL:
+            try:
+                name = json.loads(payload.decode("utf-8"))["signal"]
+            except (ValueError, KeyError, TypeError):
+                return
+            if name in SIGNALS:
+                request.signal(name)
+
+    def forget_finished(self):
+        for rid in [r for r, req in self.requests.items() if req.done.is_set()]:
+            del self.requests[rid]
+
+    def end_all(self):
+        """The connection is gone: every process still running ends (TERM, KILL after 2 s)."""
+        running = [r for r in list(self.requests.values()) if r.proc and not r.exited.is_set()]
+        for request in running:
+            request.stdin.put(None)
+            request.signal("TERM")
+        until = time.monotonic() + END_GRACE
+        for request in running:
+            request.exited.wait(max(0.0, until - time.monotonic()))
+        for request in running:
+            # The group, even when its leader is gone: a child it started may still run.
+            try:
+                os.killpg(request.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def read_exact(inp, n):
+    """n bytes from the raw stream, or None at EOF."""
+    parts = []
+    while n:
+        try:
+            block = os.read(inp, min(n, MAX_PAYLOAD))
+        except OSError:
+            return None
+        if not block:
+            return None
+        parts.append(block)
+        n -= len(block)
+    return b"".join(parts)
+
+
+def _thread(target, *args):
+    thread = threading.Thread(target=target, args=args)
+    thread.daemon = True
+    thread.start()
+    return thread
+
+
+def main():
+    inp, out = 0, Output(1)
+    # Nothing else may write to fd 1 (the frames): Python's own stdout goes to stderr.
+    sys.stdout = sys.stderr
+    # SIGTERM (someone ends the agent) ends its processes too, as EOF does.
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    os.write(1, MAGIC)
+    agent = Agent(inp, out)
+    try:
+        agent.serve()
+    finally:
+        agent.end_all()
+
+
+def _exit_on_term(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The host agent's protocol over the real sshd: one exec channel, many requests (concurrent,
+with stdin and its EOF, signals), and nothing left on the host when the connection goes."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import pytest
+
+from kerneldev.errors import ConnectionLostError
+from kerneldev.hosts.transport.ssh import start_agent
+from kerneldev.hosts.transport.ssh_connection import SSHConnection
+from tests.faults import process_gone
+from tests.sshutil import kill_sshd_and_sessions, ssh_host
+
+
+def _agent(server, tmp_path):
+    connection = SSHConnection(ssh_host(server, tmp_path))
+    client, chan = start_agent(connection, ["python3", sys.executable])
+    client.wait_hello(30)
+    return connection, client, chan
+
+
+@pytest.fixture
+def agent(sshd_server, tmp_path, isolated_home):
+    connection, client, _ = _agent(sshd_server, tmp_path)
+    yield client
+    client.close()
+    connection.close()
+
+
+def test_hello_names_the_agent_and_its_interpreter(agent):
+    hello = agent.hello
+    assert hello["agent"] == 1 and hello["version"]
+    assert os.path.isabs(hello["python"]) and not process_gone(hello["pid"])
+    assert agent.ping() < 5
+
+
+def test_commands_run_in_sh_with_status_stdout_and_stderr(agent):
+    assert agent.run("echo out; echo err >&2; exit 3") == (3, "out\n", "err\n")
+    assert agent.run("""x='a "b"'; printf '%s\\n' "$x" | tr a A""") == (0, 'A "b"\n', "")
+    status, _, err = agent.run("exec /nonexistent/cmd")
+    assert status == 127 and "nonexistent" in err
+
+
+def test_python_requests_run_the_agents_interpreter_without_site(agent):
+    source = "import sys; print(sys.executable, sys.flags.no_site, sys.stdin.read())"
+    status, out, _ = agent.run(source, stdin=b"in", python=True)
+    assert status == 0 and out.split() == [agent.hello["python"], "1", "in"]
+
+
+def test_concurrent_requests_keep_their_own_output_and_stdin(agent):
+    results: dict[int, tuple] = {}
+    payloads = {i: os.urandom(300_000 + i) for i in range(6)}
+
+    def one(i: int) -> None:
+        process = agent.open(f"sleep 0.{i}; cat; echo done {i} >&2")
+        process.write(payloads[i])
+        process.close_stdin()  # EOF: cat ends
+        data = b"".join(process.iter_stdout())
+        results[i] = (process.wait(10), data, process.stderr_text())
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in payloads]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == {i: (0, payloads[i], f"done {i}\n") for i in payloads}
+
+
+def test_signal_ends_the_process_group(agent, tmp_path):
+    pids = tmp_path / "pids"
+    process = agent.open(f"sleep 60 & echo $! > {pids}; echo $$ >> {pids}; wait")
+    while not pids.exists() or len(pids.read_text().split()) < 2:
+        time.sleep(0.05)
+    process.signal("TERM")
+    assert process.wait(10) == 255  # ended by a signal, reported as ssh does
+    assert all(process_gone(int(p)) for p in pids.read_text().split())
+    assert agent.run("echo still here")[1] == "still here\n"
+
+
+def test_timeout_ends_the_process_on_the_host(agent, tmp_path):
+    pidfile = tmp_path / "pid"
+    with pytest.raises(TimeoutError):
+        agent.run(f"echo $$ > {pidfile}; exec sleep 60", timeout=3)
+    assert process_gone(int(pidfile.read_text()))
+
+
+def test_stdin_eof_ends_the_agent_and_every_process_it_runs(sshd_server, tmp_path, isolated_home):
+    connection, client, chan = _agent(sshd_server, tmp_path)
+    pidfile = tmp_path / "pid"
+    # A process that ignores TERM: the agent KILLs it 2 s later.
+    process = client.open(f"trap '' TERM; echo $$ > {pidfile}; while :; do sleep 1; done")
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        time.sleep(0.05)
+    agent_pid = client.hello["pid"]
+    client.close()
+    assert process_gone(int(pidfile.read_text()))
+    assert process_gone(agent_pid)
+    assert chan.recv_exit_status() == 0
+    with pytest.raises(ConnectionLostError, match="lost"):
+        process.wait(10)
+    connection.close()
+
+
+def test_a_killed_connection_is_connection_lost_not_a_traceback(
+    fresh_sshd, tmp_path, isolated_home
+):
+    connection, client, _ = _agent(fresh_sshd, tmp_path)
+    process = client.open("sleep 60")
+    kill_sshd_and_sessions(fresh_sshd)
+    with pytest.raises(ConnectionLostError, match="host agent was lost"):
+        process.wait(30)
+    with pytest.raises(ConnectionLostError):
+        client.run("true")
+    connection.close()
