@@ -24,6 +24,9 @@ def private_state_home(tmp_path_factory):
     ~/.local/state is left alone. A test that unsets it gets its own HOME's instead."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+        # Commands connect one-shot: a kept session per test's host would outlive the test.
+        # tests/test_session.py turns them on, and stops what it started.
+        patch.setenv("KERNELDEV_NO_KEEP", "1")
         yield
 
 

@@ -187,7 +187,7 @@ class SSHTransport(Transport):
         except (ConnectionLostError, TimeoutError) as err:
             if not self.connection.is_active():
                 raise self._dropped(err, "starting the host agent") from None
-            reason = _agent_failure(chan)
+            reason = agent_failure(chan)
             chan.close()
             if self.transfer_mode == "agent":
                 raise TransferError(
@@ -897,6 +897,12 @@ def start_agent(
     """Start the host agent (`hostside/agent.py`) over one exec channel of `connection`: the
     one login shell of the connection. Returns at once (the agent's HELLO arrives later:
     `AgentClient.wait_hello`); the channel's stderr holds why it did not start."""
+    chan = agent_channel(connection, pythons)
+    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
+
+
+def agent_channel(connection: SSHConnection, pythons: list[str]) -> paramiko.Channel:
+    """The exec channel the host agent runs on (its frames raw: a session holder relays them)."""
     t = connection.transport()
     try:
         chan = t.open_session(
@@ -907,10 +913,10 @@ def start_agent(
         chan.exec_command(f"sh -c {shlex.quote(agent_command(pythons))}")
     except (paramiko.SSHException, EOFError, OSError) as err:
         raise connection.dropped(err, "starting the host agent") from None
-    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
+    return chan
 
 
-def _agent_failure(chan: paramiko.Channel) -> str:
+def agent_failure(chan: paramiko.Channel) -> str:
     """Why the agent on `chan` did not start, from its exit status and stderr."""
     chan.status_event.wait(EXIT_GRACE)
     errs = b""

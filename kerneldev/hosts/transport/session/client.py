@@ -40,6 +40,7 @@ from kerneldev.hosts.transport.agent_client import (
     AgentClient,
 )
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import location, wire
 from kerneldev.hosts.transport.session.identity import (
     code_stamp,
@@ -49,9 +50,11 @@ from kerneldev.hosts.transport.session.identity import (
 )
 
 NO_KEEP_ENV = "KERNELDEV_NO_KEEP"
+TRANSFER_ENV = "KERNELDEV_TRANSFER"  # ssh.TRANSFER_ENV (ssh.py loads paramiko)
 HOLDER_MODULE = "kerneldev.hosts.transport.session.holder"
 HELLO_TIMEOUT = 60.0  # seconds for a holder's HELLO (it may be reconnecting first)
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting
+MAX_LOG = 1 << 20  # bytes of a holder's log before the next holder starts it afresh
 
 
 # `keeping(False)` (a command's --no-keep) for the code it runs, its worker threads included
@@ -76,6 +79,8 @@ def keep_wanted(host: HostConfig, keep: bool | None = None) -> bool:
         return False
     if os.environ.get(NO_KEEP_ENV, "").strip() not in ("", "0"):
         return False
+    if os.environ.get(TRANSFER_ENV, "").strip().lower() in ("stream", "sftp"):
+        return False  # the steps are pinned to paths without the agent
     return host.session.keep
 
 
@@ -106,12 +111,10 @@ def open_kept(
 
 
 def _transport(host: HostConfig, attached: tuple[socket.socket, bytes]) -> Transport:
-    from kerneldev.hosts.transport.agent import AgentTransport
-
     sock, head = attached
     reader = _Replay(head, sock)
     client = AgentClient(reader.read, sock.sendall, shutdown=lambda: _shutdown(sock))
-    return AgentTransport(host, client)
+    return AgentTransport(client, host, host.name)
 
 
 # --- reaching a holder ------------------------------------------------------------------
@@ -280,7 +283,8 @@ def _start_holder(
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     read_end, write_end = os.pipe()
     try:
-        with open(where.log, "ab") as log:
+        big = where.log.exists() and where.log.stat().st_size > MAX_LOG
+        with open(where.log, "wb" if big else "ab") as log:  # a new holder, a fresh log
             os.chmod(where.log, 0o600)
             process = subprocess.Popen(
                 [sys.executable, "-m", HOLDER_MODULE, "--ready-fd", str(write_end), host.name],

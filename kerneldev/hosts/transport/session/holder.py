@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import select
-import shlex
 import signal
 import socket
 import sys
@@ -37,18 +36,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from kerneldev.config import HostConfig, SessionConfig
-from kerneldev.errors import HostConnectionError, KerneldevError, TransferError
+from kerneldev.errors import HostConnectionError, KerneldevError
 from kerneldev.hosts.transport.agent_client import (
     CONTROL,
     HELLO,
     MAGIC,
     MAX_PREAMBLE,
 )
-from kerneldev.hosts.transport.hostscripts import agent_command
 from kerneldev.hosts.transport.session import wire
 from kerneldev.hosts.transport.session.freshness import Freshness
 from kerneldev.hosts.transport.session.relay import AgentLink, Client, Relay
-from kerneldev.hosts.transport.ssh import STREAM_PACKET, STREAM_WINDOW
+from kerneldev.hosts.transport.ssh import agent_channel, agent_failure
 from kerneldev.hosts.transport.ssh_connection import SSHConnection, describe_error
 
 log = logging.getLogger("kerneldev.session")
@@ -60,6 +58,11 @@ LISTEN_BACKLOG = 64
 
 class Taken(Exception):
     """Another holder already listens on the socket (started at the same moment)."""
+
+
+class NoAgent(Exception):
+    """The host agent cannot run there (no python3): commands go one-shot, which falls back
+    to one remote command per step."""
 
 
 def host_from_fields(fields: dict) -> HostConfig:
@@ -114,53 +117,36 @@ class Holder:
             raise
 
     def _start_agent(self, connection: SSHConnection) -> AgentLink:
-        t = connection.transport()
-        command = agent_command(["python3", self.host.python])
+        chan = agent_channel(connection, ["python3", self.host.python])
+        seen = b""
         try:
-            chan = t.open_session(
-                window_size=STREAM_WINDOW,
-                max_packet_size=STREAM_PACKET,
-                timeout=connection.connect_timeout,
-            )
-            chan.exec_command(f"sh -c {shlex.quote(command)}")
-            chan.settimeout(connection.connect_timeout)
-            seen = b""
+            # As long as a one-shot transport waits for the agent's HELLO.
+            chan.settimeout(3 * connection.connect_timeout)
             while MAGIC not in seen and len(seen) <= MAX_PREAMBLE:
                 block = chan.recv(4096)
                 if not block:
                     break
                 seen += block
+        except TimeoutError:
+            pass
         except (OSError, EOFError) as err:
             raise connection.dropped(err, "starting the host agent") from None
-        except Exception as err:  # noqa: BLE001 - paramiko's SSHException
-            raise connection.dropped(err, "starting the host agent") from None
         if MAGIC not in seen:
-            raise self._agent_failed(chan, seen)
-        rest = seen.split(MAGIC, 1)[1]
+            if not connection.is_active():
+                raise connection.dropped(EOFError(), "starting the host agent")
+            reason = agent_failure(chan)
+            chan.close()
+            raise NoAgent(reason)
         chan.settimeout(None)
-        reader = _Prefixed(rest, chan.recv)
+        reader = _Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
         link = AgentLink(reader.read, chan.sendall, chan.close, {})
         got = link.read_frame()
         if got is None or got[0] != HELLO or got[1] != CONTROL:
-            raise TransferError(f"the host agent on {self.host.name} did not say HELLO")
+            chan.close()
+            raise NoAgent("the host agent did not say HELLO")
         link.hello = json.loads(got[2].decode("utf-8"))
         log.info("connected to %s, agent pid %s", connection.target().address, link.hello["pid"])
         return link
-
-    def _agent_failed(self, chan, seen: bytes) -> KerneldevError:
-        chan.status_event.wait(2.0)
-        errs = b""
-        while chan.recv_stderr_ready():
-            errs += chan.recv_stderr(65536)
-        chan.close()
-        text = errs.decode("utf-8", "replace").strip()
-        if "no python3" in text:
-            return TransferError(
-                f"cannot start the host agent on {self.host.name}: no python3 on the host",
-                hint="set `python:` in the config to a Python 3 interpreter on the host",
-            )
-        tail = text.splitlines()[-1:] or [f"it printed {seen[:200]!r}"]
-        return TransferError(f"the host agent on {self.host.name} did not start: {tail[0]}")
 
     def _refresh(self) -> None:
         """Reconnect when the connection is past its maximum age (called while nothing runs)."""
@@ -292,6 +278,8 @@ class Holder:
             asked = json.loads(payload.decode("utf-8"))
         except ValueError:
             asked = {}
+        if self.relay.agent_lost.is_set():  # not seen by `_look` yet
+            self.retire("the connection to the host was lost", cut=True)
         stale = asked.get("key") != self.key or asked.get("code") != self.code
         if stale:
             self.retire(f"pid {pid} runs other kerneldev code or another connection")
@@ -312,6 +300,7 @@ class Holder:
             self._refused(sock, failed)
             return
         client = Client(sock, pid)
+        log.info("client pid %s attached", pid)
         self.relay.greet(client, self.info())
         self.relay.serve(client, lambda: self.retire(f"stopped by pid {pid}", cut=True))
 
@@ -371,6 +360,12 @@ class Holder:
         if self.listener is not None:
             self.listener.close()
         self._unlink_socket()
+        try:
+            # A command waiting on it then starts a holder that may race another one: the
+            # loser finds the winner's socket (`Taken`) or is left without one and idles out.
+            self.socket_path.with_suffix(".lock").unlink()
+        except OSError:
+            pass
         log.info("exited")
 
 
@@ -423,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO,
         format=f"%(asctime)s holder {os.getpid()} {args.host}: %(message)s",
     )
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
     holder = Holder(spec)
     try:
         holder.start()
@@ -430,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
         log.info("another holder listens on %s already", holder.socket_path)
         _report(args.ready_fd, {"ok": True, "other": True})
         return 0
+    except NoAgent as err:
+        log.info("no host agent (%s): commands connect one-shot", err)
+        _report(args.ready_fd, {"failed": f"no host agent: {err}"})
+        return 1
     except KerneldevError as err:
         log.info("cannot connect: %s", err.message)
         _report(args.ready_fd, {"error": wire.error_json(err)})

@@ -269,6 +269,10 @@ class Relay:
         with self._lock:
             if cid in client.owned:
                 return False
+            if self.agent_lost.is_set():  # nothing can run: the client sees the loss
+                client.send(wire.frame(EXIT, cid, b'{"error": "the connection was lost"}'))
+                client.finish()
+                return True
             if not self._routes:
                 try:
                     self._refresh()
