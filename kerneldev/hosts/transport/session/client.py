@@ -30,7 +30,6 @@ from pathlib import Path
 import kerneldev
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
-from kerneldev.errors import KerneldevError
 from kerneldev.hosts.transport.agent_client import (
     CONTROL,
     HEADER,
@@ -134,21 +133,15 @@ def connect(path: Path) -> socket.socket | None:
 
 
 def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT) -> tuple[dict, bytes]:
-    """The holder's HELLO and the bytes it came in (MAGIC and the frame); the holder's error
-    (ERROR) raised as the one-shot error; `OSError` when the holder closed or said nothing."""
-    data = _recv(sock, len(MAGIC), timeout)
-    extra = b""
-    if data == MAGIC:
-        head = _recv(sock, HEADER.size, timeout)
-    else:  # ERROR comes without MAGIC
-        head, extra, data = data[: HEADER.size], data[HEADER.size :], b""
+    """The holder's HELLO and the bytes it came in (MAGIC and the frame); `OSError` when the
+    holder closed, said nothing or something else."""
+    magic = _recv(sock, len(MAGIC), timeout)
+    head = _recv(sock, HEADER.size, timeout)
     length, rid, kind = HEADER.unpack(head)
-    if length > MAX_PAYLOAD or rid != CONTROL or kind not in (HELLO, wire.ERROR):
+    if magic != MAGIC or length > MAX_PAYLOAD or rid != CONTROL or kind != HELLO:
         raise OSError(errno.EPROTO, "not a session holder")
-    payload = extra + _recv(sock, length - len(extra), timeout)
-    if kind == wire.ERROR:
-        raise wire.error_from_json(json.loads(payload.decode("utf-8")))
-    return json.loads(payload.decode("utf-8")), data + head + payload
+    payload = _recv(sock, length, timeout)
+    return json.loads(payload.decode("utf-8")), magic + head + payload
 
 
 def _attach(path: Path, key: str, code: str) -> tuple[socket.socket, bytes] | None:
@@ -160,9 +153,6 @@ def _attach(path: Path, key: str, code: str) -> tuple[socket.socket, bytes] | No
     try:
         sock.sendall(_control(wire.USE, {"key": key, "code": code}))
         hello, head = read_hello(sock)
-    except KerneldevError:
-        sock.close()
-        raise
     except (OSError, ValueError):
         sock.close()
         return None

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneldev.config import HostConfig
-from kerneldev.errors import KerneldevError
 from kerneldev.hosts.transport.agent_client import CONTROL
 from kerneldev.hosts.transport.session import client, location, wire
 from kerneldev.hosts.transport.session.identity import session_key
@@ -96,7 +95,7 @@ def _look(path: Path) -> dict | None:
     try:
         sock.sendall(wire.frame(wire.STATUS, CONTROL, json.dumps({}).encode()))
         hello, _ = client.read_hello(sock, LOOK_TIMEOUT)
-    except (OSError, ValueError, KerneldevError):
+    except (OSError, ValueError):
         return None
     finally:
         sock.close()

@@ -9,8 +9,9 @@ error a one-shot command would have raised) on the ready pipe. Then it relays (`
 
 - a connection from another uid is refused (SO_PEERCRED), whatever the file modes say;
 - before a client begins, and before an OPEN when nothing runs, a connection older than
-  `max_age` is replaced by a new one (the host key verified again); a failure there (a changed
-  host key) goes to that client as the one-shot error, and the holder retires;
+  `max_age` is replaced by a new one (the host key verified again); when that fails (a
+  changed host key) the holder retires, and the command starts a new holder, whose fresh
+  connection fails (or not) exactly as a one-shot command's would;
 - it retires when idle for `idle` seconds (no request running, no client that ran one),
   when its connection is lost, on `session stop` or SIGTERM, and when the config, ssh_config
   or known_hosts change what a new command would do (`freshness.py`). Retiring unlinks the
@@ -36,7 +37,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kerneldev.config import HostConfig, SessionConfig
-from kerneldev.errors import HostConnectionError, KerneldevError
+from kerneldev.errors import KerneldevError
 from kerneldev.hosts.transport.agent_client import (
     CONTROL,
     HELLO,
@@ -161,7 +162,8 @@ class Holder:
         self.freshness.reconnected(connection)
 
     def _refresh_failed(self, err: BaseException) -> None:
-        self.retire(f"reconnecting failed: {err}", cut=True)
+        why = err.message if isinstance(err, KerneldevError) else describe_error(err)
+        self.retire(f"reconnecting failed: {why}", cut=True)
 
     # --- the socket -----------------------------------------------------------------------
     def _bind(self) -> socket.socket:
@@ -290,27 +292,17 @@ class Holder:
         sock.settimeout(None)
         try:
             self.relay.refresh()
-        except KerneldevError as err:
-            self._refused(sock, err)
-            return
-        except Exception as err:  # noqa: BLE001 - paramiko's errors on a reconnect
-            failed = HostConnectionError(
-                f"reconnecting to host '{self.host.name}' failed: {describe_error(err)}"
-            )
-            self._refused(sock, failed)
+        except Exception as err:  # noqa: BLE001 - a KerneldevError, or paramiko's
+            # The command starts a new holder, with its own environment (a fresh ssh-agent
+            # socket, say): it fails, or not, exactly as a one-shot connection would now.
+            self._refresh_failed(err)
+            self._send_hello(sock, dict(self.info(), stale=True))
+            sock.close()
             return
         client = Client(sock, pid)
         log.info("client pid %s attached", pid)
         self.relay.greet(client, self.info())
         self.relay.serve(client, lambda: self.retire(f"stopped by pid {pid}", cut=True))
-
-    def _refused(self, sock: socket.socket, err: KerneldevError) -> None:
-        try:
-            sock.sendall(wire.error_frame(err))
-        except OSError:
-            pass
-        sock.close()
-        self.retire(f"reconnecting failed: {err.message}", cut=True)
 
     def _send_hello(self, sock: socket.socket, session: dict) -> None:
         hello = dict(self.relay.agent.hello, session=session)

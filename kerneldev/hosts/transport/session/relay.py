@@ -152,8 +152,8 @@ class Client:
 class Relay:
     """Routes between clients and the agent. `refresh()` is called (under the routing lock,
     while no request runs) before a client begins and before an OPEN is passed on: the holder
-    reconnects there when its connection is too old; an error raised there fails that OPEN
-    (its message in the EXIT), and `on_failed(err)` is told."""
+    reconnects there when its connection is too old; when that raises, `on_failed(err)` is
+    told and the client dropped."""
 
     def __init__(
         self,
@@ -276,12 +276,11 @@ class Relay:
             if not self._routes:
                 try:
                     self._refresh()
-                except Exception as err:  # noqa: BLE001 - the client is told, then the holder
-                    message = getattr(err, "message", str(err))
-                    client.send(wire.frame(EXIT, cid, json.dumps({"error": message}).encode()))
-                    client.finish()
+                except Exception as err:  # noqa: BLE001 - the holder retires, cutting us all
+                    # The client sees its connection lost, as over a dropped SSH connection,
+                    # and its next connection starts a new holder.
                     self._on_failed(err)
-                    return True
+                    return False
             rid = self._new_id()
             self._routes[rid] = (client, cid)
             client.owned[cid] = rid

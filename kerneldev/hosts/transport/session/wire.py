@@ -7,29 +7,28 @@ the agent's frame types:
 
   USE    (client -> holder)  JSON {"key": ..., "code": ...}: run requests through the session.
                              The holder answers MAGIC and HELLO (reconnecting first when its
-                             connection is past its maximum age), or ERROR.
+                             connection is past its maximum age).
   STATUS (client -> holder)  only the HELLO, then the holder closes (`session list`).
   STOP   (client -> holder)  end the session now (`kerneldev session stop`).
-  ERROR  (holder -> client)  instead of HELLO: the holder could not (re)connect; the payload
-                             is the error a one-shot command would have raised, as JSON.
 
 The holder's HELLO is the agent's with a `session` object added (pid, key, code stamp, ages,
-counts; `stale` when the USE named another key or code, which the client then STOPs). A holder
-being started reports `{"ok": true}`, or the same JSON error, on the pipe its starter gave it.
+counts), and `stale: true` when the client should start a new holder instead: the USE named
+another key or code, or the holder is retiring (its connection lost, reconnecting failed). A
+holder being started reports `{"ok": true}` on the pipe its starter gave it, or the error a
+one-shot command would have raised, as JSON (`error_json`), which the starter raises.
 """
 
 from __future__ import annotations
 
-import json
 import socket
 import struct
 from dataclasses import dataclass
 
 from kerneldev import errors
 from kerneldev.errors import HostConnectionError, KerneldevError
-from kerneldev.hosts.transport.agent_client import CONTROL, HEADER, MAGIC, MAX_PAYLOAD
+from kerneldev.hosts.transport.agent_client import HEADER, MAGIC, MAX_PAYLOAD
 
-USE, STATUS, STOP, ERROR = 64, 65, 66, 67
+USE, STATUS, STOP = 64, 65, 66
 PEER_CRED = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 
 
@@ -81,10 +80,6 @@ def error_from_json(data: dict) -> KerneldevError:
     return err
 
 
-def error_frame(err: KerneldevError) -> bytes:
-    return frame(ERROR, CONTROL, json.dumps(error_json(err)).encode("utf-8"))
-
-
 def peer_uid(sock: socket.socket) -> int:
     """The uid of the process at the other end of a unix socket (the kernel's word)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CRED.size)
@@ -117,4 +112,4 @@ def recv_frame(sock: socket.socket) -> tuple[int, int, bytes] | None:
     return kind, rid, payload
 
 
-__all__ = ["ERROR", "MAGIC", "STATUS", "STOP", "USE", "KeyCheck", "error_frame", "error_from_json"]
+__all__ = ["MAGIC", "STATUS", "STOP", "USE", "KeyCheck", "error_from_json", "error_json"]
