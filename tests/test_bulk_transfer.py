@@ -27,6 +27,9 @@ from kerneldev.loop.state import load_state
 from tests.sshutil import ssh_host, write_hosts_yaml
 from tests.test_transport import HOSTILE_NAMES
 
+# How the host agent is started (the first characters, as ChannelCounter records a command).
+AGENT_START = 'exec sh -c \'for p in python3; do if command -v "$p" >/dev/null 2>&1; then'
+
 
 @pytest.fixture(params=["agent", "stream", "sftp"])
 def host(request, sshd_server, tmp_path, isolated_home, monkeypatch):
@@ -180,7 +183,7 @@ def test_with_the_agent_every_command_is_one_remote_command(
         (root / f"k{i}.py").write_bytes(b"x = 1  # " + b"x" * 13000 + bytes([65 + i]) + b"\n")
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
     counter = ChannelCounter(monkeypatch)
-    agent_only = ["exec sh -c 'for p in python3; do if command -v \"$p\" >/dev/null 2>"]
+    agent_only = [f"exec {AGENT_START[:60]}"]
     assert counter.during("--config", str(config), "pull") == agent_only  # cold: hashes + files
     assert counter.during("--config", str(config), "pull") == agent_only
     assert counter.during("--config", str(config), "diff") == agent_only

@@ -910,7 +910,8 @@ def agent_channel(connection: SSHConnection, pythons: list[str]) -> paramiko.Cha
             max_packet_size=STREAM_PACKET,
             timeout=connection.connect_timeout,
         )
-        chan.exec_command(f"sh -c {shlex.quote(agent_command(pythons))}")
+        # `exec`: the login shell does not stay behind as the agent's parent for its life.
+        chan.exec_command(f"exec sh -c {shlex.quote(agent_command(pythons))}")
     except (paramiko.SSHException, EOFError, OSError) as err:
         raise connection.dropped(err, "starting the host agent") from None
     return chan
