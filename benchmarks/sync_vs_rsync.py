@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import signal
 import statistics
@@ -46,13 +47,23 @@ SMALL = 13 * 1024
 BIG = 50 * 1000 * 1000
 CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0}  # name -> number of small files (0: the big one)
 OPS = ("pull_cold", "pull_noop", "push_cold", "push_noop", "diff_noop")
-TOOLS = {  # which reference tools apply to each operation
-    "pull_cold": ("kerneldev", "rsync", "scp"),
-    "pull_noop": ("kerneldev", "rsync"),
-    "push_cold": ("kerneldev", "rsync", "scp"),
-    "push_noop": ("kerneldev", "rsync"),
-    "diff_noop": ("kerneldev", "rsync", "rsync-c"),
+# Which tools are timed for each operation: add a tool here and in `Bench.command` (and a
+# folder in `Bench.own` if it keeps its own files) to time another variant.
+# "floor": one SSH session + the host's Python start-up (+ the bytes, for a cold pull or
+# push): what any tool that runs a helper on the host pays at least.
+TOOLS = {
+    "pull_cold": ("kerneldev", "rsync", "scp", "floor"),
+    "pull_noop": ("kerneldev", "rsync", "floor"),
+    "push_cold": ("kerneldev", "rsync", "scp", "floor"),
+    "push_noop": ("kerneldev", "rsync", "floor"),
+    "diff_noop": ("kerneldev", "rsync", "rsync-c", "floor"),
 }
+# The floor's host-side programs: read every file of a folder to stdout, or read stdin.
+_FLOOR_READ = (
+    "import sys,os; o=sys.stdout.buffer; d=sys.argv[1]; "
+    "[o.write(open(os.path.join(d,n),'rb').read()) for n in sorted(os.listdir(d))]"
+)
+_FLOOR_WRITE = "import sys; sys.stdin.buffer.read()"
 
 _PARAMIKO_PROBE = r"""
 import json, sys, time
@@ -147,6 +158,8 @@ class Bench:
 
     # --- one timed command per tool and operation ----------------------------------------
     def prepare(self, case: str, op: str, tool: str) -> None:
+        if tool == "floor":
+            return  # it reads rsync's folders and keeps nothing
         local = self.local(case, "rsync" if tool == "rsync-c" else tool)
         if op == "pull_cold":
             shutil.rmtree(local)
@@ -169,6 +182,14 @@ class Bench:
             if verb == "pull":
                 return ["rsync", *flags, "-e", ssh, remote + "/", str(local) + "/"]
             return ["rsync", *flags, "-e", ssh, str(local) + "/", remote + "/"]
+        if tool == "floor":
+            ssh_argv = ["ssh", "-F", str(self.ssh_config), "kbench"]
+            folder = shlex.quote(str(self.remote(case, "rsync")))
+            if op == "pull_cold":
+                return [*ssh_argv, f"python3 -c {shlex.quote(_FLOOR_READ)} {folder}"]
+            if op == "push_cold":
+                return [*ssh_argv, f"python3 -c {shlex.quote(_FLOOR_WRITE)}"]
+            return [*ssh_argv, "python3 -c pass"]
         if tool == "scp":
             scp = ["scp", "-F", str(self.ssh_config), "-q", "-p"]
             if verb == "pull":
@@ -176,12 +197,20 @@ class Bench:
             return [*scp, *sorted(str(p) for p in local.iterdir()), remote + "/"]
         raise ValueError(tool)
 
-    def time_command(self, argv: list[str], tool: str = "") -> float:
+    def stdin_for(self, case: str, op: str, tool: str) -> bytes | None:
+        """The bytes the floor sends for a cold push: every file of the case."""
+        if tool != "floor" or op != "push_cold":
+            return None
+        folder = self.local(case, "rsync")
+        return b"".join(p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file())
+
+    def time_command(self, argv: list[str], tool: str = "", stdin: bytes | None = None) -> float:
         env = self.env
         if tool == "kerneldev-base":
             env = {**env, "PYTHONPATH": str(self.base)}
+        feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         start = time.perf_counter()
-        proc = subprocess.run(argv, env=env, capture_output=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, env=env, capture_output=True, **feed)
         took = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(
@@ -336,7 +365,8 @@ def main() -> int:
                     tools = tools[r % len(tools) :] + tools[: r % len(tools)]
                     for tool in tools:
                         bench.prepare(case, op, tool)
-                        took = bench.time_command(bench.command(case, op, tool), tool)
+                        stdin = bench.stdin_for(case, op, tool)
+                        took = bench.time_command(bench.command(case, op, tool), tool, stdin)
                         times.setdefault((case, op, tool), []).append(took)
             print(f"run {r + 1}/{args.runs} done", file=sys.stderr)
         problems = bench.check_same(cases)
@@ -357,6 +387,8 @@ def main() -> int:
             for tool in TOOLS[op] + (("kerneldev-base",) if args.base else ()):
                 entry[tool] = _stats(times[(case, op, tool)])
             entry["ratio_vs_rsync"] = entry["kerneldev"]["median"] / entry["rsync"]["median"]
+            if "floor" in entry:
+                entry["ratio_vs_floor"] = entry["kerneldev"]["median"] / entry["floor"]["median"]
             if args.base:
                 base = entry["kerneldev-base"]["median"]
                 entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
@@ -403,6 +435,9 @@ def render(result: dict) -> str:
         for tool in ("scp", "rsync-c"):
             if tool in row:
                 other = f"{tool} {cell(row[tool])}"
+        floor = (
+            f" floor {cell(row['floor'])} ({row['ratio_vs_floor']:.2f}x)" if "floor" in row else ""
+        )
         lines.append(
             f"{row['case']:>5} {row['op']:<10} {cell(row['kerneldev']):>18} "
             f"{cell(row['rsync']):>18} {other:>24} {row['ratio_vs_rsync']:>6.2f}"
@@ -411,6 +446,7 @@ def render(result: dict) -> str:
                 if has_base
                 else ""
             )
+            + floor
         )
     fixed = result.get("fixed_costs")
     if fixed:

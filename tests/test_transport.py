@@ -354,3 +354,24 @@ def test_stream_files_missing_file_raises_and_stops_early(host):
         b"".join(chunks)
     stream.close()  # an early stop: the transfer ends, the connection stays usable
     assert t.run("echo still here").stdout == "still here\n"
+
+
+def test_ssh_without_python3_for_the_agent_falls_back_with_the_reason(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    from kerneldev.hosts.transport import ssh
+
+    host = ssh_host(sshd_server, tmp_path)
+    (Path(host.root) / "a.py").write_text("a")
+    # What the agent's start prints and exits with on a host that has no python3 at all.
+    monkeypatch.setattr(
+        ssh, "agent_command", lambda _: "echo 'kerneldev: no python3 on the host' >&2; exit 127"
+    )
+    with SSHTransport(host) as t:
+        assert t.run("echo old path").stdout == "old path\n"
+        assert t.agent_unavailable == "no python3 on the host"
+        assert t.read_bytes(str(Path(host.root) / "a.py")) == b"a"
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "agent")  # required: a clear error instead
+    with SSHTransport(host) as t:
+        with pytest.raises(TransferError, match="cannot start the host agent.*no python3"):
+            t.run("true")
