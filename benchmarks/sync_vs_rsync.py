@@ -6,17 +6,19 @@ temporary HOME whose ~/.ssh/config (given to OpenSSH with -F) names that server 
 rsync, scp, ssh and kerneldev (`hostname: kbench` in a temporary hosts.yaml) all reach the
 same server the way a user's tools would. Every tool gets its own folder on the "host" and locally.
 
-Cases: 1, 20 and 100 files of 13 KB, and one 50 MB file; operations: pull cold (nothing in
-the workspace), pull no-op, push cold (every file changed), push no-op, diff no-op (rsync's
-reference is a dry run, plain and with --checksum). Runs are interleaved: in each run every
-case and operation is timed for every tool, in an order rotated per run, so a load change on
-the machine hits all tools alike. kerneldev runs as its console script in a subprocess, as a
-user runs it; push uses `--no-import-check` (the import check is a separate feature that
-imports the pushed modules on the host; rsync has nothing like it).
+Cases: 1, 20 and 100 files of 13 KB, and one 50 MB file, and 1 and 20 files with 50 ms more
+round trip (`-rtt50`: through `DelayProxy`, as the machine has no netem); operations: pull
+cold (nothing in the workspace), pull no-op, push cold (every file changed), push no-op, diff
+no-op (rsync's reference is a dry run, plain and with --checksum). Runs are interleaved: in
+each run every case and operation is timed for every tool, in an order rotated per run, so a
+load change on the machine hits all tools alike. kerneldev runs as its console script in a
+subprocess, as a user runs it; push uses `--no-import-check` (the import check is a separate
+feature that imports the pushed modules on the host; rsync has nothing like it).
 
-Fixed costs are measured the same way: `python -c pass`, `kerneldev --help`,
-`python -c "import paramiko"`, a bare paramiko connect + authenticate + `true`, `ssh kbench
-true`, plus a `-X importtime` summary of `kerneldev diff`.
+The `floor` tool is one SSH session + the host's Python start-up (+ the bytes for the cold
+operations): `ssh kbench python3 -c ...`. Fixed costs are measured the same way: `python -c
+pass`, `kerneldev --help`, `python -c "import paramiko"`, a bare paramiko connect +
+authenticate + `true`, `ssh kbench true`, plus a `-X importtime` summary of `kerneldev diff`.
 
     python benchmarks/sync_vs_rsync.py [--runs 5] [--out docs/results/sync-vs-rsync.json]
 
@@ -31,13 +33,16 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import shlex
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,7 +50,11 @@ from kerneldev.sandbox.host import start_sshd
 
 SMALL = 13 * 1024
 BIG = 50 * 1000 * 1000
-CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0}  # name -> number of small files (0: the big one)
+# name -> number of small files (0: the big one). A name ending in RTT_SUFFIX reaches the
+# server through DelayProxy: 50 ms more round trip (real GPU boxes are 20-150 ms away).
+CASES = {"1": 1, "20": 20, "100": 100, "50MB": 0, "1-rtt50": 1, "20-rtt50": 20}
+RTT_SUFFIX = "-rtt50"
+ONE_WAY_DELAY = 0.025  # seconds each way: 50 ms of round trip
 OPS = ("pull_cold", "pull_noop", "push_cold", "push_noop", "diff_noop")
 # Which tools are timed for each operation: add a tool here and in `Bench.command` (and a
 # folder in `Bench.own` if it keeps its own files) to time another variant.
@@ -87,6 +96,62 @@ print(json.dumps({"import": t1 - t0, "connect_auth": t2 - t1, "exec_true": t3 - 
 """
 
 
+class DelayProxy:
+    """A TCP proxy on 127.0.0.1 that delivers every chunk ONE_WAY_DELAY later, both ways.
+
+    Stands in for `tc qdisc ... netem delay` in a network namespace, which this benchmark's
+    machine may not have (no sch_netem): latency only, no bandwidth limit or loss."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            for sock in (client, server):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for src, dst in ((client, server), (server, client)):
+                pending: queue.Queue = queue.Queue()
+                threading.Thread(target=self._read, args=(src, pending), daemon=True).start()
+                threading.Thread(target=self._deliver, args=(dst, pending), daemon=True).start()
+
+    @staticmethod
+    def _read(src: socket.socket, pending: queue.Queue) -> None:
+        while True:
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            pending.put((time.monotonic() + ONE_WAY_DELAY, data))
+            if not data:
+                return
+
+    @staticmethod
+    def _deliver(dst: socket.socket, pending: queue.Queue) -> None:
+        while True:
+            due, data = pending.get()
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
 class Bench:
     def __init__(self, tmp: Path, kerneldev: str, base: Path | None = None) -> None:
         self.tmp = tmp
@@ -95,20 +160,27 @@ class Bench:
         self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept")
         self.own += ("kerneldev-base",) if base else ()
         self.server = start_sshd(tmp / "sshd")
+        self.proxy = DelayProxy(self.server.port)
         self.home = tmp / "home"
         ssh_dir = self.home / ".ssh"
         ssh_dir.mkdir(parents=True)
-        (ssh_dir / "known_hosts").write_text(self.server.host_key_line)
+        key = self.server.host_key_line.split(" ", 1)[1]
+        (ssh_dir / "known_hosts").write_text(
+            self.server.host_key_line + f"[127.0.0.1]:{self.proxy.port} {key}"
+        )
         (ssh_dir / "config").write_text(
-            "Host kbench\n"
-            "  HostName 127.0.0.1\n"
-            f"  Port {self.server.port}\n"
-            f"  User {self.server.user}\n"
-            f"  IdentityFile {self.server.client_key}\n"
-            "  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
-            "  StrictHostKeyChecking yes\n"
-            "  BatchMode yes\n"
+            "".join(
+                f"Host {alias}\n"
+                "  HostName 127.0.0.1\n"
+                f"  Port {port}\n"
+                f"  User {self.server.user}\n"
+                f"  IdentityFile {self.server.client_key}\n"
+                "  IdentitiesOnly yes\n"
+                f"  UserKnownHostsFile {ssh_dir / 'known_hosts'}\n"
+                "  StrictHostKeyChecking yes\n"
+                "  BatchMode yes\n"
+                for alias, port in (("kbench", self.server.port), ("kbench-rtt", self.proxy.port))
+            )
         )
         os.chmod(ssh_dir / "config", 0o600)
         # OpenSSH finds ~ in the passwd entry, not $HOME: rsync, scp and ssh get -F; kerneldev
@@ -118,6 +190,11 @@ class Bench:
         env = {k: v for k, v in os.environ.items() if k not in ("SSH_AUTH_SOCK", "KERNELDEV_HOST")}
         env.update(HOME=str(self.home), KERNELDEV_CONFIG=str(self.config))
         env.pop("KERNELDEV_SSH_CONFIG", None)
+        # Compiled modules cached as a user's installed package has them (a shell that sets
+        # PYTHONDONTWRITEBYTECODE would compile every module of every run), kept out of the
+        # source trees.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
         # The kept tool's hosts have a config of their own: their sessions outlive the run
         # (an older kerneldev timed as kerneldev-base would refuse the `session` key).
         self.kept_config = tmp / "hosts-kept.yaml"
@@ -142,7 +219,8 @@ class Bench:
             ):
                 if tool in self.own:
                     (kept_hosts if tool == "kerneldev-kept" else hosts).append(
-                        f"  {name}:\n    hostname: kbench\n    root: {self.remote(case, tool)}\n"
+                        f"  {name}:\n    hostname: {_alias(case)}\n"
+                        f"    root: {self.remote(case, tool)}\n"
                         f"    workspace: {self.local(case, tool)}\n    files: {files}\n"
                     )
         self.config.write_text("hosts:\n" + "".join(hosts))
@@ -184,7 +262,7 @@ class Bench:
 
     def command(self, case: str, op: str, tool: str) -> list[str]:
         local = self.local(case, "rsync" if tool == "rsync-c" else tool)
-        remote = "kbench:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
+        remote = f"{_alias(case)}:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
         verb = op.split("_")[0]
         ssh = f"ssh -F {self.ssh_config}"
         if tool in ("kerneldev", "kerneldev-base", "kerneldev-kept"):
@@ -198,7 +276,7 @@ class Bench:
                 return ["rsync", *flags, "-e", ssh, remote + "/", str(local) + "/"]
             return ["rsync", *flags, "-e", ssh, str(local) + "/", remote + "/"]
         if tool == "floor":
-            ssh_argv = ["ssh", "-F", str(self.ssh_config), "kbench"]
+            ssh_argv = ["ssh", "-F", str(self.ssh_config), _alias(case)]
             folder = shlex.quote(str(self.remote(case, "rsync")))
             if op == "pull_cold":
                 return [*ssh_argv, f"python3 -c {shlex.quote(_FLOOR_READ)} {folder}"]
@@ -249,7 +327,13 @@ class Bench:
     def close(self) -> None:
         stop = [self.kerneldev, "session", "stop", "--all"]
         subprocess.run(stop, env=self.kept_env, capture_output=True)
+        self.proxy.close()
         self.server.stop()
+
+
+def _alias(case: str) -> str:
+    """The ssh_config name that reaches the server for `case` (through the proxy or not)."""
+    return "kbench-rtt" if case.endswith(RTT_SUFFIX) else "kbench"
 
 
 def _copy_tree(src: Path, dst: Path) -> None:

@@ -9,6 +9,7 @@ import hashlib
 import http.server
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kerneldev import interrupt
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.local import LocalTransport
@@ -114,6 +116,24 @@ def test_run_timeout_ends_the_command_on_the_host(host, tmp_path):
     with pytest.raises(RemoteCommandError, match="timed out"):
         t.run(f"echo $$ > {pidfile}; exec sleep 30", timeout=5)
     assert time.monotonic() - start < 20  # not the command's 30 s
+    assert process_gone(int(pidfile.read_text()))
+    assert t.run("echo still usable").stdout == "still usable\n"
+
+
+def test_ctrl_c_during_run_ends_the_command_on_the_host(host, tmp_path):
+    t, _ = host
+    pidfile = tmp_path / "pid"
+
+    def ctrl_c_once_started() -> None:
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+
+    threading.Thread(target=ctrl_c_once_started, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(interrupt.Interrupted), interrupt.deferred_signals():
+        t.run(f"echo $$ > {pidfile}; exec sleep 30")
+    assert time.monotonic() - start < 20
     assert process_gone(int(pidfile.read_text()))
     assert t.run("echo still usable").stdout == "still usable\n"
 
