@@ -1,9 +1,9 @@
 """What names a kept session: the connection it holds, as one short key.
 
 Two commands share a holder exactly when they would make the same connection: the same local
-user, host entry (name, address, user, port, key, known_hosts, interpreter) and ssh_config
-file. The key is part of the socket's name, so a changed entry reaches another holder (the
-old one sees the change itself and retires: `freshness.py`)."""
+user and home folder, host entry (name, address, user, port, key, known_hosts, interpreter)
+and ssh_config file. The key is part of the socket's name, so a changed entry reaches another
+holder (the old one sees the change itself and retires: `freshness.py`)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ def session_key(host: HostConfig, ssh_config: str | Path | None = None) -> str:
 
 
 def key_of(fields: dict, ssh_config: str | None) -> str:
-    ident = {"uid": os.getuid(), "host": fields, "ssh_config": ssh_config}
+    # HOME: ~/.ssh's keys and known_hosts take part in the connection too.
+    home = os.path.expanduser("~")
+    ident = {"uid": os.getuid(), "home": home, "host": fields, "ssh_config": ssh_config}
     blob = json.dumps(ident, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:KEY_CHARS]
 
