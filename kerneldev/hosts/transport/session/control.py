@@ -36,6 +36,7 @@ class SessionStatus:
     idle_limit: float | None = None
     max_age: float | None = None
     clients: int = 0  # connected commands that have run a request
+    served: int = 0  # commands that have used it since it started
     running: int = 0  # requests running on the host
     retiring: str | None = None  # why it is ending, once it is
 
@@ -63,6 +64,7 @@ def status(host: HostConfig, ssh_config: str | Path | None = None) -> SessionSta
                 idle_limit=info.get("idle_limit"),
                 max_age=info.get("max_age"),
                 clients=int(info.get("clients") or 0),
+                served=int(info.get("served") or 0),
                 running=int(info.get("running") or 0),
                 retiring=info.get("retiring"),
             )

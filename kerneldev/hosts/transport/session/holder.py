@@ -98,6 +98,7 @@ class Holder:
         self._inode: int | None = None
         self.listener: socket.socket | None = None
         self.terminate = threading.Event()  # set by SIGTERM (a handler may not take locks)
+        self.served = 0  # commands that have used the session
 
     # --- connecting -----------------------------------------------------------------------
     def start(self) -> None:
@@ -300,7 +301,7 @@ class Holder:
             sock.close()
             return
         client = Client(sock, pid)
-        log.info("client pid %s attached", pid)
+        self.served += 1  # counted, not logged: a command leaves no trace in the workspace
         self.relay.greet(client, self.info())
         self.relay.serve(client, lambda: self.retire(f"stopped by pid {pid}", cut=True))
 
@@ -328,6 +329,7 @@ class Holder:
             "idle_limit": self.session.idle,
             "max_age": self.session.max_age,
             "clients": self.relay.attached(),
+            "served": self.served,
             "running": running,
             "retiring": self.retiring,
         }
