@@ -29,6 +29,7 @@ import yaml
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.config import HostConfig, load_config
+from kerneldev.errors import ConfigError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import control, location, wire
@@ -505,3 +506,24 @@ def test_one_client_cannot_touch_or_kill_another_clients_work(env: Env, tmp_path
         survivor.close()
         if victim.poll() is None:
             victim.kill()
+
+
+# --- the config keys ------------------------------------------------------------------
+
+
+def test_session_keys_in_the_config(tmp_path):
+    config = tmp_path / "hosts.yaml"
+    base = "hosts:\n  a: {hostname: x, root: /r, files: [a.py], workspace: w%s}\n"
+    config.write_text("session: {idle: 30, max_age: 90}\n" + base % ", session: {keep: false}")
+    host = load_config(config).hosts["a"]
+    assert (host.session.keep, host.session.idle, host.session.max_age) == (False, 30.0, 90.0)
+
+    for bad, says in (
+        ("session: {idle: 0}\n", "session.idle: must be a number of seconds > 0, got 0"),
+        ("session: {keep: 'no'}\n", "session.keep: must be true or false, got 'no'"),
+        ("session: {linger: 5}\n", "session.linger: unknown key"),
+    ):
+        config.write_text(bad + base % "")
+        with pytest.raises(ConfigError) as caught:
+            load_config(config)
+        assert f"{config}:1: {says}" in caught.value.message

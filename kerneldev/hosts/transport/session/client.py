@@ -111,7 +111,7 @@ def open_kept(
 
 def _transport(host: HostConfig, attached: tuple[socket.socket, bytes]) -> Transport:
     sock, head = attached
-    reader = _Replay(head, sock)
+    reader = wire.Prefixed(head, sock.recv)
     client = AgentClient(reader.read, sock.sendall, shutdown=lambda: _shutdown(sock))
     return AgentTransport(client, host, host.name)
 
@@ -124,7 +124,7 @@ def connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(str(path))
-        if wire.peer_uid(sock) != os.getuid():
+        if wire.peer_cred(sock)[1] != os.getuid():
             raise OSError(errno.EPERM, "the socket belongs to another user")
     except OSError:
         sock.close()
@@ -199,23 +199,6 @@ def _wait_gone(path: Path, pid: object, timeout: float = 2.0) -> None:
             return
         probe.close()
         time.sleep(0.05)
-
-
-class _Replay:
-    """The socket as `read(n)`, starting with the bytes `_attach` already read."""
-
-    def __init__(self, head: bytes, sock: socket.socket) -> None:
-        self.head = head
-        self.sock = sock
-
-    def read(self, n: int) -> bytes:
-        if self.head:
-            out, self.head = self.head[:n], self.head[n:]
-            return out
-        try:
-            return self.sock.recv(n)
-        except OSError:
-            return b""
 
 
 def _shutdown(sock: socket.socket) -> None:

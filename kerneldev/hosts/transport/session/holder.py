@@ -140,7 +140,7 @@ class Holder:
             chan.close()
             raise NoAgent(reason)
         chan.settimeout(None)
-        reader = _Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
+        reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
         link = AgentLink(reader.read, chan.sendall, chan.close, {})
         got = link.read_frame()
         if got is None or got[0] != HELLO or got[1] != CONTROL:
@@ -245,20 +245,20 @@ class Holder:
 
     def _accept(self, sock: socket.socket) -> None:
         try:
-            uid = wire.peer_uid(sock)
+            pid, uid = wire.peer_cred(sock)
         except OSError as err:
             log.warning("cannot tell who connected (%s): refused", err)
             sock.close()
             return
         if uid != os.getuid():
             log.warning(
-                "refused a connection from uid %d (this session is uid %d's)", uid, os.getuid()
+                "refused a connection from uid %d, pid %d (this is uid %d's)", uid, pid, os.getuid()
             )
             sock.close()
             return
-        threading.Thread(target=self._client, args=(sock,), daemon=True).start()
+        threading.Thread(target=self._client, args=(sock, pid), daemon=True).start()
 
-    def _client(self, sock: socket.socket) -> None:
+    def _client(self, sock: socket.socket, pid: int) -> None:
         try:
             sock.settimeout(FIRST_FRAME_TIMEOUT)
             got = wire.recv_frame(sock)
@@ -268,7 +268,6 @@ class Holder:
             sock.close()
             return
         kind, _, payload = got
-        pid = _peer_pid(sock)
         if kind == wire.STOP:
             self.retire(f"stopped by `kerneldev session stop` (pid {pid})", cut=True)
             sock.close()
@@ -361,28 +360,6 @@ class Holder:
         except OSError:
             pass
         log.info("exited")
-
-
-class _Prefixed:
-    """A reader that gives back bytes already read before going on with `read`."""
-
-    def __init__(self, head: bytes, read) -> None:
-        self.head = head
-        self._read = read
-
-    def read(self, n: int) -> bytes:
-        if self.head:
-            out, self.head = self.head[:n], self.head[n:]
-            return out
-        return self._read(n)
-
-
-def _peer_pid(sock: socket.socket) -> int:
-    try:
-        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, wire.PEER_CRED.size)
-        return wire.PEER_CRED.unpack(raw)[0]
-    except OSError:
-        return 0
 
 
 def _report(fd: int, data: dict) -> None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kerneldev import errors
@@ -80,10 +81,29 @@ def error_from_json(data: dict) -> KerneldevError:
     return err
 
 
-def peer_uid(sock: socket.socket) -> int:
-    """The uid of the process at the other end of a unix socket (the kernel's word)."""
+def peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket (the kernel's word)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, PEER_CRED.size)
-    return PEER_CRED.unpack(raw)[1]
+    pid, uid, _gid = PEER_CRED.unpack(raw)
+    return pid, uid
+
+
+class Prefixed:
+    """A stream as `read(n)` (b"" at EOF or on an error), starting with bytes already read
+    from it (a HELLO the reader looked at, what followed the agent's MAGIC)."""
+
+    def __init__(self, head: bytes, read: Callable[[int], bytes]) -> None:
+        self.head = head
+        self._read = read
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        try:
+            return self._read(n)
+        except OSError:
+            return b""
 
 
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
