@@ -38,6 +38,7 @@ def _hosts(ctx: typer.Context, host_spec: str | None, every: bool):
     return config.hosts_for(host_spec)
 
 
+@session_app.command("status")  # the same command under the name `kerneldev status` suggests
 @session_app.command("list")
 def list_command(
     ctx: typer.Context,
@@ -52,16 +53,6 @@ def list_command(
         print_json({"sessions": statuses})
         return
     render(statuses)
-
-
-@session_app.command("status")
-def status_command(
-    ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
-    """The same as `session list`."""
-    list_command(ctx, host_spec, as_json)
 
 
 @session_app.command("stop")

@@ -261,7 +261,7 @@ class Holder:
     def _client(self, sock: socket.socket, pid: int) -> None:
         try:
             sock.settimeout(FIRST_FRAME_TIMEOUT)
-            got = wire.recv_frame(sock)
+            got = wire.read_frame(sock.recv)
         except (OSError, ValueError):
             got = None
         if got is None or got[1] != CONTROL or got[0] not in (wire.USE, wire.STATUS, wire.STOP):

@@ -26,9 +26,7 @@ from kerneldev.hosts.transport.agent_client import (
     CONTROL,
     END_GRACE,
     EXIT,
-    HEADER,
     HELLO,
-    MAX_PAYLOAD,
     OPEN,
     PING,
     PONG,
@@ -68,24 +66,7 @@ class AgentLink:
             self._write(data)
 
     def read_frame(self) -> tuple[int, int, bytes] | None:
-        head = self._read_exact(HEADER.size)
-        if head is None:
-            return None
-        length, rid, kind = HEADER.unpack(head)
-        if length > MAX_PAYLOAD:
-            raise ValueError(f"garbled frame from the agent ({length} bytes)")
-        payload = self._read_exact(length) if length else b""
-        return None if payload is None else (kind, rid, payload)
-
-    def _read_exact(self, n: int) -> bytes | None:
-        parts = []
-        while n:
-            block = self.read(n)
-            if not block:
-                return None
-            parts.append(block)
-            n -= len(block)
-        return b"".join(parts)
+        return wire.read_frame(self.read)
 
     def close(self) -> None:
         try:
@@ -228,7 +209,7 @@ class Relay:
         try:
             while True:  # until EOF: also after `finish`, whose writer closes when done
                 try:
-                    got = wire.recv_frame(client.sock)
+                    got = wire.read_frame(client.sock.recv)
                 except (OSError, ValueError):
                     break
                 if got is None:

@@ -106,11 +106,11 @@ class Prefixed:
             return b""
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    """Exactly `n` bytes, or None at EOF before them."""
+def read_exact(read: Callable[[int], bytes], n: int) -> bytes | None:
+    """Exactly `n` bytes from `read`, or None at EOF before them."""
     parts = []
     while n:
-        block = sock.recv(min(n, 1 << 20))
+        block = read(min(n, 1 << 20))
         if not block:
             return None
         parts.append(block)
@@ -118,15 +118,15 @@ def recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return b"".join(parts)
 
 
-def recv_frame(sock: socket.socket) -> tuple[int, int, bytes] | None:
+def read_frame(read: Callable[[int], bytes]) -> tuple[int, int, bytes] | None:
     """(kind, request id, payload), or None at EOF; `ValueError` for an oversized frame."""
-    head = recv_exact(sock, HEADER.size)
+    head = read_exact(read, HEADER.size)
     if head is None:
         return None
     length, rid, kind = HEADER.unpack(head)
     if length > MAX_PAYLOAD:
         raise ValueError(f"frame of {length} bytes")
-    payload = recv_exact(sock, length) if length else b""
+    payload = read_exact(read, length) if length else b""
     if payload is None:
         return None
     return kind, rid, payload
