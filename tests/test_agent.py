@@ -117,3 +117,27 @@ def test_a_killed_connection_is_connection_lost_not_a_traceback(
     with pytest.raises(ConnectionLostError):
         client.run("true")
     connection.close()
+
+
+def test_a_forked_python_request_holds_no_other_requests_pipes(agent):
+    # Python requests run in a fork of the agent, which inherits every descriptor: a kept
+    # write end of another request's stdin would keep that request from its EOF.
+    cat = agent.open("cat")
+    slow = agent.open("import time; time.sleep(5); print('slow done')", python=True)
+    cat.write(b"data")
+    cat.close_stdin()
+    started = time.monotonic()
+    assert cat.wait(4) == 0 and time.monotonic() - started < 4
+    assert b"".join(cat.iter_stdout()) == b"data"
+    assert slow.wait(30) == 0 and b"".join(slow.iter_stdout()) == b"slow done\n"
+
+
+def test_python_errors_and_exit_codes_read_as_python_c_would(agent):
+    for fresh in (False, True):
+        status, out, err = agent.run("import sys; print('x'); sys.exit(3)", python=True)
+        assert (status, out) == (3, "x\n")
+        process = agent.open("raise ValueError('bad')", python=True, fresh=fresh)
+        process.close_stdin()
+        assert process.wait(30) == 1 and "ValueError: bad" in process.stderr_text()
+    status, _, err = agent.run("def (", python=True)
+    assert status != 0 and "SyntaxError" in err

@@ -38,6 +38,11 @@ END_GRACE = 2.0  # seconds between TERM and KILL when the connection is gone
 # the pipes open (a restart command), and must not keep the request open (as over ssh).
 EXIT_GRACE = 2.0
 READ_SIZE = 1 << 16
+# Python requests run in a fork of the agent (no interpreter start), where that gives what
+# `python -S -c` with PYTHONUTF8=1 would: UTF-8 file names. OPEN {"fresh": true} asks for a
+# new interpreter anyway.
+FORK = hasattr(os, "fork") and sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
+MAX_FD = 1 << 16
 
 
 class Output:
@@ -72,21 +77,31 @@ class Request:
     def __init__(self, rid, out):
         self.rid = rid
         self.out = out
-        self.proc = None
+        self.pid = None  # the process, leader of its own process group
+        self.wait = None  # callable: reaps the process, returns its status (negative: signal)
         self.stdin = queue.Queue()  # bytes; None = close stdin
         self.exited = threading.Event()  # the process was reaped (by `finish` alone)
         self.done = threading.Event()  # EXIT sent: output after it is dropped
 
     def start(self, spec):
-        python = bool(spec.get("python"))
         command = spec["command"]
+        if spec.get("python") and FORK and not spec.get("fresh"):
+            streams = self.fork_python(command)
+        else:
+            streams = self.spawn(command, bool(spec.get("python")))
+        stdin, stdout, stderr = streams
+        pumps = [_thread(self.pump, stdout, STDOUT), _thread(self.pump, stderr, STDERR)]
+        _thread(self.feed, stdin)
+        _thread(self.finish, pumps)
+
+    def spawn(self, command, python):
         if python:
             argv = [sys.executable, "-S", "-c", command]
             env = dict(os.environ, PYTHONUTF8="1")
         else:
             argv = ["/bin/sh", "-c", command]
             env = None
-        self.proc = subprocess.Popen(
+        proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -94,12 +109,33 @@ class Request:
             env=env,
             start_new_session=True,  # its own process group, for SIGNAL and the clean-up
         )
-        pumps = [
-            _thread(self.pump, self.proc.stdout, STDOUT),
-            _thread(self.pump, self.proc.stderr, STDERR),
-        ]
-        _thread(self.feed)
-        _thread(self.finish, pumps)
+        self.pid, self.wait = proc.pid, proc.wait
+        return proc.stdin, proc.stdout, proc.stderr
+
+    def fork_python(self, source):
+        """A hostside script in a fork of this interpreter: no new Python to start (what
+        `python -S -c` would cost per request), the same modules, pipes and process group."""
+        code = _compiled(source)  # here, once per script: a SyntaxError is the OPEN's error
+        r_in, w_in = os.pipe()
+        r_out, w_out = os.pipe()
+        r_err, w_err = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            try:
+                os.setsid()
+                for fd, target in ((r_in, 0), (w_out, 1), (w_err, 2)):
+                    os.dup2(fd, target)
+                # fork copied every descriptor, other requests' pipe ends too: an open write
+                # end here would keep their EOF from ever coming.
+                os.closerange(3, MAX_FD)
+                _run_script(code)
+            finally:
+                os._exit(70)
+        for fd in (r_in, w_out, w_err):
+            os.close(fd)
+        self.pid = pid
+        self.wait = lambda: _status(os.waitpid(pid, 0)[1])
+        return os.fdopen(w_in, "wb"), os.fdopen(r_out, "rb"), os.fdopen(r_err, "rb")
 
     def pump(self, stream, kind):
         fd = stream.fileno()
@@ -115,8 +151,7 @@ class Request:
         finally:
             stream.close()
 
-    def feed(self):
-        stream = self.proc.stdin
+    def feed(self, stream):
         while True:
             block = self.stdin.get()
             if block is None:
@@ -135,7 +170,7 @@ class Request:
             pass
 
     def finish(self, pumps):
-        status = self.proc.wait()
+        status = self.wait()
         self.exited.set()
         until = time.monotonic() + EXIT_GRACE
         for pump in pumps:
@@ -144,10 +179,10 @@ class Request:
         self.out.send_json(EXIT, self.rid, {"status": status})
 
     def signal(self, name):
-        if self.proc is None or self.exited.is_set():
+        if self.pid is None or self.exited.is_set():
             return
         try:
-            os.killpg(self.proc.pid, SIGNALS[name])
+            os.killpg(self.pid, SIGNALS[name])
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -191,9 +226,11 @@ class Agent:
             self.requests[rid] = request
             try:
                 request.start(json.loads(payload.decode("utf-8")))
-            except (OSError, ValueError, KeyError, TypeError) as err:
+            except (OSError, ValueError, KeyError, TypeError, SyntaxError) as err:
                 del self.requests[rid]
-                self.out.send_json(EXIT, rid, {"error": "cannot start: %s" % (err,)})
+                self.out.send_json(
+                    EXIT, rid, {"error": "cannot start: %s: %s" % (type(err).__name__, err)}
+                )
             return
         request = self.requests.get(rid)
         if request is None:
@@ -214,7 +251,7 @@ class Agent:
 
     def end_all(self):
         """The connection is gone: every process still running ends (TERM, KILL after 2 s)."""
-        running = [r for r in list(self.requests.values()) if r.proc and not r.exited.is_set()]
+        running = [r for r in list(self.requests.values()) if r.pid and not r.exited.is_set()]
         for request in running:
             request.stdin.put(None)
             request.signal("TERM")
@@ -224,9 +261,60 @@ class Agent:
         for request in running:
             # The group, even when its leader is gone: a child it started may still run.
             try:
-                os.killpg(request.proc.pid, signal.SIGKILL)
+                os.killpg(request.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+_CODE = {}
+
+
+def _compiled(source):
+    if source not in _CODE:
+        _CODE[source] = compile(source, "<string>", "exec")
+    return _CODE[source]
+
+
+def _run_script(code_object):
+    """In a forked child: run a hostside script's code as `python -S -c` would, then exit."""
+    import io
+    import traceback
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.environ["PYTHONUTF8"] = "1"  # for whatever it starts, as the fresh interpreter had
+    sys.argv = ["-c"]
+    sys.stdin = io.TextIOWrapper(open(0, "rb", closefd=False), "utf-8", "surrogateescape")
+    sys.stdout = io.TextIOWrapper(open(1, "wb", closefd=False), "utf-8", "surrogateescape")
+    sys.stderr = io.TextIOWrapper(
+        open(2, "wb", closefd=False), "utf-8", "backslashreplace", line_buffering=True
+    )
+    code = 0
+    try:
+        exec(code_object, {"__name__": "__main__"})  # noqa: S102
+    except SystemExit as exit_:
+        if exit_.code is None:
+            code = 0
+        elif isinstance(exit_.code, int):
+            code = exit_.code
+        else:
+            print(exit_.code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - reported as python -c would, with the traceback
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def _status(wait_status):
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
 
 
 def read_exact(inp, n):

@@ -246,9 +246,10 @@ class AgentClient:
                 pass
 
     # --- requests -----------------------------------------------------------------------
-    def open(self, command: str, python: bool = False) -> AgentProcess:
+    def open(self, command: str, python: bool = False, fresh: bool = False) -> AgentProcess:
         """Start `command` on the host (`/bin/sh -c`, or with `python` a hostside script's
-        source run by the agent's interpreter) and return it at once."""
+        source run by the agent's interpreter: in a fork of the agent, or with `fresh` in a new
+        `python -S -c`) and return it at once."""
         with self._lock:
             if self._lost is not None:
                 raise self._lost_error(f"starting `{_short(command)}`")
@@ -259,6 +260,8 @@ class AgentClient:
         spec: dict = {"command": command}
         if python:
             spec["python"] = True
+        if fresh:
+            spec["fresh"] = True
         self._send(OPEN, rid, json.dumps(spec).encode("utf-8"))
         return process
 

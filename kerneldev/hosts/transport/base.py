@@ -1,8 +1,11 @@
 """The transport interface: everything kerneldev does on a host goes through these methods.
 
-Two implementations exist: `SSHTransport` (paramiko, one connection per CLI invocation, reused
-for exec, SFTP and port forwarding) and `LocalTransport` (subprocess + the local file system,
-for a user working on the GPU box itself, and for tests). Every operation above this layer
+Three implementations exist: `SSHTransport` (paramiko, one connection per CLI invocation;
+every step after the login goes through the host agent it starts on one exec channel, or, on
+a host without python3, exec, SFTP and port forwarding as before), `AgentTransport` (every
+step as a request to a host agent, over any byte stream: the SSH channel, or a kept session's
+unix socket) and `LocalTransport` (subprocess + the local file system, for a user working on
+the GPU box itself, and for tests). Every operation above this layer
 (pull, diff, push, rollback, restart, bench) is written once against `Transport`.
 
 All paths given to a transport are absolute POSIX paths on the host.

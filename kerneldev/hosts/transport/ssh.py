@@ -2,9 +2,12 @@
 
 The connection itself (ssh_config, ProxyJump / ProxyCommand, host keys, authentication) is
 `kerneldev.hosts.transport.ssh_connection.SSHConnection`; `SSHTransport` opens it on first use and
-runs everything through it: commands in `sh -c` sessions, files over its SFTP session (writes
-to a temporary name, then a rename), HTTP health checks over direct-tcpip channels (so the
-service's port need not be reachable from here).
+runs everything through it. By default it starts the host agent (`hostside/agent.py`) on one
+exec channel, the connection's only login shell, and every later step is a request to it
+(`over_agent.AgentTransport`); HTTP health checks go over direct-tcpip channels (so the
+service's port need not be reachable from here). Where the agent cannot start (no python3)
+or `$KERNELDEV_TRANSFER` is `stream`/`sftp`: commands in `sh -c` sessions, files over its SFTP
+session (writes to a temporary name, then a rename) or one exec stream, as before.
 
 File hashing runs one remote command for all files: the source of `_hashfiles.py` runs under the
 host's `python3` (or the configured `python`) with the patterns as JSON on stdin. A host with
