@@ -35,7 +35,7 @@ from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import control, location, wire
 from kerneldev.hosts.transport.session.identity import session_key
 from kerneldev.sandbox.host import find_sshd
-from tests.clirun import REPO
+from tests.clirun import REPO, start_kerneldev
 from tests.sshutil import kill_sshd_and_sessions, ssh_entry
 
 pytestmark = pytest.mark.skipif(find_sshd() is None, reason="sshd is not installed")
@@ -527,3 +527,28 @@ def test_session_keys_in_the_config(tmp_path):
         with pytest.raises(ConfigError) as caught:
             load_config(config)
         assert f"{config}:1: {says}" in caught.value.message
+
+
+def test_ctrl_c_of_one_command_ends_only_its_own_work(kept, tmp_path, sshd_server):
+    pidfile = tmp_path / "restart.pid"
+    env = make_env(tmp_path, sshd_server)
+    kept.append(env)
+    data = yaml.safe_load(env.config.read_text())
+    data["hosts"]["h"]["service"] = {
+        "restart": f"echo $$ > {pidfile}; exec sleep 60",
+        "health": "true",
+    }
+    env.config.write_text(yaml.safe_dump(data))
+    assert env.kd("pull").exit_code == 0
+    holder = env.session().pid
+
+    restart = start_kerneldev("--config", str(env.config), "restart")
+    remote = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
+    os.killpg(restart.pid, signal.SIGINT)  # Ctrl-C in its terminal
+    _, err = restart.communicate(timeout=60)
+    assert restart.returncode == 130, err
+    wait_for(lambda: not alive(remote), 10, "the interrupted restart's command to end")
+
+    session = env.session()
+    assert session.pid == holder and session.running == 0  # the session lives on
+    assert env.kd("diff").exit_code == 0
