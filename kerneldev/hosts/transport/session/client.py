@@ -249,16 +249,21 @@ def _start_holder(
         "idle": host.session.idle,
         "max_age": host.session.max_age,
     }
-    where.log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        location.private_folder(where.log.parent)
+        log_path = where.log
+    except location.PlaceError:
+        log_path = Path(os.devnull)  # no private place for it: the holder runs without a log
     env = dict(os.environ)
     # The holder runs this very kerneldev, wherever it was imported from.
     package_root = str(Path(kerneldev.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     read_end, write_end = os.pipe()
     try:
-        big = where.log.exists() and where.log.stat().st_size > MAX_LOG
-        with open(where.log, "wb" if big else "ab") as log:  # a new holder, a fresh log
-            os.chmod(where.log, 0o600)
+        big = log_path.is_file() and log_path.stat().st_size > MAX_LOG
+        with open(log_path, "wb" if big else "ab") as log:  # a new holder, a fresh log
+            if log_path != Path(os.devnull):
+                os.chmod(log_path, 0o600)
             process = subprocess.Popen(
                 [sys.executable, "-m", HOLDER_MODULE, "--ready-fd", str(write_end), host.name],
                 stdin=subprocess.PIPE,

@@ -4,7 +4,8 @@ The socket goes in `$XDG_RUNTIME_DIR/kerneldev/` when that folder is usable (the
 0700), else in the workspace's `.kerneldev/sessions/`; a path that would pass the unix socket
 limit (about 104 bytes on macOS, 108 on Linux) moves to `/tmp/kerneldev-<uid>/`. Every folder a
 socket is put in is made 0700 and checked: a real folder (no symlink), owned by this user,
-nobody else may enter it. The log always goes in the workspace's `.kerneldev/sessions/`.
+nobody else may enter it. The log always goes in the workspace's `.kerneldev/sessions/`,
+checked the same way.
 """
 
 from __future__ import annotations
