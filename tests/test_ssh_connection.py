@@ -363,3 +363,29 @@ def test_trust_on_a_local_host_has_nothing_to_do(tmp_path):
     )
     proc = cli("trust", "--json", config=config)
     assert proc.returncode == 0 and '"status": "local"' in proc.stdout
+
+
+def test_import_paramiko_without_invoke_yet_match_exec_still_works(tmp_path):
+    """kerneldev imports paramiko with `invoke` blocked (half of its import time); a
+    ssh_config with `Match exec` gets the real invoke, so it is evaluated as before. In a
+    child process: invoke reads stdin, which pytest's capture refuses."""
+    import json
+    import sys
+
+    config = tmp_path / "ssh_config"
+    config.write_text("Match exec true\n  User from-match-exec\nHost *\n  Port 2222\n")
+    probe = (
+        "import json, pathlib, sys; import kerneldev.hosts.transport.ssh as ssh; "
+        "before = [m for m in ('invoke', 'unittest.mock') if m in sys.modules]; "
+        "t = ssh.resolve_target('somehost', ssh.load_ssh_config(pathlib.Path(sys.argv[1]))); "
+        "print(json.dumps([before, t.user, t.port]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [[], "from-match-exec", 2222]

@@ -21,10 +21,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-from paramiko.hostkeys import HostKeyEntry, HostKeys
-
 from kerneldev.errors import HostKeyError, TransferError, on_jump_host
+from kerneldev.hosts.sshlib import paramiko
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
@@ -95,7 +93,7 @@ def _name_matches(name: str, patterns: list[str]) -> bool:
     for pattern in patterns:
         if pattern.startswith("|1|"):
             # Hashed entry: HMAC-SHA1 of the name with the entry's own salt.
-            if HostKeys.hash_host(name, pattern) == pattern:
+            if paramiko.hostkeys.HostKeys.hash_host(name, pattern) == pattern:
                 matched = True
         elif pattern.startswith("!"):
             if _glob_match(name, pattern[1:]):
@@ -126,7 +124,7 @@ def recorded_keys(files: list[Path], name: str) -> list[KnownKey]:
                     continue  # @cert-authority: certificates are not supported here
                 revoked = True
             try:
-                entry = HostKeyEntry.from_line(line, lineno)
+                entry = paramiko.hostkeys.HostKeyEntry.from_line(line, lineno)
             except Exception:  # noqa: BLE001 - a malformed or unsupported line is skipped
                 continue
             if entry is None or entry.key is None or not _name_matches(name, entry.hostnames):

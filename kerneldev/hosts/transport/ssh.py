@@ -33,8 +33,6 @@ import urllib.parse
 from collections.abc import Iterator
 from typing import BinaryIO
 
-import paramiko
-
 from kerneldev import interrupt
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
@@ -44,6 +42,7 @@ from kerneldev.errors import (
     TransferError,
     UsageError,
 )
+from kerneldev.hosts.sshlib import paramiko
 from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,

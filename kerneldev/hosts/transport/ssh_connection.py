@@ -18,16 +18,16 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import paramiko
-
 from kerneldev.config import HostConfig
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
 from kerneldev.hosts import hostkeys
+from kerneldev.hosts.sshlib import allow_match_exec, paramiko
 from kerneldev.hosts.transport.ssh_config_file import (  # re-exported: defined here before
     SSH_CONFIG_ENV as SSH_CONFIG_ENV,
 )
@@ -41,6 +41,7 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, key exchange and each auth step
 IO_TIMEOUT = 120.0  # seconds of silence on an SFTP transfer before the host counts as gone
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+_MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,10 @@ def load_ssh_config(path: Path | None) -> paramiko.SSHConfig:
     if path is None:
         return paramiko.SSHConfig()
     try:
-        return paramiko.SSHConfig.from_path(str(path))
+        text = path.read_text(encoding="utf-8", errors="replace")
+        if _MATCH_EXEC.search(text):
+            allow_match_exec()
+        return paramiko.SSHConfig.from_text(text)
     except FileNotFoundError:
         raise HostConnectionError(f"ssh config file not found: {path}") from None
     except Exception as err:  # noqa: BLE001 - paramiko raises several types for bad files
