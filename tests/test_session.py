@@ -29,7 +29,7 @@ import yaml
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.config import HostConfig, load_config
-from kerneldev.errors import ConfigError
+from kerneldev.errors import ConfigError, ConnectionLostError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import control, location, wire
@@ -552,3 +552,26 @@ def test_ctrl_c_of_one_command_ends_only_its_own_work(kept, tmp_path, sshd_serve
     session = env.session()
     assert session.pid == holder and session.running == 0  # the session lives on
     assert env.kd("diff").exit_code == 0
+
+
+def test_a_long_lived_client_is_reconnected_at_max_age(kept, tmp_path, fresh_sshd):
+    env = make_env(tmp_path, fresh_sshd, max_age=1)
+    kept.append(env)
+    transport = open_transport(env.host)  # as `watch` keeps one for its whole life
+    try:
+        assert transport.run("echo one").stdout == "one\n"
+        first = env.session()
+        time.sleep(1.5)
+        # Nothing runs: the next request goes over a new connection, the key verified again.
+        assert transport.run("echo two").stdout == "two\n"
+        assert env.session().pid == first.pid  # the same holder, a new connection
+        assert "reconnecting" in env.log()
+
+        fresh_sshd.rotate_host_key()
+        time.sleep(1.5)
+        with pytest.raises(ConnectionLostError):  # watch then reconnects through a new holder
+            transport.run("echo three")
+        wait_for(lambda: not alive(first.pid), what="the holder to retire")
+        assert "reconnecting failed" in env.log() and "CHANGED" in env.log()
+    finally:
+        transport.close()
