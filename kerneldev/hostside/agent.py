@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 VERSION = "1.0.0"
 MAGIC = b"\x00KDAGENT1\n"
@@ -343,6 +344,9 @@ def main():
     inp, out = 0, Output(1)
     # Nothing else may write to fd 1 (the frames): Python's own stdout goes to stderr.
     sys.stdout = sys.stderr
+    # Python 3.12+ warns at each fork of a process with threads; the forked helpers touch no
+    # lock of the agent's threads (see fork_python), and the warnings would pile up unread.
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
     # SIGTERM (someone ends the agent) ends its processes too, as EOF does.
     signal.signal(signal.SIGTERM, _exit_on_term)
     os.write(1, MAGIC)

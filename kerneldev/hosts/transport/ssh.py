@@ -916,16 +916,34 @@ def agent_channel(connection: SSHConnection, pythons: list[str]) -> paramiko.Cha
         chan.exec_command(f"exec sh -c {shlex.quote(agent_command(pythons))}")
     except (paramiko.SSHException, EOFError, OSError) as err:
         raise connection.dropped(err, "starting the host agent") from None
+    # The agent's stderr is read all along (unread, it would use up the channel's window,
+    # which stdout shares); its last bytes say why an agent did not start.
+    chan.kerneldev_stderr = bytearray()
+    chan.kerneldev_drain = threading.Thread(target=_drain_stderr, args=(chan,), daemon=True)
+    chan.kerneldev_drain.start()
     return chan
+
+
+def _drain_stderr(chan: paramiko.Channel) -> None:
+    tail: bytearray = chan.kerneldev_stderr
+    while True:
+        try:
+            data = chan.recv_stderr(65536)
+        except (paramiko.SSHException, EOFError, OSError):
+            return
+        if not data:
+            return
+        tail += data
+        del tail[:-4096]
 
 
 def agent_failure(chan: paramiko.Channel) -> str:
     """Why the agent on `chan` did not start, from its exit status and stderr."""
     chan.status_event.wait(EXIT_GRACE)
-    errs = b""
-    while chan.recv_stderr_ready():
-        errs += chan.recv_stderr(65536)
-    text = errs.decode("utf-8", "replace").strip()
+    drain = getattr(chan, "kerneldev_drain", None)
+    if drain is not None:
+        drain.join(EXIT_GRACE)  # it ends at the stderr's EOF: all of it read
+    text = bytes(getattr(chan, "kerneldev_stderr", b"")).decode("utf-8", "replace").strip()
     if chan.exit_status == 127 and "no python3" in text:
         return "no python3 on the host"
     tail = text.splitlines()[-1:] or [f"exit {chan.exit_status}"]

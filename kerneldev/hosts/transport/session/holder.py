@@ -121,16 +121,18 @@ class Holder:
     def _start_agent(self, connection: SSHConnection) -> AgentLink:
         chan = agent_channel(connection, ["python3", self.host.python])
         seen = b""
+        # As long as a one-shot transport waits for the agent's HELLO. No channel timeout: the
+        # thread that drains the agent's stderr reads with it too.
+        deadline = time.monotonic() + 3 * connection.connect_timeout
         try:
-            # As long as a one-shot transport waits for the agent's HELLO.
-            chan.settimeout(3 * connection.connect_timeout)
             while MAGIC not in seen and len(seen) <= MAX_PREAMBLE:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([chan], [], [], left)[0]:
+                    break
                 block = chan.recv(4096)
                 if not block:
                     break
                 seen += block
-        except TimeoutError:
-            pass
         except (OSError, EOFError) as err:
             raise connection.dropped(err, "starting the host agent") from None
         if MAGIC not in seen:
@@ -139,7 +141,6 @@ class Holder:
             reason = agent_failure(chan)
             chan.close()
             raise NoAgent(reason)
-        chan.settimeout(None)
         reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
         link = AgentLink(reader.read, chan.sendall, chan.close, {})
         got = link.read_frame()
