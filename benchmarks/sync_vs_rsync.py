@@ -67,6 +67,9 @@ TOOLS = {
     "push_noop": ("kerneldev", "rsync", "floor"),
     "diff_noop": ("kerneldev", "rsync", "rsync-c", "floor"),
 }
+# "kerneldev-kept": kerneldev through a live kept session (docs/sessions.md), started by the
+# untimed warm-up pull; "kerneldev" itself runs one-shot (KERNELDEV_NO_KEEP=1).
+TOOLS = {op: (*tools[:1], "kerneldev-kept", *tools[1:]) for op, tools in TOOLS.items()}
 # The floor's host-side programs: read every file of a folder to stdout, or read stdin.
 _FLOOR_READ = (
     "import sys,os; o=sys.stdout.buffer; d=sys.argv[1]; "
@@ -154,7 +157,8 @@ class Bench:
         self.tmp = tmp
         self.kerneldev = kerneldev
         self.base = base  # another kerneldev source tree, timed as the tool "kerneldev-base"
-        self.own = ("kerneldev", "rsync", "scp") + (("kerneldev-base",) if base else ())
+        self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept")
+        self.own += ("kerneldev-base",) if base else ()
         self.server = start_sshd(tmp / "sshd")
         self.proxy = DelayProxy(self.server.port)
         self.home = tmp / "home"
@@ -191,9 +195,15 @@ class Bench:
         # source trees.
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+        # The kept tool's hosts have a config of their own: their sessions outlive the run
+        # (an older kerneldev timed as kerneldev-base would refuse the `session` key).
+        self.kept_config = tmp / "hosts-kept.yaml"
+        self.kept_env = {**env, "KERNELDEV_CONFIG": str(self.kept_config)}
+        env["KERNELDEV_NO_KEEP"] = "1"
         self.env = env
         self.generation = 0
         hosts = []
+        kept_hosts = []
         for case, n in CASES.items():
             for tool in self.own:
                 self.remote(case, tool).mkdir(parents=True)
@@ -202,14 +212,19 @@ class Bench:
             for tool in self.own[1:]:
                 _copy_tree(self.remote(case, "kerneldev"), self.remote(case, tool))
             files = '["*.py"]' if n else '["big.bin"]'
-            for tool, name in (("kerneldev", f"c{case}"), ("kerneldev-base", f"b{case}")):
+            for tool, name in (
+                ("kerneldev", f"c{case}"),
+                ("kerneldev-base", f"b{case}"),
+                ("kerneldev-kept", f"k{case}"),
+            ):
                 if tool in self.own:
-                    hosts.append(
+                    (kept_hosts if tool == "kerneldev-kept" else hosts).append(
                         f"  {name}:\n    hostname: {_alias(case)}\n"
                         f"    root: {self.remote(case, tool)}\n"
                         f"    workspace: {self.local(case, tool)}\n    files: {files}\n"
                     )
         self.config.write_text("hosts:\n" + "".join(hosts))
+        self.kept_config.write_text("session: {idle: 3600}\nhosts:\n" + "".join(kept_hosts))
 
     def remote(self, case: str, tool: str) -> Path:
         return self.tmp / "host" / case / tool
@@ -250,9 +265,9 @@ class Bench:
         remote = f"{_alias(case)}:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
         verb = op.split("_")[0]
         ssh = f"ssh -F {self.ssh_config}"
-        if tool in ("kerneldev", "kerneldev-base"):
+        if tool in ("kerneldev", "kerneldev-base", "kerneldev-kept"):
             extra = ["--no-import-check"] if verb == "push" else []
-            name = f"{'c' if tool == 'kerneldev' else 'b'}{case}"
+            name = {"kerneldev": "c", "kerneldev-base": "b", "kerneldev-kept": "k"}[tool] + case
             return [self.kerneldev, verb, "--host", name, *extra]
         if tool in ("rsync", "rsync-c"):
             flags = ["-a"] + (["-n"] if verb == "diff" else [])
@@ -286,6 +301,8 @@ class Bench:
         env = self.env
         if tool == "kerneldev-base":
             env = {**env, "PYTHONPATH": str(self.base)}
+        if tool == "kerneldev-kept":
+            env = self.kept_env
         feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         start = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, **feed)
@@ -308,6 +325,8 @@ class Bench:
         return problems
 
     def close(self) -> None:
+        stop = [self.kerneldev, "session", "stop", "--all"]
+        subprocess.run(stop, env=self.kept_env, capture_output=True)
         self.proxy.close()
         self.server.stop()
 
@@ -382,15 +401,16 @@ def fixed_costs(bench: Bench, runs: int) -> dict:
     result["importtime"] = {
         "kerneldev --help": importtime(bench, ["--help"]),
         "kerneldev diff": importtime(bench, ["diff", "--host", "c1"]),
+        "kerneldev diff, kept": importtime(bench, ["diff", "--host", "k1"], bench.kept_env),
     }
     return result
 
 
-def importtime(bench: Bench, args: list[str]) -> dict:
+def importtime(bench: Bench, args: list[str], env: dict | None = None) -> dict:
     """-X importtime of one kerneldev command: total and the top-level packages by time."""
     proc = subprocess.run(
         [sys.executable, "-X", "importtime", "-m", "kerneldev", *args],
-        env=bench.env,
+        env=env or bench.env,
         capture_output=True,
         text=True,
     )
@@ -473,6 +493,9 @@ def main() -> int:
             entry["ratio_vs_rsync"] = entry["kerneldev"]["median"] / entry["rsync"]["median"]
             if "floor" in entry:
                 entry["ratio_vs_floor"] = entry["kerneldev"]["median"] / entry["floor"]["median"]
+            if "kerneldev-kept" in entry:
+                kept = entry["kerneldev-kept"]["median"]
+                entry["kept_ratio_vs_rsync"] = kept / entry["rsync"]["median"]
             if args.base:
                 base = entry["kerneldev-base"]["median"]
                 entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
@@ -531,6 +554,11 @@ def render(result: dict) -> str:
                 else ""
             )
             + floor
+            + (
+                f" kept {cell(row['kerneldev-kept'])} ({row['kept_ratio_vs_rsync']:.2f}x)"
+                if "kerneldev-kept" in row
+                else ""
+            )
         )
     fixed = result.get("fixed_costs")
     if fixed:

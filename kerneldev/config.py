@@ -53,6 +53,16 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class SessionConfig:
+    """The kept session to a host (`session:`, at the top and per host): whether the first
+    command leaves one behind, and when it ends (hosts/transport/session/)."""
+
+    keep: bool = True
+    idle: float = 300.0  # seconds without a command before the holder exits
+    max_age: float = 600.0  # seconds after which the holder reconnects (re-verifying the key)
+
+
+@dataclass(frozen=True)
 class HostConfig:
     name: str
     root: str  # absolute POSIX path of the live repo root on the host
@@ -72,6 +82,10 @@ class HostConfig:
     # Other hosts of this host's groups with the same `workspace`: they share it, each with its
     # own record in its state file (state.py); filled by the loader from `groups:`.
     workspace_peers: tuple[str, ...] = ()
+    session: SessionConfig = SessionConfig()
+    # The file this entry was read from (None for a host made in code): a kept session watches
+    # it and ends when the entry changes.
+    config_path: Path | None = field(default=None, compare=False)
 
 
 class HostChoice(NamedTuple):
@@ -263,6 +277,7 @@ class _Validator:
         self.base = Path(os.path.abspath(path)).parent
         self.text = text
         self.loader: yaml.SafeLoader | None = None
+        self.session_defaults = SessionConfig()  # the top-level `session:`, read first
 
     # -- helpers --------------------------------------------------------------------------
     def fail(self, node: yaml.Node | None, key_path: str, what: str) -> ConfigError:
@@ -358,7 +373,12 @@ class _Validator:
 
     def _config(self, root: yaml.Node) -> Config:
         items = self.mapping(root, "")
-        self.check_keys(root, items, "", ("default", "hosts", "groups"), ("hosts",))
+        self.check_keys(root, items, "", ("default", "hosts", "groups", "session"), ("hosts",))
+        self.session_defaults = (
+            self._session(items["session"][1], "session", SessionConfig())
+            if "session" in items
+            else SessionConfig()
+        )
         hosts_key_node, hosts_node = items["hosts"]
         host_items = self.mapping(hosts_node, "hosts")
         if not host_items:
@@ -435,6 +455,7 @@ class _Validator:
             "python",
             "gpu",
             "keep_backups",
+            "session",
         )
         self.check_keys(node, items, kp, allowed, ("root", "files", "workspace"))
         get: Callable[[str], yaml.Node | None] = lambda k: items[k][1] if k in items else None  # noqa: E731
@@ -500,7 +521,33 @@ class _Validator:
             python=python,
             gpu=gpu,
             keep_backups=keep_backups,
+            session=self._session(n, f"{kp}.session", self.session_defaults)
+            if (n := get("session")) is not None
+            else self.session_defaults,
+            config_path=Path(os.path.abspath(self.path)),
         )
+
+    def _session(self, node: yaml.Node, kp: str, defaults: SessionConfig) -> SessionConfig:
+        """`session: {keep: BOOL, idle: SECONDS, max_age: SECONDS}`; a host's keys override
+        the top-level ones key by key."""
+        items = self.mapping(node, kp)
+        self.check_keys(node, items, kp, ("keep", "idle", "max_age"))
+        kwargs: dict[str, Any] = {}
+        if "keep" in items:
+            n = items["keep"][1]
+            v = self.value(n)
+            if not isinstance(v, bool):
+                raise self.fail(n, f"{kp}.keep", f"must be true or false, got {_describe(v)}")
+            kwargs["keep"] = v
+        for key in ("idle", "max_age"):
+            if key in items:
+                n = items[key][1]
+                v = self.value(n)
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+                    what = f"must be a number of seconds > 0, got {_describe(v)}"
+                    raise self.fail(n, f"{kp}.{key}", what)
+                kwargs[key] = float(v)
+        return dataclasses.replace(defaults, **kwargs)
 
     def _opt_path(self, node: yaml.Node | None, kp: str) -> Path | None:
         return None if node is None else self.local_path(node, kp)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,12 @@ def private_state_home(tmp_path_factory):
     ~/.local/state is left alone. A test that unsets it gets its own HOME's instead."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("xdg-state")))
+        # Commands connect one-shot: a kept session per test's host would outlive the test.
+        # tests/test_session.py turns them on, and stops what it started.
+        # KERNELDEV_TEST_SESSIONS=1 runs every test through kept sessions instead (holders
+        # then end with their sshd, their known_hosts file or their idle time).
+        if os.environ.get("KERNELDEV_TEST_SESSIONS") != "1":
+            patch.setenv("KERNELDEV_NO_KEEP", "1")
         yield
 
 

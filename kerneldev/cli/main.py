@@ -93,6 +93,7 @@ def _register_commands(args: Sequence[str] | None = None) -> None:
     from kerneldev.cli.commands import profile as profile_cmd
     from kerneldev.cli.commands import sandbox as sandbox_cmd
     from kerneldev.cli.commands import service as service_cmd
+    from kerneldev.cli.commands import session as session_cmd
     from kerneldev.cli.commands import status as status_cmd
     from kerneldev.cli.commands import trust as trust_cmd
     from kerneldev.cli.commands import watch as watch_cmd
@@ -108,6 +109,7 @@ def _register_commands(args: Sequence[str] | None = None) -> None:
         profile_cmd,
         watch_cmd,
         status_cmd,
+        session_cmd,
     ):
         _register_module(module)
 

@@ -14,6 +14,9 @@ matches (and healthy, when a health check is configured); 1 reachable with a pro
 changed since its deploy, an unhealthy service, a step that failed); 3 unreachable (connection,
 authentication or host key).
 
+For an SSH host it also says whether a kept session runs (pid, connection age, idle time,
+socket), as `kerneldev session list` does.
+
 Several hosts are looked at in parallel by `kerneldev.hosts.fleet` (a thread pool, one connection
 each).
 """
@@ -30,6 +33,8 @@ from kerneldev.hosts import fleet
 from kerneldev.hosts import gpus as gpus_core
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
+from kerneldev.hosts.transport.session.control import SessionStatus
+from kerneldev.hosts.transport.session.control import status as session_status
 from kerneldev.loop import history
 from kerneldev.loop.workspace import glob_escape
 from kerneldev.service.restart import check_health
@@ -91,6 +96,7 @@ class HostStatus:
     problems: list[Problem] = field(default_factory=list)  # steps that failed on the host
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False  # Ctrl-C / SIGTERM: what is here was collected before it
+    session: SessionStatus | None = None  # the host's kept session (None: not an SSH host)
 
     @property
     def changed(self) -> list[str]:
@@ -154,6 +160,8 @@ def host_status(transport: Transport, host: HostConfig) -> HostStatus:
             return status
         except KerneldevError as err:
             status.problems.append(_problem(err))
+    if host.transport == "ssh":
+        status.session = session_status(host)
     return status
 
 

@@ -50,6 +50,11 @@ LOCK_WAIT_OPTION = typer.Option(
     min=0,
     help="How long to wait for another command's lock on the host.",
 )
+NO_KEEP_OPTION = flag(
+    "--no-keep",
+    help="Connect for this command only: neither use nor leave a kept session "
+    "($KERNELDEV_NO_KEEP=1 does the same for every command).",
+)
 SERIAL_OPTION = typer.Option(
     None,
     "--serial",
@@ -77,6 +82,15 @@ def _progress(verb: str):
 
 def _open(host: HostConfig):
     return open_transport(host)
+
+
+def _no_keep(no_keep: bool):
+    """--no-keep: this command's connections (one host or a group's) are one-shot."""
+    if not no_keep:
+        return contextlib.nullcontext()
+    from kerneldev.hosts.transport.session.client import keeping
+
+    return keeping(False)
 
 
 def _byte_progress(host: HostConfig):
@@ -156,10 +170,12 @@ def pull_command(
         show_default=False,
     ),
     parallel: int = PARALLEL_OPTION,
+    no_keep: bool = NO_KEEP_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Copy the live files from the host into the workspace (only what changed)."""
+    ctx.with_resource(_no_keep(no_keep))
     config, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
         from kerneldev.cli.commands import group as group_cmd
@@ -214,10 +230,12 @@ def diff_command(
         "--patch", "-p", help="Print unified diffs (live vs workspace, mirror vs live)."
     ),
     parallel: int = PARALLEL_OPTION,
+    no_keep: bool = NO_KEEP_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Compare live, workspace, last sync and mirror. Exit 0 only when all is in sync."""
+    ctx.with_resource(_no_keep(no_keep))
     _, hosts = load_hosts(ctx, host_name)
     if len(hosts) > 1:
         from kerneldev.cli.commands import group as group_cmd
@@ -279,10 +297,12 @@ def push_command(
     lock_wait: float = LOCK_WAIT_OPTION,
     parallel: int = PARALLEL_OPTION,
     serial: int | None = SERIAL_OPTION,
+    no_keep: bool = NO_KEEP_OPTION,
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Upload the workspace files that differ from live: atomic, backed up, recorded."""
+    ctx.with_resource(_no_keep(no_keep))
     if serial is not None and not restart:
         # Without a restart a group push has no waves: say so rather than ignore --serial.
         raise UsageError(

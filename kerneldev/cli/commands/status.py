@@ -199,6 +199,12 @@ def _status_lines(s: HostStatus) -> list[str]:
     lines += s.notes
     if s.interrupted and s.reachable:
         lines.append("interrupted: the steps after these were not run")
+    if s.session is not None and s.session.alive:
+        k = s.session
+        lines.append(
+            f"kept session: pid {k.pid}, connected {k.connection_age:.0f}s ago, "
+            f"idle {k.idle:.0f}s of {k.idle_limit:g}s, socket {k.socket}"
+        )
     return lines
 
 

@@ -18,17 +18,26 @@ def open_transport(
     *,
     ssh_config: str | Path | None = None,
     connect_timeout: float | None = None,
+    keep: bool | None = None,
 ) -> Transport:
     """The transport for a configured host, not yet connected (it connects on first use).
 
     `ssh_config` and `connect_timeout` apply to SSH hosts only (a `transport: local` host has
     nothing to dial): `ssh_config` is the ssh_config file to honour instead of
     $KERNELDEV_SSH_CONFIG / ~/.ssh/config (`"none"` reads none); `connect_timeout` is in
-    seconds, None for the default."""
+    seconds, None for the default. An SSH host goes through its kept session (started now if
+    none runs: `session/`) unless `keep` is False, $KERNELDEV_NO_KEEP is set or the config's
+    `session.keep` is false; then, or where no session can be kept, it connects one-shot."""
     if host.transport == "local":
         from kerneldev.hosts.transport.local import LocalTransport
 
         return LocalTransport(host)
+    from kerneldev.hosts.transport.session.client import keep_wanted, open_kept
+
+    if keep_wanted(host, keep):
+        kept = open_kept(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
+        if kept is not None:
+            return kept
     # Imported here so that commands that never connect do not load paramiko.
     from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
 

@@ -189,7 +189,7 @@ class SSHTransport(Transport):
         except (ConnectionLostError, TimeoutError) as err:
             if not self.connection.is_active():
                 raise self._dropped(err, "starting the host agent") from None
-            reason = _agent_failure(chan)
+            reason = agent_failure(chan)
             chan.close()
             if self.transfer_mode == "agent":
                 raise TransferError(
@@ -899,6 +899,12 @@ def start_agent(
     """Start the host agent (`hostside/agent.py`) over one exec channel of `connection`: the
     one login shell of the connection. Returns at once (the agent's HELLO arrives later:
     `AgentClient.wait_hello`); the channel's stderr holds why it did not start."""
+    chan = agent_channel(connection, pythons)
+    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
+
+
+def agent_channel(connection: SSHConnection, pythons: list[str]) -> paramiko.Channel:
+    """The exec channel the host agent runs on (its frames raw: a session holder relays them)."""
     t = connection.transport()
     try:
         chan = t.open_session(
@@ -915,7 +921,7 @@ def start_agent(
     chan.kerneldev_stderr = bytearray()
     chan.kerneldev_drain = threading.Thread(target=_drain_stderr, args=(chan,), daemon=True)
     chan.kerneldev_drain.start()
-    return AgentClient(chan.recv, chan.sendall, shutdown=chan.shutdown_write), chan
+    return chan
 
 
 def _drain_stderr(chan: paramiko.Channel) -> None:
@@ -931,7 +937,7 @@ def _drain_stderr(chan: paramiko.Channel) -> None:
         del tail[:-4096]
 
 
-def _agent_failure(chan: paramiko.Channel) -> str:
+def agent_failure(chan: paramiko.Channel) -> str:
     """Why the agent on `chan` did not start, from its exit status and stderr."""
     chan.status_event.wait(EXIT_GRACE)
     drain = getattr(chan, "kerneldev_drain", None)

@@ -28,13 +28,16 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
 from kerneldev.hosts import hostkeys
 from kerneldev.hosts.sshlib import allow_match_exec, paramiko
+from kerneldev.hosts.transport.ssh_config_file import (  # re-exported: defined here before
+    SSH_CONFIG_ENV as SSH_CONFIG_ENV,
+)
+from kerneldev.hosts.transport.ssh_config_file import ssh_config_path as ssh_config_path
 from kerneldev.local_user import local_user
 
 # paramiko logs refused channels etc. as warnings; with no handler Python would print them to
 # stderr next to our own messages, so they are dropped (the errors we raise say it better).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-SSH_CONFIG_ENV = "KERNELDEV_SSH_CONFIG"
 CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, key exchange and each auth step
 IO_TIMEOUT = 120.0  # seconds of silence on an SFTP transfer before the host counts as gone
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -60,15 +63,6 @@ class SSHTarget:
 
 
 # --- ssh_config ---------------------------------------------------------------------------
-
-
-def ssh_config_path(explicit: str | Path | None = None) -> Path | None:
-    """The ssh_config file to honour: `explicit`, $KERNELDEV_SSH_CONFIG, then ~/.ssh/config."""
-    raw = str(explicit) if explicit else os.environ.get(SSH_CONFIG_ENV)
-    if raw:
-        return None if raw.lower() == "none" else Path(os.path.expanduser(raw))
-    default = Path(os.path.expanduser("~/.ssh/config"))
-    return default if default.exists() else None
 
 
 def load_ssh_config(path: Path | None) -> paramiko.SSHConfig:

@@ -1,0 +1,20 @@
+"""Which ssh_config file applies: `ssh_config=`, else $KERNELDEV_SSH_CONFIG, else ~/.ssh/config.
+
+Kept apart from `ssh_connection` (which reads the file with paramiko) so that a kept session's
+client, which must not load paramiko, names the same file when it finds its holder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SSH_CONFIG_ENV = "KERNELDEV_SSH_CONFIG"
+
+
+def ssh_config_path(explicit: str | Path | None = None) -> Path | None:
+    """The ssh_config file to honour: `explicit`, $KERNELDEV_SSH_CONFIG, then ~/.ssh/config."""
+    raw = str(explicit) if explicit else os.environ.get(SSH_CONFIG_ENV)
+    if raw:
+        return None if raw.lower() == "none" else Path(os.path.expanduser(raw))
+    default = Path(os.path.expanduser("~/.ssh/config"))
+    return default if default.exists() else None
