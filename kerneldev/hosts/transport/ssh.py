@@ -86,6 +86,7 @@ from kerneldev.hosts.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
+from kerneldev.hostside import httpprobe as _httpprobe
 from kerneldev.hostside import receivefiles as _receivefiles
 from kerneldev.hostside import sendfiles as _sendfiles
 
@@ -681,21 +682,14 @@ class SSHTransport(Transport):
                 raise self._dropped(err, f"opening a channel for GET {url}") from None
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         try:
-            chan.settimeout(timeout)
-            chan.sendall(request.encode("latin-1"))
-            buf = b""
-            while b"\r\n" not in buf and len(buf) < 8192:
-                chunk = chan.recv(4096)
-                if not chunk:
-                    break
-                buf += chunk
+            head = _httpprobe.status_line(chan, request, timeout)
         except TimeoutError:
             raise HostConnectionError(f"GET {url}: no answer within {timeout:g}s") from None
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         finally:
             chan.close()
-        return http_status(url, buf.split(b"\r\n", 1)[0].decode("latin-1"))
+        return http_status(url, head)
 
 
 # --- helpers ------------------------------------------------------------------------------
