@@ -436,15 +436,9 @@ class SSHTransport(Transport):
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
         self.mkdirs(folder)
-        owner: tuple[int, int] | None = None
         try:
-            old = sftp.stat(path)
-            owner = (old.st_uid, old.st_gid)
-            if mode is None:
-                mode = stat.S_IMODE(old.st_mode)
-        except FileNotFoundError:
-            if mode is None:
-                mode = 0o644
+            # The replaced file's owner and mode are kept, as receivefiles.py does.
+            owner, mode = _receivefiles.replaced(sftp.stat, path, mode)
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "stat") from None
         tmp = temp_path(folder, name)
