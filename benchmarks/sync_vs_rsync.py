@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from kerneldev.sandbox.host import start_sshd
+from kerneldev.sandbox.proxy import LoopbackProxy
 
 SMALL = 13 * 1024
 BIG = 50 * 1000 * 1000
@@ -96,31 +97,19 @@ print(json.dumps({"import": t1 - t0, "connect_auth": t2 - t1, "exec_true": t3 - 
 """
 
 
-class DelayProxy:
+class DelayProxy(LoopbackProxy):
     """A TCP proxy on 127.0.0.1 that delivers every chunk ONE_WAY_DELAY later, both ways.
 
     Stands in for `tc qdisc ... netem delay` in a network namespace, which this benchmark's
     machine may not have (no sch_netem): latency only, no bandwidth limit or loss."""
 
-    def __init__(self, target_port: int) -> None:
-        self.target = target_port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target))
-            for sock in (client, server):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for src, dst in ((client, server), (server, client)):
-                pending: queue.Queue = queue.Queue()
-                threading.Thread(target=self._read, args=(src, pending), daemon=True).start()
-                threading.Thread(target=self._deliver, args=(dst, pending), daemon=True).start()
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+        for sock in (client, server):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for src, dst in ((client, server), (server, client)):
+            pending: queue.Queue = queue.Queue()
+            threading.Thread(target=self._read, args=(src, pending), daemon=True).start()
+            threading.Thread(target=self._deliver, args=(dst, pending), daemon=True).start()
 
     @staticmethod
     def _read(src: socket.socket, pending: queue.Queue) -> None:
@@ -147,9 +136,6 @@ class DelayProxy:
                 dst.sendall(data)
             except OSError:
                 return
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 class Bench:

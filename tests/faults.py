@@ -16,46 +16,31 @@ from kerneldev.config import HostConfig
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.state import load_state
+from kerneldev.sandbox.proxy import LoopbackProxy
 
 
-class CuttingProxy:
+class CuttingProxy(LoopbackProxy):
     """Forwards 127.0.0.1:<port> to `target_port`; once `cut_after` bytes (both directions
     together) have passed, it closes both sides of every connection, as a dropped network
     link does. `cut_after=None` never cuts (used to measure a run's traffic in `total`)."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
         self.cut_after: int | None = None
         self.total = 0
         self.cut = False
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
-        self.listener = socket.socket()
-        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(8)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        super().__init__(target_port)
 
     def reset(self, cut_after: int | None) -> None:
         with self._lock:
             self.cut_after, self.total, self.cut = cut_after, 0, False
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.target_port))
-            except OSError:
-                client.close()
-                continue
-            with self._lock:
-                self._socks += [client, server]
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+    def _forward(self, client: socket.socket, server: socket.socket) -> None:
+        with self._lock:
+            self._socks += [client, server]
+        for a, b in ((client, server), (server, client)):
+            threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         while True:
@@ -97,7 +82,7 @@ class CuttingProxy:
                 pass
 
     def close(self) -> None:
-        self.listener.close()
+        super().close()
         self._cut_all()
 
 

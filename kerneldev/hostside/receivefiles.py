@@ -68,6 +68,18 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
+def replaced(stat_of, path, mode):
+    """(owner, mode) for a file written over `path`: the old file's (uid, gid), None when there
+    is none, and `mode`, or when None the old file's permission bits (0o644 for a new file).
+    `stat_of` is `os.stat` here, an SFTP client's `stat` for the SSH transport; its errors
+    other than FileNotFoundError pass through."""
+    try:
+        st = stat_of(path)
+    except FileNotFoundError:
+        return None, 0o644 if mode is None else mode
+    return (st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode) if mode is None else mode
+
+
 def receive(inp, item, mark, out=None):
     """Land one file; returns (sha256, size) of what was written, raises on failure. With
     `confirm` set, once the bytes are written a `{"i": n, "written": true}` line goes to `out`
@@ -78,16 +90,7 @@ def receive(inp, item, mark, out=None):
         path = os.path.realpath(path)
     folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)
-    owner = None
-    mode = item["mode"]
-    try:
-        st = os.stat(path)
-        owner = (st.st_uid, st.st_gid)
-        if mode is None:
-            mode = stat.S_IMODE(st.st_mode)
-    except FileNotFoundError:
-        if mode is None:
-            mode = 0o644
+    owner, mode = replaced(os.stat, path, item["mode"])
     # At most 200 bytes of the name: the temporary one must stay within 255 (NAME_MAX).
     stem = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
     tmp = os.path.join(folder, "." + stem + mark + os.urandom(6).hex())

@@ -21,16 +21,19 @@ import json
 import posixpath
 import secrets
 import shlex
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from kerneldev import interrupt
 from kerneldev.atomic_file import temp_stem
 from kerneldev.errors import HostConnectionError, TransferError
 from kerneldev.errors import (
     LiveChangedError as LiveChangedError,  # re-exported: it was defined here
 )
+from kerneldev.hostside import sendfiles as _sendfiles
 from kerneldev.paths import TEMP_MARK
 
 # Every temporary file kerneldev writes on a host is named `.<target>.kerneldev-tmp-<random>`
@@ -198,9 +201,16 @@ class Transport(abc.ABC):
     def mkdirs(self, path: str) -> None:
         """Create the folder and its parents (no error when it exists)."""
 
-    @abc.abstractmethod
     def remove(self, path: str) -> None:
-        """Delete a file or a whole folder tree; no error when absent."""
+        """Delete a file or a whole folder tree; no error when absent. This default is one
+        `rm -rf` on the host (absolute paths only, never `/`)."""
+        if not path.startswith("/") or posixpath.normpath(path) == "/":
+            raise TransferError(f"refusing to remove {path!r} on {self.host_name}")
+        result = self.run(f"rm -rf -- {shlex.quote(path)}")
+        if not result.ok:
+            raise TransferError(
+                f"cannot remove {path} on {self.host_name}: {result.stderr.strip()}"
+            )
 
     # --- streaming and host-side file work ----------------------------------------------
     # Defaults are built on run() (a POSIX shell on the host); transports override what they
@@ -340,6 +350,23 @@ class Transport(abc.ABC):
         port need not be reachable from here). Returns the HTTP status; raises
         `HostConnectionError` when nothing answers."""
 
+    def _https_get_with_curl(self, url: str, timeout: float) -> int:
+        # TLS is not spoken by the channel or the probe; the host's own curl does it.
+        result = self.run(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout:g} "
+            f"-- {shlex.quote(url)}",
+            timeout=timeout + 10,
+        )
+        if result.exited == 127:
+            raise HostConnectionError(
+                f"GET {url}: https health checks need curl on host '{self.host_name}'",
+                hint="install curl on the host, or use an http:// URL or a shell command",
+            )
+        code = result.stdout.strip()
+        if not code.isdigit() or code == "000":
+            raise HostConnectionError(f"GET {url}: no answer (curl exit {result.exited})")
+        return int(code)
+
     # --- lifetime -------------------------------------------------------------------------
     def close(self) -> None:  # noqa: B027 - optional for implementations without resources
         pass
@@ -401,6 +428,107 @@ def raise_put_failure(items: list[PutItem], reports: list[dict], host_name: str)
             raise TransferError(
                 f"cannot write {items[i].path} on {host_name}: {report.get('error')}"
             )
+
+
+def scan_request(root: str, patterns: list[str], markers: str | None, lock: dict | None) -> dict:
+    """`hashfiles.py`'s request for `Transport.scan`: hash as hash_files, and walk `root` for
+    kerneldev's temporary files and `markers` (taking the host lock first when `lock`)."""
+    names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
+    request = {"root": root, "patterns": list(patterns), "find": names}
+    if lock is not None:
+        request["lock"] = lock
+    return request
+
+
+def host_scan(data: dict) -> HostScan:
+    """The `HostScan` of `hash_answer`'s data for a `scan_request`."""
+    return HostScan(
+        data["files"], data["unmatched"], data["root_exists"], data["found"], data.get("lock")
+    )
+
+
+def sendfiles_chunks(reader: ExactReader, path: str, host_name: str) -> Iterator[bytes]:
+    """One file's bytes from a `sendfiles.py` stream (its records, up to the file's end);
+    `TransferError` when the host could not read it."""
+    while True:
+        kind, length = _sendfiles.HEADER.unpack(reader.read_exact(_sendfiles.HEADER.size))
+        payload = reader.read_exact(length) if length else b""
+        if kind == b"D":
+            yield payload
+        elif kind == b"E":
+            return
+        elif kind == b"X":
+            reason = payload.decode("utf-8", "replace")
+            if "No such file" in reason:
+                raise TransferError(f"{path}: no such file on {host_name}")
+            raise TransferError(f"cannot read {path} on {host_name}: {reason}")
+        else:
+            raise TransferError(f"reading {path} from {host_name}: garbled stream")
+
+
+def send_file_records(
+    write: Callable[[bytes], None],
+    open_source: Callable[[], BinaryIO],
+    path: str,
+    on_bytes: ByteCallback | None,
+) -> tuple[str, int]:
+    """Send one file to `receivefiles.py` as its records (`write` sends bytes to the host);
+    returns the sha256 and size of what was sent."""
+    digest, size = hashlib.sha256(), 0
+    try:
+        handle = open_source()
+    except OSError as err:
+        raise TransferError(f"cannot read the file for {path}: {err}") from None
+    with handle:
+        # Chunks, checking for Ctrl-C between them: memory stays bounded.
+        for chunk in iter(lambda: handle.read(CHUNK), b""):  # noqa: B023
+            interrupt.check()
+            write(_sendfiles.HEADER.pack(b"D", len(chunk)) + chunk)
+            digest.update(chunk)
+            size += len(chunk)
+            if on_bytes:
+                on_bytes(len(chunk))
+    write(_sendfiles.HEADER.pack(b"E", 0))
+    return digest.hexdigest(), size
+
+
+class ExactReader(abc.ABC):
+    """Exact reads from a host process's stdout, waking up to act on Ctrl-C and giving up
+    after `io_timeout` seconds of silence; each transport says how it receives (`_recv`) and
+    what a stream that ends early means (`_ended_early`)."""
+
+    def __init__(self, host_name: str, io_timeout: float) -> None:
+        self.host_name = host_name
+        self.io_timeout = io_timeout
+        self.buf = bytearray()
+
+    @abc.abstractmethod
+    def _recv(self, n: int) -> bytes:
+        """Up to about `n` bytes (b"" at the end); `TimeoutError` after a short quiet spell."""
+
+    @abc.abstractmethod
+    def _ended_early(self) -> None:
+        """Raise the error for a stream that ended before the bytes asked for."""
+
+    def read_exact(self, n: int) -> bytes:
+        quiet_since = time.monotonic()
+        while len(self.buf) < n:
+            interrupt.check()
+            try:
+                data = self._recv(n - len(self.buf))
+            except TimeoutError:
+                if time.monotonic() - quiet_since > self.io_timeout:
+                    raise TransferError(
+                        f"no data from {self.host_name} for {self.io_timeout:g}s"
+                    ) from None
+                continue
+            if not data:
+                self._ended_early()
+            self.buf += data
+            quiet_since = time.monotonic()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
 
 
 def parse_reports(data: bytes) -> list[dict]:

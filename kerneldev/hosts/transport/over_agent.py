@@ -15,10 +15,7 @@ the request's process group on the host with SIGNAL frames (TERM, then KILL afte
 from __future__ import annotations
 
 import codecs
-import hashlib
 import json
-import posixpath
-import shlex
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -34,9 +31,9 @@ from kerneldev.errors import (
 )
 from kerneldev.hosts.transport.agent_client import AgentClient, AgentProcess
 from kerneldev.hosts.transport.base import (
-    CHUNK,
     TEMP_MARK,
     CommandResult,
+    ExactReader,
     HostScan,
     PutFilesCallbacks,
     PutItem,
@@ -45,10 +42,14 @@ from kerneldev.hosts.transport.base import (
     RunOptions,
     Transport,
     hash_answer,
+    host_scan,
     http_request_text,
     http_status,
     parse_reports,
     raise_put_failure,
+    scan_request,
+    send_file_records,
+    sendfiles_chunks,
     settle_put_reports,
 )
 from kerneldev.hosts.transport.hostscripts import script
@@ -176,14 +177,7 @@ class AgentTransport(Transport):
     def scan(
         self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
     ) -> HostScan:
-        names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
-        request = {"root": root, "patterns": list(patterns), "find": names}
-        if lock is not None:
-            request["lock"] = lock
-        data = self._hash_request(request)
-        return HostScan(
-            data["files"], data["unmatched"], data["root_exists"], data["found"], data.get("lock")
-        )
+        return host_scan(self._hash_request(scan_request(root, patterns, markers, lock)))
 
     def _hash_request(self, request: dict) -> dict:
         root = request["root"]
@@ -201,26 +195,10 @@ class AgentTransport(Transport):
                 raise self._lost("starting a file transfer") from None
             reader = _StreamReader(process, self)
             for path in paths:
-                yield path, self._file_chunks(reader, path)
+                yield path, sendfiles_chunks(reader, path, self.host_name)
         finally:
             if not process.exited:
                 self._end(process)  # an early stop (an error, Ctrl-C): the host stops too
-
-    def _file_chunks(self, reader: _StreamReader, path: str) -> Iterator[bytes]:
-        while True:
-            kind, length = _sendfiles.HEADER.unpack(reader.read_exact(_sendfiles.HEADER.size))
-            payload = reader.read_exact(length) if length else b""
-            if kind == b"D":
-                yield payload
-            elif kind == b"E":
-                return
-            elif kind == b"X":
-                reason = payload.decode("utf-8", "replace")
-                if "No such file" in reason:
-                    raise TransferError(f"{path}: no such file on {self.host_name}")
-                raise TransferError(f"cannot read {path} on {self.host_name}: {reason}")
-            else:
-                raise TransferError(f"reading {path} from {self.host_name}: garbled stream")
 
     def read_bytes(self, path: str) -> bytes:
         for _, chunks in self.stream_files([path]):
@@ -237,7 +215,7 @@ class AgentTransport(Transport):
         process = self._start_receiving([item])
         stopped: BaseException | None = None
         try:
-            self._send_file(process, lambda: source, path, options.on_bytes)
+            send_file_records(process.write, lambda: source, path, options.on_bytes)
             if options.before_rename is not None:
                 self._wait_written(process)
                 options.before_rename()
@@ -275,7 +253,7 @@ class AgentTransport(Transport):
                 interrupt.check()
                 if process.exited:
                     break  # the host stopped reading (a failed check or write): it says why
-                sent[i] = self._send_file(process, item.open, item.path, on_bytes)
+                sent[i] = send_file_records(process.write, item.open, item.path, on_bytes)
         except ConnectionLostError:
             raise self._lost("uploading files") from None
         except BaseException as err:  # Ctrl-C, or the workspace file could not be read
@@ -302,26 +280,6 @@ class AgentTransport(Transport):
         except ConnectionLostError:
             raise self._lost("starting a file transfer") from None
         return process
-
-    def _send_file(
-        self, process: AgentProcess, open_source, path: str, on_bytes
-    ) -> tuple[str, int]:
-        digest, size = hashlib.sha256(), 0
-        try:
-            handle = open_source()
-        except OSError as err:
-            raise TransferError(f"cannot read the file for {path}: {err}") from None
-        with handle:
-            # Chunks, checking for Ctrl-C between them: memory stays bounded.
-            for chunk in iter(lambda: handle.read(CHUNK), b""):  # noqa: B023
-                interrupt.check()
-                process.write(_sendfiles.HEADER.pack(b"D", len(chunk)) + chunk)
-                digest.update(chunk)
-                size += len(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-        process.write(_sendfiles.HEADER.pack(b"E", 0))
-        return digest.hexdigest(), size
 
     def _wait_written(self, process: AgentProcess) -> None:
         """Wait for the host's `written` line (confirm mode): the file is ready to rename."""
@@ -372,15 +330,6 @@ class AgentTransport(Transport):
                 f"cannot create folder {path} on {self.host_name}: {answer.get('error')}"
             )
 
-    def remove(self, path: str) -> None:
-        if not path.startswith("/") or posixpath.normpath(path) == "/":
-            raise TransferError(f"refusing to remove {path!r} on {self.host_name}")
-        result = self.run(f"rm -rf -- {shlex.quote(path)}")
-        if not result.ok:
-            raise TransferError(
-                f"cannot remove {path} on {self.host_name}: {result.stderr.strip()}"
-            )
-
     def rename(self, src: str, dst: str) -> None:
         self._fileop({"op": "rename", "src": src, "dst": dst}, dst, "rename onto")
 
@@ -409,58 +358,26 @@ class AgentTransport(Transport):
             raise HostConnectionError(f"GET {url}: {answer.get('error')}")
         return http_status(url, answer.get("head", ""))
 
-    def _https_get_with_curl(self, url: str, timeout: float) -> int:
-        # TLS is not spoken by the probe; the host's own curl does it (as over SSH).
-        result = self.run(
-            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout:g} "
-            f"-- {shlex.quote(url)}",
-            timeout=timeout + 10,
-        )
-        if result.exited == 127:
-            raise HostConnectionError(
-                f"GET {url}: https health checks need curl on host '{self.host_name}'",
-                hint="install curl on the host, or use an http:// URL or a shell command",
-            )
-        code = result.stdout.strip()
-        if not code.isdigit() or code == "000":
-            raise HostConnectionError(f"GET {url}: no answer (curl exit {result.exited})")
-        return int(code)
 
-
-class _StreamReader:
-    """Exact reads from a request's stdout, waking up to act on Ctrl-C and giving up after
-    `IO_TIMEOUT` seconds of silence; a process that ends early is reported with its stderr."""
+class _StreamReader(ExactReader):
+    """`ExactReader` over a request's stdout; a process that ends early is reported with its
+    stderr."""
 
     def __init__(self, process: AgentProcess, transport: AgentTransport) -> None:
+        super().__init__(transport.host_name, IO_TIMEOUT)
         self.process = process
         self.transport = transport
-        self.buf = bytearray()
 
-    def read_exact(self, n: int) -> bytes:
-        quiet_since = time.monotonic()
-        while len(self.buf) < n:
-            interrupt.check()
-            try:
-                data = self.process.read_stdout(max(n - len(self.buf), 1 << 20), timeout=POLL)
-            except TimeoutError:
-                if time.monotonic() - quiet_since > IO_TIMEOUT:
-                    raise TransferError(
-                        f"no data from {self.transport.host_name} for {IO_TIMEOUT:g}s"
-                    ) from None
-                continue
-            except ConnectionLostError:
-                raise self.transport._lost("transferring files") from None
-            if not data:
-                text = self.process.stderr_text().strip()
-                tail = text.splitlines()[-1:] or [f"exit {self.process.status}"]
-                raise TransferError(
-                    f"file transfer from {self.transport.host_name} ended early: {tail[0]}"
-                )
-            self.buf += data
-            quiet_since = time.monotonic()
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+    def _recv(self, n: int) -> bytes:
+        try:
+            return self.process.read_stdout(max(n, 1 << 20), timeout=POLL)
+        except ConnectionLostError:
+            raise self.transport._lost("transferring files") from None
+
+    def _ended_early(self) -> None:
+        text = self.process.stderr_text().strip()
+        tail = text.splitlines()[-1:] or [f"exit {self.process.status}"]
+        raise TransferError(f"file transfer from {self.host_name} ended early: {tail[0]}")
 
 
 def _first_line(command: str) -> str:

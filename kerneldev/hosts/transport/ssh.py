@@ -47,8 +47,8 @@ from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,
     TEMP_MARK,
-    ByteCallback,
     CommandResult,
+    ExactReader,
     HostScan,
     OutputCallback,
     PutFilesCallbacks,
@@ -58,10 +58,14 @@ from kerneldev.hosts.transport.base import (
     RunOptions,
     Transport,
     hash_answer,
+    host_scan,
     http_request_text,
     http_status,
     parse_reports,
     raise_put_failure,
+    scan_request,
+    send_file_records,
+    sendfiles_chunks,
     settle_put_reports,
     temp_path,
 )
@@ -82,6 +86,7 @@ from kerneldev.hosts.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
+from kerneldev.hostside import httpprobe as _httpprobe
 from kerneldev.hostside import receivefiles as _receivefiles
 from kerneldev.hostside import sendfiles as _sendfiles
 
@@ -319,14 +324,7 @@ class SSHTransport(Transport):
             return agent.scan(root, patterns, markers, lock)
         # The same one remote command as hash_files, which also walks root for leftovers (and
         # takes the host lock first when asked).
-        names = [".*" + TEMP_MARK + "*"] + ([markers] if markers else [])
-        request = {"root": root, "patterns": list(patterns), "find": names}
-        if lock is not None:
-            request["lock"] = lock
-        data = self._hash_request(request)
-        return HostScan(
-            data["files"], data["unmatched"], data["root_exists"], data["found"], data.get("lock")
-        )
+        return host_scan(self._hash_request(scan_request(root, patterns, markers, lock)))
 
     def _hash_request(self, request: dict) -> dict:
         command = hash_command(["python3", self.host_config.python])
@@ -371,7 +369,7 @@ class SSHTransport(Transport):
         reader = _ChannelReader(chan, self)
         try:
             for path in paths:
-                yield path, self._file_chunks(reader, path)
+                yield path, sendfiles_chunks(reader, path, self.host_name)
         finally:
             chan.close()
 
@@ -412,22 +410,6 @@ class SSHTransport(Transport):
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "read") from None
 
-    def _file_chunks(self, reader: _ChannelReader, path: str) -> Iterator[bytes]:
-        while True:
-            kind, length = _sendfiles.HEADER.unpack(reader.read_exact(_sendfiles.HEADER.size))
-            payload = reader.read_exact(length) if length else b""
-            if kind == b"D":
-                yield payload
-            elif kind == b"E":
-                return
-            elif kind == b"X":
-                reason = payload.decode("utf-8", "replace")
-                if "No such file" in reason:
-                    raise TransferError(f"{path}: no such file on {self.host_name}")
-                raise TransferError(f"cannot read {path} on {self.host_name}: {reason}")
-            else:
-                raise TransferError(f"reading {path} from {self.host_name}: garbled stream")
-
     def _file_error(self, err: BaseException, path: str, doing: str) -> Exception:
         """`doing` is a verb ("read"): "cannot read X", "lost while reading X"."""
         alive = self.connection.is_active()
@@ -454,15 +436,9 @@ class SSHTransport(Transport):
         path = self._follow_symlink(sftp, path)
         folder, name = posixpath.split(path)
         self.mkdirs(folder)
-        owner: tuple[int, int] | None = None
         try:
-            old = sftp.stat(path)
-            owner = (old.st_uid, old.st_gid)
-            if mode is None:
-                mode = stat.S_IMODE(old.st_mode)
-        except FileNotFoundError:
-            if mode is None:
-                mode = 0o644
+            # The replaced file's owner and mode are kept, as receivefiles.py does.
+            owner, mode = _receivefiles.replaced(sftp.stat, path, mode)
         except (OSError, EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "stat") from None
         tmp = temp_path(folder, name)
@@ -530,7 +506,7 @@ class SSHTransport(Transport):
                     if on_start is not None:
                         on_start(i)
                     interrupt.check()
-                    sent[i] = self._send_file(chan, item, on_bytes)
+                    sent[i] = send_file_records(chan.sendall, item.open, item.path, on_bytes)
             except (paramiko.SSHException, EOFError, OSError) as err:
                 if not self.connection.is_active():
                     raise self._dropped(err, "uploading files") from None
@@ -563,26 +539,6 @@ class SSHTransport(Transport):
                 f"uploading to {self.host_name} ended after {len(reports)} of {len(items)} "
                 "files without a reason (is python3 on the host?)"
             )
-
-    def _send_file(
-        self, chan: paramiko.Channel, item: PutItem, on_bytes: ByteCallback | None
-    ) -> tuple[str, int]:
-        digest, size = hashlib.sha256(), 0
-        try:
-            handle = item.open()
-        except OSError as err:
-            raise TransferError(f"cannot read the file for {item.path}: {err}") from None
-        with handle:
-            # Chunks, checking for Ctrl-C between them: memory stays bounded.
-            for chunk in iter(lambda: handle.read(CHUNK), b""):  # noqa: B023
-                interrupt.check()
-                chan.sendall(_sendfiles.HEADER.pack(b"D", len(chunk)) + chunk)
-                digest.update(chunk)
-                size += len(chunk)
-                if on_bytes:
-                    on_bytes(len(chunk))
-        chan.sendall(_sendfiles.HEADER.pack(b"E", 0))
-        return digest.hexdigest(), size
 
     def _read_reports(self, chan: paramiko.Channel) -> list[dict]:
         """The host's one-line JSON reports, read until it closes its output."""
@@ -699,15 +655,6 @@ class SSHTransport(Transport):
         except (EOFError, paramiko.SSHException) as err:
             raise self._file_error(err, path, "create folder") from None
 
-    def remove(self, path: str) -> None:
-        if not path.startswith("/") or posixpath.normpath(path) == "/":
-            raise TransferError(f"refusing to remove {path!r} on {self.host_name}")
-        result = self.run(f"rm -rf -- {shlex.quote(path)}")
-        if not result.ok:
-            raise TransferError(
-                f"cannot remove {path} on {self.host_name}: {result.stderr.strip()}"
-            )
-
     # --- network ------------------------------------------------------------------------
     def http_get(self, url: str, timeout: float = 5.0) -> int:
         parts = urllib.parse.urlsplit(url)
@@ -729,38 +676,14 @@ class SSHTransport(Transport):
                 raise self._dropped(err, f"opening a channel for GET {url}") from None
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         try:
-            chan.settimeout(timeout)
-            chan.sendall(request.encode("latin-1"))
-            buf = b""
-            while b"\r\n" not in buf and len(buf) < 8192:
-                chunk = chan.recv(4096)
-                if not chunk:
-                    break
-                buf += chunk
+            head = _httpprobe.status_line(chan, request, timeout)
         except TimeoutError:
             raise HostConnectionError(f"GET {url}: no answer within {timeout:g}s") from None
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise HostConnectionError(f"GET {url}: {describe_error(err)}") from None
         finally:
             chan.close()
-        return http_status(url, buf.split(b"\r\n", 1)[0].decode("latin-1"))
-
-    def _https_get_with_curl(self, url: str, timeout: float) -> int:
-        # TLS is not spoken through the channel; the host's own curl does it.
-        result = self.run(
-            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time {timeout:g} "
-            f"-- {shlex.quote(url)}",
-            timeout=timeout + 10,
-        )
-        if result.exited == 127:
-            raise HostConnectionError(
-                f"GET {url}: https health checks need curl on host '{self.host_name}'",
-                hint="install curl on the host, or use an http:// URL or a shell command",
-            )
-        code = result.stdout.strip()
-        if not code.isdigit() or code == "000":
-            raise HostConnectionError(f"GET {url}: no answer (curl exit {result.exited})")
-        return int(code)
+        return http_status(url, head)
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -843,37 +766,23 @@ def _feed_channel(chan: paramiko.Channel, data: bytes) -> None:
         pass  # the command closed its input or the connection went; run() reports the latter
 
 
-class _ChannelReader:
-    """Exact reads from a command's stdout, waking up to act on Ctrl-C and giving up after
-    `IO_TIMEOUT` seconds of silence; a command that ends early is reported with its stderr."""
+class _ChannelReader(ExactReader):
+    """`ExactReader` over a command's stdout; a command that ends early is reported with its
+    stderr."""
 
     def __init__(self, chan: paramiko.Channel, transport: SSHTransport) -> None:
+        super().__init__(transport.host_name, IO_TIMEOUT)
         self.chan = chan
         self.transport = transport
-        self.buf = bytearray()
         chan.settimeout(0.5)
 
-    def read_exact(self, n: int) -> bytes:
-        quiet_since = time.monotonic()
-        while len(self.buf) < n:
-            interrupt.check()
-            try:
-                data = self.chan.recv(max(n - len(self.buf), STREAM_WINDOW // 4))
-            except TimeoutError:
-                if time.monotonic() - quiet_since > IO_TIMEOUT:
-                    raise TransferError(
-                        f"no data from {self.transport.host_name} for {IO_TIMEOUT:g}s"
-                    ) from None
-                continue
-            except (paramiko.SSHException, EOFError, OSError) as err:
-                raise self.transport._dropped(err, "transferring files") from None
-            if not data:
-                self._ended_early()
-            self.buf += data
-            quiet_since = time.monotonic()
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+    def _recv(self, n: int) -> bytes:
+        try:
+            return self.chan.recv(max(n, STREAM_WINDOW // 4))
+        except TimeoutError:
+            raise
+        except (paramiko.SSHException, EOFError, OSError) as err:
+            raise self.transport._dropped(err, "transferring files") from None
 
     def _ended_early(self) -> None:
         t = self.transport
