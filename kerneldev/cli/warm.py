@@ -53,7 +53,7 @@ class Job:
     def __init__(self, pid: int, conn: socket.socket, go: int) -> None:
         self.pid = pid
         self.pidfd = os.pidfd_open(pid)
-        self.conn = conn
+        self.conn: socket.socket | None = conn  # None once the client went away
         self.go = go  # write end of the pipe the child waits on; -1 once it may run
 
 
@@ -93,7 +93,8 @@ class Warm:
 
     def serve(self, listener: socket.socket) -> None:
         while not self.stop:
-            watched = [listener] + [j.conn for j in self.jobs] + [j.pidfd for j in self.jobs]
+            conns = [j.conn for j in self.jobs if j.conn is not None]
+            watched = [listener, *conns, *(j.pidfd for j in self.jobs)]
             ready, _, _ = select.select(watched, [], [], TICK)
             for item in ready:
                 if item is listener:
@@ -147,9 +148,12 @@ class Warm:
             code = 1
             try:
                 os.close(go_write)
-                for job in self.jobs:
-                    job.conn.close()
+                for job in self.jobs:  # the other commands' ends are not this one's
+                    if job.conn is not None:
+                        job.conn.close()
                     os.close(job.pidfd)
+                    if job.go >= 0:
+                        os.close(job.go)
                 conn.close()
                 self.listener_close()
                 if os.read(go_read, 1) != b"g":
@@ -165,6 +169,8 @@ class Warm:
             finally:
                 os._exit(code)
         os.close(go_read)
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)  # as the child does: a Ctrl-C forwarded at once finds the group
         conn.settimeout(None)
         self.jobs.append(Job(pid, conn, go_write))
         self.served += 1
@@ -176,7 +182,7 @@ class Warm:
 
     def event(self, item) -> None:
         for job in list(self.jobs):
-            if item is job.conn:
+            if job.conn is not None and item is job.conn:
                 data = b""
                 with contextlib.suppress(OSError):
                     data = job.conn.recv(16)
@@ -185,25 +191,25 @@ class Warm:
                     os.close(job.go)
                     job.go = -1
                 elif not data:  # the client went away (killed): end the command as a TERM would
-                    with contextlib.suppress(OSError):
-                        os.killpg(job.pid, signal.SIGTERM if job.go < 0 else signal.SIGKILL)
-                    if job.go >= 0:
-                        os.close(job.go)
+                    started = job.go < 0
+                    if not started:
+                        os.close(job.go)  # the child sees EOF and exits without running
                         job.go = -1
-                    self._finish(job, None)
+                    else:
+                        with contextlib.suppress(OSError):
+                            os.killpg(job.pid, signal.SIGTERM)
+                    job.conn.close()
+                    job.conn = None  # reaped when its pidfd says it ended
             elif item == job.pidfd:
                 _, status = os.waitpid(job.pid, 0)
                 code = os.waitstatus_to_exitcode(status)
-                self._finish(job, 128 - code if code < 0 else code, reaped=True)
+                self._finish(job, 128 - code if code < 0 else code)
 
-    def _finish(self, job: Job, code: int | None, reaped: bool = False) -> None:
-        if code is not None:
+    def _finish(self, job: Job, code: int) -> None:
+        if job.conn is not None:
             with contextlib.suppress(OSError):
                 job.conn.sendall(json.dumps({"exit": code}).encode() + b"\n")
-        if not reaped:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(job.pid, 0)
-        job.conn.close()
+            job.conn.close()
         os.close(job.pidfd)
         if job.go >= 0:
             os.close(job.go)
