@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ from kerneldev.cli import warm_client
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, run_kerneldev, start_kerneldev
 from tests.test_session import (
+    _AS_OTHER,
     A,
     B,
     _normal,
@@ -28,6 +30,8 @@ from tests.test_session import (
     alive,
     kept,  # noqa: F401 - a fixture
     make_env,
+    run_as,
+    slow_restart_env,
     wait_for,
 )
 
@@ -104,17 +108,9 @@ def test_the_warm_path_gives_the_same_results(kept, runtime, tmp_path, sshd_serv
 
 
 def test_ctrl_c_is_forwarded(kept, runtime, tmp_path, sshd_server):  # noqa: F811
-    import yaml
-
     pidfile = tmp_path / "restart.pid"
-    env = make_env(tmp_path, sshd_server)
+    env = slow_restart_env(tmp_path, sshd_server, pidfile)
     kept.append(env)
-    data = yaml.safe_load(env.config.read_text())
-    data["hosts"]["h"]["service"] = {
-        "restart": f"echo $$ > {pidfile}; exec sleep 60",
-        "health": "true",
-    }
-    env.config.write_text(yaml.safe_dump(data))
     assert kd(env, "pull")[1] == 0
     wait_for(lambda: served() is not None, 30, "the warm process to listen")
     (env.workspace / A).write_bytes(b"BLOCK = 256\n")
@@ -152,25 +148,6 @@ def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # no
         os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-# Run as another user: hand a command to the warm process, print what came back.
-_AS_OTHER = """
-import socket, struct, sys
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-try:
-    s.connect(sys.argv[1])
-except PermissionError:
-    print("refused: permission"); sys.exit(0)
-s.settimeout(10)
-body = b'{"status": true}'
-try:
-    s.sendall(struct.pack(">I", len(body)) + body)
-    data = s.recv(200)
-except OSError:
-    data = b""
-print("answer: " + (data.decode().strip() or "nothing"))
-"""
-
-
 def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa: F811
     uid, gid = _other_user()
     env = make_env(tmp_path, sshd_server)
@@ -179,23 +156,9 @@ def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa:
     wait_for(lambda: served() is not None, 30, "the warm process to listen")
     path = warm_socket()
 
-    def become() -> None:
-        os.setgroups([])
-        os.setgid(gid)
-        os.setuid(uid)
-
     def as_other() -> str:
-        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-        result = subprocess.run(
-            [python, "-I", "-S", "-c", _AS_OTHER, path],
-            preexec_fn=become,  # noqa: PLW1509 - the test's own child, before any thread of its
-            capture_output=True,
-            text=True,
-            timeout=30,
-            cwd="/",
-        )
-        assert result.returncode == 0, result.stderr
-        return result.stdout.strip()
+        body = b'{"status": true}'
+        return run_as(uid, gid, _AS_OTHER, path, (struct.pack(">I", len(body)) + body).hex())
 
     assert as_other() == "refused: permission"
     runtime.chmod(0o755)  # opened up by mistake: the uid check still refuses
