@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kerneldev.cli import warm_client
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.config import HostConfig, load_config
@@ -114,6 +115,16 @@ def kept(monkeypatch, isolated_home):
             control.stop(env.host)
         except Exception:  # noqa: BLE001, S110 - a test that broke its config
             pass
+    stop_warm()
+
+
+def stop_warm() -> None:
+    """Stop this checkout's warm process (cli/warm.py) that a `python -m kerneldev` started."""
+    path = warm_client.socket_path()
+    info = warm_client.look(path) if path else None
+    if info:
+        os.kill(info["pid"], signal.SIGTERM)
+        wait_for(lambda: not alive(info["pid"]), 15, "the warm process to exit")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ $XDG_RUNTIME_DIR, so its warm process is its own and stopped at its end."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -32,6 +33,7 @@ from tests.test_session import (
     make_env,
     run_as,
     slow_restart_env,
+    stop_warm,
     wait_for,
 )
 
@@ -46,12 +48,8 @@ def runtime(kept, monkeypatch):  # noqa: F811
     folder = Path(tempfile.mkdtemp(prefix="kd-warm-", dir="/tmp"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
     yield folder
-    for sock in (folder / "kerneldev").glob("warm-*.sock"):
-        info = warm_client.look(str(sock))
-        if info:
-            os.kill(info["pid"], signal.SIGTERM)
-            pid = info["pid"]
-            wait_for(lambda pid=pid: not alive(pid), 10, "the warm process to exit")
+    stop_warm()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def warm_socket() -> str:
@@ -90,8 +88,6 @@ def story(env, warm: bool) -> list:
 
 
 def test_the_warm_path_gives_the_same_results(kept, runtime, tmp_path, sshd_server, monkeypatch):  # noqa: F811
-    import shutil
-
     folder = tmp_path / "story"
     cold_env = make_env(folder, sshd_server)
     kept.append(cold_env)

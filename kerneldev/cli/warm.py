@@ -92,22 +92,25 @@ class Warm:
         return sock
 
     def serve(self, listener: socket.socket) -> None:
-        while not self.stop:
+        """Serve until told to stop, idle or replaced; then take no new command but see the
+        running ones to their end (their exit status comes from here)."""
+        open_for_more = True
+        while open_for_more or self.jobs:
             conns = [j.conn for j in self.jobs if j.conn is not None]
-            watched = [listener, *conns, *(j.pidfd for j in self.jobs)]
+            watched = [*conns, *(j.pidfd for j in self.jobs)]
+            if open_for_more:
+                watched.append(listener)
             ready, _, _ = select.select(watched, [], [], TICK)
             for item in ready:
                 if item is listener:
                     self.accept(listener)
                 else:
                     self.event(item)
-            if self.stop:
-                break
-            if not self.jobs and time.monotonic() - self.last_active > IDLE:
-                break
-            if not self._still_ours():
-                break
-        self.unlink()
+            idle = not self.jobs and time.monotonic() - self.last_active > IDLE
+            if open_for_more and (self.stop or idle or not self._still_ours()):
+                open_for_more = False
+                self.unlink()
+                listener.close()
 
     def accept(self, listener: socket.socket) -> None:
         conn, _ = listener.accept()
