@@ -233,6 +233,7 @@ class Warm:
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # as Python sets it up
         os.environ.clear()
         os.environ.update(request["env"])
+        time.tzset()  # the client's TZ for local times, as its own interpreter would have
         os.chdir(request["cwd"])
         os.umask(int(request["umask"]))
         sys.argv = list(request["argv"])

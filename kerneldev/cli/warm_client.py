@@ -143,10 +143,14 @@ def run(argv: list[str]) -> int | None:
             return None  # a closed standard stream: the normal path decides what that means
     mask = os.umask(0)
     os.umask(mask)
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None  # a removed folder: the normal path says what that means
     request = {
         "stamp": stamp(),
         "argv": [sys.argv[0], *argv],
-        "cwd": os.getcwd(),
+        "cwd": cwd,
         "umask": mask,
         "env": dict(os.environ),
     }
