@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kerneldev.cli import warm_client
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.config import HostConfig, load_config
@@ -114,6 +115,16 @@ def kept(monkeypatch, isolated_home):
             control.stop(env.host)
         except Exception:  # noqa: BLE001, S110 - a test that broke its config
             pass
+    stop_warm()
+
+
+def stop_warm() -> None:
+    """Stop this checkout's warm process (cli/warm.py) that a `python -m kerneldev` started."""
+    path = warm_client.socket_path()
+    info = warm_client.look(path) if path else None
+    if info:
+        os.kill(info["pid"], signal.SIGTERM)
+        wait_for(lambda: not alive(info["pid"]), 15, "the warm process to exit")
 
 
 @pytest.fixture
@@ -287,8 +298,12 @@ print("answer: " + (data.hex() or "nothing"))
 
 
 def _connect_as(uid: int, gid: int, path: Path) -> str:
+    return run_as(uid, gid, _AS_OTHER, str(path), wire.frame(wire.USE, 0, b"{}").hex())
+
+
+def run_as(uid: int, gid: int, script: str, *args: str) -> str:
+    """`script` run by the system's Python as user `uid`: what it printed."""
     python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-    use = wire.frame(wire.USE, 0, b"{}").hex()
 
     def become() -> None:
         os.setgroups([])
@@ -296,7 +311,7 @@ def _connect_as(uid: int, gid: int, path: Path) -> str:
         os.setuid(uid)
 
     result = subprocess.run(
-        [python, "-I", "-S", "-c", _AS_OTHER, str(path), use],
+        [python, "-I", "-S", "-c", script, *args],
         preexec_fn=become,  # noqa: PLW1509 - the test's own child, before any thread of its
         capture_output=True,
         text=True,
@@ -529,16 +544,22 @@ def test_session_keys_in_the_config(tmp_path):
         assert f"{config}:1: {says}" in caught.value.message
 
 
-def test_ctrl_c_of_one_command_ends_only_its_own_work(kept, tmp_path, sshd_server):
-    pidfile = tmp_path / "restart.pid"
-    env = make_env(tmp_path, sshd_server)
-    kept.append(env)
+def slow_restart_env(folder: Path, server, pidfile: Path) -> Env:
+    """An env whose service restart writes its pid to `pidfile` and then runs for a minute."""
+    env = make_env(folder, server)
     data = yaml.safe_load(env.config.read_text())
     data["hosts"]["h"]["service"] = {
         "restart": f"echo $$ > {pidfile}; exec sleep 60",
         "health": "true",
     }
     env.config.write_text(yaml.safe_dump(data))
+    return env
+
+
+def test_ctrl_c_of_one_command_ends_only_its_own_work(kept, tmp_path, sshd_server):
+    pidfile = tmp_path / "restart.pid"
+    env = slow_restart_env(tmp_path, sshd_server, pidfile)
+    kept.append(env)
     assert env.kd("pull").exit_code == 0
     holder = env.session().pid
 

@@ -30,11 +30,19 @@ def quiet_background_errors(args: threading.ExceptHookArgs) -> None:
 
 def run() -> None:
     """Console-script entry."""
+    from kerneldev.cli import warm_client
+
+    argv = sys.argv[1:]
     threading.excepthook = quiet_background_errors
     try:
+        if warm_client.wanted(argv):
+            handed = warm_client.run(argv)  # None: not handed over, nothing ran
+            if handed is not None:
+                sys.exit(handed)
         from kerneldev.cli.main import main
 
         status = main()
+        warm_client.start_after(argv)
     except KeyboardInterrupt:
         args = sys.argv[1:]
         if "--json" in (args[: args.index("--")] if "--" in args else args):

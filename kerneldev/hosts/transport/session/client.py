@@ -54,6 +54,7 @@ HOLDER_MODULE = "kerneldev.hosts.transport.session.holder"
 HELLO_TIMEOUT = 60.0  # seconds for a holder's HELLO (it may be reconnecting first)
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting
 MAX_LOG = 1 << 20  # bytes of a holder's log before the next holder starts it afresh
+attached = False  # True once this process went through a kept session (cli/warm_client.py)
 
 
 # `keeping(False)` (a command's --no-keep) for the code it runs, its worker threads included
@@ -106,6 +107,8 @@ def open_kept(
                 sock = _attach(where.socket, key, code)
     if sock is None:
         return None
+    global attached
+    attached = True
     return _transport(host, sock)
 
 

@@ -1,0 +1,199 @@
+"""The warm process (cli/warm.py) over the real sshd: a loop command handed to it behaves as one
+run in its own process, byte for byte; Ctrl-C ends it as before; changed code or another user
+is never served.
+
+Commands run as `python -m kerneldev` processes (the fast path is the console script's); kept
+sessions are on (the suite runs with KERNELDEV_NO_KEEP=1) and each test has its own
+$XDG_RUNTIME_DIR, so its warm process is its own and stopped at its end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kerneldev.cli import warm_client
+from kerneldev.sandbox.host import find_sshd
+from tests.clirun import REPO, run_kerneldev, start_kerneldev
+from tests.test_session import (
+    _AS_OTHER,
+    A,
+    B,
+    _normal,
+    _other_user,
+    alive,
+    kept,  # noqa: F401 - a fixture
+    make_env,
+    run_as,
+    slow_restart_env,
+    stop_warm,
+    wait_for,
+)
+
+pytestmark = [
+    pytest.mark.skipif(find_sshd() is None, reason="sshd is not installed"),
+    pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the warm process needs Linux"),
+]
+
+
+@pytest.fixture
+def runtime(kept, monkeypatch):  # noqa: F811
+    folder = Path(tempfile.mkdtemp(prefix="kd-warm-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    yield folder
+    stop_warm()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def warm_socket() -> str:
+    return warm_client.socket_path()
+
+
+def served() -> int | None:
+    info = warm_client.look(warm_socket())
+    return info["served"] if info else None
+
+
+def kd(env, *args: str, extra: dict | None = None) -> tuple:
+    result = run_kerneldev(*args, "--config", str(env.config), env=extra)
+    return (args, result.returncode, _normal(result.stdout), _normal(result.stderr))
+
+
+def story(env, warm: bool) -> list:
+    """pull, diff, edit, diff --patch, push --json, log, a drift, a refused push, pull --force."""
+    extra = None if warm else {"KERNELDEV_WARM": "0"}
+    seen = [kd(env, "pull", extra=extra)]
+    if warm:
+        wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    seen.append(kd(env, "diff", extra=extra))
+    (env.workspace / A).write_bytes(b"BLOCK = 128\n")
+    seen.append(kd(env, "diff", "--patch", extra=extra))
+    seen.append(kd(env, "push", "--no-import-check", "--json", extra=extra))
+    seen.append(kd(env, "diff", "--json", extra=extra))
+    seen.append(kd(env, "log", extra=extra))
+    (env.root / B).write_bytes(b"SPLITS = 16\n")  # someone edits the host
+    (env.workspace / B).write_bytes(b"SPLITS = 4\n")
+    seen.append(kd(env, "push", "--no-import-check", extra=extra))
+    seen.append(kd(env, "push", "--no-import-check", "--json", extra=extra))
+    seen.append(kd(env, "pull", "--force", "--json", extra=extra))
+    seen.append(kd(env, "diff", "--no-such-option", extra=extra))
+    return seen
+
+
+def test_the_warm_path_gives_the_same_results(kept, runtime, tmp_path, sshd_server, monkeypatch):  # noqa: F811
+    folder = tmp_path / "story"
+    cold_env = make_env(folder, sshd_server)
+    kept.append(cold_env)
+    cold = story(cold_env, warm=False)
+    assert served() is None  # KERNELDEV_WARM=0: never started
+    shutil.rmtree(folder)
+
+    warm_env = make_env(folder, sshd_server)
+    kept.append(warm_env)
+    warm = story(warm_env, warm=True)
+    assert served() == len(warm) - 1  # every command after the first went through it
+    assert any(code != 0 for _, code, _, _ in warm)  # failures too
+    assert warm == cold
+
+
+def test_ctrl_c_is_forwarded(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+    pidfile = tmp_path / "restart.pid"
+    env = slow_restart_env(tmp_path, sshd_server, pidfile)
+    kept.append(env)
+    assert kd(env, "pull")[1] == 0
+    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    (env.workspace / A).write_bytes(b"BLOCK = 256\n")
+
+    push = start_kerneldev("push", "--no-import-check", "--restart", "--config", str(env.config))
+    remote = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
+    assert served() == 1  # it went through the warm process
+    os.killpg(push.pid, signal.SIGINT)  # Ctrl-C in its terminal
+    _, err = push.communicate(timeout=60)
+    assert push.returncode == 130, err
+    assert "Traceback" not in err
+    wait_for(lambda: not alive(remote), 10, "the interrupted restart's command to end")
+    assert warm_client.look(warm_socket())["running"] == 0
+
+
+def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+    env = make_env(tmp_path, sshd_server)
+    kept.append(env)
+    assert kd(env, "pull")[1] == 0
+    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    old = warm_client.look(warm_socket())["pid"]
+
+    # An edited kerneldev file (an editable install): the stamp differs.
+    touched = REPO / "kerneldev" / "cli" / "warm_client.py"
+    stat = touched.stat()
+    os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    try:
+        assert kd(env, "diff")[1] == 0  # refused, so run the normal way
+        wait_for(lambda: not alive(old), 10, "the stale warm process to exit")
+        info = wait_for(lambda: warm_client.look(warm_socket()), 30, "a fresh warm process")
+        assert info["pid"] != old and info["served"] == 0
+        assert kd(env, "diff")[1] == 0
+        assert served() == 1
+    finally:
+        os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+    uid, gid = _other_user()
+    env = make_env(tmp_path, sshd_server)
+    kept.append(env)
+    assert kd(env, "pull")[1] == 0
+    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    path = warm_socket()
+
+    def as_other() -> str:
+        body = b'{"status": true}'
+        return run_as(uid, gid, _AS_OTHER, path, (struct.pack(">I", len(body)) + body).hex())
+
+    assert as_other() == "refused: permission"
+    runtime.chmod(0o755)  # opened up by mistake: the uid check still refuses
+    Path(path).parent.chmod(0o755)
+    Path(path).chmod(0o666)
+    assert as_other() == "answer: nothing"
+    # And a client does not use a folder others may enter.
+    assert not warm_client.private(str(Path(path).parent))
+    assert kd(env, "diff")[1] == 0
+    assert served() == 0
+
+
+def test_the_client_side_imports_nothing_heavy():
+    script = (
+        "import sys\n"
+        "from kerneldev.cli import warm_client\n"
+        "warm_client.wanted(['diff']); warm_client.stamp(); warm_client.socket_path()\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('typer', 'click', 'pydantic', 'rich', 'yaml', 'paramiko', 'hashlib')]\n"
+        "ours = [m for m in sys.modules if m.startswith('kerneldev')]\n"
+        "print(heavy, sorted(ours))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[] ['kerneldev', 'kerneldev.cli', 'kerneldev.cli.warm_client']"
+
+
+def test_the_fast_path_is_only_for_loop_commands(monkeypatch):
+    monkeypatch.delenv("KERNELDEV_NO_KEEP", raising=False)
+    monkeypatch.delenv("KERNELDEV_WARM", raising=False)
+    assert warm_client.wanted(["pull"])
+    assert warm_client.wanted(["--config", "x.yaml", "diff", "--json"])
+    assert not warm_client.wanted(["diff", "--help"])
+    assert not warm_client.wanted(["restart"])
+    assert not warm_client.wanted([])
+    monkeypatch.setenv("KERNELDEV_WARM", "0")
+    assert not warm_client.wanted(["pull"])
+    monkeypatch.setenv("KERNELDEV_WARM", "1")
+    monkeypatch.setenv("KERNELDEV_NO_KEEP", "1")
+    assert not warm_client.wanted(["pull"])
