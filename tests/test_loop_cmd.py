@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -571,15 +572,42 @@ def test_restart_http_health(env_factory, monkeypatch):
 
 
 def test_demo_exits_0(tmp_path):
+    """The README's main job as a new user runs it: kept sessions on (the suite turns them
+    off elsewhere) and no $XDG_RUNTIME_DIR, so the session's socket sits in the demo's
+    workspace; the demo ends that session with its sandbox."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KERNELDEV_NO_KEEP", "XDG_RUNTIME_DIR")}
     proc = subprocess.run(
         [sys.executable, "-m", "kerneldev", "demo", "--dir", str(tmp_path / "sb")],
         capture_output=True,
         text=True,
+        env=env,
         timeout=600,  # the decode service's bench --service and profile steps restart it 6 times
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "PASSED" in proc.stdout
     assert not (tmp_path / "sb").exists()  # cleaned up without --keep
+    # A stopped holder takes its socket away first, then closes its connection and exits.
+    deadline = time.monotonic() + 20
+    while (left := _holders_with_files_under(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"session holders outlived the demo: {left}"
+
+
+def _holders_with_files_under(folder: Path) -> list[tuple[int, list[str]]]:
+    """Session holder processes with a file open under `folder` (their log sits in the
+    workspace they were started for)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if b"session.holder" not in (proc / "cmdline").read_bytes():
+                continue
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue  # gone, or not ours to read
+        hits = [link for link in links if link.startswith(str(folder))]
+        if hits:
+            found.append((int(proc.name), hits))
+    return found
 
 
 def test_console_script_names_hostile_file_in_refusal(tmp_path, isolated_home):

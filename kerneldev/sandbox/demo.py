@@ -114,12 +114,24 @@ def run_demo(
                     on_step(step)
     finally:
         if sandbox is not None:
+            _stop_session(sandbox)
             sandbox.close()
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
     result.ok = passed(result.steps)
     result.seconds = round(time.monotonic() - started, 2)
     return result
+
+
+def _stop_session(sandbox: Sandbox) -> None:
+    """The demo's host goes away with the sandbox: end its kept session with it, so no
+    holder is left waiting out its idle time for a host that is gone. Best effort."""
+    from kerneldev.hosts.transport.session import control
+
+    try:
+        control.stop(load_config(sandbox.config_path).host(sandbox.host_name), ssh_config="none")
+    except Exception:  # noqa: BLE001, S110 - cleaning up; the sandbox is closed either way
+        pass
 
 
 def passed(steps: Sequence[DemoStep]) -> bool:
@@ -226,7 +238,10 @@ def _fingerprint(ctx: DemoContext) -> dict[str, str]:
         for dirpath, _, names in os.walk(base):
             for n in names:
                 p = Path(dirpath) / n
-                out[str(p)] = _sha(p.read_bytes())
+                # Regular files only: a kept session's socket under the workspace's
+                # .kerneldev/ has no bytes to read (opening it fails with ENXIO).
+                if p.is_file():
+                    out[str(p)] = _sha(p.read_bytes())
     sp = state_path(ctx.host.workspace)
     out["state"] = _sha(sp.read_bytes()) if sp.exists() else ""
     return out
