@@ -884,14 +884,6 @@ class MMARow(NamedTuple):
     # bf16-P launch (which then counts too and skips the few-token requests), not after it,
     # so its time passes under the bf16-P launch's longest split instead of adding to it.
     exact_concurrent: bool = False
-    # mma.sync rows, calls with at least wide_block_h heads (decode's 64 and 128): programs of
-    # wide_block_h heads, so that each tile is gathered and dequantized once per 64 heads, not
-    # once per 32-head block; wide_block_n-token tiles (the 99 KB limit: 64 x 32 needs 115 KB)
-    # and wide_num_warps warps (the 64 x 512 fp32 accumulator: 128 registers per thread at 8),
-    # one program per SM (255 registers x 256 threads fill the register file). 0: off.
-    wide_block_h: int = 0
-    wide_block_n: int = 0
-    wide_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -914,9 +906,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    # 64 heads and more: 64 heads x 16 tokens, 8 warps (`wide_*`; issue 20, session 5).
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, wide_block_h=64, wide_block_n=16,
-                    wide_num_warps=8),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False),
 }
@@ -991,24 +981,20 @@ def mma_config(
         row = MMA_ROWS[mma_row_name(cc)]
     on_gpu = cc is not None
     block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
-    per_sm, small_n = row.programs_per_sm, row.small_grid_block_n
-    block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
-    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
-    if row.wide_block_h and H >= row.wide_block_h and not pv_split:
-        block_h, block_n, warps, per_sm = row.wide_block_h, row.wide_block_n, row.wide_num_warps, 1
-        small_n = min(small_n, block_n)
     programs = B * triton.cdiv(H, block_h)
-    slots = sm_count * per_sm
+    slots = sm_count * row.programs_per_sm
+    block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     if row.prefill_block_n and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
-        block_n, stages = small_n, 1
+        block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
     # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
     # shapes: the requests whose valid tokens are few take it (the interpreter computes in
     # fp32 and needs neither).
+    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
     exact_block_h = min(row.exact_block_h, block_h)
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
