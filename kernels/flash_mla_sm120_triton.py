@@ -457,35 +457,27 @@ def _split8(x):
 
 
 @triton.jit
-def _split4(x):
-    """[R, 4, 128] -> its 4 [R, 128] slices along axis 1 (Triton has no slicing: split the
-    trailing axis of size 2 twice)."""
-    y = tl.reshape(tl.permute(x, (0, 2, 1)), (x.shape[0], x.shape[2], 2, 2))
-    a, b = tl.split(y)  # last bit of the slice index
-    x0, x2 = tl.split(a)
-    x1, x3 = tl.split(b)
-    return x0, x1, x2, x3
-
-
-@triton.jit
 def _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N: tl.constexpr):
-    """S = q K^T as 4 products 128 deep, each slice of q loaded here (an L1 hit after the
-    first tile). mma.sync takes its A operand from registers: one 512-deep product holds all
-    of q there (BLOCK_H x 512 per warp, past the register file), 128 deep a quarter; loaded
-    inside the loop, the slices are not hoisted out of it together. (8 products 64 deep:
-    twice the operand conversions per tile; issue 20, session 5.)"""
-    k0, k1, k2, k3 = _split4(tl.reshape(k, (BLOCK_N, 4, 2 * GROUP)))
+    """S = q K^T as 8 products over 64-dim groups, each group of q loaded here (an L1 hit
+    after the first tile). mma.sync takes its A operand from registers: one 512-deep product
+    holds all of q there (BLOCK_H x 512 per warp, past the register file), 64 deep an eighth;
+    loaded inside the loop, the 8 groups are not hoisted out of it together."""
+    k0, k1, k2, k3, k4, k5, k6, k7 = _split8(tl.reshape(k, (BLOCK_N, 8, 64)))
     s = tl.dot(_q_group(q_row, stride_qd, head_mask, 0, k0.dtype), tl.trans(k0))
     s = tl.dot(_q_group(q_row, stride_qd, head_mask, 1, k0.dtype), tl.trans(k1), s)
     s = tl.dot(_q_group(q_row, stride_qd, head_mask, 2, k0.dtype), tl.trans(k2), s)
     s = tl.dot(_q_group(q_row, stride_qd, head_mask, 3, k0.dtype), tl.trans(k3), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 4, k0.dtype), tl.trans(k4), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 5, k0.dtype), tl.trans(k5), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 6, k0.dtype), tl.trans(k6), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 7, k0.dtype), tl.trans(k7), s)
     return s
 
 
 @triton.jit
 def _q_group(q_row, stride_qd, head_mask, g: tl.constexpr, dtype: tl.constexpr):
-    """Columns [128 g, 128 g + 128) of the program's query rows, in the operand dtype."""
-    c = g * 2 * GROUP + tl.arange(0, 2 * GROUP)
+    """Columns [64 g, 64 g + 64) of the program's query rows, in the operand dtype."""
+    c = g * GROUP + tl.arange(0, GROUP)
     return tl.load(q_row + c[None, :] * stride_qd, mask=head_mask[:, None], other=0.0).to(dtype)
 
 
