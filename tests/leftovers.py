@@ -81,6 +81,17 @@ def stop(found: list[tuple[int, str, str]]) -> None:
             pass
 
 
+def end_test_processes(test: str, timeout: float = EXIT_WAIT) -> None:
+    """For a test's own teardown: stop the holders and warm processes the test `test` started
+    that are still there (a warm process still starting up has no socket to be asked on yet)
+    and wait until they are gone."""
+    found = leftovers(test)
+    stop(found)
+    deadline = time.monotonic() + timeout
+    while any(_alive(pid) for pid, _, _ in found) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 @pytest.fixture(autouse=True)
 def no_holder_left(request):
     """Fails the test (in its teardown, after its own fixtures) when a holder or warm process it

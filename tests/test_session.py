@@ -37,6 +37,7 @@ from kerneldev.hosts.transport.session import control, location, wire
 from kerneldev.hosts.transport.session.identity import connection_fields, session_key
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, start_kerneldev
+from tests.leftovers import end_test_processes
 from tests.sshutil import kill_sshd_and_sessions, ssh_entry
 
 pytestmark = pytest.mark.skipif(find_sshd() is None, reason="sshd is not installed")
@@ -104,18 +105,24 @@ def make_env(folder: Path, server, **session) -> Env:
 
 
 @pytest.fixture
-def kept(monkeypatch, isolated_home):
-    """Kept sessions on; every holder a test's envs started is stopped at its end."""
+def kept(request, monkeypatch, isolated_home):
+    """Kept sessions on; every holder a test's envs started is stopped at its end, and so is
+    what `session stop` cannot reach (a config the test broke, a warm process still starting)."""
     monkeypatch.delenv("KERNELDEV_NO_KEEP", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     envs: list[Env] = []
     yield envs
+    stop_sessions(envs)
+    stop_warm()
+    end_test_processes(request.node.nodeid)
+
+
+def stop_sessions(envs: list[Env]) -> None:
     for env in envs:
         try:
             control.stop(env.host)
         except Exception:  # noqa: BLE001, S110 - a test that broke its config
             pass
-    stop_warm()
 
 
 def stop_warm() -> None:
