@@ -118,10 +118,12 @@ def print_info(message: str) -> None:
 
 
 def print_line(message: str) -> None:
-    """One line of data on stdout (plain in a pipe, never read as markup)."""
+    """One line of data on stdout (plain in a pipe, never read as markup; on a terminal wrapped
+    at spaces to its width, as messages are)."""
     env = environment.current()
     if env.stdout_isatty:
-        env.out_console.print(message, soft_wrap=True, markup=False)
+        text = fit_lines(message, env.out_console.width)
+        env.out_console.print(text, soft_wrap=True, markup=False)
     else:
         env.stdout.write(message + "\n")
         env.stdout.flush()
