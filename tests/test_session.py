@@ -83,6 +83,10 @@ class Env:
     def session(self) -> control.SessionStatus:
         return control.status(self.host)
 
+    @property
+    def log_path(self) -> Path:
+        return location.log_path(self.host, session_key(self.host))
+
     def log(self, host: HostConfig | None = None) -> str:
         """The holder's log of the session to `host` (default: as the config says now)."""
         host = host or self.host
@@ -256,6 +260,13 @@ def test_status_list_and_stop_show_the_session(env: Env):
     listed = json.loads(env.kd("session", "list", "--json").stdout)["sessions"][0]
     assert listed["alive"] is True and listed["pid"] == session.pid
     assert listed["socket"] == str(socket_path)
+    rows = env.kd("session", "list").stdout.splitlines()  # a pipe: one short row per host
+    assert rows[0].split() == ["host", "session", "pid", "age", "idle", "served"]
+    assert rows[1].split()[:3] == ["h", "alive", str(session.pid)]
+    assert all(len(row) <= 80 for row in rows) and str(socket_path) not in rows[1]
+    detail = env.kd("session", "status").stdout
+    assert f"h: alive, pid {session.pid}" in detail
+    assert f"  socket:    {socket_path}\n" in detail and f"  log:       {env.log_path}" in detail
 
     stopped = env.kd("session", "stop")
     assert stopped.exit_code == 0 and f"pid {session.pid}" in stopped.stderr

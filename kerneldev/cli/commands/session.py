@@ -22,6 +22,7 @@ from kerneldev.cli.output import (
     wrap_path,
 )
 from kerneldev.errors import UsageError
+from kerneldev.printable import printable
 
 session_app = typer.Typer(
     name="session",
@@ -156,9 +157,9 @@ def render_detail(s) -> None:
             ("connected", f"{_seconds(s.connection_age)} ago, renewed after {_seconds(s.max_age)}"),
             ("idle", f"{_seconds(s.idle)} of {_seconds(s.idle_limit)}"),
             ("commands", f"{s.clients} connected, {s.served} served, {s.running} running"),
-            ("socket", s.socket),
+            ("socket", printable(s.socket) if s.socket else None),
         ]
-    fields.append(("log", s.log))
+    fields.append(("log", printable(s.log) if s.log else None))  # a newline in a path: escaped
     env = environment.current()
     width = env.out_console.width if env.stdout_isatty else 0
     for what, value in fields:
