@@ -34,9 +34,10 @@ from kerneldev.errors import ConfigError, ConnectionLostError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import control, location, wire
-from kerneldev.hosts.transport.session.identity import session_key
+from kerneldev.hosts.transport.session.identity import connection_fields, session_key
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, start_kerneldev
+from tests.leftovers import end_test_processes
 from tests.sshutil import kill_sshd_and_sessions, ssh_entry
 
 pytestmark = pytest.mark.skipif(find_sshd() is None, reason="sshd is not installed")
@@ -82,6 +83,10 @@ class Env:
     def session(self) -> control.SessionStatus:
         return control.status(self.host)
 
+    @property
+    def log_path(self) -> Path:
+        return location.log_path(self.host, session_key(self.host))
+
     def log(self, host: HostConfig | None = None) -> str:
         """The holder's log of the session to `host` (default: as the config says now)."""
         host = host or self.host
@@ -104,18 +109,24 @@ def make_env(folder: Path, server, **session) -> Env:
 
 
 @pytest.fixture
-def kept(monkeypatch, isolated_home):
-    """Kept sessions on; every holder a test's envs started is stopped at its end."""
+def kept(request, monkeypatch, isolated_home):
+    """Kept sessions on; every holder a test's envs started is stopped at its end, and so is
+    what `session stop` cannot reach (a config the test broke, a warm process still starting)."""
     monkeypatch.delenv("KERNELDEV_NO_KEEP", raising=False)
     monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     envs: list[Env] = []
     yield envs
+    stop_sessions(envs)
+    stop_warm()
+    end_test_processes(request.node.nodeid)
+
+
+def stop_sessions(envs: list[Env]) -> None:
     for env in envs:
         try:
             control.stop(env.host)
         except Exception:  # noqa: BLE001, S110 - a test that broke its config
             pass
-    stop_warm()
 
 
 def stop_warm() -> None:
@@ -249,6 +260,13 @@ def test_status_list_and_stop_show_the_session(env: Env):
     listed = json.loads(env.kd("session", "list", "--json").stdout)["sessions"][0]
     assert listed["alive"] is True and listed["pid"] == session.pid
     assert listed["socket"] == str(socket_path)
+    rows = env.kd("session", "list").stdout.splitlines()  # a pipe: one short row per host
+    assert rows[0].split() == ["host", "session", "pid", "age", "idle", "served"]
+    assert rows[1].split()[:3] == ["h", "alive", str(session.pid)]
+    assert all(len(row) <= 80 for row in rows) and str(socket_path) not in rows[1]
+    detail = env.kd("session", "status").stdout
+    assert f"h: alive, pid {session.pid}" in detail
+    assert f"  socket:    {socket_path}\n" in detail and f"  log:       {env.log_path}" in detail
 
     stopped = env.kd("session", "stop")
     assert stopped.exit_code == 0 and f"pid {session.pid}" in stopped.stderr
@@ -348,6 +366,98 @@ def test_the_socket_refuses_another_user(kept, tmp_path, sshd_server, monkeypatc
     finally:
         control.stop(env.host)  # before its folder goes
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+# --- two workspaces, one host name ---------------------------------------------------
+
+
+def test_two_workspaces_naming_one_host_never_share_a_holder(
+    kept, tmp_path, sshd_server, monkeypatch
+):
+    """With $XDG_RUNTIME_DIR every workspace's sockets sit in one folder. Two workspaces (two
+    hosts.yaml) that both call their host `h`, with entries that differ in the key file or
+    known_hosts, or even alike, each get their own holder; stopping one's session leaves the
+    others' running and serving."""
+    runtime = Path(tempfile.mkdtemp(prefix="kd-xdg-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    first = make_env(tmp_path / "first", sshd_server)
+    other_key = make_env(tmp_path / "other-key", sshd_server)
+    other_known = make_env(tmp_path / "other-known", sshd_server)
+    alike = make_env(tmp_path / "alike", sshd_server)
+    key_copy = tmp_path / "other-key" / "id_copy"
+    key_copy.write_bytes(Path(sshd_server.client_key).read_bytes())
+    key_copy.chmod(0o600)
+    for env, change in (
+        (other_key, {"identity_file": str(key_copy)}),
+        (alike, {"known_hosts": str(first.host.known_hosts)}),  # the same entry as `first`
+    ):
+        data = yaml.safe_load(env.config.read_text())
+        data["hosts"]["h"].update(change)
+        env.config.write_text(yaml.safe_dump(data))
+    envs = [first, other_key, other_known, alike]
+    kept.extend(envs)
+    try:
+        assert connection_fields(alike.host) == connection_fields(first.host)
+        for env in envs:
+            assert env.kd("pull").exit_code == 0
+        sessions = [env.session() for env in envs]
+        assert all(s.alive for s in sessions)
+        assert len({s.pid for s in sessions}) == len(envs), sessions
+        assert len({s.socket for s in sessions}) == len(envs)
+        assert all(Path(s.socket).parent == runtime / "kerneldev" for s in sessions)
+
+        stopped = first.kd("session", "stop")
+        assert stopped.exit_code == 0 and f"pid {sessions[0].pid}" in stopped.stderr
+        wait_for(lambda: not alive(sessions[0].pid), what="the first holder to exit")
+        for env, before in zip(envs[1:], sessions[1:], strict=True):
+            assert alive(before.pid)
+            assert env.kd("diff").exit_code == 0
+            now = env.session()
+            assert now.pid == before.pid and now.served == before.served + 1
+    finally:
+        for env in envs:
+            control.stop(env.host)  # before their folder goes
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_every_part_of_the_entry_and_the_config_file_is_in_the_session_key(tmp_path):
+    """The key (and so the socket) changes with each connection field of the entry, the
+    ssh_config file and the hosts.yaml the entry came from; the user's other settings
+    (root, files, workspace, session limits) do not change it."""
+    config = tmp_path / "a" / "hosts.yaml"
+    config.parent.mkdir()
+    entry = {
+        "hostname": "10.0.0.1",
+        "port": 22,
+        "user": "dev",
+        "identity_file": "/k/id",
+        "known_hosts": "/k/known",
+        "python": "python3",
+        "root": "/r",
+        "files": ["a.py"],
+        "workspace": "w",
+    }
+
+    def key(path: Path = config, ssh_config: str | None = None, **change) -> str:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(yaml.safe_dump({"hosts": {"h": {**entry, **change}}}))
+        return session_key(load_config(path).hosts["h"], ssh_config)
+
+    base = key()
+    assert key() == base
+    for field, value in (
+        ("hostname", "10.0.0.2"),
+        ("port", 2222),
+        ("user", "ops"),
+        ("identity_file", "/k/id2"),
+        ("known_hosts", "/k/known2"),
+        ("python", "python3.12"),
+    ):
+        assert key(**{field: value}) != base, field
+    assert key(ssh_config=str(tmp_path / "ssh_config")) != base
+    assert key(tmp_path / "b" / "hosts.yaml") != base  # another workspace's config, same entry
+    for field, value in (("root", "/other"), ("files", ["b.py"]), ("session", {"idle": 5})):
+        assert key(**{field: value}) == base, field
 
 
 # --- dead and stale holders -----------------------------------------------------------

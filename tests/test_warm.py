@@ -33,6 +33,7 @@ from tests.test_session import (
     make_env,
     run_as,
     slow_restart_env,
+    stop_sessions,
     stop_warm,
     wait_for,
 )
@@ -49,6 +50,7 @@ def runtime(kept, monkeypatch):  # noqa: F811
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
     yield folder
     stop_warm()
+    stop_sessions(kept)  # while their sockets are still there to be asked on
     shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -42,27 +42,60 @@ out_console: Any = _ConsoleProxy("out")
 err_console: Any = _ConsoleProxy("err")
 
 
-def _escape(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
-
-
-# Messages are plain text: escaped so a file name like `[x].py` or `[/tmp]` is printed as it is
-# instead of being read as rich markup (which drops it or raises MarkupError), and with control
+# Messages are plain text: never read as rich markup (a file name like `[x].py` or `[/tmp]` is
+# printed as it is instead of being dropped or raising MarkupError), and with control
 # characters (a typed `$'\x1b[31m'`) written as escapes instead of reaching the terminal.
+# On a terminal they are wrapped at spaces to its width (the continuation indented, a path or
+# word longer than a line left whole); in a pipe each stays one line, for grep.
+def _say(lead: str, style: str | None, message: str) -> None:
+    from rich.text import Text
+
+    env = environment.current()
+    console = env.err_console
+    text = lead + printable_text(message)
+    if env.stderr_isatty:
+        text = fit_lines(text, console.width)
+    rendered = Text(text)
+    if style and lead:
+        rendered.stylize(style, 0, len(lead))
+    console.print(rendered, soft_wrap=True, highlight=False)
+
+
+def fit_lines(text: str, width: int) -> str:
+    """`text` with each line longer than `width` broken at spaces, the continuation lines
+    indented two more than the line's own indent; a longer word is never cut."""
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        out.extend(
+            textwrap.wrap(
+                line,
+                width,
+                initial_indent="",
+                subsequent_indent=indent + "  ",
+                break_long_words=False,
+                break_on_hyphens=False,
+                replace_whitespace=False,
+                drop_whitespace=True,
+            )
+            or [line]
+        )
+    return "\n".join(out)
+
+
 def print_error(message: str, hint: str | None = None) -> None:
-    console = environment.current().err_console
-    text = _escape(printable_text(message))
-    console.print(f"[bold red]kerneldev: error:[/] {text}", soft_wrap=True)
+    _say("kerneldev: error: ", "bold red", message)
     if hint:
-        console.print(f"[dim]hint:[/] {_escape(printable_text(hint))}", soft_wrap=True)
+        _say("hint: ", "dim", hint)
 
 
 def print_warning(message: str) -> None:
-    console = environment.current().err_console
-    text = _escape(printable_text(message))
-    console.print(f"[yellow]kerneldev: warning:[/] {text}", soft_wrap=True)
+    _say("kerneldev: warning: ", "yellow", message)
 
 
 class PrintableWriter:
@@ -80,14 +113,17 @@ class PrintableWriter:
 
 
 def print_info(message: str) -> None:
-    environment.current().err_console.print(message, soft_wrap=True, markup=False)
+    """A message for the reader on stderr (wrapped on a terminal, one line in a pipe)."""
+    _say("", None, message)
 
 
 def print_line(message: str) -> None:
-    """One line of data on stdout (plain in a pipe, never read as markup)."""
+    """One line of data on stdout (plain in a pipe, never read as markup; on a terminal wrapped
+    at spaces to its width, as messages are)."""
     env = environment.current()
     if env.stdout_isatty:
-        env.out_console.print(message, soft_wrap=True, markup=False)
+        text = fit_lines(message, env.out_console.width)
+        env.out_console.print(text, soft_wrap=True, markup=False)
     else:
         env.stdout.write(message + "\n")
         env.stdout.flush()
@@ -126,6 +162,7 @@ def error_json(
 # --- tables ---------------------------------------------------------------------------------
 
 TEXT, PATH, HASH, STATUS, NUMBER = "text", "path", "hash", "status", "number"
+WORDS = "words"  # prose (a failure's detail): wrapped at spaces like a path is at `/`
 HASH_CHARS = 12  # in a pipe and on wide terminals
 HASH_CHARS_NARROW = 8  # on terminals narrower than WIDE
 WIDE = 100
@@ -136,9 +173,10 @@ GAP = 3  # characters between two columns of a box.SIMPLE_HEAD table
 @dataclasses.dataclass(frozen=True)
 class Column:
     """`kind`: text, status and number cells are never wrapped; a path may be wrapped at `/`
-    to fit the terminal; a hash is shortened (12 characters, 8 on a narrow terminal).
-    Columns with a `drop_order` are left out, 1 first, where the terminal is too narrow for
-    the table (a note under it names them); pipes and --json always have them."""
+    to fit the terminal, words at spaces (a word too long for the line then at `/`); a hash
+    is shortened (12 characters, 8 on a narrow terminal). Columns with a `drop_order` are
+    left out, 1 first, where the terminal is too narrow for the table (a note under it names
+    them); pipes and --json always have them."""
 
     name: str
     kind: str = TEXT
@@ -187,6 +225,16 @@ def wrap_path(path: str, width: int) -> str:
     return "\n".join(lines)
 
 
+def wrap_words(text: str, width: int) -> str:
+    """`text` in lines of at most `width` characters, broken at spaces; a word longer than
+    the width (a path) is broken as `wrap_path` breaks it."""
+    import textwrap
+
+    width = max(width, 1)
+    lines = textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False) or [""]
+    return "\n".join(wrap_path(line, width) if len(line) > width else line for line in lines)
+
+
 def print_table(
     title: str | None,
     columns: Sequence[str | Column],
@@ -211,7 +259,7 @@ def print_table(
             text = _text(value)
             if col.kind == HASH and all(c in "0123456789abcdef" for c in text):
                 text = text[:hash_chars]
-            elif col.kind == PATH:
+            elif col.kind in (PATH, WORDS):
                 text = printable(text)  # a newline in a file name must not split its row
             line.append(text)
         cells.append(line)
@@ -237,7 +285,8 @@ def print_table(
     # Too wide for the terminal: leave out the columns that may go, in their drop order.
     def needed(keep: list[int]) -> int:
         least = [
-            min(natural[i], MIN_PATH_WIDTH) if cols[i].kind == PATH else natural[i] for i in keep
+            min(natural[i], MIN_PATH_WIDTH) if cols[i].kind in (PATH, WORDS) else natural[i]
+            for i in keep
         ]
         return sum(least) + GAP * (len(keep) - 1)
 
@@ -257,7 +306,7 @@ def print_table(
     # Still too wide: free-text columns (shape names, ids, times) wrap too, so that rich does
     # not leave whole columns out (the accuracy verdict, the path) without a word.
     squeeze = needed(list(range(len(cols)))) > width
-    wraps = (PATH, TEXT) if squeeze else (PATH,)
+    wraps = (PATH, WORDS, TEXT) if squeeze else (PATH, WORDS)
     # Columns other than paths keep their natural width; paths get what is left and are
     # wrapped at `/` (GAP: padding, divider, padding between two columns).
     fixed = sum(w for w, c in zip(natural, cols, strict=True) if c.kind not in wraps)
@@ -271,7 +320,7 @@ def print_table(
         pad_edge=False,
     )
     for col, natural_width in zip(cols, natural, strict=True):
-        if col.kind == PATH:
+        if col.kind in (PATH, WORDS):
             table.add_column(Text(col.name), overflow="fold", min_width=MIN_PATH_WIDTH)
         elif col.kind == TEXT and squeeze:
             table.add_column(Text(col.name), overflow="fold")
@@ -284,6 +333,8 @@ def print_table(
             style = value.style if isinstance(value, Cell) else styles.get(text)
             if col.kind == PATH and len(text) > path_width:
                 text = wrap_path(text, path_width)
+            elif col.kind == WORDS and len(text) > path_width:
+                text = wrap_words(text, path_width)
             rendered.append(Text(text, style=style or ""))
         table.add_row(*rendered)
     console.print(table)

@@ -88,6 +88,7 @@ def run_demo(
                 hint="name a new or empty folder; the demo builds its sandbox there",
             )
     sandbox = None
+    host = None
     result = DemoResult(dir=str(folder), transport="?", kept=keep, ok=False, seconds=0.0)
     try:
         sandbox = create_sandbox(folder, use_ssh=use_ssh)
@@ -114,7 +115,8 @@ def run_demo(
                     on_step(step)
     finally:
         if sandbox is not None:
-            _stop_session(sandbox)
+            if host is not None:
+                _stop_session(host)
             sandbox.close()
         if not keep:
             shutil.rmtree(folder, ignore_errors=True)
@@ -123,13 +125,13 @@ def run_demo(
     return result
 
 
-def _stop_session(sandbox: Sandbox) -> None:
+def _stop_session(host: HostConfig) -> None:
     """The demo's host goes away with the sandbox: end its kept session with it, so no
     holder is left waiting out its idle time for a host that is gone. Best effort."""
     from kerneldev.hosts.transport.session import control
 
     try:
-        control.stop(load_config(sandbox.config_path).host(sandbox.host_name), ssh_config="none")
+        control.stop(host, ssh_config="none")
     except Exception:  # noqa: BLE001, S110 - cleaning up; the sandbox is closed either way
         pass
 

@@ -20,6 +20,7 @@ from kerneldev.cli.host_steps import print_service_logs, print_table
 from kerneldev.cli.output import (
     PATH,
     STATUS,
+    WORDS,
     Column,
     print_error,
     print_info,
@@ -210,7 +211,7 @@ def finish(
                 Column("result", STATUS),
                 Column("exit"),
                 Column("time", drop_order=1),
-                Column("detail", PATH),
+                Column("detail", WORDS),
             ],
             [
                 (

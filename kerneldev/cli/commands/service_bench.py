@@ -13,6 +13,7 @@ from kerneldev.cli.output import (
     NUMBER,
     Column,
     err_console,
+    fit_lines,
     print_info,
     print_json,
     print_line,
@@ -39,7 +40,9 @@ def progress_printer():
     """Progress lines on stderr, only on a terminal."""
     if not err_console.is_terminal:
         return None
-    return lambda text: err_console.print(text, style="dim", markup=False, soft_wrap=True)
+    return lambda text: err_console.print(
+        fit_lines(text, err_console.width), style="dim", markup=False, soft_wrap=True
+    )
 
 
 @contextlib.contextmanager

@@ -1,14 +1,28 @@
-"""`kerneldev session list` and `kerneldev session stop`: the kept sessions of this user.
+"""`kerneldev session list|status|stop`: the kept sessions of this user.
 
-The work is `kerneldev.hosts.transport.session.control`; this module parses and renders."""
+`list` is one short row per host (it fits 80 columns); `status` shows every field of each
+host's session, its socket and log paths included; `--json` of both carries every field. The
+work is `kerneldev.hosts.transport.session.control`; this module parses and renders."""
 
 from __future__ import annotations
 
 import typer
 
+from kerneldev.cli import environment
 from kerneldev.cli.common import JSON_OPTION, config_path, flag
-from kerneldev.cli.output import PATH, STATUS, TEXT, Column, print_info, print_json, print_table
+from kerneldev.cli.output import (
+    NUMBER,
+    STATUS,
+    TEXT,
+    Column,
+    print_info,
+    print_json,
+    print_line,
+    print_table,
+    wrap_path,
+)
 from kerneldev.errors import UsageError
+from kerneldev.printable import printable
 
 session_app = typer.Typer(
     name="session",
@@ -38,14 +52,14 @@ def _hosts(ctx: typer.Context, host_spec: str | None, every: bool):
     return config.hosts_for(host_spec)
 
 
-@session_app.command("status")  # the same command under the name `kerneldev status` suggests
 @session_app.command("list")
 def list_command(
     ctx: typer.Context,
     host_spec: str | None = HOSTS_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Each host's kept session: alive, pid, age of its connection, idle time, socket."""
+    """One row per host: session alive, pid, age of its connection, idle time, commands
+    served (`session status` adds the socket and log)."""
     from kerneldev.hosts.transport.session import control
 
     statuses = [control.status(h) for h in _hosts(ctx, host_spec, every=False)]
@@ -53,6 +67,24 @@ def list_command(
         print_json({"sessions": statuses})
         return
     render(statuses)
+
+
+@session_app.command("status")
+def status_command(
+    ctx: typer.Context,
+    host_spec: str | None = HOSTS_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Each host's kept session in full: connection, idle and age limits, clients, socket
+    and log."""
+    from kerneldev.hosts.transport.session import control
+
+    statuses = [control.status(h) for h in _hosts(ctx, host_spec, every=False)]
+    if as_json:
+        print_json({"sessions": statuses})
+        return
+    for s in statuses:
+        render_detail(s)
 
 
 @session_app.command("stop")
@@ -85,19 +117,15 @@ def stop_command(
             print_info(f"{s.host}: no kept session")
 
 
+def _state(s) -> str:
+    return "alive" if s.alive else ("none" if s.keep else "off")
+
+
 def render(statuses) -> None:
-    rows = []
-    for s in statuses:
-        rows.append(
-            (
-                s.host,
-                "alive" if s.alive else ("none" if s.keep else "off"),
-                s.pid,
-                _seconds(s.connection_age),
-                _seconds(s.idle),
-                s.socket,
-            )
-        )
+    rows = [
+        (s.host, _state(s), s.pid, _seconds(s.connection_age), _seconds(s.idle), s.served)
+        for s in statuses
+    ]
     print_table(
         None,
         [
@@ -106,11 +134,41 @@ def render(statuses) -> None:
             Column("pid", TEXT),
             Column("age", TEXT),
             Column("idle", TEXT),
-            Column("socket", PATH, drop_order=1),
+            Column("served", NUMBER),
         ],
         rows,
         styles={"alive": "green", "none": "dim", "off": "dim"},
     )
+
+
+def render_detail(s) -> None:
+    """`host: state` then one indented `what: value` line each; on a terminal a path too
+    long for its line is wrapped at `/` under itself."""
+    state = _state(s)
+    if s.alive:
+        state += f", pid {s.pid}" + (f", retiring: {s.retiring}" if s.retiring else "")
+    elif not s.keep:
+        state += " (sessions are turned off for this host)"
+    print_line(f"{s.host}: {state}")
+    fields: list[tuple[str, str | None]] = []
+    if s.alive:
+        fields += [
+            ("address", s.address),
+            ("connected", f"{_seconds(s.connection_age)} ago, renewed after {_seconds(s.max_age)}"),
+            ("idle", f"{_seconds(s.idle)} of {_seconds(s.idle_limit)}"),
+            ("commands", f"{s.clients} connected, {s.served} served, {s.running} running"),
+            ("socket", printable(s.socket) if s.socket else None),
+        ]
+    fields.append(("log", printable(s.log) if s.log else None))  # a newline in a path: escaped
+    env = environment.current()
+    width = env.out_console.width if env.stdout_isatty else 0
+    for what, value in fields:
+        if value is None:
+            continue
+        head = f"  {what + ':':<11}"
+        if width and what in ("socket", "log") and len(head) + len(value) > width:
+            value = wrap_path(value, width - len(head)).replace("\n", "\n" + " " * len(head))
+        print_line(head + value)
 
 
 def _seconds(value: float | None) -> str | None:

@@ -1,9 +1,14 @@
 """What names a kept session: the connection it holds, as one short key.
 
-Two commands share a holder exactly when they would make the same connection: the same local
-user and home folder, host entry (name, address, user, port, key, known_hosts, interpreter)
-and ssh_config file. The key is part of the socket's name, so a changed entry reaches another
-holder (the old one sees the change itself and retires: `freshness.py`)."""
+Two commands share a holder exactly when they would make the same connection from the same
+config file: the same local user and home folder, host entry (name, address, user, port, key,
+known_hosts, interpreter), ssh_config file and hosts.yaml. The key is part of the socket's
+name, so a changed entry reaches another holder (the old one sees the change itself and
+retires: `freshness.py`). The config file takes part because a holder belongs to one: it
+watches that file, takes its `session` settings and logs in its workspace; two workspaces
+(two hosts.yaml) that name a host alike, even with the same entry, each get their own holder,
+and `session stop` in one never ends the other's (with $XDG_RUNTIME_DIR their sockets share
+one folder)."""
 
 from __future__ import annotations
 
@@ -35,13 +40,20 @@ def connection_fields(host: HostConfig) -> dict:
 
 def session_key(host: HostConfig, ssh_config: str | Path | None = None) -> str:
     """The key of the session to `host` for this user (`ssh_config` as for `open_transport`)."""
-    return key_of(connection_fields(host), resolved_ssh_config(ssh_config))
+    config = str(host.config_path) if host.config_path is not None else None
+    return key_of(connection_fields(host), resolved_ssh_config(ssh_config), config)
 
 
-def key_of(fields: dict, ssh_config: str | None) -> str:
+def key_of(fields: dict, ssh_config: str | None, config: str | None = None) -> str:
     # HOME: ~/.ssh's keys and known_hosts take part in the connection too.
     home = os.path.expanduser("~")
-    ident = {"uid": os.getuid(), "home": home, "host": fields, "ssh_config": ssh_config}
+    ident = {
+        "uid": os.getuid(),
+        "home": home,
+        "host": fields,
+        "ssh_config": ssh_config,
+        "config": config,
+    }
     blob = json.dumps(ident, sort_keys=True).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:KEY_CHARS]
 

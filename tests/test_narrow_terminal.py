@@ -1,0 +1,111 @@
+"""A new user's 80-column terminal: every line kerneldev prints fits it.
+
+The commands a user meets first run on a forced 80-column terminal (stdout and stderr), over
+the real sshd with kept sessions on, two hosts in a group, a refused push, a refused pull and
+error messages; then `--help` of every command. Tables fold their paths and words, messages
+and hints wrap at spaces. (A single word longer than the line, a path the user chose, is left
+whole: no such word occurs here.)"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import typer
+import yaml
+
+from kerneldev.cli.environment import Environment
+from kerneldev.cli.main import _register_commands, app, main
+from tests.test_session import A, B, kept, make_env  # noqa: F401 - kept: a fixture
+
+WIDTH = 80
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def terminal_run(config, *args: str) -> tuple[int, list[str]]:
+    out, err = io.StringIO(), io.StringIO()
+    env = Environment(
+        stdout=out,
+        stderr=err,
+        stdin=io.StringIO(),
+        stdout_isatty=True,
+        stderr_isatty=True,
+        width=WIDTH,
+    )
+    argv = ["--config", str(config), *args] if config is not None else list(args)
+    code = main(argv, env=env)
+    text = ANSI.sub("", out.getvalue() + err.getvalue()).replace("\r", "\n")
+    return int(code), text.splitlines()
+
+
+def too_long(lines: list[str]) -> list[str]:
+    return [line for line in lines if len(line) > WIDTH]
+
+
+def test_the_first_commands_fit_80_columns(kept, tmp_path, sshd_server, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    env = make_env(tmp_path, sshd_server)
+    data = yaml.safe_load(env.config.read_text())
+    second = dict(data["hosts"]["h"], workspace="ws2")
+    data["hosts"]["h-second-with-a-longer-name"] = second
+    data["groups"] = {"pair": ["h", "h-second-with-a-longer-name"]}
+    data["default"] = "h"
+    env.config.write_text(yaml.safe_dump(data))
+    kept.append(env)
+
+    steps: list[tuple[tuple[str, ...], int | None]] = []
+
+    def run(*args: str, code: int | None = 0) -> None:
+        got, lines = terminal_run(env.config, *args)
+        if code is not None:
+            assert got == code, (args, lines)
+        steps.append((args, got))
+        long = too_long(lines)
+        assert not long, f"kerneldev {' '.join(args)}: lines over {WIDTH} columns: {long}"
+
+    run("status")
+    run("doctor", code=None)  # no GPU, no service here: some checks fail, the lines must fit
+    run("pull")
+    run("diff")
+    (env.workspace / A).write_bytes(b"BLOCK = 128\n")
+    run("diff", code=1)
+    run("push", "--dry-run")
+    run("push", "--no-import-check")
+    run("log")
+    (env.root / B).write_bytes(b"SPLITS = 16\n")  # someone edits the host
+    (env.workspace / B).write_bytes(b"SPLITS = 4\n")
+    run("push", "--no-import-check", code=1)  # refused: the error and its hint wrap
+    run("pull", code=1)  # refused: unpushed edits
+    run("rollback", "--dry-run")
+    run("rollback")
+    run("diff", "--host", "nosuch", code=2)
+    run("session", "list")
+    run("session", "status")
+    run("status", "--host", "pair")
+    run("diff", "--host", "pair", code=None)
+    run("push", "--host", "pair", "--dry-run", code=None)
+    run("session", "list", "--host", "pair")
+    run("session", "status", "--host", "pair")
+    run("session", "stop", "--all")
+
+
+def _command_paths(command, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = [prefix]
+    for name, sub in getattr(command, "commands", {}).items():  # a group's commands
+        if not getattr(sub, "hidden", False):
+            paths += _command_paths(sub, (*prefix, name))
+    return paths
+
+
+def test_every_help_fits_80_columns(monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(WIDTH))
+    _register_commands()  # as `kerneldev --help` does: every command, not only the loop's
+    paths = _command_paths(typer.main.get_command(app))
+    assert ("session", "status") in paths and ("sandbox", "up") in paths
+    long = {}
+    for path in paths:
+        code, lines = terminal_run(None, *path, "--help")
+        assert code == 0 and lines, (path, lines)
+        if too_long(lines):
+            long[" ".join(path)] = too_long(lines)
+    assert not long, long
