@@ -561,123 +561,6 @@ def _attend_split_mma(
 
 
 @triton.jit
-def _raw_group(KV_ptr, row_off, scale_off, valid, g: tl.constexpr, dtype: tl.constexpr):
-    """Nope group g (64 dims) of V4 rows: the raw float8_e4m3fn codes in the operand dtype
-    (exact: 4 significant bits; one conversion, no scale multiply) and the group's UE8M0 scale
-    per token, float32 [BLOCK_N]. Rows that are not `valid` are 0 (scale 2^-127)."""
-    c = g * GROUP + tl.arange(0, GROUP)
-    raw = tl.load(KV_ptr + (row_off[:, None] + c[None, :]), mask=valid[:, None], other=0)
-    exps = tl.load(KV_ptr + (scale_off + g), mask=valid, other=0)
-    return raw.to(tl.float8e4nv, bitcast=True).to(dtype), _ue8m0(exps)
-
-
-@triton.jit
-def _attend_split_raw(
-    q_row, stride_qd, head_mask,
-    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
-    qk_scale_log2,
-    HAS_EXTRA: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):  # fmt: skip
-    """`_attend_split_mma`'s bf16-P loop for V4 caches with the scales outside the tile
-    (RAW_K): UE8M0 scales are powers of two, one per 64-dim group and token, so
-
-        S = sum_g s[:, g] * (q_g k_raw_g^T) + q_rope rope^T
-        O_g += (P * s[:, g]) k_raw_g                     (O's 64 columns of group g)
-
-    with k_raw the fp8 codes converted once to the operand dtype and no per-element scale
-    multiply: the scale is applied to the BLOCK_H x BLOCK_N scores and P of each group. Both
-    are exact (a power-of-two factor on fp32 before the same bf16 rounding of P). Returns the
-    8 group accumulators [BLOCK_H, 64] (group 7: rope), m_i and l_i."""
-    offs_n = tl.arange(0, BLOCK_N)
-    c = tl.arange(0, GROUP)
-    q0 = _q_group(q_row, stride_qd, head_mask, 0, DOT_DTYPE)
-    q1 = _q_group(q_row, stride_qd, head_mask, 1, DOT_DTYPE)
-    q2 = _q_group(q_row, stride_qd, head_mask, 2, DOT_DTYPE)
-    q3 = _q_group(q_row, stride_qd, head_mask, 3, DOT_DTYPE)
-    q4 = _q_group(q_row, stride_qd, head_mask, 4, DOT_DTYPE)
-    q5 = _q_group(q_row, stride_qd, head_mask, 5, DOT_DTYPE)
-    q6 = _q_group(q_row, stride_qd, head_mask, 6, DOT_DTYPE)
-    q7 = _q_group(q_row, stride_qd, head_mask, 7, DOT_DTYPE)
-    a0 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a1 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a2 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a3 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a4 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a5 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a6 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    a7 = tl.zeros([BLOCK_H, GROUP], dtype=tl.float32)
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
-    n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
-    n_tiles = n_main
-    if HAS_EXTRA:
-        n_tiles += tl.cdiv(tl.maximum(e_end - e_start, 0), BLOCK_N)
-    for i in range(0, n_tiles):
-        kv, kv_stride, psize, ntok, irow, istride, n0, stop = _tile_source(
-            i, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it,
-            start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row,
-            stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
-        )  # fmt: skip
-        idx, valid = _gather_indices(irow, istride, n0 + offs_n, stop, ntok)
-        row_off, scale_off = _row_offsets(kv_stride, psize, idx, 0)
-        k0, s0 = _raw_group(kv, row_off, scale_off, valid, 0, DOT_DTYPE)
-        k1, s1 = _raw_group(kv, row_off, scale_off, valid, 1, DOT_DTYPE)
-        k2, s2 = _raw_group(kv, row_off, scale_off, valid, 2, DOT_DTYPE)
-        k3, s3 = _raw_group(kv, row_off, scale_off, valid, 3, DOT_DTYPE)
-        k4, s4 = _raw_group(kv, row_off, scale_off, valid, 4, DOT_DTYPE)
-        k5, s5 = _raw_group(kv, row_off, scale_off, valid, 5, DOT_DTYPE)
-        k6, s6 = _raw_group(kv, row_off, scale_off, valid, 6, DOT_DTYPE)
-        rope_ptr = (kv + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-        k7 = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-        k7 = k7.to(DOT_DTYPE)
-        if PREFETCH:
-            nkv, nstride, npsize, nntok, nirow, nistride, nn0, nstop = _tile_source(
-                i + 1, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row,
-                stride_it, start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
-                e_idx_row, stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
-            )  # fmt: skip
-            next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
-            if nntok > 0:  # an empty cache's pointer may not be an address
-                _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, 0)
-        s = tl.dot(q7, tl.trans(k7))
-        s += tl.dot(q0, tl.trans(k0)) * s0[None, :]
-        s += tl.dot(q1, tl.trans(k1)) * s1[None, :]
-        s += tl.dot(q2, tl.trans(k2)) * s2[None, :]
-        s += tl.dot(q3, tl.trans(k3)) * s3[None, :]
-        s += tl.dot(q4, tl.trans(k4)) * s4[None, :]
-        s += tl.dot(q5, tl.trans(k5)) * s5[None, :]
-        s += tl.dot(q6, tl.trans(k6)) * s6[None, :]
-        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
-        a0 = tl.dot((p * s0[None, :]).to(DOT_DTYPE), k0, a0 * alpha[:, None])
-        a1 = tl.dot((p * s1[None, :]).to(DOT_DTYPE), k1, a1 * alpha[:, None])
-        a2 = tl.dot((p * s2[None, :]).to(DOT_DTYPE), k2, a2 * alpha[:, None])
-        a3 = tl.dot((p * s3[None, :]).to(DOT_DTYPE), k3, a3 * alpha[:, None])
-        a4 = tl.dot((p * s4[None, :]).to(DOT_DTYPE), k4, a4 * alpha[:, None])
-        a5 = tl.dot((p * s5[None, :]).to(DOT_DTYPE), k5, a5 * alpha[:, None])
-        a6 = tl.dot((p * s6[None, :]).to(DOT_DTYPE), k6, a6 * alpha[:, None])
-        a7 = tl.dot(p.to(DOT_DTYPE), k7, a7 * alpha[:, None])
-        m_i = m_new
-    return a0, a1, a2, a3, a4, a5, a6, a7, m_i, l_i
-
-
-@triton.jit
-def _store_group(o_row, g: tl.constexpr, acc, f, head_mask, O_ptr, TO_OUT: tl.constexpr,
-                 RNE_BY_HAND: tl.constexpr):  # fmt: skip
-    """Columns [64 g, 64 g + 64) of the rows `o_row`: acc * f per row (in the output dtype
-    with TO_OUT, else float32: a split's partial)."""
-    c = g * GROUP + tl.arange(0, GROUP)
-    x = acc * f[:, None]
-    if TO_OUT:
-        x = _to_out_dtype(x, O_ptr, RNE_BY_HAND)
-    tl.store(o_row + c[None, :], x, mask=head_mask[:, None])
-
-
-@triton.jit
 def _tile_source(
     i, n_main,
     KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
@@ -783,52 +666,6 @@ def _split_heads(
     tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
-@triton.jit
-def _split_heads_raw(
-    heads, b, split, H, num_splits,
-    Q_ptr, stride_qb, stride_qh, stride_qd,
-    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
-    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
-    PO_ptr, PLSE_ptr, qk_scale_log2,
-    SINGLE_SPLIT: tl.constexpr,
-    HAS_EXTRA: tl.constexpr,
-    HAS_SINK: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-    RNE_BY_HAND: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):  # fmt: skip
-    """`_split_heads` with `_attend_split_raw`: the same results, stored by 64-column group."""
-    head_mask = heads < H
-    q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
-    a0, a1, a2, a3, a4, a5, a6, a7, m_i, l_i = _attend_split_raw(
-        q_row, stride_qd, head_mask,
-        KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-        EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-        e_start, e_end, qk_scale_log2, HAS_EXTRA, heads.shape[0], BLOCK_N, DOT_DTYPE, PREFETCH,
-    )  # fmt: skip
-    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if SINGLE_SPLIT:
-        f, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-    else:
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-        f = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-        o_row = PO_ptr + row[:, None] * D_QK
-        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    _store_group(o_row, 0, a0, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 1, a1, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 2, a2, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 3, a3, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 4, a4, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 5, a5, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 6, a6, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-    _store_group(o_row, 7, a7, f, head_mask, O_ptr, SINGLE_SPLIT, RNE_BY_HAND)
-
-
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _mma_split_kernel(
     Q_ptr,
@@ -890,7 +727,6 @@ def _mma_split_kernel(
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
     RUN_EXACT: tl.constexpr = True,
-    RAW_K: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
@@ -951,17 +787,7 @@ def _mma_split_kernel(
                     S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
                 )  # fmt: skip
     else:
-        if RUN_BF16_P and RAW_K and not PV_SPLIT:
-            _split_heads_raw(
-                h0 + tl.arange(0, BLOCK_H), b, split, H, num_splits,
-                Q_ptr, stride_qb, stride_qh, stride_qd,
-                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
-                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
-                e_start, e_end, SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr,
-                stride_lb, stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
-                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
-            )  # fmt: skip
-        elif RUN_BF16_P:
+        if RUN_BF16_P:
             _split_heads(
                 h0 + tl.arange(0, BLOCK_H), b, split, H,
                 num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
@@ -1058,10 +884,6 @@ class MMARow(NamedTuple):
     # bf16-P launch (which then counts too and skips the few-token requests), not after it,
     # so its time passes under the bf16-P launch's longest split instead of adding to it.
     exact_concurrent: bool = False
-    # The bf16-P loop with the UE8M0 scales outside the K tile (V4 caches; `_attend_split_raw`):
-    # 0 never, 1 on prefill-sized calls (PREFILL_PROGRAMS_PER_SLOT or more programs per
-    # resident slot), 2 on every call.
-    raw_k: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1077,16 +899,16 @@ MMA_ROWS: dict[str, MMARow] = {
     # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
     # The exact launch beside the bf16-P one (side stream): edge rows' ~40 µs exact pass under
     # the longest split (issue 20, session 4: docs/benchmarks.md).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 1),
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, raw_k=1),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, raw_k=1),
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False),
 }
 
 
@@ -1116,7 +938,6 @@ class MMAConfig(NamedTuple):
     exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
     prefetch_next: bool = False  # L2 prefetch of the next tile's rows (GPU only)
     exact_concurrent: bool = False  # the second (exact) launch on a side stream (GPU only)
-    raw_k: bool = False  # bf16-P loop with the scales outside the K tile (V4 caches)
 
 
 MAX_SPLITS = 64
@@ -1163,8 +984,7 @@ def mma_config(
     programs = B * triton.cdiv(H, block_h)
     slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
-    prefill = programs >= PREFILL_PROGRAMS_PER_SLOT * slots
-    if row.prefill_block_n and block_h <= 16 and prefill:
+    if row.prefill_block_n and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
@@ -1185,7 +1005,6 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent,
-        row.raw_k == 2 or (row.raw_k == 1 and prefill),
     )  # fmt: skip
 
 
@@ -1317,7 +1136,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda,
-                RAW_K=cfg.raw_k and flags["FMT"] == flags["E_FMT"] == FMT_V4,
                 num_warps=cfg.num_warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:

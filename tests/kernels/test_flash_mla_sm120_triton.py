@@ -433,57 +433,6 @@ def test_matches_reference(case_id, kwargs, variant, config):
     _run_and_check(inputs, variant, config)
 
 
-# The bf16-P loop with the UE8M0 scales outside the K tile (`raw_k`: S and P scaled per 64-dim
-# group instead of every K element): dual and single caches, sink, partial lengths, invalid
-# ids, padded pages, one split and several. On the GPU with bf16 P, so large enough shapes.
-RAW_CASES = [
-    (
-        "raw_dual_sink_partial",
-        dict(
-            B=3,
-            H=8,
-            topk=40,
-            page_size=16,
-            extra_topk=24,
-            extra_page_size=16,
-            with_sink=True,
-            topk_length="partial",
-            invalid_fraction=0.2,
-        ),
-    ),  # fmt: skip
-    ("raw_single_padded", dict(B=2, H=20, topk=70, page_size=64, page_stride="pad576")),
-]
-if ON_GPU:
-    RAW_CASES = [
-        ("gpu_raw_B64_main128_extra512", GPU_DUAL_PARTIAL),
-        ("gpu_raw_B64_topk2048", dict(B=64, H=64, topk=2048, page_size=64, with_sink=True)),
-        (
-            "gpu_raw_T1024_H8_dual",
-            dict(B=1024, H=8, topk=128, page_size=256, extra_topk=512, with_sink=True),
-        ),
-    ]
-
-
-@pytest.mark.parametrize("splits", [1, 2])
-@pytest.mark.parametrize("case_id,kwargs", RAW_CASES, ids=[c[0] for c in RAW_CASES])
-def test_scales_outside_the_tile(case_id, kwargs, splits):
-    cc = (9, 0) if ON_GPU else None
-    shape = (kwargs["B"], kwargs["H"], kwargs["topk"], kwargs.get("extra_topk", 0))
-    cfg = fl.mma_config(cc, 132 if ON_GPU else 2, *shape)._replace(raw_k=True, num_splits=splits)
-    inputs = ref.make_inputs(**kwargs, device=DEVICE, seed=_seed(case_id))
-    _run_and_check(inputs, "mma", cfg)
-
-
-def test_raw_k_rule():
-    """raw_k 1 takes the raw loop on prefill-sized calls only, 2 on every call."""
-    row = fl.MMA_ROWS["sm90"]
-    for raw, decode_on, prefill_on in ((0, False, False), (1, False, True), (2, True, True)):
-        r = row._replace(raw_k=raw)
-        assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=r).raw_k is decode_on
-        assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=r).raw_k is prefill_on
-        assert fl.mma_config((9, 0), 132, 1024, 64, 128, 512, row=r).raw_k is prefill_on
-
-
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_all_indices_invalid(variant, with_sink):
