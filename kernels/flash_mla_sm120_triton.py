@@ -87,7 +87,6 @@ FORMAT_NAMES = {584: "V4", 528: "V4.1 FP8", 288: "V4.1 FP4"}
 
 # Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-INTERPRETED = tl.constexpr(_INTERPRET)  # the same, for the kernels
 
 # `variant=None` follows this, read once at import as the deployed original does.
 _DEFAULT_VARIANT = "mma" if os.environ.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
@@ -195,20 +194,11 @@ def _ue8m0(exps):
 
 
 @triton.jit
-def _ue8m0_bf16(exps):
-    """UE8M0 scale bytes -> bfloat16 2^(e - 127) from its bits (bf16 has float32's exponent
-    field: e << 7; byte 0 the subnormal 2^-127, 0x0040; byte 255 +inf, as `_ue8m0`)."""
-    bits = tl.where(exps == 0, 0x0040, exps.to(tl.int16) << 7)
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
-
-
-@triton.jit
 def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr,
             FMT: tl.constexpr):  # fmt: skip
-    """The spec's K rows of the cache slots `idx` as [BLOCK_N, 512] (zero where not
+    """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
     `valid`), from a cache in format FMT (0: V4, 1: V4.1 FP8, 2: V4.1 FP4). Every product
-    of a code and its scale is exact in bf16 (at most 4 + 4 significant bits). float32, but
-    bfloat16 for V4 rows on the GPU (`_tile_k_v4`)."""
+    of a code and its scale is exact in bf16 (at most 4 + 4 significant bits)."""
     if FMT == 1:
         k = _tile_k_v41(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
     elif FMT == 2:
@@ -268,8 +258,7 @@ def _tile_k_v41_fp4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.c
 
 @triton.jit
 def _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
-    """V4 rows: dequantized nope in columns 0..447, the bf16 rope in 448..511 (bfloat16 on the
-    GPU, float32 in the interpreter). Built as
+    """V4 rows: dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
     [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
     axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
     row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 0)
@@ -286,17 +275,10 @@ def _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.conste
         mask=valid[:, None] & is_nope[None, :],
         other=0,
     )
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(exps)[:, :, None]
     rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
     rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-    codes = raw.to(tl.float8e4nv, bitcast=True)
-    if INTERPRETED:  # the interpreter's bf16 arithmetic works on raw bits: float32 there
-        nope = codes.to(tl.float32) * _ue8m0(exps)[:, :, None]
-        rope = rope.to(tl.float32)
-    else:
-        # In bf16 (exact: code x power of two): fp8 -> bf16 is one conversion from the
-        # fp16 pair, and the bf16 tile needs no float32 round trip before the products.
-        nope = codes.to(tl.bfloat16) * _ue8m0_bf16(exps)[:, :, None]
-    k = tl.where(is_nope[None, :, None], nope, rope[:, None, :])
+    k = tl.where(is_nope[None, :, None], nope, rope.to(tl.float32)[:, None, :])
     return tl.reshape(k, (BLOCK_N, D_QK))
 
 
