@@ -1,14 +1,14 @@
 """`kerneldev bench --service` against SGLang's own client, on the sandbox's scripted streams.
 
-The sandbox serves `/generate` on a fixed timetable (3 tokens a chunk, 60 ms between chunks,
-the second request after each `/flush_cache` failing inside its stream), so what the two
-clients report can only differ by definition, not by speed. SGLang 0.5.23's client
-(`sglang.benchmark.serving`, from the release `scripts/sglang_releases.py` lays out) runs
-with its default start-up: it finds the model on `/v1/models` and its tokenizer through
+The sandbox serves `/generate` on a fixed timetable (the first chunk after 240 ms, then 3 tokens
+a chunk, 60 ms between chunks, the second request after each `/flush_cache` failing inside its
+stream), so what the two clients report can only differ by definition, not by speed. SGLang
+0.5.23's client (`sglang.benchmark.serving`, from the release `scripts/sglang_releases.py` lays
+out) runs with its default start-up: it finds the model on `/v1/models` and its tokenizer through
 `/model_info`'s `tokenizer_path` (a word-level tokenizer built here, offline).
 
 Both must agree exactly on the requests that completed and failed and on every token count,
-and on ITL and TPOT within 10%. One documented difference: SGLang's client counts the request
+and on ITL, TPOT and TTFT within 10%. One documented difference: SGLang's client counts the request
 whose stream carried `{"error": ...}` as *successful* (with the 3 tokens it had), where kerneldev
 counts it failed with the server's message; the test checks that difference exactly too.
 """
@@ -29,7 +29,10 @@ from tests import sglang_client
 from tests.clirun import run_kerneldev
 from tests.service_start import restart_until_healthy
 
-SPEC = "chunk_tokens=3,gap_ms=60,first_ms=60,error_request=2,error_after=1"
+# first_ms: TTFT is one value per request, so its median carries each client's own start-up
+# jitter; at 60 ms a loaded 2-core machine (parallel test workers) moved it by 10 ms (76 vs 67),
+# past the 10%. At 240 ms the same jitter is ~4%, and the check stays 10%.
+SPEC = "chunk_tokens=3,gap_ms=60,first_ms=240,error_request=2,error_after=1"
 REQUESTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN = 8, 2, 6, 8
 FIRST_CHUNK = 3  # tokens the failing request had before its error
 
