@@ -1,3 +1,7 @@
+"""Fixtures every test module may use (sshd, isolated HOME, SGLang releases, per-worker
+state) and how a parallel run (pytest-xdist, what `scripts/bootstrap test` runs) hands tests
+to its workers."""
+
 from __future__ import annotations
 
 import os
@@ -5,8 +9,31 @@ from pathlib import Path
 
 import pytest
 
-from tests import sglang_releases
+from tests import per_run, sglang_releases
 from tests.sshd import SSHServer, find_sshd, start_sshd
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by fixture parameter
+def pytest_collection_modifyitems(config, items):
+    """In a worker of a parallel run (`--dist worksteal`, N workers): the tests marked `slow`
+    are dealt out one each to the N equal parts that worksteal first hands the workers (in
+    collection order), at the head of each part, so every worker starts on a long test and
+    none of them is left to start last; the other tests keep their order (a module's tests
+    stay together, which keeps its module-scoped fixtures to few workers). Idle workers then
+    steal from the tails. A run in one process keeps the collection order."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or workers < 2:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    rest = iter([item for item in items if not item.get_closest_marker("slow")])
+    parts: list[list] = [slow[k::workers] for k in range(workers)]
+    left = len(items)
+    for k, part in enumerate(parts):  # worksteal's split: len(pending) // workers left
+        size = left // (workers - k)
+        left -= size
+        part.extend(next(rest) for _ in range(max(0, size - len(part))))
+    ordered = [item for part in parts for item in part] + list(rest)
+    items[:] = ordered
 
 
 def _running_sshd(tmp_path_factory, folder: str):
@@ -64,10 +91,17 @@ def isolated_home(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture(scope="session", params=sglang_releases.VERSIONS)
 def sglang_release(request, tmp_path_factory) -> sglang_releases.Release:
-    """A real SGLang release (each of tests/sglang_releases.VERSIONS), laid out once per session
-    as a trimmed live tree; `copy_to` gives a test its own copy. Skips, saying why, when the
-    release cache is empty (scripts/bootstrap test fills it) or torch is missing."""
+    """A real SGLang release (each of tests/sglang_releases.VERSIONS), laid out once per test
+    run (one for all its workers) as a trimmed live tree; `copy_to` gives a test its own copy.
+    Skips, saying why, when the release cache is empty (scripts/bootstrap test fills it) or
+    torch is missing."""
     reason = sglang_releases.missing_reason(request.param)
     if reason:
         pytest.skip(reason)
-    return sglang_releases.session_release(request.param, tmp_path_factory.mktemp("sglang"))
+    version = request.param
+
+    def lay_out(folder: Path) -> None:
+        sglang_releases.session_release(version, folder)
+
+    folder = per_run.shared_folder(tmp_path_factory, f"sglang-{version}", lay_out)
+    return sglang_releases.laid_out_release(version, folder)

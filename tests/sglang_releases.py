@@ -2,11 +2,13 @@
 rollback), from the cache `scripts/sglang_releases.py` fills (`scripts/bootstrap test` runs it;
 pytest itself downloads nothing).
 
-Per session and release, `session_release()` lays out once a trimmed tree: every file of the
-release's `python/` that importing its sm_120 wrapper and kernel file loads (found by importing
-them), plus the files that import those two modules (what the import check scans). A test then
-copies that tree (`Release.copy_to`, well under a second) and gets the release's real wrapper,
-kernel file, DSv4 backend and `sglang/__init__.py` chain, at the release's own layout.
+Per test run and release, `session_release()` lays out once a trimmed tree (one for all the
+run's pytest-xdist workers, `tests/per_run.py`; `laid_out_release()` reads it back): every
+file of the release's `python/` that importing its sm_120 wrapper and kernel file loads (found
+by importing them), plus the files that import those two modules (what the import check
+scans). A test then copies that tree (`Release.copy_to`, well under a second) and gets the
+release's real wrapper, kernel file, DSv4 backend and `sglang/__init__.py` chain, at the
+release's own layout.
 
 The test host's environment is `Release.env`: PYTHONPATH holds the package set 'wrapper-imports'
 (the small packages the wrappers import) and tests/sglang_stubs/ (torchvision, which has no CPU
@@ -142,4 +144,14 @@ def session_release(version: str, dest: Path) -> Release:
         target = tree / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source.parent / rel, target)
-    return Release(version, tree, folder, sorted(files), sorted(importers), env)
+    manifest = {"files": sorted(files), "importers": sorted(importers)}
+    (dest / f"{version}.json").write_text(json.dumps(manifest))
+    return Release(version, tree, folder, manifest["files"], manifest["importers"], env)
+
+
+def laid_out_release(version: str, dest: Path) -> Release:
+    """The release `session_release(version, dest)` laid out earlier (maybe in another test
+    process of the run: tests/per_run.py)."""
+    manifest = json.loads((dest / f"{version}.json").read_text())
+    files, importers = manifest["files"], manifest["importers"]
+    return Release(version, dest / version, FOLDERS[version], files, importers, host_env())

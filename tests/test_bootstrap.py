@@ -160,8 +160,9 @@ def test_a_system_python_gets_a_project_venv_and_pip_runs_only_there(world):
     again, calls = world("test")
     assert again.returncode == 0, again.stderr
     assert _pip_installs(calls) == [] and "already installed" in again.stderr
-    # pytest in one process unless KERNELDEV_TEST_WORKERS asks for workers
-    assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", "0", "--dist", "worksteal"]
+    # pytest on two workers per core (at most 8) unless KERNELDEV_TEST_WORKERS says otherwise
+    workers = min(2 * len(os.sched_getaffinity(0)), 8)
+    assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", str(workers), "--dist", "worksteal"]
     # test: the SGLang releases are fetched first (pytest itself downloads nothing)
     assert calls[-2]["args"] == ["scripts/sglang_releases.py", "fetch"] and calls[-2]["venv"]
 
@@ -170,13 +171,15 @@ def test_a_system_python_gets_a_project_venv_and_pip_runs_only_there(world):
     assert all(c["args"][:1] != ["scripts/sglang_releases.py"] for c in calls)
     assert "KERNELDEV_SGLANG=skip" in offline.stderr
 
-    auto, calls = world("test", KERNELDEV_TEST_WORKERS="auto")  # one per core plus one, <= 8
+    auto, calls = world("test", KERNELDEV_TEST_WORKERS="auto")  # the default, said explicitly
     assert auto.returncode == 0, auto.stderr
-    workers = min(len(os.sched_getaffinity(0)) + 1, 8)
     assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", str(workers), "--dist", "worksteal"]
     three, calls = world("test", KERNELDEV_TEST_WORKERS="3")  # the user picks the count
     assert three.returncode == 0, three.stderr
     assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", "3", "--dist", "worksteal"]
+    serial, calls = world("test", KERNELDEV_TEST_WORKERS="0")  # one process, the escape hatch
+    assert serial.returncode == 0, serial.stderr
+    assert calls[-1]["args"] == ["-m", "pytest", "-q", "-n", "0"]
 
 
 def test_python3_venv_is_installed_via_apt_when_venv_cannot_work(world):

@@ -306,12 +306,15 @@ def test_help_imports_no_paramiko_rich_tables_or_torch():
 
 
 # A real SIGINT, delivered while kerneldev is still importing typer (before main() runs).
-# The child first takes SIGINT's default handler: a parent that ignores SIGINT (a background
-# job of a non-interactive shell, as a CI script may start pytest) passes SIG_IGN on, and then
-# the signal would be dropped. A terminal's foreground job never starts with it ignored.
+# The child first puts SIGINT as a terminal's foreground job has it: Python's handler, not
+# blocked. A parent that ignores SIGINT (a background job of a non-interactive shell, as CI
+# scripts and `nohup` start pytest) passes SIG_IGN on through exec, and one that blocks it
+# passes the mask on: either way the signal would never be acted on, the child would go on to
+# its config check, and the test would fail for a reason that is not kerneldev's.
 CTRL_C_ON_IMPORT = """
 import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 class CtrlCOnImport:
     def find_spec(self, name, path=None, target=None):
         if name == "typer":

@@ -126,6 +126,7 @@ def run_wrapper_call(tree: Tree) -> float:
 DEFAULT_BACKEND = {"0.5.14": "triton", "0.5.23": "flashinfer"}
 
 
+@pytest.mark.slow
 def test_install_then_push_restart_leaves_a_working_wrapper(tmp_path, monkeypatch, sglang_release):
     pytest.importorskip("triton")
     tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
@@ -194,6 +195,7 @@ SWITCH_CASES = {
 }
 
 
+@pytest.mark.slow
 def test_status_matches_the_live_dispatch_for_every_switch(tmp_path, monkeypatch, sglang_release):
     """`kernels status` against what each case really runs (SWITCH_CASES, read from each
     release's wrapper and environ.py), for a decode call and a prefill-sized call."""
@@ -469,6 +471,7 @@ def test_kernel_sites_at_every_known_layout():
     )
 
 
+@pytest.mark.slow
 def test_an_ab_whose_variants_run_the_same_kernel_is_refused(tmp_path, monkeypatch, sglang_release):
     """SGLang 0.5.23 runs FlashInfer unless told `triton`, so an A/B that toggles only
     SGLANG_SM120_MMA_FLASHMLA compares FlashInfer with itself: `profile` and `bench --service`

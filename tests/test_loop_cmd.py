@@ -571,6 +571,7 @@ def test_restart_http_health(env_factory, monkeypatch):
 # --- the demo -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_demo_exits_0(tmp_path):
     """The README's main job as a new user runs it: kept sessions on (the suite turns them
     off elsewhere) and no $XDG_RUNTIME_DIR, so the session's socket sits in the demo's

@@ -213,6 +213,7 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
 # --- concurrent pushes ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_two_workspaces_push_at_once_20_times(sshd_server, tmp_path, isolated_home):
     """Two engineers push different edits of the same files at the same moment: exactly one
     deploys, the other is refused naming the changed file, no edit is lost (half the runs with
@@ -294,6 +295,7 @@ def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
 # --- cut connections --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cut_connection_at_50_points_push_and_rollback(
     sshd_server, tmp_path, isolated_home, monkeypatch
 ):

@@ -245,6 +245,7 @@ def test_workspace_of_another_host_is_refused(host, transport):
         drift.compute_drift(LocalTransport(other), other)
 
 
+@pytest.mark.slow
 def test_demo_on_the_local_transport(tmp_path):
     """The fallback when sshd is not installed: the same steps, all passing."""
     from kerneldev.sandbox.demo import run_demo
