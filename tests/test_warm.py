@@ -142,6 +142,13 @@ def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # no
         assert served() == 1
     finally:
         os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # Both warm processes wrote to one log next to the socket, closed to others.
+    log = Path(warm_client.log_path(warm_socket()))
+    assert log.stat().st_mode & 0o777 == 0o600
+    text = log.read_text()
+    assert f"warm {old}: listening on {warm_socket()}" in text
+    assert f"warm {old}: refused a command: Refused: another code stamp" in text
+    assert f"warm {info['pid']}: listening on" in text
 
 
 def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa: F811

@@ -90,6 +90,13 @@ def socket_path() -> str | None:
     return os.path.join(folder, f"warm-{zlib.crc32(which):08x}.sock")
 
 
+def log_path(sock_path: str) -> str:
+    """The warm process's log, next to its socket: `warm-<id>.log`."""
+    return (
+        sock_path[: -len(".sock")] + ".log" if sock_path.endswith(".sock") else sock_path + ".log"
+    )
+
+
 def private(folder: str) -> bool:
     """A real folder of this user that nobody else may enter."""
     try:
@@ -276,6 +283,9 @@ def start(code: str) -> None:
     path = socket_path()
     if path is None or listening(path):
         return
+    log = _open_log(path)
+    if log is None:
+        return  # no private folder: nowhere to put its socket either
     env = dict(os.environ)
     # The warm process imports this very kerneldev, wherever it was imported from.
     package_root = os.path.dirname(os.path.dirname(os.path.realpath(kerneldev.__file__)))
@@ -284,8 +294,8 @@ def start(code: str) -> None:
         process = subprocess.Popen(
             [sys.executable, "-m", WARM_MODULE],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
             start_new_session=True,
             cwd="/",
             env=env,
@@ -295,3 +305,32 @@ def start(code: str) -> None:
         process.stdin.close()  # not waited for: its imports take a while, the command is done
     except OSError:
         pass
+    finally:
+        os.close(log)
+
+
+LOG_LIMIT = 1 << 20  # bytes: a warm process started on a longer log starts it afresh
+
+
+def _open_log(sock_path: str) -> int | None:
+    """The log's descriptor, appending (0600, in the socket's private folder, never through a
+    symlink); None when that folder cannot be made private."""
+    from pathlib import Path
+
+    from kerneldev.hosts.transport.session import location
+
+    try:
+        location.private_folder(Path(os.path.dirname(sock_path)))
+    except location.PlaceError:
+        return None
+    path = log_path(sock_path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        if os.lstat(path).st_size > LOG_LIMIT:
+            flags |= os.O_TRUNC
+    except OSError:
+        pass
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError:
+        return None
