@@ -44,6 +44,9 @@ WARM_MODULES = (
     "kerneldev.hosts.transport.over_agent",
     "rich.console",
     "rich.table",
+    # A one-shot command (`--no-keep`) connects itself: paramiko and its cryptography, ~0.5 s
+    # of imports, done here once (importing starts no thread, so forking stays safe).
+    "kerneldev.hosts.transport.ssh",
 )
 
 

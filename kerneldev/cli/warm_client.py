@@ -6,8 +6,9 @@ imported already; this side sends it the command's argv, cwd, umask, environment
 stdin/stdout/stderr file descriptors (SCM_RIGHTS), forwards Ctrl-C / SIGTERM / SIGHUP to the
 command's process group and exits with its exit status. Anything that goes wrong before the
 command started (no warm process, another code stamp, a protocol error) returns None: the
-caller then runs the command in this process, as without the fast path. Only with kept sessions
-on (neither $KERNELDEV_NO_KEEP nor $KERNELDEV_WARM=0) and Linux (pidfd, SO_PEERCRED).
+caller then runs the command in this process, as without the fast path. Kept or one-shot
+(`--no-keep`: the warm process has paramiko imported too); never with $KERNELDEV_NO_KEEP or
+$KERNELDEV_WARM=0 set; Linux only (pidfd, SO_PEERCRED).
 """
 
 from __future__ import annotations
@@ -261,12 +262,16 @@ def listening(path: str) -> bool:
 
 
 def start_after(argv: list[str]) -> None:
-    """After a command ran in its own process: when it used a kept session, start the warm
-    process for the next one (if none listens)."""
+    """After a command ran in its own process: when it used a kept session, or reached an SSH
+    host one-shot (`--no-keep`, `session: {keep: false}`), start the warm process for the next
+    one (if none listens). Never with $KERNELDEV_NO_KEEP set (`wanted`): no background process
+    at all then."""
     if not wanted(argv):
         return
     session = sys.modules.get("kerneldev.hosts.transport.session.client")
-    if session is None or not getattr(session, "attached", False):
+    kept = session is not None and getattr(session, "attached", False)
+    # The SSH transport is imported only to connect to a host without a session.
+    if not kept and "kerneldev.hosts.transport.ssh" not in sys.modules:
         return
     try:
         start(stamp())
