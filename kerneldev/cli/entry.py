@@ -8,6 +8,7 @@ KeyboardInterrupt traceback. Here it ends as any other Ctrl-C does: one line, ex
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -40,7 +41,10 @@ def run() -> None:
         if warm_client.wanted(argv):
             handed = warm_client.run(argv)  # None: not handed over, nothing ran
             if handed is not None:
-                sys.exit(handed)
+                # This process only waited: no interpreter tear-down to wait for as well.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(handed)
         # Here, not at the top: a command handed to the warm process starts no thread, and
         # the hand-over's client skips threading's import.
         import threading
