@@ -8,6 +8,7 @@ $XDG_RUNTIME_DIR, so its warm process is its own and stopped at its end."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kerneldev.cli import warm_client
+from kerneldev.hosts.transport.session import control
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, run_kerneldev, start_kerneldev
 from tests.test_session import (
@@ -49,6 +51,11 @@ def runtime(kept, monkeypatch):  # noqa: F811
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
     yield folder
     stop_warm()
+    # The holders' sockets are in this folder too: stop them before it goes (`kept`'s own
+    # clean-up, after this one, would find no socket and leave them to their idle time).
+    for env in kept:
+        with contextlib.suppress(Exception):
+            control.stop(env.host)
     shutil.rmtree(folder, ignore_errors=True)
 
 
