@@ -69,8 +69,12 @@ TOOLS = {
     "diff_noop": ("kerneldev", "rsync", "rsync-c", "floor"),
 }
 # "kerneldev-kept": kerneldev through a live kept session (docs/sessions.md), started by the
-# untimed warm-up pull; "kerneldev" itself runs one-shot (KERNELDEV_NO_KEEP=1).
-TOOLS = {op: (*tools[:1], "kerneldev-kept", *tools[1:]) for op, tools in TOOLS.items()}
+# untimed warm-up pull; "kerneldev-warm": one-shot (`--no-keep`: its own SSH connection) but
+# handed to the live warm process (docs/sessions.md), which that pull started too;
+# "kerneldev" itself runs one-shot and fully cold (KERNELDEV_NO_KEEP=1, KERNELDEV_WARM=0).
+TOOLS = {
+    op: (*tools[:1], "kerneldev-kept", "kerneldev-warm", *tools[1:]) for op, tools in TOOLS.items()
+}
 # The floor's host-side programs: read every file of a folder to stdout, or read stdin.
 _FLOOR_READ = (
     "import sys,os; o=sys.stdout.buffer; d=sys.argv[1]; "
@@ -143,7 +147,7 @@ class Bench:
         self.tmp = tmp
         self.kerneldev = kerneldev
         self.base = base  # another kerneldev source tree, timed as the tool "kerneldev-base"
-        self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept")
+        self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept", "kerneldev-warm")
         self.own += ("kerneldev-base",) if base else ()
         self.server = start_sshd(tmp / "sshd")
         self.proxy = DelayProxy(self.server.port)
@@ -185,7 +189,9 @@ class Bench:
         # (an older kerneldev timed as kerneldev-base would refuse the `session` key).
         self.kept_config = tmp / "hosts-kept.yaml"
         self.kept_env = {**env, "KERNELDEV_CONFIG": str(self.kept_config)}
+        self.warm_env = dict(env)
         env["KERNELDEV_NO_KEEP"] = "1"
+        env["KERNELDEV_WARM"] = "0"
         self.env = env
         self.generation = 0
         hosts = []
@@ -202,6 +208,7 @@ class Bench:
                 ("kerneldev", f"c{case}"),
                 ("kerneldev-base", f"b{case}"),
                 ("kerneldev-kept", f"k{case}"),
+                ("kerneldev-warm", f"w{case}"),
             ):
                 if tool in self.own:
                     (kept_hosts if tool == "kerneldev-kept" else hosts).append(
@@ -251,9 +258,11 @@ class Bench:
         remote = f"{_alias(case)}:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
         verb = op.split("_")[0]
         ssh = f"ssh -F {self.ssh_config}"
-        if tool in ("kerneldev", "kerneldev-base", "kerneldev-kept"):
+        if tool in ("kerneldev", "kerneldev-base", "kerneldev-kept", "kerneldev-warm"):
             extra = ["--no-import-check"] if verb == "push" else []
-            name = {"kerneldev": "c", "kerneldev-base": "b", "kerneldev-kept": "k"}[tool] + case
+            extra += ["--no-keep"] if tool == "kerneldev-warm" else []
+            letter = {"kerneldev": "c", "kerneldev-base": "b", "kerneldev-kept": "k"}
+            name = {**letter, "kerneldev-warm": "w"}[tool] + case
             return [self.kerneldev, verb, "--host", name, *extra]
         if tool in ("rsync", "rsync-c"):
             flags = ["-a"] + (["-n"] if verb == "diff" else [])
@@ -289,6 +298,8 @@ class Bench:
             env = {**env, "PYTHONPATH": str(self.base)}
         if tool == "kerneldev-kept":
             env = self.kept_env
+        if tool == "kerneldev-warm":
+            env = self.warm_env
         feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
         start = time.perf_counter()
         proc = subprocess.run(argv, env=env, capture_output=True, **feed)
@@ -315,6 +326,20 @@ class Bench:
         subprocess.run(stop, env=self.kept_env, capture_output=True)
         self.proxy.close()
         self.server.stop()
+
+
+def _wait_for_warm(bench: Bench, timeout: float = 60.0) -> None:
+    """Until the warm process the warm-up's kept pull started listens (its imports take a
+    while), so no timed sample of the warm tool is a fallback that runs cold."""
+    from kerneldev.cli import warm_client
+
+    folder = Path(warm_client.socket_folder() or "/nonexistent")  # the same $XDG_RUNTIME_DIR
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(warm_client.listening(str(p)) for p in folder.glob("warm-*.sock")):
+            return
+        time.sleep(0.5)
+    print("no warm process listens: kerneldev-warm runs cold", file=sys.stderr)
 
 
 def _alias(case: str) -> str:
@@ -448,6 +473,7 @@ def main() -> int:
         for case in cases:
             for tool in bench.own:
                 bench.time_command(bench.command(case, "pull_cold", tool), tool)
+        _wait_for_warm(bench)
         for r in range(args.runs):
             for case in cases:
                 for op in ops:
@@ -482,6 +508,10 @@ def main() -> int:
             if "kerneldev-kept" in entry:
                 kept = entry["kerneldev-kept"]["median"]
                 entry["kept_ratio_vs_rsync"] = kept / entry["rsync"]["median"]
+            if "kerneldev-warm" in entry:
+                warm = entry["kerneldev-warm"]["median"]
+                entry["warm_ratio_vs_rsync"] = warm / entry["rsync"]["median"]
+                entry["warm_ratio_vs_floor"] = warm / entry["floor"]["median"]
             if args.base:
                 base = entry["kerneldev-base"]["median"]
                 entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
@@ -543,6 +573,13 @@ def render(result: dict) -> str:
             + (
                 f" kept {cell(row['kerneldev-kept'])} ({row['kept_ratio_vs_rsync']:.2f}x)"
                 if "kerneldev-kept" in row
+                else ""
+            )
+            + (
+                f" warm one-shot {cell(row['kerneldev-warm'])} "
+                f"({row['warm_ratio_vs_rsync']:.2f}x rsync, "
+                f"{row['warm_ratio_vs_floor']:.2f}x floor)"
+                if "kerneldev-warm" in row
                 else ""
             )
         )

@@ -39,6 +39,17 @@ def test_hello_names_the_agent_and_its_interpreter(agent):
     assert agent.ping() < 5
 
 
+def test_the_agents_source_is_not_in_its_command_line(agent):
+    """`ps` on the host shows a short bootstrap; the source came on stdin, then the frames."""
+    with open(f"/proc/{agent.hello['pid']}/cmdline", "rb") as f:
+        argv = f.read().split(b"\0")
+    command_line = b" ".join(argv)
+    assert b"The host agent" not in command_line and b"def serve" not in command_line
+    assert len(command_line) < 1000
+    assert b"-S" in argv and b"os.read(0" in command_line
+    assert agent.run("echo still served") == (0, "still served\n", "")
+
+
 def test_commands_run_in_sh_with_status_stdout_and_stderr(agent):
     assert agent.run("echo out; echo err >&2; exit 3") == (3, "out\n", "err\n")
     assert agent.run("""x='a "b"'; printf '%s\\n' "$x" | tr a A""") == (0, 'A "b"\n', "")

@@ -105,6 +105,24 @@ def test_the_warm_path_gives_the_same_results(kept, runtime, tmp_path, sshd_serv
     assert warm == cold
 
 
+def test_one_shot_commands_go_through_it_too(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+    """`--no-keep`: no session, the command's own SSH connection, but the warm interpreter."""
+    env = make_env(tmp_path, sshd_server)
+    kept.append(env)
+    assert kd(env, "pull", "--no-keep")[1] == 0  # one-shot: it starts the warm process
+    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    (env.workspace / A).write_bytes(b"BLOCK = 512\n")
+    cold = kd(env, "diff", "--no-keep", "--json", extra={"KERNELDEV_WARM": "0"})
+    assert served() == 0
+    warm = kd(env, "diff", "--no-keep", "--json")
+    assert served() == 1 and warm == cold and cold[1] != 0  # a drift: exit 1, same bytes
+    assert kd(env, "push", "--no-keep", "--no-import-check")[1] == 0
+    assert served() == 2 and (env.root / A).read_bytes() == b"BLOCK = 512\n"
+    # $KERNELDEV_NO_KEEP: nothing is handed to it (and nothing would start it).
+    assert kd(env, "diff", extra={"KERNELDEV_NO_KEEP": "1"})[1] == 0
+    assert served() == 2
+
+
 def test_ctrl_c_is_forwarded(kept, runtime, tmp_path, sshd_server):  # noqa: F811
     pidfile = tmp_path / "restart.pid"
     env = slow_restart_env(tmp_path, sshd_server, pidfile)
@@ -144,6 +162,13 @@ def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # no
         assert served() == 1
     finally:
         os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    # Both warm processes wrote to one log next to the socket, closed to others.
+    log = Path(warm_client.log_path(warm_socket()))
+    assert log.stat().st_mode & 0o777 == 0o600
+    text = log.read_text()
+    assert f"warm {old}: listening on {warm_socket()}" in text
+    assert f"warm {old}: refused a command: Refused: another code stamp" in text
+    assert f"warm {info['pid']}: listening on" in text
 
 
 def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa: F811

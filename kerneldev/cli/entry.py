@@ -8,8 +8,12 @@ KeyboardInterrupt traceback. Here it ends as any other Ctrl-C does: one line, ex
 from __future__ import annotations
 
 import json
+import os
 import sys
-import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import threading
 
 INTERRUPTED = 130  # errors.ExitCode.INTERRUPTED, without importing anything
 
@@ -33,12 +37,19 @@ def run() -> None:
     from kerneldev.cli import warm_client
 
     argv = sys.argv[1:]
-    threading.excepthook = quiet_background_errors
     try:
         if warm_client.wanted(argv):
             handed = warm_client.run(argv)  # None: not handed over, nothing ran
             if handed is not None:
-                sys.exit(handed)
+                # This process only waited: no interpreter tear-down to wait for as well.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(handed)
+        # Here, not at the top: a command handed to the warm process starts no thread, and
+        # the hand-over's client skips threading's import.
+        import threading
+
+        threading.excepthook = quiet_background_errors
         from kerneldev.cli.main import main
 
         status = main()

@@ -72,6 +72,10 @@ def _global_options(
 
 _registered: set[str] = set()
 
+# The click command typer builds from the signatures on every call of `app`: the warm process
+# (cli/warm.py) builds it once, with its options' coercion, and each forked command reuses it.
+prepared_command = None
+
 # The sync loop's commands are timed against rsync: they import only their own module (about
 # 0.1 s less start-up than importing every command's). `--help`, every other command and a
 # mistyped name register them all.
@@ -195,7 +199,8 @@ def main(argv: Sequence[str] | None = None, env: Environment | None = None) -> E
             # Ctrl-C and SIGTERM become `Interrupted` (exit 130/143) at a safe point of the
             # command, which then saves its records and prints its summary (interrupt.py).
             with interrupt.deferred_signals():
-                status = app(args=args, prog_name="kerneldev", standalone_mode=False)
+                run_app = app if prepared_command is None else prepared_command
+                status = run_app(args=args, prog_name="kerneldev", standalone_mode=False)
         except KerneldevError as err:
             return fail(err.exit_code, type(err).__name__, err.message, err.hint, err.report)
         except typer.TyperException as err:  # usage errors, as typer reports them

@@ -8,6 +8,8 @@ interpreter would, restores default signal handling and runs the console script'
 its exit status goes back to the client. A client with another code stamp (kerneldev's files
 changed, another interpreter or start environment) is refused and the warm process exits, so
 old code never runs. It exits when idle for `IDLE` seconds (a kept session's default idle).
+Its stderr is its log (`warm-<id>.log` next to its socket, opened by the starter): start,
+refusals, its own failures and why it exited; nothing per command.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ WARM_MODULES = (
     "kerneldev.hosts.transport.over_agent",
     "rich.console",
     "rich.table",
+    # A one-shot command (`--no-keep`) connects itself: paramiko and its cryptography, ~0.5 s
+    # of imports, done here once (importing starts no thread, so forking stays safe).
+    "kerneldev.hosts.transport.ssh",
 )
 
 
@@ -108,6 +113,8 @@ class Warm:
                     self.event(item)
             idle = not self.jobs and time.monotonic() - self.last_active > IDLE
             if open_for_more and (self.stop or idle or not self._still_ours()):
+                why = "stopped" if self.stop else "idle" if idle else "its socket was replaced"
+                log(f"taking no more commands: {why}")
                 open_for_more = False
                 self.unlink()
                 listener.close()
@@ -120,6 +127,7 @@ class Warm:
             _pid, uid = wire.peer_cred(conn)
             if uid != os.getuid():
                 conn.close()  # another user: not a word (the holders do the same)
+                log(f"refused a connection of uid {uid}")
                 return
             conn.settimeout(REQUEST_TIMEOUT)
             request, fds = _read_request(conn)
@@ -130,13 +138,14 @@ class Warm:
                 return
             if request.get("stamp") != self.stamp:
                 self.stop = True  # other code or another interpreter: a fresh one is started
-                raise Refused("another code stamp")
+                raise Refused("another code stamp (kerneldev's files or the interpreter changed)")
             if len(fds) != 3:
                 raise Refused("no standard streams")
             if not _well_formed(request):
                 raise Refused("a malformed request")
             self.start(conn, request, fds)
         except (Refused, OSError, ValueError) as err:
+            log(f"refused a command: {type(err).__name__}: {err}")
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"refused": str(err)}).encode() + b"\n")
             conn.close()
@@ -295,6 +304,15 @@ class Warm:
     _listener: socket.socket | None = None
 
 
+def log(message: str) -> None:
+    """A line of the warm process's log (its stderr); never in a command's child."""
+    if warm_client.IN_WARM:
+        return
+    line = f"{time.strftime('%Y-%m-%d %H:%M:%S')} warm {os.getpid()}: {message}\n"
+    with contextlib.suppress(OSError):
+        os.write(2, line.encode("utf-8", "backslashreplace"))
+
+
 def _read_request(conn: socket.socket) -> tuple[dict, list[int]]:
     fds = array.array("i")
     data, ancillary, _flags, _addr = conn.recvmsg(65536, socket.CMSG_SPACE(3 * fds.itemsize))
@@ -345,6 +363,28 @@ def _exit_code(code) -> int:
     return 1
 
 
+def prepare_command() -> None:
+    """Build the loop commands' click command once, as `main` would for each (typer rebuilds
+    it from the signatures on every call), and each option's coercion with it: typer imports
+    pydantic and builds a TypeAdapter per option lazily, at parse time, ~0.3 s of every
+    forked command here otherwise. The children inherit both; nothing of a command runs."""
+    import typer.main
+
+    from kerneldev.cli import main as cli_main
+
+    cli_main._register_commands([warm_client.COMMANDS[0]])
+    command = typer.main.get_command(cli_main.app)
+    groups = [command]
+    while groups:
+        group = groups.pop()
+        for param in group.params:
+            build = getattr(param, "get_runtime_param", None)
+            if build is not None:
+                build()
+        groups.extend(getattr(group, "commands", {}).values())
+    cli_main.prepared_command = command
+
+
 def main() -> int:
     spec = json.loads(sys.stdin.buffer.read())
     if os.fork() > 0:
@@ -354,23 +394,40 @@ def main() -> int:
     os.close(devnull)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    started = time.monotonic()
     for name in WARM_MODULES:
-        with contextlib.suppress(Exception):
+        try:
             importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - the command imports it itself, and says why
+            log(f"cannot import {name} ahead: {type(err).__name__}: {err}")
+    try:
+        prepare_command()
+    except Exception as err:  # noqa: BLE001 - each command then builds its own, as without us
+        log(f"cannot prepare the click command: {type(err).__name__}: {err}")
     warm = Warm(spec["path"], spec["stamp"])
     # kerneldev's files as they are now: changed since the starter looked, it serves nobody.
     if json.loads(spec["stamp"])[3] != warm_client.package_stamp():
+        log("kerneldev's files changed while it started: exiting")
         return 0
     try:
         listener = warm.bind()
-    except OSError:
-        return 0  # another one listens, or no private folder
+    except OSError as err:
+        log(f"not listening: {type(err).__name__}: {err}")  # another one listens, or no folder
+        return 0
     warm._listener = listener
+    took = time.monotonic() - started
+    log(f"listening on {spec['path']} ({sys.executable}, ready in {took:.2f}s)")
     signal.signal(signal.SIGTERM, lambda *_: setattr(warm, "stop", True))
     try:
         warm.serve(listener)
+    except Exception:
+        import traceback
+
+        log("failed:\n" + traceback.format_exc().rstrip())
+        raise
     finally:
         listener.close()
+    log(f"exited after {warm.served} commands")
     return 0
 
 

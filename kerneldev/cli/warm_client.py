@@ -6,17 +6,17 @@ imported already; this side sends it the command's argv, cwd, umask, environment
 stdin/stdout/stderr file descriptors (SCM_RIGHTS), forwards Ctrl-C / SIGTERM / SIGHUP to the
 command's process group and exits with its exit status. Anything that goes wrong before the
 command started (no warm process, another code stamp, a protocol error) returns None: the
-caller then runs the command in this process, as without the fast path. Only with kept sessions
-on (neither $KERNELDEV_NO_KEEP nor $KERNELDEV_WARM=0) and Linux (pidfd, SO_PEERCRED).
+caller then runs the command in this process, as without the fast path. Kept or one-shot
+(`--no-keep`: the warm process has paramiko imported too); never with $KERNELDEV_NO_KEEP or
+$KERNELDEV_WARM=0 set; Linux only (pidfd, SO_PEERCRED).
 """
 
 from __future__ import annotations
 
-import array
+import _socket as socket  # the C module: `socket`'s enum wrappers cost ~10 ms to import
 import json
 import os
 import signal
-import socket
 import stat
 import struct
 import sys
@@ -88,6 +88,13 @@ def socket_path() -> str | None:
         return None
     which = f"{sys.executable}\0{os.path.abspath(kerneldev.__file__)}".encode("utf-8", "replace")
     return os.path.join(folder, f"warm-{zlib.crc32(which):08x}.sock")
+
+
+def log_path(sock_path: str) -> str:
+    """The warm process's log, next to its socket: `warm-<id>.log`."""
+    return (
+        sock_path[: -len(".sock")] + ".log" if sock_path.endswith(".sock") else sock_path + ".log"
+    )
 
 
 def private(folder: str) -> bool:
@@ -165,7 +172,7 @@ def run(argv: list[str]) -> int | None:
         if uid != os.getuid():
             return None
         data = LENGTH.pack(len(body)) + body
-        fds = array.array("i", [0, 1, 2])
+        fds = struct.pack("3i", 0, 1, 2)
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
         sock.sendall(data[sent:])
         answers = _Lines(sock)
@@ -254,12 +261,16 @@ def listening(path: str) -> bool:
 
 
 def start_after(argv: list[str]) -> None:
-    """After a command ran in its own process: when it used a kept session, start the warm
-    process for the next one (if none listens)."""
+    """After a command ran in its own process: when it used a kept session, or reached an SSH
+    host one-shot (`--no-keep`, `session: {keep: false}`), start the warm process for the next
+    one (if none listens). Never with $KERNELDEV_NO_KEEP set (`wanted`): no background process
+    at all then."""
     if not wanted(argv):
         return
     session = sys.modules.get("kerneldev.hosts.transport.session.client")
-    if session is None or not getattr(session, "attached", False):
+    kept = session is not None and getattr(session, "attached", False)
+    # The SSH transport is imported only to connect to a host without a session.
+    if not kept and "kerneldev.hosts.transport.ssh" not in sys.modules:
         return
     try:
         start(stamp())
@@ -276,6 +287,9 @@ def start(code: str) -> None:
     path = socket_path()
     if path is None or listening(path):
         return
+    log = _open_log(path)
+    if log is None:
+        return  # no private folder: nowhere to put its socket either
     env = dict(os.environ)
     # The warm process imports this very kerneldev, wherever it was imported from.
     package_root = os.path.dirname(os.path.dirname(os.path.realpath(kerneldev.__file__)))
@@ -284,8 +298,8 @@ def start(code: str) -> None:
         process = subprocess.Popen(
             [sys.executable, "-m", WARM_MODULE],
             stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
             start_new_session=True,
             cwd="/",
             env=env,
@@ -295,3 +309,32 @@ def start(code: str) -> None:
         process.stdin.close()  # not waited for: its imports take a while, the command is done
     except OSError:
         pass
+    finally:
+        os.close(log)
+
+
+LOG_LIMIT = 1 << 20  # bytes: a warm process started on a longer log starts it afresh
+
+
+def _open_log(sock_path: str) -> int | None:
+    """The log's descriptor, appending (0600, in the socket's private folder, never through a
+    symlink); None when that folder cannot be made private."""
+    from pathlib import Path
+
+    from kerneldev.hosts.transport.session import location
+
+    try:
+        location.private_folder(Path(os.path.dirname(sock_path)))
+    except location.PlaceError:
+        return None
+    path = log_path(sock_path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        if os.lstat(path).st_size > LOG_LIMIT:
+            flags |= os.O_TRUNC
+    except OSError:
+        pass
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError:
+        return None

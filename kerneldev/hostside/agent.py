@@ -44,6 +44,10 @@ READ_SIZE = 1 << 16
 # new interpreter anyway.
 FORK = hasattr(os, "fork") and sys.getfilesystemencoding().lower().replace("-", "") == "utf8"
 MAX_FD = 1 << 16
+# The standard modules the hostside scripts import (hashfiles, sendfiles, receivefiles,
+# fileops, versions): imported once here, after HELLO, so no forked helper imports them again
+# (~15 ms of every hash request measured).
+HELPER_MODULES = ("errno", "fnmatch", "glob", "hashlib", "io", "stat", "traceback")
 
 
 class Output:
@@ -205,6 +209,9 @@ class Agent:
                 "version": VERSION,
             },
         )
+        # Before the first request is read (it waits in the pipe), never while one runs: a
+        # fork taken during an import could leave the child an import lock it cannot take.
+        _preload()
         while True:
             head = read_exact(self.inp, HEADER.size)
             if head is None:
@@ -268,6 +275,14 @@ class Agent:
 
 
 _CODE = {}
+
+
+def _preload():
+    for name in HELPER_MODULES:
+        try:
+            __import__(name)
+        except ImportError:
+            pass  # the script that needs it says so itself
 
 
 def _compiled(source):

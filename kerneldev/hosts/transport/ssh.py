@@ -69,7 +69,7 @@ from kerneldev.hosts.transport.base import (
     settle_put_reports,
     temp_path,
 )
-from kerneldev.hosts.transport.hostscripts import agent_command, hash_command
+from kerneldev.hosts.transport.hostscripts import agent_command, agent_source, hash_command
 from kerneldev.hosts.transport.hostscripts import python_command as _python_command
 from kerneldev.hosts.transport.hostscripts import script as _script
 from kerneldev.hosts.transport.over_agent import AgentTransport
@@ -825,6 +825,12 @@ def agent_channel(connection: SSHConnection, pythons: list[str]) -> paramiko.Cha
         chan.exec_command(f"exec sh -c {shlex.quote(agent_command(pythons))}")
     except (paramiko.SSHException, EOFError, OSError) as err:
         raise connection.dropped(err, "starting the host agent") from None
+    try:
+        # The bootstrap reads the agent's source first (no round trip: a request written
+        # after it, before the HELLO, simply follows it on stdin).
+        chan.sendall(agent_source())
+    except (paramiko.SSHException, EOFError, OSError):
+        pass  # no python3 took it (the channel ended): its stderr says why, read below
     # The agent's stderr is read all along (unread, it would use up the channel's window,
     # which stdout shares); its last bytes say why an agent did not start.
     chan.kerneldev_stderr = bytearray()
