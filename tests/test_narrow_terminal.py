@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
+import tempfile
+from pathlib import Path
 
+import pytest
 import typer
 import yaml
 
@@ -42,9 +46,18 @@ def too_long(lines: list[str]) -> list[str]:
     return [line for line in lines if len(line) > WIDTH]
 
 
-def test_the_first_commands_fit_80_columns(kept, tmp_path, sshd_server, monkeypatch):  # noqa: F811
+@pytest.fixture
+def short_tmp():
+    """A short folder for the test's files: pytest's own (under a worker's `popen-gwN/`) made the
+    config's path, which an error names on a line of its own, 83 characters long."""
+    folder = Path(tempfile.mkdtemp(prefix="kd80-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_the_first_commands_fit_80_columns(kept, short_tmp, sshd_server, monkeypatch):  # noqa: F811
     monkeypatch.setenv("COLUMNS", str(WIDTH))
-    env = make_env(tmp_path, sshd_server)
+    env = make_env(short_tmp, sshd_server)
     data = yaml.safe_load(env.config.read_text())
     second = dict(data["hosts"]["h"], workspace="ws2")
     data["hosts"]["h-second-with-a-longer-name"] = second
