@@ -9,6 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from kerneldev.hostside import agent as _agent
+from kerneldev.hostside import agent_bootstrap as _agent_bootstrap
 from kerneldev.hostside import hashfiles as _hashfiles
 
 _SOURCES: dict[str, str] = {}
@@ -21,15 +22,18 @@ def script(module: ModuleType) -> str:
     return _SOURCES[module.__name__]
 
 
-def python_command(pythons: list[str], source: str, *, utf8: bool = True) -> str:
+def python_command(
+    pythons: list[str], source: str, *, utf8: bool = True, args: tuple[str, ...] = ()
+) -> str:
     """A shell command that runs `source` with the first interpreter of `pythons` found on the
     host; none found -> exit 127 with 'no python3' on stderr. `utf8`: PYTHONUTF8=1 for it (the
     agent goes without, so that the commands it runs get the login shell's environment as is)."""
     candidates = " ".join(shlex.quote(p) for p in dict.fromkeys(pythons))
     env = "PYTHONUTF8=1 " if utf8 else ""
+    run = " ".join([f'{env}exec "$p" -S -c', shlex.quote(source), *map(shlex.quote, args)])
     return (
         f"for p in {candidates}; do "
-        f'if command -v "$p" >/dev/null 2>&1; then {env}exec "$p" -S -c {shlex.quote(source)}; fi; '
+        f'if command -v "$p" >/dev/null 2>&1; then {run}; fi; '
         f"done; echo 'kerneldev: no python3 on the host' >&2; exit 127"
     )
 
@@ -40,30 +44,14 @@ def hash_command(pythons: list[str]) -> str:
     return python_command(pythons, script(_hashfiles))
 
 
-# The host agent's command line is this bootstrap alone: it reads exactly the agent's source
-# from stdin and runs it, and the protocol's frames follow on the same stdin (read unbuffered,
-# so nothing of them is taken). The source is not in the command line, so `ps` on the host
-# shows a short command, not 15 KB of Python. Python 3.6 compatible, like the agent.
-_AGENT_BOOTSTRAP = (
-    "import os, sys\n"
-    "n = {size}\n"
-    "b = b''\n"
-    "while len(b) < n:\n"
-    "    c = os.read(0, n - len(b))\n"
-    "    if not c:\n"
-    "        sys.exit('kerneldev: the host agent got only %d of its %d bytes' % (len(b), n))\n"
-    "    b += c\n"
-    "exec(compile(b, '<kerneldev host agent>', 'exec'), {{'__name__': '__main__'}})\n"
-)
-
-
 def agent_source() -> bytes:
     """What the agent's bootstrap reads from stdin first: `hostside/agent.py`."""
     return script(_agent).encode("utf-8")
 
 
 def agent_command(pythons: list[str]) -> str:
-    """The shell command that starts the host agent (`hostside/agent.py`) on an exec channel;
-    its stdin must start with `agent_source()`."""
-    bootstrap = _AGENT_BOOTSTRAP.format(size=len(agent_source()))
-    return python_command(pythons, bootstrap, utf8=False)
+    """The shell command that starts the host agent (`hostside/agent.py`) on an exec channel:
+    only `hostside/agent_bootstrap.py` is on its command line (`ps` on the host shows no 15 KB
+    of source); its stdin must start with `agent_source()`."""
+    size = str(len(agent_source()))
+    return python_command(pythons, script(_agent_bootstrap), utf8=False, args=(size,))
