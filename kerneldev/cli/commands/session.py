@@ -52,39 +52,56 @@ def _hosts(ctx: typer.Context, host_spec: str | None, every: bool):
     return config.hosts_for(host_spec)
 
 
-@session_app.command("list")
-def list_command(
-    ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
-    """One row per host: session alive, pid, age of its connection, idle time, commands
-    served (`session status` adds the socket and log)."""
+def _statuses(ctx: typer.Context, host_spec: str | None, as_json: bool) -> list | None:
+    """The hosts' session statuses for `list` and `status` to render; None once `--json` has
+    printed them (the same object for both commands)."""
     from kerneldev.hosts.transport.session import control
 
     statuses = [control.status(h) for h in _hosts(ctx, host_spec, every=False)]
     if as_json:
         print_json({"sessions": statuses})
-        return
+        return None
+    return statuses
+
+
+def _showing_command(name: str, show, doc: str) -> None:
+    """Register `session list` or `session status`: one signature, two renderings of the same
+    statuses (their `--json` is the same object)."""
+
+    def command(
+        ctx: typer.Context,
+        host_spec: str | None = HOSTS_OPTION,
+        as_json: bool = JSON_OPTION,
+    ) -> None:
+        statuses = _statuses(ctx, host_spec, as_json)
+        if statuses is not None:
+            show(statuses)
+
+    command.__doc__ = doc
+    session_app.command(name)(command)
+
+
+def _show_rows(statuses: list) -> None:
     render(statuses)
 
 
-@session_app.command("status")
-def status_command(
-    ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
-    as_json: bool = JSON_OPTION,
-) -> None:
-    """Each host's kept session in full: connection, idle and age limits, clients, socket
-    and log."""
-    from kerneldev.hosts.transport.session import control
-
-    statuses = [control.status(h) for h in _hosts(ctx, host_spec, every=False)]
-    if as_json:
-        print_json({"sessions": statuses})
-        return
+def _show_details(statuses: list) -> None:
     for s in statuses:
         render_detail(s)
+
+
+_showing_command(
+    "list",
+    _show_rows,
+    """One row per host: session alive, pid, age of its connection, idle time, commands
+    served (`session status` adds the socket and log).""",
+)
+_showing_command(
+    "status",
+    _show_details,
+    """Each host's kept session in full: connection, idle and age limits, clients, socket
+    and log.""",
+)
 
 
 @session_app.command("stop")
