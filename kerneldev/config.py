@@ -341,26 +341,26 @@ class _Validator:
         raw = os.path.expanduser(self.string(node, key_path))
         return Path(os.path.normpath(os.path.join(self.base, raw)))
 
+    def _compose(self, loader_class):
+        """The file's root node, composed by `loader_class` (kept as `self.loader`)."""
+        self.loader = loader_class(self.text)
+        try:
+            return self.loader.get_single_node()
+        finally:
+            self.loader.dispose()
+
     # -- schema ---------------------------------------------------------------------------
     def config(self) -> Config:
         fast = getattr(yaml, "CSafeLoader", None)  # libyaml's parser, when PyYAML has it
         if fast is not None:
             try:
-                self.loader = fast(self.text)
-                try:
-                    root = self.loader.get_single_node()
-                finally:
-                    self.loader.dispose()
+                root = self._compose(fast)
                 if root is not None:
                     return self._config(root)
             except yaml.YAMLError:
                 pass  # reported below by the pure-Python loader, in its words, with its marks
         try:
-            self.loader = yaml.SafeLoader(self.text)
-            try:
-                root = self.loader.get_single_node()
-            finally:
-                self.loader.dispose()
+            root = self._compose(yaml.SafeLoader)
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark or err.context_mark
             line = f":{mark.line + 1}" if mark else ""
