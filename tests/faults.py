@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import socket
 import threading
 import time
@@ -103,9 +104,11 @@ def meddled(host: HostConfig, before: str, meddle: Callable[[], None]) -> Transp
     return Meddled(host)
 
 
-def process_gone(pid: int) -> bool:
-    """Whether process `pid` ends within 5 s (a zombie nobody reaped yet counts as gone)."""
-    for _ in range(50):
+def process_gone(pid: int, within_s: float = 15.0) -> bool:
+    """Whether process `pid` ends within `within_s` (a zombie nobody reaped yet counts as
+    gone). The wait is a bound for a loaded machine, not a speed check: it returns as soon as
+    the process is gone."""
+    for _ in range(int(within_s * 10)):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:
@@ -118,6 +121,28 @@ def process_gone(pid: int) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def interrupt_once_written(path: Path, within_s: float = 60.0) -> threading.Thread:
+    """Sends this process SIGINT, as a terminal's Ctrl-C does, once `path` has content: the
+    command under test is then known to run. A fixed delay raced the command's start on a
+    loaded CI machine (the interrupt came before the remote shell had written its pid). After
+    `within_s` without the file it interrupts anyway, so the test fails instead of hanging."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            try:
+                if path.read_text().strip():
+                    break
+            except OSError:
+                pass
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
 
 
 def sha(data: bytes) -> str:

@@ -8,9 +8,7 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
-import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.loop import lock as host_lock
 from kerneldev.loop import sync
 from kerneldev.loop.state import load_state
-from tests.faults import meddled, process_gone, temp_files
+from tests.faults import interrupt_once_written, meddled, process_gone, temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host
 
@@ -249,12 +247,12 @@ def test_read_only_host_and_disk_full(tmp_path):
 def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, isolated_home):
     host = ssh_host(sshd_server, tmp_path, transport=kind)
     pidfile = tmp_path / "pid"
-    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
     with open_transport(host) as t:
         with pytest.raises(interrupt.Interrupted) as caught, interrupt.deferred_signals():
-            timer.start()
+            watcher = interrupt_once_written(pidfile)
             # what a bench harness looks like: a child that runs on and on
             t.run(f"sh -c 'echo $$ > {pidfile}; exec sleep 60' & wait")
+        watcher.join()
         assert caught.value.exit_code == 130
     pid = int(pidfile.read_text())
     assert process_gone(pid), f"process {pid} still runs on the host"

@@ -185,7 +185,8 @@ def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
     lock.parent.mkdir(parents=True, exist_ok=True)
     holder = {"user": "bob", "machine": "another-box", "pid": 1, "command": "push"}
     lock.write_text(json.dumps({**holder, "since": "2026-11-30T04:00:00Z", "token": "t"}))
-    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
+    # 3 s: well after the push is waiting on the lock (60 s), even on a loaded machine
+    timer = threading.Timer(3.0, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
     try:
         run = env.kd("push", "--lock-wait", "60", "--json")
