@@ -24,7 +24,7 @@ from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.ssh import SSHTransport, hash_command, start_agent
 from kerneldev.hosts.transport.ssh_connection import SSHConnection
-from tests.faults import process_gone
+from tests.faults import CuttingProxy, process_gone
 from tests.sshutil import ssh_host
 
 HOSTILE_NAMES = [
@@ -340,6 +340,37 @@ def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, isolated_
         t.http_get(f"{http_server}/health")
         assert t.connection._transport is connection and connection.is_active()
     assert t.connection._transport is None
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_cut_during_an_sftp_read_leaves_no_dying_thread(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """The SFTP read-ahead thread (paramiko's, started by our prefetch) sends its requests as
+    the connection goes: it used to die with `OSError: Socket is closed` (a traceback; an
+    error under -W error) while the reader reported the loss. The cut comes after 64 KB, before
+    the ~150 KB of requests for this file are all sent, so it always falls in that window."""
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")
+    proxy = CuttingProxy(sshd_server.port)
+    host = ssh_host(sshd_server, tmp_path, port=proxy.port)
+    (tmp_path / "known_hosts").write_text(
+        sshd_server.host_key_line.replace(f":{sshd_server.port} ", f":{proxy.port} ")
+    )
+    big = Path(host.root) / "big.bin"
+    with open(big, "wb") as f:
+        f.truncate(64 << 20)  # sparse: 2048 read requests of 32 KB
+    try:
+        with SSHTransport(host) as t:
+            t.run("true")  # connected: the cut counts from the read on
+            proxy.reset(64 * 1024)
+            with pytest.raises(HostConnectionError, match="lost"):
+                t.read_bytes(str(big))
+        for thread in threading.enumerate():
+            if thread.name.endswith("(read_ahead)") or thread.name.endswith("(_prefetch_thread)"):
+                thread.join(30)  # its end (and any exception) falls in this test
+    finally:
+        proxy.close()
+    assert proxy.cut
 
 
 def test_ssh_hashing_falls_back_to_the_configured_python(sshd_server, tmp_path, isolated_home):
