@@ -127,18 +127,26 @@ def kill_sshd_once_running(server: SSHServer, argv: list[str], within_s: float =
     sshd = server.process.pid
 
     def running() -> bool:
+        children: dict[int, list[int]] = {}  # one pass over /proc per look, not one per process
+        for entry in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+            except OSError:
+                continue
+            if stat:
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
         pending = [sshd]
         while pending:
             pid = pending.pop()
             if _cmdline(pid) == want:
                 return True
-            pending += _children(pid)
+            pending += children.get(pid, [])
         return False
 
     def watch() -> None:
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline and not running():
-            time.sleep(0.02)
+            time.sleep(0.05)
         kill_sshd_and_sessions(server)
 
     thread = threading.Thread(target=watch, daemon=True)
