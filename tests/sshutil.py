@@ -1,11 +1,13 @@
 """Helpers for the transport and host-key tests: a hosts.yaml-equivalent `HostConfig` pointing at
-the test sshd and ways to cut a live connection. (The isolated home folder is the
-`isolated_home` fixture in conftest.py.)"""
+the test sshd and ways to cut a live connection (at once, or once a command runs). (The
+isolated home folder is the `isolated_home` fixture in conftest.py.)"""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -105,3 +107,48 @@ def kill_sshd_and_sessions(server: SSHServer) -> None:
                 pass
     server.process.wait()
     server.process = None
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+    except OSError:
+        return []
+
+
+def kill_sshd_once_running(server: SSHServer, argv: list[str], within_s: float = 60.0):
+    """`kill_sshd_and_sessions(server)` from a thread, once a process of one of its sessions
+    runs `argv` (e.g. ["sleep", "60"]): the command under test is then known to run. A fixed
+    delay raced the command's start on a loaded machine (the connection went before the
+    command had started). After `within_s` without it, it kills anyway: the test fails
+    instead of hanging. Returns the thread."""
+    assert server.process is not None
+    want = [a.encode() for a in argv]
+    sshd = server.process.pid
+
+    def running() -> bool:
+        children: dict[int, list[int]] = {}  # one pass over /proc per look, not one per process
+        for entry in os.listdir("/proc"):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+            except OSError:
+                continue
+            if stat:
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+        pending = [sshd]
+        while pending:
+            pid = pending.pop()
+            if _cmdline(pid) == want:
+                return True
+            pending += children.get(pid, [])
+        return False
+
+    def watch() -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline and not running():
+            time.sleep(0.05)
+        kill_sshd_and_sessions(server)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread

@@ -130,15 +130,24 @@ def test_a_killed_connection_is_connection_lost_not_a_traceback(
     connection.close()
 
 
-def test_a_forked_python_request_holds_no_other_requests_pipes(agent):
+def test_a_forked_python_request_holds_no_other_requests_pipes(agent, tmp_path):
     # Python requests run in a fork of the agent, which inherits every descriptor: a kept
     # write end of another request's stdin would keep that request from its EOF.
+    release = tmp_path / "release"
     cat = agent.open("cat")
-    slow = agent.open("import time; time.sleep(5); print('slow done')", python=True)
+    # The fork runs until the test lets it go, after `cat` has ended: `cat` cannot have waited
+    # for it (no wall-clock bound, which a loaded machine could overrun).
+    slow = agent.open(
+        f"import os, time\nwhile not os.path.exists({str(release)!r}):\n    time.sleep(0.05)\n"
+        "print('slow done')",
+        python=True,
+    )
     cat.write(b"data")
     cat.close_stdin()
-    started = time.monotonic()
-    assert cat.wait(4) == 0 and time.monotonic() - started < 4
+    try:
+        assert cat.wait(60) == 0 and not slow.exited
+    finally:
+        release.touch()
     assert b"".join(cat.iter_stdout()) == b"data"
     assert slow.wait(30) == 0 and b"".join(slow.iter_stdout()) == b"slow done\n"
 

@@ -169,7 +169,10 @@ def test_json_on_a_refused_pull(env: Env):
 
 
 def test_json_on_an_unhealthy_restart(tmp_path):
-    env = make_env(tmp_path, "local", service={"restart": "true", "health": "false", "timeout": 1})
+    # 3 s: the restart command runs under service.timeout too, and must not time out on a
+    # loaded machine (a restart that timed out is a failed restart with no health check).
+    service = {"restart": "true", "health": "false", "timeout": 3}
+    env = make_env(tmp_path, "local", service=service)
     run = env.kd("restart", "--json")
     assert run.exit_code == 1
     data = run.json()
@@ -360,7 +363,7 @@ def test_restart_says_nothing_before_the_host_answers(env: Env):
 
 
 def test_unhealthy_hint_when_logs_print_nothing(tmp_path):
-    service = {"restart": "true", "health": "false", "timeout": 1, "logs": "true"}
+    service = {"restart": "true", "health": "false", "timeout": 3, "logs": "true"}  # 3 s: see above
     env = make_env(tmp_path, "local", service=service)
     run = env.kd("restart")
     assert run.exit_code == 1

@@ -474,7 +474,9 @@ def test_push_restart_rolls_back_when_never_healthy(tmp_path):
         f"    service:\n      restart: 'echo restart >> {marker}'\n"
         # healthy only when a.py holds its old bytes: the new kernel "crashes the server"
         f"      health: 'grep -q v1 {root / 'k/a.py'}'\n"
-        "      timeout: 1\n      logs: 'echo server log: kernel crashed'\n"
+        # 3 s, not 1: the restart command runs under this timeout too, and after the rollback
+        # it and one health check must fit in it on a loaded 2-core machine.
+        "      timeout: 3\n      logs: 'echo server log: kernel crashed'\n"
     )
 
     def kd(*args):

@@ -1,7 +1,7 @@
 """`kerneldev bench --service` against SGLang's own client, on the sandbox's scripted streams.
 
-The sandbox serves `/generate` on a fixed timetable (the first chunk after 240 ms, then 3 tokens
-a chunk, 60 ms between chunks, the second request after each `/flush_cache` failing inside its
+The sandbox serves `/generate` on a fixed timetable (the first chunk after 480 ms, then 3 tokens
+a chunk, 150 ms between chunks, the second request after each `/flush_cache` failing inside its
 stream), so what the two clients report can only differ by definition, not by speed. SGLang
 0.5.23's client (`sglang.benchmark.serving`, from the release `scripts/sglang_releases.py` lays
 out) runs with its default start-up: it finds the model on `/v1/models` and its tokenizer through
@@ -29,10 +29,14 @@ from tests import sglang_client
 from tests.clirun import run_kerneldev
 from tests.service_start import restart_until_healthy
 
-# first_ms: TTFT is one value per request, so its median carries each client's own start-up
-# jitter; at 60 ms a loaded 2-core machine (parallel test workers) moved it by 10 ms (76 vs 67),
-# past the 10%. At 240 ms the same jitter is ~4%, and the check stays 10%.
-SPEC = "chunk_tokens=3,gap_ms=60,first_ms=240,error_request=2,error_after=1"
+# Each client measures its own run, so a late wake-up of the server or of one client (a loaded
+# 2-core machine) moves its numbers by ms that are not in the definitions; the timetable is long
+# enough that they stay well inside the 10% the check keeps. first_ms: TTFT is one value per
+# request, its median carries each client's start-up jitter: at 60 ms it moved by 10 ms (76 vs
+# 67, past 10%), at 240 ms under load ~19 by 12 ms (253 vs 265: 4.6%). gap_ms: TPOT is a
+# request's first-to-last-chunk span (2 gaps) over 7 tokens, and a late first chunk shortens it:
+# at 60 ms the medians were 17.2 vs 15.9 (8.7%) under that load. 480 and 150 halve those shares.
+SPEC = "chunk_tokens=3,gap_ms=150,first_ms=480,error_request=2,error_after=1"
 REQUESTS, CONCURRENCY, INPUT_LEN, OUTPUT_LEN = 8, 2, 6, 8
 FIRST_CHUNK = 3  # tokens the failing request had before its error
 
@@ -85,7 +89,9 @@ def _sglang_client(box, out: Path) -> dict:
         "--max-concurrency", str(CONCURRENCY), "--flush-cache",
         "--output-file", str(out), "--output-details", "--disable-tqdm",
     ]  # fmt: skip
-    done = sglang_client.run_client(args, timeout=300, cwd=out.parent)
+    # A hang guard, not a speed check: the client imports torch and transformers, which took
+    # over 300 s once at load ~20 (parallel workers and other jobs on 2 cores).
+    done = sglang_client.run_client(args, timeout=900, cwd=out.parent)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert "Serving Benchmark Result" in done.stdout, done.stdout[-2000:]
     return json.loads(out.read_text().splitlines()[-1])
@@ -97,7 +103,7 @@ def _kerneldev(box) -> dict:
         "--concurrency", str(CONCURRENCY), "--requests", str(REQUESTS),
         "--input-len", str(INPUT_LEN), "--max-new-tokens", str(OUTPUT_LEN),
         "--rounds", "1", "--warmup", "1", "--json",
-        env={"KERNELDEV_SSH_CONFIG": "none"}, timeout=300,
+        env={"KERNELDEV_SSH_CONFIG": "none"}, timeout=900,  # a hang guard, as above
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]  # one request failed: exit 1
     return json.loads(done.stdout)["result"]
@@ -132,9 +138,9 @@ def test_sglang_client_and_bench_service_agree_on_scripted_streams(scripted_box,
     # Medians and means (a tail percentile is one late chunk on a loaded machine).
     for key in ("median_itl_ms", "mean_itl_ms", "median_tpot_ms", "median_ttft_ms"):
         assert m[key] == pytest.approx(sgl[key], rel=0.10), (key, m[key], sgl[key])
-    # The fixed gaps: 60 ms over 3 tokens (20 ms a token), then 60 ms over the last 2 (30 ms):
-    # per chunk (kerneldev's old definition) the median would be 60 ms.
-    assert m["median_itl_ms"] == pytest.approx(20.0, rel=0.10)
+    # The fixed gaps: 150 ms over 3 tokens (50 ms a token), then 150 ms over the last 2 (75 ms):
+    # per chunk (kerneldev's old definition) the median would be 150 ms.
+    assert m["median_itl_ms"] == pytest.approx(50.0, rel=0.10)
 
     # Both saw the same server settings; kerneldev saved them with the result.
     server = kd["server"]["simt"]

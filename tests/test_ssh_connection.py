@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from kerneldev.hosts.transport.ssh_connection import SSHConnection
 from kerneldev.sandbox.host import free_port, keygen
 from tests.sshutil import (
     kill_sshd_and_sessions,
+    kill_sshd_once_running,
     run_cli,
     ssh_host,
     write_hosts_yaml,
@@ -212,23 +212,25 @@ def test_connection_drops_while_a_command_runs(fresh_sshd, tmp_path):
     host = ssh_host(fresh_sshd, tmp_path)
     with SSHTransport(host) as t:
         t.run("true")
-        threading.Timer(0.5, kill_sshd_and_sessions, args=(fresh_sshd,)).start()
+        killer = kill_sshd_once_running(fresh_sshd, ["sleep", "60"])
         start = time.monotonic()
-        with pytest.raises(ConnectionLostError, match="running `sleep 20`"):
-            t.run("sleep 20")
-        assert time.monotonic() - start < 10
+        with pytest.raises(ConnectionLostError, match="running `sleep 60`"):
+            t.run("sleep 60")
+        assert time.monotonic() - start < 30  # not the command's 60 s
+        killer.join()
 
 
 def test_connection_lost_error_quotes_only_the_start_of_a_long_remote_script(fresh_sshd, tmp_path):
     host = ssh_host(fresh_sshd, tmp_path)
     with SSHTransport(host) as t:
         t.run("true")
-        threading.Timer(0.5, kill_sshd_and_sessions, args=(fresh_sshd,)).start()
-        script = "sleep 20; " + "true; " * 100 + "\necho second-line"
+        killer = kill_sshd_once_running(fresh_sshd, ["sleep", "60"])
+        script = "sleep 60; " + "true; " * 100 + "\necho second-line"
         with pytest.raises(ConnectionLostError) as caught:
             t.run(script)
+        killer.join()
     message = caught.value.message
-    assert "running `sleep 20; true;" in message and " ...`" in message
+    assert "running `sleep 60; true;" in message and " ...`" in message
     assert "second-line" not in message and len(message) < 250
 
 

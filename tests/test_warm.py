@@ -73,7 +73,7 @@ def story(env, warm: bool) -> list:
     extra = None if warm else {"KERNELDEV_WARM": "0"}
     seen = [kd(env, "pull", extra=extra)]
     if warm:
-        wait_for(lambda: served() is not None, 30, "the warm process to listen")
+        wait_for(lambda: served() is not None, what="the warm process to listen")
     seen.append(kd(env, "diff", extra=extra))
     (env.workspace / A).write_bytes(b"BLOCK = 128\n")
     seen.append(kd(env, "diff", "--patch", extra=extra))
@@ -110,7 +110,7 @@ def test_one_shot_commands_go_through_it_too(kept, runtime, tmp_path, sshd_serve
     env = make_env(tmp_path, sshd_server)
     kept.append(env)
     assert kd(env, "pull", "--no-keep")[1] == 0  # one-shot: it starts the warm process
-    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    wait_for(lambda: served() is not None, what="the warm process to listen")
     (env.workspace / A).write_bytes(b"BLOCK = 512\n")
     cold = kd(env, "diff", "--no-keep", "--json", extra={"KERNELDEV_WARM": "0"})
     assert served() == 0
@@ -128,17 +128,18 @@ def test_ctrl_c_is_forwarded(kept, runtime, tmp_path, sshd_server):  # noqa: F81
     env = slow_restart_env(tmp_path, sshd_server, pidfile)
     kept.append(env)
     assert kd(env, "pull")[1] == 0
-    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    wait_for(lambda: served() is not None, what="the warm process to listen")
     (env.workspace / A).write_bytes(b"BLOCK = 256\n")
 
     push = start_kerneldev("push", "--no-import-check", "--restart", "--config", str(env.config))
-    remote = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 30))
+    remote = int(wait_for(lambda: pidfile.exists() and pidfile.read_text().strip()))
     assert served() == 1  # it went through the warm process
     os.killpg(push.pid, signal.SIGINT)  # Ctrl-C in its terminal
     _, err = push.communicate(timeout=60)
     assert push.returncode == 130, err
     assert "Traceback" not in err
-    wait_for(lambda: not alive(remote), 10, "the interrupted restart's command to end")
+    # 30 s, well under the command's own 60 s: ended by the Ctrl-C, not by itself.
+    wait_for(lambda: not alive(remote), 30, "the interrupted restart's command to end")
     assert warm_client.look(warm_socket())["running"] == 0
 
 
@@ -146,7 +147,7 @@ def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # no
     env = make_env(tmp_path, sshd_server)
     kept.append(env)
     assert kd(env, "pull")[1] == 0
-    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    wait_for(lambda: served() is not None, what="the warm process to listen")
     old = warm_client.look(warm_socket())["pid"]
 
     # An edited kerneldev file (an editable install): the stamp differs.
@@ -155,8 +156,8 @@ def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # no
     os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     try:
         assert kd(env, "diff")[1] == 0  # refused, so run the normal way
-        wait_for(lambda: not alive(old), 10, "the stale warm process to exit")
-        info = wait_for(lambda: warm_client.look(warm_socket()), 30, "a fresh warm process")
+        wait_for(lambda: not alive(old), 30, "the stale warm process to exit")
+        info = wait_for(lambda: warm_client.look(warm_socket()), what="a fresh warm process")
         assert info["pid"] != old and info["served"] == 0
         assert kd(env, "diff")[1] == 0
         assert served() == 1
@@ -176,7 +177,7 @@ def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa:
     env = make_env(tmp_path, sshd_server)
     kept.append(env)
     assert kd(env, "pull")[1] == 0
-    wait_for(lambda: served() is not None, 30, "the warm process to listen")
+    wait_for(lambda: served() is not None, what="the warm process to listen")
     path = warm_socket()
 
     def as_other() -> str:

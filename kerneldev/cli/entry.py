@@ -23,7 +23,8 @@ def quiet_background_errors(args: threading.ExceptHookArgs) -> None:
     thread (`SFTPFile._prefetch_thread`); when the connection is cut or closed under it (a
     dropped link, Ctrl-C mid-pull) that thread dies with OSError / EOFError, which Python
     would print as a traceback after kerneldev's own one-line report of the same failure.
-    Those are dropped; any other background error is one line, never a traceback."""
+    Those are dropped (the SSH transport's `_prefetch` now ends that thread quietly itself;
+    this stays as the net); any other background error is one line, never a traceback."""
     name = args.thread.name if args.thread is not None else ""
     if "_prefetch_thread" in name and issubclass(args.exc_type, (OSError, EOFError)):
         return

@@ -400,7 +400,7 @@ class SSHTransport(Transport):
                 st = f.stat()
                 if not stat.S_ISREG(st.st_mode or 0):
                     raise TransferError(f"{path} on {self.host_name} is not a regular file")
-                f.prefetch(st.st_size)  # pipelined reads: one round trip's latency, not many
+                _prefetch(f, st.st_size)  # pipelined reads: one round trip's latency, not many
                 # Chunks, checking for Ctrl-C between them: memory stays bounded.
                 for chunk in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
                     interrupt.check()
@@ -580,7 +580,7 @@ class SSHTransport(Transport):
         digest = hashlib.sha256()
         try:
             with sftp.open(path, "rb") as f:
-                f.prefetch(st.st_size)
+                _prefetch(f, st.st_size)
                 for chunk in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
                     digest.update(chunk)
         except FileNotFoundError:
@@ -756,6 +756,27 @@ def _keep_owner(f: paramiko.SFTPFile, owner: tuple[int, int]) -> None:
         f.chown(*owner)
     except PermissionError:
         pass
+
+
+def _prefetch(f: paramiko.SFTPFile, size: int) -> None:
+    """`f.prefetch(size)`, whose read-ahead thread (paramiko's `_prefetch_thread`) ends quietly
+    when the connection is cut or closed under it: the reading thread reports that loss itself
+    (`ConnectionLostError`). Left alone, the thread died with `OSError: Socket is closed`, a
+    traceback on stderr (an unhandled-thread warning under pytest, an error with -W error)."""
+    send_requests = f._prefetch_thread  # paramiko starts `self._prefetch_thread` as the thread
+
+    def read_ahead(*args) -> None:
+        try:
+            send_requests(*args)
+        except EOFError:
+            pass  # paramiko's writer: the socket is gone
+        except (OSError, paramiko.SSHException):  # "Socket is closed": the channel went
+            chan = f.sftp.sock
+            if not chan.closed and chan.get_transport().is_active():
+                raise  # not a closed connection: a real error, shown as before
+
+    f._prefetch_thread = read_ahead
+    f.prefetch(size)
 
 
 def _feed_channel(chan: paramiko.Channel, data: bytes) -> None:
