@@ -123,26 +123,37 @@ def process_gone(pid: int, within_s: float = 15.0) -> bool:
     return False
 
 
-def interrupt_once_written(path: Path, within_s: float = 60.0) -> threading.Thread:
+class InterruptOnceWritten:
     """Sends this process SIGINT, as a terminal's Ctrl-C does, once `path` has content: the
     command under test is then known to run. A fixed delay raced the command's start on a
     loaded CI machine (the interrupt came before the remote shell had written its pid). After
-    `within_s` without the file it interrupts anyway, so the test fails instead of hanging."""
+    `within_s` without the file it interrupts anyway, so the test fails instead of hanging.
+    Leaving the `with` block stops the watcher, so no stray Ctrl-C reaches a later test."""
 
-    def watch() -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline:
+    def __init__(self, path: Path, within_s: float = 60.0) -> None:
+        self.path, self.within_s = path, within_s
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.within_s
+        while time.monotonic() < deadline and not self.done.is_set():
             try:
-                if path.read_text().strip():
+                if self.path.read_text().strip():
                     break
             except OSError:
                 pass
             time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
+        if not self.done.is_set():
+            os.kill(os.getpid(), signal.SIGINT)
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    def __enter__(self) -> InterruptOnceWritten:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.done.set()
+        self.thread.join()
 
 
 def sha(data: bytes) -> str:

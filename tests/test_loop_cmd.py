@@ -185,13 +185,26 @@ def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
     lock.parent.mkdir(parents=True, exist_ok=True)
     holder = {"user": "bob", "machine": "another-box", "pid": 1, "command": "push"}
     lock.write_text(json.dumps({**holder, "since": "2026-11-30T04:00:00Z", "token": "t"}))
-    # 3 s: well after the push is waiting on the lock (60 s), even on a loaded machine
-    timer = threading.Timer(3.0, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        run = env.kd("push", "--lock-wait", "60", "--json")
-    finally:
-        timer.cancel()
+
+    class CtrlCOnceWaiting(io.StringIO):
+        """stderr that presses Ctrl-C once the push says it waits for the lock: a fixed delay
+        raced the push's start on a loaded machine."""
+
+        def write(self, text: str) -> int:
+            written = super().write(text)
+            if "for the lock" in self.getvalue() and not getattr(self, "pressed", False):
+                self.pressed = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return written
+
+    err = CtrlCOnceWaiting()
+    out = io.StringIO()
+    code = main(
+        ["--config", str(env.config), "push", "--lock-wait", "60", "--json"],
+        env=Environment(stdout=out, stderr=err, stdin=io.StringIO()),
+    )
+    assert err.pressed, err.getvalue()
+    run = Run(int(code), out.getvalue(), err.getvalue())
     assert run.exit_code == 130
     assert "Deployed: (none)" in run.stderr and "Traceback" not in run.stderr
     assert run.json()["error"]["code"] == 130
