@@ -56,8 +56,11 @@ READY_WAIT_S = 600.0  # how long a client waits for a launcher it started to lis
 ACCEPT_POLL_S = 2.0
 STOP_GRACE_S = 3.0  # a worker whose client is gone: SIGTERM, then exit after this
 KILL_AFTER_S = 4.0  # a client told to stop: SIGTERM to its worker, SIGKILL after this
-# Set per SSH connection (or by the shell per command): not part of what the service runs on.
-VOLATILE = frozenset({"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "_", "SHLVL", "OLDPWD"})
+# Set per SSH connection, by the shell per command or by pytest per test phase: not part of
+# what the service runs on (the worker still gets their values in os.environ).
+VOLATILE = frozenset(
+    {"SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "_", "SHLVL", "OLDPWD", "PYTEST_CURRENT_TEST"}
+)
 NOT_SERVED = 3  # the launcher's exit status when it cannot serve this machine (CUDA)
 OFF_NAME = "off"  # in the launch folder: this machine is not served (every start is a fresh exec)
 SUN_PATH_MAX = 108  # bytes of a Unix socket's path on Linux, with its terminating NUL
@@ -263,29 +266,31 @@ def serve(sock_path: str) -> int:
 
 def _spawn(listener: socket.socket, conn: socket.socket) -> None:
     msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 3)
-    while not msg.endswith(b"\n"):
-        more = conn.recv(1 << 20)
-        if not more:
-            raise ValueError("the request broke off")
-        msg += more
-    request = json.loads(msg)
-    if len(fds) != 3:
-        raise ValueError("the request came without stdin, stdout and stderr")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    middle = os.fork()
-    if middle == 0:  # detach, then fork the worker and say its pid
-        try:
-            os.setsid()
-            worker = os.fork()
-            if worker == 0:
-                _worker(listener, conn, fds, request)  # never returns
-            conn.settimeout(None)
-            conn.sendall(json.dumps({"pid": worker}).encode() + b"\n")
-        finally:
-            os._exit(0)
-    for fd in fds:
-        os.close(fd)
+    try:
+        while not msg.endswith(b"\n"):
+            more = conn.recv(1 << 20)
+            if not more:
+                raise ValueError("the request broke off")
+            msg += more
+        request = json.loads(msg)
+        if len(fds) != 3:
+            raise ValueError("the request came without stdin, stdout and stderr")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        middle = os.fork()
+        if middle == 0:  # detach, then fork the worker and say its pid
+            try:
+                os.setsid()
+                worker = os.fork()
+                if worker == 0:
+                    _worker(listener, conn, fds, request)  # never returns
+                conn.settimeout(None)
+                conn.sendall(json.dumps({"pid": worker}).encode() + b"\n")
+            finally:
+                os._exit(0)
+    finally:
+        for fd in fds:  # the worker has its copies
+            os.close(fd)
     os.waitpid(middle, 0)
 
 
@@ -296,8 +301,13 @@ def _worker(listener: socket.socket, conn: socket.socket, fds: list[int], reques
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        # A fresh Python's handlers and random state (the launcher's were set before the fork).
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        import random
+
+        random.seed()
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
