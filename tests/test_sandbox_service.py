@@ -225,8 +225,15 @@ def test_server_info_follows_the_env_file_across_restarts(box):
     assert "SGLANG_SM120_MMA_FLASHMLA" not in (box.service_dir / "service.env").read_text()
 
 
-def _launchers(box) -> list[str]:
-    return sorted(p.name for p in (box.service_dir / "launch").glob("*.pid"))
+def _launcher_of(box) -> str:
+    """The launcher socket the running server was forked from (a worker has its launcher's
+    command line), after checking that it is this sandbox's."""
+    server = server_process.find(box.transport, box.host)
+    assert server is not None
+    words = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode().split("\0")
+    sock = Path(words[words.index("--serve") + 1])
+    assert sock.parent == box.service_dir / "launch" and sock.suffix == ".sock"
+    return sock.name
 
 
 def test_a_restart_through_the_launcher_is_a_new_process_on_what_was_pushed(box):
@@ -236,16 +243,15 @@ def test_a_restart_through_the_launcher_is_a_new_process_on_what_was_pushed(box)
     reads of the running server); a restart on the same environment reuses its launcher."""
     svc = box.host.service
     assert service.restart(box.transport, svc, interval=INTERVAL).healthy
-    launchers = _launchers(box)
-    assert len(launchers) >= 1
     first = server_process.find(box.transport, box.host)
+    launcher = _launcher_of(box)
     kernel = Path(box.root) / KERNEL_RELPATH
     original = kernel.read_bytes()
     edit = EnvFileEdit(box.transport, svc.env_file, {"SGLANG_SM120_MMA_FLASHMLA"})
     try:
         kernel.write_bytes(original + b"\n# pushed after the launcher started\n")
         assert service.restart(box.transport, svc, interval=INTERVAL).healthy
-        assert _launchers(box) == launchers  # same environment: the same launcher
+        assert _launcher_of(box) == launcher  # the same environment: the same launcher
         info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
         assert info["kernel_sha256"] == hashlib.sha256(kernel.read_bytes()).hexdigest()
         second = server_process.find(box.transport, box.host)
@@ -253,7 +259,7 @@ def test_a_restart_through_the_launcher_is_a_new_process_on_what_was_pushed(box)
 
         edit.apply({"SGLANG_SM120_MMA_FLASHMLA": "1"})
         assert service.restart(box.transport, svc, interval=INTERVAL).healthy
-        assert len(_launchers(box)) == len(launchers) + 1  # another environment, another one
+        assert _launcher_of(box) != launcher  # another environment, another launcher
         third = server_process.find(box.transport, box.host)
         assert third is not None
         environ = server_process.environment(box.transport, third.pid)
