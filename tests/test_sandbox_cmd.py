@@ -58,11 +58,14 @@ def test_sandbox_up_down_status(tmp_path, isolated_home):
         service_pid = _pid(folder / "service" / "service.pid")
         sshd_pid = _pid(folder / "ssh" / "sshd.pid")
         assert _alive(service_pid)
+        # The decode service's launchers (service/launcher.py) go down with it.
+        launchers = [_pid(p) for p in (folder / "service").glob("launch/*.pid")]
         down = kerneldev("sandbox", "down", "--dir", str(folder), "--json")
         assert down.returncode == 0, down.stderr
         stopped = json.loads(down.stdout)
         assert not stopped["service_running"] and stopped["sshd_running"] in (False, None)
         assert not _alive(service_pid) and not _alive(sshd_pid)
+        assert not [pid for pid in launchers if _alive(pid)]
 
         text = kerneldev("sandbox", "status", "--dir", str(folder))
         assert text.returncode == 0 and "service: stopped" in text.stdout

@@ -7,7 +7,10 @@ and decodes under the Triton interpreter on tiny sizes (a step takes a few hundr
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -18,7 +21,10 @@ from kerneldev.config import load_config
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox.host import create_sandbox, decode_service_available
+from kerneldev.sandbox.service.engine import KERNEL_RELPATH
+from kerneldev.sandbox.service.scripted import SPEC_ENV
 from kerneldev.service import restart as service
+from kerneldev.service import server_process
 from kerneldev.service.envfile import EnvFileEdit
 from tests.service_start import restart_until_healthy
 
@@ -219,6 +225,69 @@ def test_server_info_follows_the_env_file_across_restarts(box):
     assert "SGLANG_SM120_MMA_FLASHMLA" not in (box.service_dir / "service.env").read_text()
 
 
+def _launcher_of(box) -> str:
+    """The launcher socket the running server was forked from (a worker has its launcher's
+    command line), after checking that it is this sandbox's."""
+    server = server_process.find(box.transport, box.host)
+    assert server is not None
+    words = Path(f"/proc/{server.pid}/cmdline").read_bytes().decode().split("\0")
+    sock = Path(words[words.index("--serve") + 1])
+    assert sock.parent == box.service_dir / "launch" and sock.suffix == ".sock"
+    return sock.name
+
+
+def test_a_restart_through_the_launcher_is_a_new_process_on_what_was_pushed(box):
+    """restart.sh starts the service through a resident launcher (launcher.py), one per
+    environment: a restart is still a new process that imports the live kernel file as it is
+    now and runs with the env file's values, also in /proc/<pid>/environ (what `kernels status`
+    reads of the running server); a restart on the same environment reuses its launcher."""
+    svc = box.host.service
+    assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+    first = server_process.find(box.transport, box.host)
+    launcher = _launcher_of(box)
+    kernel = Path(box.root) / KERNEL_RELPATH
+    original = kernel.read_bytes()
+    edit = EnvFileEdit(box.transport, svc.env_file, {"SGLANG_SM120_MMA_FLASHMLA"})
+    try:
+        kernel.write_bytes(original + b"\n# pushed after the launcher started\n")
+        assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+        assert _launcher_of(box) == launcher  # the same environment: the same launcher
+        info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
+        assert info["kernel_sha256"] == hashlib.sha256(kernel.read_bytes()).hexdigest()
+        second = server_process.find(box.transport, box.host)
+        assert first is not None and second is not None and second.pid != first.pid
+
+        edit.apply({"SGLANG_SM120_MMA_FLASHMLA": "1"})
+        assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+        assert _launcher_of(box) != launcher  # another environment, another launcher
+        third = server_process.find(box.transport, box.host)
+        assert third is not None
+        environ = server_process.environment(box.transport, third.pid)
+        assert environ is not None and environ.get("SGLANG_SM120_MMA_FLASHMLA") == "1"
+        assert httpx.get(url(box, "/get_server_info")).json()["kerneldev"]["kernel_variant"] == (
+            "mma"
+        )
+    finally:
+        kernel.write_bytes(original)
+        edit.restore()
+        assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+
+
+def test_the_service_stops_with_the_process_restart_sh_started(box):
+    """service.pid names the launcher's client: SIGKILL on it (restart.sh's last resort)
+    takes the service down with it, so the port is free for the next start."""
+    svc = box.host.service
+    listener = server_process.find(box.transport, box.host)  # every start here is the launcher's
+    pid = int((box.service_dir / "service.pid").read_text())
+    assert listener is not None and listener.pid != pid  # the worker, forked by the launcher
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while server_process.find(box.transport, box.host) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server_process.find(box.transport, box.host) is None
+    assert service.restart(box.transport, svc, interval=INTERVAL).healthy
+
+
 def test_the_live_tree_holds_no_bytecode_after_a_restart(box, monkeypatch):
     """The service imports the live kernel file as SGLang would, but writes no __pycache__ into
     the live tree (bytes nobody pushed; a same-size push in the same second would run them),
@@ -340,3 +409,22 @@ def test_a_replayed_graph_decodes_the_same_tokens_as_eager(tmp_path):
     for batch in (1, 3, 16, 5):
         assert graphs.step(batch) == eager.step(batch) and graphs.last_step_graph
     assert not eager.last_step_graph and graphs.info()["cuda_graph"]["enabled"]
+
+
+def test_starts_that_cannot_share_the_launchers_imports_are_fresh_execs(monkeypatch):
+    """CUDA (no fork after it) and scripted streams (no torch to share) skip the launcher; an
+    environment is one launcher whatever the SSH connection's own variables are."""
+    from kerneldev.sandbox.service import launcher
+
+    monkeypatch.delenv(SPEC_ENV, raising=False)
+    assert not launcher._not_for_a_launcher(["--root", "r", "--port", "1"])
+    assert launcher._not_for_a_launcher(["--root", "r", "--device", "cuda"])
+    assert launcher._not_for_a_launcher(["--root", "r", "--device=cuda"])
+    assert launcher._not_for_a_launcher(["--root", "r", "--scripted-stream", "gap_ms=1"])
+    monkeypatch.setenv(SPEC_ENV, "gap_ms=1")
+    assert launcher._not_for_a_launcher(["--root", "r"])
+
+    env = {"PATH": "/bin", "SSH_CLIENT": "127.0.0.1 5000 22"}
+    same = {**env, "SSH_CLIENT": "127.0.0.1 6000 22", "SSH_CONNECTION": "x"}
+    assert launcher.env_key(env) == launcher.env_key(same)
+    assert launcher.env_key(env) != launcher.env_key({**env, "SGLANG_SM120_MMA_FLASHMLA": "1"})

@@ -9,7 +9,9 @@
     mirror/          a git clone of the same tree (git init + one commit)
     workspace/       empty; `kerneldev pull` fills it
     service/         a fake SGLang: restart.sh starts a tiny HTTP server on a free loopback
-                     port that answers 503 for a short warm-up, then 200 on /health
+                     port that answers 503 for a short warm-up, then 200 on /health; or
+                     the decode service, through its resident launcher (service/launcher.py:
+                     torch imported once per environment, a fresh worker per restart)
     ssh/             a private OpenSSH sshd on 127.0.0.1 with temporary keys (when sshd is
                      installed), and a known_hosts file that already trusts it
     hosts.yaml       one host, `sandbox`, using that sshd (else the local transport)
@@ -42,6 +44,7 @@ from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.errors import SandboxError, UsageError
 from kerneldev.local_user import local_user
 from kerneldev.sandbox import fake_sglang
+from kerneldev.sandbox.service.launcher import stop_launchers
 
 ATTENTION_DIR = "python/sglang/srt/layers/attention"
 KERNEL_FILES = (
@@ -217,9 +220,17 @@ def _restart_script(
             f"SGLANG_TORCH_PROFILER_DIR={profiles}; export SGLANG_TORCH_PROFILER_DIR\n"
             f"if [ -f {env_file} ]; then set -a; . {env_file}; set +a; fi\n"
         )
+        if os.environ.get("PYTHONPATH"):
+            # An SSH login does not inherit it: the service runs the kerneldev that made the
+            # sandbox (a checkout run through PYTHONPATH), as the local transport does.
+            pythonpath = q(os.environ["PYTHONPATH"])
+            env_setup = f"PYTHONPATH={pythonpath}; export PYTHONPATH\n" + env_setup
+        # Through the resident launcher (service/launcher.py): each restart is a new process
+        # that reads the env file and the live kernel file, without importing torch again.
         command = (
-            f"{q(python)} -m kerneldev.sandbox.service --root {q(str(decode_root))} "
-            f"--port {port} --decode-log-interval {DECODE_LOG_INTERVAL}"
+            f"{q(python)} -m kerneldev.sandbox.service.launcher --dir {q(str(service_dir))} -- "
+            f"--root {q(str(decode_root))} --port {port} "
+            f"--decode-log-interval {DECODE_LOG_INTERVAL}"
         )
     # Stops the old instance (waiting until it is gone, zombies count as gone), then starts a
     # new one detached, with every descriptor redirected so the restart command returns at once.
@@ -273,8 +284,10 @@ class Sandbox:
         pidfile.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop the fake service and sshd (the files stay; the caller removes the folder)."""
+        """Stop the fake service, its launchers and sshd (the files stay; the caller removes
+        the folder)."""
         self.stop_service()
+        stop_launchers(self.service_dir)
         if self.sshd is not None:
             self.sshd.stop()
 
@@ -560,6 +573,7 @@ def sandbox_down(folder: Path) -> SandboxStatus:
             _wait_gone(pid, 5.0)
         if pidfile.name == "service.pid":
             pidfile.unlink(missing_ok=True)  # sshd removes its own on exit
+    stop_launchers(folder / "service")
     return sandbox_status(folder)
 
 

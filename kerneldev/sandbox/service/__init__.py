@@ -13,6 +13,9 @@ FP8 cache, all in-flight requests batched into one kernel call per layer, plus a
 - `app.py`: the FastAPI app, the continuous-batching scheduler thread, the profiler and the
   SGLang-style decode log lines; `python -m kerneldev.sandbox.service --help` starts it.
 - `sglang_api.py`: the informational routes (models, model and server info, flush, health).
+- `launcher.py`: how the sandbox's restart.sh starts it on CPU: a resident launcher per
+  environment imports torch, triton and the HTTP stack once and forks a fresh worker per
+  restart (which then reads the env file and imports the live kernel file, as a fresh start).
 - `scripted.py`: scripted-stream mode, a fixed timetable instead of the engine (for checking
   what benchmark clients compute).
 

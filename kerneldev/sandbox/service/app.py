@@ -31,6 +31,11 @@ token, and retires finished ones. Every `decode_log_interval` steps it logs SGLa
 are words of a synthetic vocabulary (" t123"); a prompt's token count is its number of
 whitespace-separated words (or len(input_ids)).
 
+`main` runs in a fresh `python -m kerneldev.sandbox.service` or, on the sandbox's CPU-only
+restarts, in a worker forked by the resident launcher (launcher.py) with the restart's
+environment: either way it reads its arguments, the env file's switches and the kernel file
+at this start.
+
 `--scripted-stream SPEC` serves `/generate` on a fixed timetable instead, with no engine
 (scripted.py): for checking what benchmark clients compute.
 """

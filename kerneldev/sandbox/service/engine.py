@@ -26,7 +26,11 @@ variant can switch it) runs every step eager; on CPU there are no graphs.
 
 On CUDA the sizes are the contract's production decode shape (H 64, main topk 128 on pages of
 256, extra topk 512 on pages of 64). On CPU the same code runs tiny sizes under the Triton
-interpreter (TRITON_INTERPRET=1 must be set before triton is imported; `app.main` does).
+interpreter (TRITON_INTERPRET=1 must be set before triton is imported; `app.main` does, and
+so does the sandbox's resident launcher, launcher.py, which imports torch and triton once and
+forks a worker per restart: this module and the kernel file are then loaded in the worker, after
+the restart's environment is in place, so the file is what was pushed and the switches are the
+env file's).
 """
 
 from __future__ import annotations
