@@ -23,3 +23,10 @@ if not ON_GPU and not TRITON_PREIMPORTED:
 
 # True when the kernels can run in this process: compiled on a GPU, or interpreted on CPU.
 KERNELS_RUNNABLE = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
+
+if not ON_GPU and os.environ.get("TRITON_INTERPRET") == "1":
+    # The interpreter's repeated language patching and its assert-free overflow sanitizer:
+    # half the CPU of an interpreted case, none of what it computes (see the module).
+    from .interpreter_overhead import trim_interpreter_overhead  # noqa: E402
+
+    trim_interpreter_overhead()
