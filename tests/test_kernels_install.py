@@ -29,6 +29,7 @@ from kerneldev.hosts.transport import open_transport
 from kerneldev.hostside import importscan as _importscan
 from kerneldev.sandbox.host import find_sshd
 from kerneldev.service.envfile import parse_env_file
+from tests.faults import process_gone
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 
@@ -293,6 +294,25 @@ def test_status_is_unknown_with_the_reason_when_the_wrapper_cannot_import(
     assert "cannot be imported" in backend["reason"] and "ModuleNotFoundError" in backend["reason"]
     code, out, err = tree.kd("kernels", "status")
     assert "unknown" in out and "cannot be imported" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("sglang_release", ["0.5.23"], indirect=True)
+def test_ctrl_c_during_the_probe_ends_its_forked_child(tmp_path, monkeypatch, sglang_release):
+    """Ctrl-C while the probe's child imports the wrapper (here one that hangs, after sending
+    the Ctrl-C itself): exit 130, and the child forked on the host is gone with its parent
+    (the transport ends the command's process group)."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    pid_file = tmp_path / "child.pid"
+    (tree.root / tree.wrapper).write_text(
+        "import os, signal, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"os.kill({os.getpid()}, signal.SIGINT)\n"
+        "time.sleep(300)\n"
+    )
+    code, _, err = tree.kd("kernels", "status")
+    assert code == 130, err
+    child = int(pid_file.read_text())
+    assert child != os.getpid() and process_gone(child), f"probe child {child} still runs"
 
 
 def test_status_says_when_the_server_runs_other_values_than_the_env_file(
