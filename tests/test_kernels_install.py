@@ -657,3 +657,28 @@ def test_two_of_three_variants_on_one_kernel_are_refused():
     check.check()
     check.kernels["mma"] = None
     check.check()
+
+
+def test_the_probe_runs_a_job_in_a_fresh_interpreter_where_fork_fails(tmp_path, monkeypatch):
+    """The host-side probe itself (here in this process, fork failing): the job still gets its
+    answer, from a fresh interpreter with the job's variables."""
+    from kerneldev.hostside import kernelprobe
+
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    (tmp_path / "kd_env_wrapper.py").write_text(
+        "import os\nSM120_DECODE_MAX_TOKENS = len(os.environ['SGLANG_SM120_FLASHMLA_BACKEND'])\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the probe's import root
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.delenv("SGLANG_SM120_FLASHMLA_BACKEND", raising=False)
+    job = {"wrapper": "kd_env_wrapper", "kernel": "kd_no_kernel", "calls": [], "timeout": 300}
+    job["env"] = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+    source = Path(kernelprobe.__file__).read_text(encoding="utf-8")
+    (answer,) = kernelprobe.probe_all({"jobs": [job], "source": source})["answers"]
+    assert answer["interpreter"] == "fresh", answer
+    assert answer["switch"] == {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+    assert answer["SM120_DECODE_MAX_TOKENS"] == len("torch")  # read at the wrapper's import
+    assert "defines no flash_mla_with_kvcache_sm120" in answer["error"]
+    assert list(tmp_path.rglob("__pycache__")) == []

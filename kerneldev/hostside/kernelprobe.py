@@ -219,7 +219,10 @@ def _last_line(text):
 def _in_fork(job, timeout):
     """The job's answer from a forked child; None when fork fails (the caller starts a fresh
     interpreter instead)."""
-    log = tempfile.TemporaryFile()  # the child's stdout and stderr: a dying child's reason
+    try:
+        log = tempfile.TemporaryFile()  # the child's stdout and stderr: a dying child's reason
+    except OSError:
+        return None
     read_end, write_end = os.pipe()
     try:
         pid = os.fork()
