@@ -4,8 +4,8 @@ variants ran the same one (`bench --service`, `profile`).
 Before anything is restarted, the live dispatch is probed for every variant, as `kernels status`
 probes it (`kernel_deploy.dispatches_under`: one probe process on the host for all variants),
 in the environment the variant's switch will give the service (the env file with the variant's
-assignments): the decode call's backend, with the
-Triton variant for kerneldev's kernels ("triton (mma)", "flashinfer", "torch"). When every
+assignments): the decode call's backend, with the Triton variant for kerneldev's kernels
+("triton (mma)", "flashinfer", "torch"). When every
 variant reaches the same kernel the comparison measures nothing but noise (on SGLang 0.5.23,
 toggling only SGLANG_SM120_MMA_FLASHMLA leaves both on FlashInfer), so nothing is measured:
 `SameKernelError` (exit 1) names the variants, the kernel and the variables that differ
