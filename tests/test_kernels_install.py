@@ -8,6 +8,7 @@ backend the live dispatch reaches for decode and prefill under every switch sett
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -23,9 +24,12 @@ import yaml
 from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
+from kerneldev.config import load_config
+from kerneldev.hosts.transport import open_transport
 from kerneldev.hostside import importscan as _importscan
 from kerneldev.sandbox.host import find_sshd
 from kerneldev.service.envfile import parse_env_file
+from tests.faults import process_gone
 from tests.sglang_releases import BACKEND_PATH, Release
 from tests.sshutil import ssh_entry
 
@@ -201,11 +205,14 @@ def test_status_matches_the_live_dispatch_for_every_switch(tmp_path, monkeypatch
     release's wrapper and environ.py), for a decode call and a prefill-sized call."""
     tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
     version = sglang_release.version
+    one_at_a_time, envs = [], []
     for case, (lines, expected) in SWITCH_CASES.items():
         tree.set_env(lines)
+        envs.append(parse_env_file(tree.env_file.read_text()))
         code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
         assert code == 0, err
         backend = json.loads(out)["sites"][0]["backend"]
+        one_at_a_time.append(backend)
         got = {c["call"]: (c["backend"], c["tokens"] > 64, c["heads"]) for c in backend["calls"]}
         want = expected[version]
         assert got == {"decode": (want, False, 8), "prefill": (want, True, 8)}, (case, backend)
@@ -215,6 +222,63 @@ def test_status_matches_the_live_dispatch_for_every_switch(tmp_path, monkeypatch
             assert "_flash_mla_flashinfer" in functions[0], functions
             assert "_flash_mla_sm120_prefill" in functions[1], functions
             assert "not installed" in backend["reason"]  # no FlashInfer on this CPU host
+    assert list(tree.root.rglob("__pycache__")) == []
+
+    # Every case in one probe (as an A/B's preflight sends its variants): one process, torch
+    # imported once, a forked child per case; the answers equal the one-at-a-time ones.
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        batched = kernel_deploy.dispatches_under(transport, host, envs, heads=8)
+    for case, choice, alone in zip(SWITCH_CASES, batched, one_at_a_time, strict=True):
+        got = json.loads(json.dumps(dataclasses.asdict(choice)))
+        assert {**got, "environment": alone["environment"]} == alone, case
+    assert list(tree.root.rglob("__pycache__")) == []
+
+
+# A wrapper that dies with the job's process, and one that never finishes importing.
+CRASHING_WRAPPER = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n"
+HANGING_WRAPPER = "import time\ntime.sleep(300)\n"
+
+
+@pytest.mark.parametrize("sglang_release", ["0.5.23"], indirect=True)
+def test_each_job_of_a_probe_batch_is_answered_on_its_own(tmp_path, monkeypatch, sglang_release):
+    """One probe process, six jobs: a wrapper that does not import, one that crashes, one that
+    hangs (past its timeout) hide none of the others; a job whose variables differ in one torch
+    reads (OMP_NUM_THREADS) runs in a fresh interpreter and answers as the forked one does;
+    answers come back in job order."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    python = tree.root / "python"
+    (python / "kd_broken_wrapper.py").write_text("raise ImportError('kerneldev test: no')\n")
+    (python / "kd_crashing_wrapper.py").write_text(CRASHING_WRAPPER)
+    (python / "kd_hanging_wrapper.py").write_text(HANGING_WRAPPER)
+    env = parse_env_file(tree.env_file.read_text())
+    triton = {**env, "SGLANG_SM120_FLASHMLA_BACKEND": "triton"}
+    torch = {**env, "SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+
+    def job(wrapper: str, job_env: dict, timeout: float = kernel_deploy.PROBE_TIMEOUT):
+        return kernel_deploy.ProbeJob(tree.kernel, wrapper, job_env, 8, timeout)
+
+    jobs = [
+        job(tree.wrapper, triton),
+        job("python/kd_broken_wrapper.py", triton),
+        job("python/kd_crashing_wrapper.py", triton),
+        job("python/kd_hanging_wrapper.py", triton, timeout=3),
+        job(tree.wrapper, {**triton, "OMP_NUM_THREADS": "1"}),
+        job(tree.wrapper, torch),
+    ]
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        answers = kernel_deploy.probe_answers(transport, host, jobs)
+    assert isinstance(answers, list), answers
+    how = [a.get("interpreter") for a in answers]
+    assert how == ["forked", "forked", None, None, "fresh", "forked"], how
+    choices = [kernel_deploy.backend_choice(host, a) for a in answers]
+    assert [c.backend for c in choices] == ["triton", None, None, None, "triton", "torch"]
+    assert "cannot be imported: ImportError: kerneldev test: no" in choices[1].reason
+    assert "killed by SIGSEGV" in choices[2].reason, choices[2].reason
+    assert "no answer within 3s, killed" in choices[3].reason, choices[3].reason
+    assert choices[4] == choices[0]  # the fresh interpreter's answer is the forked one's
+    assert choices[5].switch == {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
     assert list(tree.root.rglob("__pycache__")) == []
 
 
@@ -230,6 +294,25 @@ def test_status_is_unknown_with_the_reason_when_the_wrapper_cannot_import(
     assert "cannot be imported" in backend["reason"] and "ModuleNotFoundError" in backend["reason"]
     code, out, err = tree.kd("kernels", "status")
     assert "unknown" in out and "cannot be imported" in " ".join(err.split())
+
+
+@pytest.mark.parametrize("sglang_release", ["0.5.23"], indirect=True)
+def test_ctrl_c_during_the_probe_ends_its_forked_child(tmp_path, monkeypatch, sglang_release):
+    """Ctrl-C while the probe's child imports the wrapper (here one that hangs, after sending
+    the Ctrl-C itself): exit 130, and the child forked on the host is gone with its parent
+    (the transport ends the command's process group)."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    pid_file = tmp_path / "child.pid"
+    (tree.root / tree.wrapper).write_text(
+        "import os, signal, time\n"
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid()))\n"
+        f"os.kill({os.getpid()}, signal.SIGINT)\n"
+        "time.sleep(300)\n"
+    )
+    code, _, err = tree.kd("kernels", "status")
+    assert code == 130, err
+    child = int(pid_file.read_text())
+    assert child != os.getpid() and process_gone(child), f"probe child {child} still runs"
 
 
 def test_status_says_when_the_server_runs_other_values_than_the_env_file(
@@ -574,3 +657,28 @@ def test_two_of_three_variants_on_one_kernel_are_refused():
     check.check()
     check.kernels["mma"] = None
     check.check()
+
+
+def test_the_probe_runs_a_job_in_a_fresh_interpreter_where_fork_fails(tmp_path, monkeypatch):
+    """The host-side probe itself (here in this process, fork failing): the job still gets its
+    answer, from a fresh interpreter with the job's variables."""
+    from kerneldev.hostside import kernelprobe
+
+    def no_fork():
+        raise OSError(11, "Resource temporarily unavailable")
+
+    (tmp_path / "kd_env_wrapper.py").write_text(
+        "import os\nSM120_DECODE_MAX_TOKENS = len(os.environ['SGLANG_SM120_FLASHMLA_BACKEND'])\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the probe's import root
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.delenv("SGLANG_SM120_FLASHMLA_BACKEND", raising=False)
+    job = {"wrapper": "kd_env_wrapper", "kernel": "kd_no_kernel", "calls": [], "timeout": 300}
+    job["env"] = {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+    source = Path(kernelprobe.__file__).read_text(encoding="utf-8")
+    (answer,) = kernelprobe.probe_all({"jobs": [job], "source": source})["answers"]
+    assert answer["interpreter"] == "fresh", answer
+    assert answer["switch"] == {"SGLANG_SM120_FLASHMLA_BACKEND": "torch"}
+    assert answer["SM120_DECODE_MAX_TOKENS"] == len("torch")  # read at the wrapper's import
+    assert "defines no flash_mla_with_kvcache_sm120" in answer["error"]
+    assert list(tmp_path.rglob("__pycache__")) == []

@@ -1,10 +1,11 @@
 """Which attention kernel each variant of an A/B ran, and the refusal of an A/B in which two
 variants ran the same one (`bench --service`, `profile`).
 
-Before anything is restarted, the live dispatch is probed once per variant, as `kernels status`
-probes it (`kernel_deploy.dispatch_under`), in the environment the variant's switch will give
-the service (the env file with the variant's assignments): the decode call's backend, with the
-Triton variant for kerneldev's kernels ("triton (mma)", "flashinfer", "torch"). When every
+Before anything is restarted, the live dispatch is probed for every variant, as `kernels status`
+probes it (`kernel_deploy.dispatches_under`: one probe process on the host for all variants),
+in the environment the variant's switch will give the service (the env file with the variant's
+assignments): the decode call's backend, with the Triton variant for kerneldev's kernels
+("triton (mma)", "flashinfer", "torch"). When every
 variant reaches the same kernel the comparison measures nothing but noise (on SGLang 0.5.23,
 toggling only SGLANG_SM120_MMA_FLASHMLA leaves both on FlashInfer), so nothing is measured:
 `SameKernelError` (exit 1) names the variants, the kernel and the variables that differ
@@ -48,10 +49,21 @@ def kernel_of(
 ) -> tuple[str | None, str]:
     """(the decode call's kernel under `env`, how it was told) from the live dispatch; None when
     unknown."""
+    return kernels_of(transport, host, [env])[0]
+
+
+def kernels_of(
+    transport: Transport, host: HostConfig, envs: list[dict[str, str]]
+) -> list[tuple[str | None, str]]:
+    """`kernel_of` for each of `envs`, from one probe of the live dispatch."""
     try:
-        choice = kernel_deploy.dispatch_under(transport, host, env)
+        choices = kernel_deploy.dispatches_under(transport, host, envs)
     except KerneldevError as err:
-        return None, f"not probed: {err.message}"
+        return [(None, f"not probed: {err.message}") for _ in envs]
+    return [_kernel_name(choice) for choice in choices]
+
+
+def _kernel_name(choice: kernel_deploy.BackendChoice) -> tuple[str | None, str]:
     if choice.backend is None:
         return None, choice.reason
     name = choice.backend + (f" ({choice.kernel_variant})" if choice.kernel_variant else "")
@@ -105,8 +117,9 @@ class KernelCheck:
 def preflight(
     transport: Transport, host: HostConfig, variants: list[str], *, allow_same: bool = False
 ) -> KernelCheck:
-    """Before an A/B restarts anything: probe each variant's environment (the env file with the
-    variant's assignments) and refuse, unless `allow_same`, when all reach the same kernel."""
+    """Before an A/B restarts anything: probe every variant's environment (the env file with the
+    variant's assignments; one probe for all) and refuse, unless `allow_same`, when all reach
+    the same kernel."""
     result = KernelCheck()
     names = list(dict.fromkeys(variants))
     if len(names) < 2:
@@ -116,11 +129,10 @@ def preflight(
     except TransferError:
         base = {}
     svc = host.service
-    for name in names:
+    found = kernels_of(transport, host, [variant_env(base, host, name) for name in names])
+    for name, (kernel, reason) in zip(names, found, strict=True):
         result.envs[name] = dict(svc.variants.get(name, {})) if svc else {}
-        result.kernels[name], result.reasons[name] = kernel_of(
-            transport, host, variant_env(base, host, name)
-        )
+        result.kernels[name], result.reasons[name] = kernel, reason
     if not allow_same:
         result.check()
     return result

@@ -14,7 +14,9 @@ decode call and a prefill-sized call: not read from the wrapper's text but from 
 dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
 `service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
 wrapper reads its switch at import, so a note says when the env file changed after the
-service's last restart by kerneldev.
+service's last restart by kerneldev. One probe process answers every site (and every variant
+of an A/B's preflight, `dispatches_under`): it imports torch once and forks a child per job
+(`hostside/kernelprobe.py` says when a job gets a fresh interpreter instead).
 """
 
 from __future__ import annotations
@@ -358,15 +360,14 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         differs = _server_env_differs(transport, host, env)
         if differs:
             result.notes.append(differs)
-    for s in sites:
+    choices = probe_dispatches(transport, host, [_job(s, env, heads) for s in sites])
+    for s, choice in zip(sites, choices, strict=True):
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
         wrapper = None
-        wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
         if s.wrapper:
             w_sha = live[s.wrapper].sha256
             wrapper = FileStatus(s.wrapper, w_sha, *classify_file(WRAPPER_FILE, w_sha))
-        choice = probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
         if not result.environment_known:
             choice.environment = "unknown"
         elif env_file:
@@ -399,10 +400,35 @@ def dispatch_under(
     transport: Transport, host: HostConfig, env: dict[str, str], *, heads: int = DEFAULT_HEADS
 ) -> BackendChoice:
     """The first kernel site's dispatch under `env` (an A/B variant's environment)."""
+    return dispatches_under(transport, host, [env], heads=heads)[0]
+
+
+def dispatches_under(
+    transport: Transport,
+    host: HostConfig,
+    envs: list[dict[str, str]],
+    *,
+    heads: int = DEFAULT_HEADS,
+) -> list[BackendChoice]:
+    """The first kernel site's dispatch under each of `envs` (an A/B's variants), in one probe
+    on the host."""
     sites, _ = _sites(transport, host)
-    s = sites[0]
-    wrapper_path = s.wrapper or f"{s.folder}/{WRAPPER_FILE}"
-    return probe_dispatch(transport, host, s.kernel, wrapper_path, env, heads)
+    return probe_dispatches(transport, host, [_job(sites[0], env, heads) for env in envs])
+
+
+@dataclass
+class ProbeJob:
+    """One probe of the live dispatch: the site's files, the environment, the head count."""
+
+    kernel: str  # path of the live kernel file
+    wrapper: str  # path of the live wrapper
+    env: dict[str, str]
+    heads: int
+    timeout: float = PROBE_TIMEOUT  # seconds this job may take on the host
+
+
+def _job(site: KernelSite, env: dict[str, str], heads: int) -> ProbeJob:
+    return ProbeJob(site.kernel, site.wrapper or f"{site.folder}/{WRAPPER_FILE}", env, heads)
 
 
 def _module_of(path: str) -> str:
@@ -410,7 +436,77 @@ def _module_of(path: str) -> str:
     return path[len(IMPORT_ROOT) + 1 : -len(".py")].replace("/", ".")
 
 
+def shared_environment(envs: list[dict[str, str]]) -> dict[str, str]:
+    """The variables every one of `envs` sets to the same value (those the shell can export):
+    the probe process's own environment."""
+    if not envs:
+        return {}
+    first, rest = envs[0], envs[1:]
+    return {k: v for k, v in first.items() if k.isidentifier() and all(e.get(k) == v for e in rest)}
+
+
 _PROBE: str | None = None
+
+
+def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) -> list[dict] | str:
+    """The host-side probe's answer per job (`hostside/kernelprobe.py`, one process for all
+    jobs, started with the host's python in the variables the jobs share, from the live tree's
+    import root, writing no bytecode there), or why there is none for any job."""
+    global _PROBE
+    if _PROBE is None:
+        _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
+    shared = shared_environment([job.env for job in jobs])
+    request = {
+        "jobs": [
+            {
+                "wrapper": _module_of(job.wrapper),
+                "kernel": _module_of(job.kernel),
+                "calls": [
+                    {"name": "decode", "tokens": DECODE_TOKENS, "heads": job.heads},
+                    {"name": "prefill", "tokens": PREFILL_TOKENS, "heads": job.heads},
+                ],
+                # what sets this job apart: the jobs' environments hold every shared variable
+                "env": {k: v for k, v in job.env.items() if k.isidentifier() and k not in shared},
+                "timeout": job.timeout,
+            }
+            for job in jobs
+        ],
+        "source": _PROBE,
+    }
+    command = (
+        export_prefix(shared)
+        + f"cd {shlex.quote(posixpath.join(host.root, IMPORT_ROOT))} && "
+        + f"PYTHONDONTWRITEBYTECODE=1 {shlex.quote(host.python)} -B -c {shlex.quote(_PROBE)}"
+    )
+    try:
+        # jobs run one after the other, each within its timeout; one more for torch's import
+        run = transport.run(
+            command,
+            stdin=json.dumps(request).encode(),
+            timeout=sum(job.timeout for job in jobs) + PROBE_TIMEOUT,
+        )
+    except RemoteCommandError as err:
+        return f"the probe did not run: {err.message}"
+    try:
+        answers = json.loads(run.stdout.strip().splitlines()[-1])["answers"]
+        if len(answers) != len(jobs):
+            raise ValueError
+    except (ValueError, IndexError, KeyError, TypeError):
+        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"the probe failed with {host.python} (exit {run.exited}): {tail}"
+    return answers
+
+
+def probe_dispatches(
+    transport: Transport, host: HostConfig, jobs: list[ProbeJob]
+) -> list[BackendChoice]:
+    """Per job, the backend the live wrapper's entry reaches (`probe_answers`)."""
+    if not jobs:
+        return []
+    answers = probe_answers(transport, host, jobs)
+    if isinstance(answers, str):
+        return [BackendChoice(None, None, "", answers) for _ in jobs]
+    return [backend_choice(host, answer) for answer in answers]
 
 
 def probe_dispatch(
@@ -421,35 +517,15 @@ def probe_dispatch(
     env: dict[str, str],
     heads: int,
 ) -> BackendChoice:
-    """Run the host-side probe (`_kernelprobe.py`) with the host's python and `env`, from the
-    live tree's import root, writing no bytecode there."""
-    global _PROBE
-    if _PROBE is None:
-        _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
-    request = {
-        "wrapper": _module_of(wrapper_path),
-        "kernel": _module_of(kernel_path),
-        "calls": [
-            {"name": "decode", "tokens": DECODE_TOKENS, "heads": heads},
-            {"name": "prefill", "tokens": PREFILL_TOKENS, "heads": heads},
-        ],
-    }
-    command = (
-        export_prefix(env)
-        + f"cd {shlex.quote(posixpath.join(host.root, IMPORT_ROOT))} && "
-        + f"PYTHONDONTWRITEBYTECODE=1 {shlex.quote(host.python)} -B -c {shlex.quote(_PROBE)}"
-    )
+    """One job of `probe_dispatches`."""
+    return probe_dispatches(transport, host, [ProbeJob(kernel_path, wrapper_path, env, heads)])[0]
+
+
+def backend_choice(host: HostConfig, answer: dict) -> BackendChoice:
+    """The probe's answer for one job (`probe_answers`) as a BackendChoice."""
     unknown = BackendChoice(None, None, "", "")
-    try:
-        run = transport.run(command, stdin=json.dumps(request).encode(), timeout=PROBE_TIMEOUT)
-    except RemoteCommandError as err:
-        unknown.reason = f"the probe did not run: {err.message}"
-        return unknown
-    try:
-        answer = json.loads(run.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        tail = (run.stderr.strip().splitlines() or ["no output"])[-1]
-        unknown.reason = f"the probe failed with {host.python} (exit {run.exited}): {tail}"
+    if "failed" in answer:  # this job's interpreter died or hung: the others still answered
+        unknown.reason = f"the probe failed with {host.python} ({answer['failed']})"
         return unknown
     unknown.switch = answer.get("switch", {})
     if not answer.get("imported"):

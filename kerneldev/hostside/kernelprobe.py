@@ -20,18 +20,46 @@ Two calls: a decode step (few tokens, at the decode head count) and a prefill-si
 than 64 query tokens: SGLang 0.5.23 sends those to FlashInfer's prefill kernel, at the layer's
 real head count). A wrapper that cannot be imported, or an entry that fails before reaching a
 candidate, is reported with the error (`backend: null`).
+
+One process answers many probes (a job: wrapper, kernel file, calls, and the variables that
+set it apart from the others; `kernels status` sends one job per kernel site, an A/B's
+preflight one per variant). It is started in the environment the jobs share, imports torch
+once (3+ CPU-seconds), and runs each job in a child forked from it (`os.fork`) that sets the
+job's own variables and then imports the wrapper and the kernel file itself, so they read
+their switch at import as the server does; answers come back in job order, each job's error
+its own (a child that dies or hangs is that job's error: exit status or signal, no answer
+within `timeout` seconds). The fork reuses only torch's import, so it is taken only when the
+job's own variables all start with `SGLANG_` (SGLang's settings, read by SGLang's modules,
+which the child imports itself; torch, Python and the C libraries do not read them). A job
+that differs in any other variable (TORCH_*, PYTORCH_*, CUDA_*, OMP_*, MKL_*, LD_*, PYTHON*,
+or anything a library might read at import) runs in a fresh interpreter, as every job does
+where fork is missing or fails, or torch does not import in this process. The children stay
+in this process's group, so ending the group (Ctrl-C on kerneldev's side) ends them all.
+
+Request on stdin: `{"jobs": [{"wrapper", "kernel", "calls", "env", "timeout"}...],
+"source"}` (the source, to start a fresh interpreter: `python -c` keeps no file); answer
+`{"answers": [...]}` on stdout's last line, each with `interpreter` ("forked" or "fresh") or
+`failed` (why the job has no answer). A request without `jobs` is one job, answered in this
+interpreter.
 """
 
 import builtins
 import importlib
 import json
 import os
+import select
+import signal
+import subprocess
 import sys
+import tempfile
+import time
 import traceback
 
 KERNEL_FILE_ENTRY = "flash_mla_sparse_decode_triton"
 TORCH_ENTRY = "_sm120_sparse_decode_fwd"
 ENTRY = "flash_mla_with_kvcache_sm120"
+FORKABLE_PREFIX = "SGLANG_"  # the only variables a forked job may set (see the docstring)
+TAIL = 2000  # characters of a failed job's output kept for its reason
 
 
 class Reached(BaseException):
@@ -178,10 +206,138 @@ def probe(request):
     return answer
 
 
+def forkable(env):
+    """Whether a job with these variables of its own may run in a child of this process."""
+    return hasattr(os, "fork") and all(key.startswith(FORKABLE_PREFIX) for key in env)
+
+
+def _last_line(text):
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else "no output"
+
+
+def _in_fork(job, timeout):
+    """The job's answer from a forked child; None when fork fails (the caller starts a fresh
+    interpreter instead)."""
+    try:
+        log = tempfile.TemporaryFile()  # the child's stdout and stderr: a dying child's reason
+    except OSError:
+        return None
+    read_end, write_end = os.pipe()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(read_end)
+        os.close(write_end)
+        log.close()
+        return None
+    if pid == 0:  # the child: never returns into the parent's loop
+        status = 1
+        try:
+            os.close(read_end)
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            os.environ.update(job["env"])
+            data = (json.dumps(probe(job)) + "\n").encode()
+            while data:
+                data = data[os.write(write_end, data) :]
+            status = 0
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:
+                    pass
+            os._exit(status)
+    os.close(write_end)
+    chunks, deadline, timed_out = [], time.monotonic() + timeout, False
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            if select.select([read_end], [], [], left)[0]:
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        if timed_out:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        log.seek(0)
+        output = log.read().decode("utf-8", "replace")[-TAIL:]
+    finally:
+        os.close(read_end)
+        log.close()
+    if timed_out:
+        return {"failed": f"no answer within {timeout:g}s, killed: {_last_line(output)}"}
+    try:
+        answer = json.loads(b"".join(chunks).decode())
+    except ValueError:
+        if os.WIFSIGNALED(status):
+            how = "killed by " + signal.Signals(os.WTERMSIG(status)).name
+        else:
+            how = f"exit {os.WEXITSTATUS(status)}"
+        return {"failed": f"{how}: {_last_line(output)}", "output": output}
+    answer["interpreter"] = "forked"
+    return answer
+
+
+def _in_fresh(job, timeout, source):
+    """The job's answer from a fresh interpreter with this process's environment and the
+    job's variables, as one probe ran before batching."""
+    env = dict(os.environ, **job["env"], PYTHONDONTWRITEBYTECODE="1")
+    single = {k: v for k, v in job.items() if k not in ("env", "timeout")}
+    try:
+        run = subprocess.run(
+            [sys.executable, "-B", "-c", source],
+            input=json.dumps(single).encode(),
+            capture_output=True,
+            env=env,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {"failed": f"no answer within {timeout:g}s, killed"}
+    except OSError as err:
+        return {"failed": f"cannot start {sys.executable}: {err}"}
+    try:
+        answer = json.loads(_last_line(run.stdout.decode("utf-8", "replace")))
+    except ValueError:
+        stderr = run.stderr.decode("utf-8", "replace")
+        code = run.returncode
+        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        return {"failed": f"{how}: {_last_line(stderr)}", "output": stderr[-TAIL:]}
+    answer["interpreter"] = "fresh"
+    return answer
+
+
+def probe_all(request):
+    """Every job of `request`, in order (see the module's docstring)."""
+    jobs, source = request["jobs"], request["source"]
+    torch_here = False
+    if any(forkable(job["env"]) for job in jobs):
+        try:
+            import torch  # noqa: F401 - what the forked children share
+
+            torch_here = True
+        except BaseException:  # each job then meets the error in its own interpreter
+            pass
+    answers = []
+    for job in jobs:
+        timeout = job["timeout"]
+        answer = _in_fork(job, timeout) if torch_here and forkable(job["env"]) else None
+        answers.append(answer if answer is not None else _in_fresh(job, timeout, source))
+    return {"answers": answers}
+
+
 def main():
     request = json.loads(sys.stdin.read())
     sys.path.insert(0, os.getcwd())
-    sys.stdout.write(json.dumps(probe(request)) + "\n")
+    answer = probe_all(request) if "jobs" in request else probe(request)
+    sys.stdout.write(json.dumps(answer) + "\n")
 
 
 if __name__ == "__main__":
