@@ -44,18 +44,11 @@ def variant_env(base: dict[str, str], host: HostConfig, name: str) -> dict[str, 
     return env
 
 
-def kernel_of(
-    transport: Transport, host: HostConfig, env: dict[str, str]
-) -> tuple[str | None, str]:
-    """(the decode call's kernel under `env`, how it was told) from the live dispatch; None when
-    unknown."""
-    return kernels_of(transport, host, [env])[0]
-
-
 def kernels_of(
     transport: Transport, host: HostConfig, envs: list[dict[str, str]]
 ) -> list[tuple[str | None, str]]:
-    """`kernel_of` for each of `envs`, from one probe of the live dispatch."""
+    """Per environment of `envs`: (the decode call's kernel under it, how it was told), from
+    one probe of the live dispatch; None when unknown."""
     try:
         choices = kernel_deploy.dispatches_under(transport, host, envs)
     except KerneldevError as err:

@@ -396,13 +396,6 @@ def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, s
     )
 
 
-def dispatch_under(
-    transport: Transport, host: HostConfig, env: dict[str, str], *, heads: int = DEFAULT_HEADS
-) -> BackendChoice:
-    """The first kernel site's dispatch under `env` (an A/B variant's environment)."""
-    return dispatches_under(transport, host, [env], heads=heads)[0]
-
-
 def dispatches_under(
     transport: Transport,
     host: HostConfig,
@@ -507,18 +500,6 @@ def probe_dispatches(
     if isinstance(answers, str):
         return [BackendChoice(None, None, "", answers) for _ in jobs]
     return [backend_choice(host, answer) for answer in answers]
-
-
-def probe_dispatch(
-    transport: Transport,
-    host: HostConfig,
-    kernel_path: str,
-    wrapper_path: str,
-    env: dict[str, str],
-    heads: int,
-) -> BackendChoice:
-    """One job of `probe_dispatches`."""
-    return probe_dispatches(transport, host, [ProbeJob(kernel_path, wrapper_path, env, heads)])[0]
 
 
 def backend_choice(host: HostConfig, answer: dict) -> BackendChoice:

@@ -216,6 +216,11 @@ def _last_line(text):
     return lines[-1] if lines else "no output"
 
 
+def _ended(code):
+    """How a job's process ended, from its exit code as subprocess gives it (-N: signal N)."""
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+
+
 def _in_fork(job, timeout):
     """The job's answer from a forked child; None when fork fails (the caller starts a fresh
     interpreter instead)."""
@@ -277,11 +282,8 @@ def _in_fork(job, timeout):
     try:
         answer = json.loads(b"".join(chunks).decode())
     except ValueError:
-        if os.WIFSIGNALED(status):
-            how = "killed by " + signal.Signals(os.WTERMSIG(status)).name
-        else:
-            how = f"exit {os.WEXITSTATUS(status)}"
-        return {"failed": f"{how}: {_last_line(output)}", "output": output}
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        return {"failed": f"{_ended(code)}: {_last_line(output)}", "output": output}
     answer["interpreter"] = "forked"
     return answer
 
@@ -307,9 +309,10 @@ def _in_fresh(job, timeout, source):
         answer = json.loads(_last_line(run.stdout.decode("utf-8", "replace")))
     except ValueError:
         stderr = run.stderr.decode("utf-8", "replace")
-        code = run.returncode
-        how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
-        return {"failed": f"{how}: {_last_line(stderr)}", "output": stderr[-TAIL:]}
+        return {
+            "failed": f"{_ended(run.returncode)}: {_last_line(stderr)}",
+            "output": stderr[-TAIL:],
+        }
     answer["interpreter"] = "fresh"
     return answer
 
