@@ -123,37 +123,58 @@ def process_gone(pid: int, within_s: float = 15.0) -> bool:
     return False
 
 
-class InterruptOnceWritten:
-    """Sends this process SIGINT, as a terminal's Ctrl-C does, once `path` has content: the
-    command under test is then known to run. A fixed delay raced the command's start on a
-    loaded CI machine (the interrupt came before the remote shell had written its pid). After
-    `within_s` without the file it interrupts anyway, so the test fails instead of hanging.
-    Leaving the `with` block stops the watcher, so no stray Ctrl-C reaches a later test."""
+class OnceTrue:
+    """Runs `action` from a thread once `condition()` holds (asked every `poll_s`): the step
+    under test is then known to be under way, where a fixed delay raced its start on a loaded
+    CI machine. After `within_s` without it, `action` runs anyway, so the test fails instead of
+    hanging. Leaving a `with` block first stops the watcher (no stray action, e.g. a Ctrl-C,
+    reaches a later test); `join()` waits for the action instead."""
 
-    def __init__(self, path: Path, within_s: float = 60.0) -> None:
-        self.path, self.within_s = path, within_s
+    def __init__(
+        self,
+        condition: Callable[[], bool],
+        action: Callable[[], object],
+        within_s: float = 60.0,
+        poll_s: float = 0.02,
+    ) -> None:
+        self.condition, self.action = condition, action
+        self.within_s, self.poll_s = within_s, poll_s
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
 
     def _watch(self) -> None:
         deadline = time.monotonic() + self.within_s
-        while time.monotonic() < deadline and not self.done.is_set():
-            try:
-                if self.path.read_text().strip():
-                    break
-            except OSError:
-                pass
-            time.sleep(0.02)
+        while time.monotonic() < deadline and not self.done.is_set() and not self.condition():
+            time.sleep(self.poll_s)
         if not self.done.is_set():
-            os.kill(os.getpid(), signal.SIGINT)
+            self.action()
 
-    def __enter__(self) -> InterruptOnceWritten:
+    def start(self) -> OnceTrue:
         self.thread.start()
         return self
+
+    def join(self) -> None:
+        self.thread.join()
+
+    def __enter__(self) -> OnceTrue:
+        return self.start()
 
     def __exit__(self, *exc) -> None:
         self.done.set()
         self.thread.join()
+
+
+def _has_content(path: Path) -> bool:
+    try:
+        return bool(path.read_text().strip())
+    except OSError:
+        return False
+
+
+def interrupt_once_written(path: Path) -> OnceTrue:
+    """SIGINT to this process, as a terminal's Ctrl-C, once `path` has content (the command
+    under test wrote its pid there), as a `with` block."""
+    return OnceTrue(lambda: _has_content(path), lambda: os.kill(os.getpid(), signal.SIGINT))
 
 
 def sha(data: bytes) -> str:

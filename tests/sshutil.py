@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
 from kerneldev.config import HostConfig
 from tests.clirun import run_kerneldev
+from tests.faults import OnceTrue
 from tests.sshd import SSHServer
 
 
@@ -71,8 +70,9 @@ def run_cli(*args: str, config: Path | None = None, input: str | None = None):
     return run_kerneldev(*args, env=env, timeout=60, input=input if input is not None else "")
 
 
-def _children(pid: int) -> list[int]:
-    found = []
+def _process_tree(root: int) -> list[int]:
+    """`root` and every process below it, from one pass over /proc."""
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -81,22 +81,20 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
         # Field 4 (after the parenthesised command name) is the parent pid.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid:
-            found.append(int(entry))
-    return found
+        children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    tree, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending += children.get(pid, [])
+    return tree
 
 
 def kill_sshd_and_sessions(server: SSHServer) -> None:
     """Stop the sshd *and* its per-connection processes: a host going away mid-session.
     (Stopping only the listener leaves established sessions alive, as on a real host.)"""
     assert server.process is not None
-    pending = [server.process.pid]
-    victims = []
-    while pending:
-        pid = pending.pop()
-        victims.append(pid)
-        pending += _children(pid)
+    victims = _process_tree(server.process.pid)
     # Freeze them all first: otherwise sshd may see its command die and report an exit status
     # before it is killed itself, and the test would see a clean exit instead of a drop.
     for sig in (signal.SIGSTOP, signal.SIGKILL):
@@ -116,39 +114,15 @@ def _cmdline(pid: int) -> list[bytes]:
         return []
 
 
-def kill_sshd_once_running(server: SSHServer, argv: list[str], within_s: float = 60.0):
+def kill_sshd_once_running(server: SSHServer, argv: list[str], within_s: float = 60.0) -> OnceTrue:
     """`kill_sshd_and_sessions(server)` from a thread, once a process of one of its sessions
-    runs `argv` (e.g. ["sleep", "60"]): the command under test is then known to run. A fixed
-    delay raced the command's start on a loaded machine (the connection went before the
-    command had started). After `within_s` without it, it kills anyway: the test fails
-    instead of hanging. Returns the thread."""
+    runs `argv` (e.g. ["sleep", "60"]): the command under test is then known to run (a fixed
+    delay let the connection go before the command had started). `join()` the result."""
     assert server.process is not None
     want = [a.encode() for a in argv]
     sshd = server.process.pid
 
     def running() -> bool:
-        children: dict[int, list[int]] = {}  # one pass over /proc per look, not one per process
-        for entry in os.listdir("/proc"):
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
-            except OSError:
-                continue
-            if stat:
-                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-        pending = [sshd]
-        while pending:
-            pid = pending.pop()
-            if _cmdline(pid) == want:
-                return True
-            pending += children.get(pid, [])
-        return False
+        return any(_cmdline(pid) == want for pid in _process_tree(sshd))
 
-    def watch() -> None:
-        deadline = time.monotonic() + within_s
-        while time.monotonic() < deadline and not running():
-            time.sleep(0.05)
-        kill_sshd_and_sessions(server)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    return OnceTrue(running, lambda: kill_sshd_and_sessions(server), within_s, 0.05).start()

@@ -25,7 +25,7 @@ from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.loop import lock as host_lock
 from kerneldev.loop import sync
 from kerneldev.loop.state import load_state
-from tests.faults import InterruptOnceWritten, meddled, process_gone, temp_files
+from tests.faults import interrupt_once_written, meddled, process_gone, temp_files
 from tests.localhost import local_host
 from tests.sshutil import ssh_host
 
@@ -249,7 +249,7 @@ def test_interrupt_ends_the_remote_command(kind, sshd_server, tmp_path, isolated
     pidfile = tmp_path / "pid"
     with open_transport(host) as t:
         with pytest.raises(interrupt.Interrupted) as caught, interrupt.deferred_signals():
-            with InterruptOnceWritten(pidfile):
+            with interrupt_once_written(pidfile):
                 # what a bench harness looks like: a child that runs on and on
                 t.run(f"sh -c 'echo $$ > {pidfile}; exec sleep 60' & wait")
         assert caught.value.exit_code == 130
