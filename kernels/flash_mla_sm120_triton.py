@@ -904,12 +904,8 @@ def _combine_kernel(
 # per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
 # launch, run first, sees length 0 for the packed tokens.
 
-_PACK_BIG = tl.constexpr(0x3FFFFFFFFFFFFFFF)  # sorts after every valid (index, token) key
-
-
-@triton.jit
-def _max_combine(a, b):
-    return tl.maximum(a, b)
+_HASH_MULT = tl.constexpr(0x9E3779B1)  # Fibonacci hashing of the cache indices
+_HASH_ROUNDS = tl.constexpr(32)  # linear-probing rounds before a group is left unpacked
 
 
 @triton.jit
@@ -934,13 +930,17 @@ def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0
 
 @triton.jit
 def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, SV_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr,
+                t0, HT_ptr, HW_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr,
                 TOPK_POW2: tl.constexpr):  # fmt: skip
     """The union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its distinct
-    indices (sorted) at UI_ptr[0, U) and, per index, an int32 word of 4-bit counts (token g's
-    count at bits 4g) at UW_ptr[0, U). Sorts (index, token) keys; SV_ptr is the scratch row the
-    sorted keys pass through to meet their neighbours. Returns (U, each token's valid count,
-    whether a count reached 16, which the word cannot hold)."""
+    indices at UI_ptr[0, U) and, per index, an int32 word of 4-bit counts (token g's count at
+    bits 4g) at UW_ptr[0, U). Built in a hash table of PACK_G x TOPK_POW2 slots in global
+    memory (HT_ptr: the indices, -1 empty, one more slot a dummy for settled keys; HW_ptr: the
+    words), inserted with atomic compare-and-swap and linear probing, then compacted.
+    Returns (U, each token's valid count, ok): not ok when a key found no slot in
+    _HASH_ROUNDS rounds or a count passed 15 (its nibble carried: the per-token sums of the
+    words then differ from the valid counts)."""
+    SLOTS: tl.constexpr = PACK_G * TOPK_POW2
     g = tl.arange(0, PACK_G)
     j = tl.arange(0, TOPK_POW2)
     t = t0 + g
@@ -951,35 +951,44 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     length = _lengths(LEN_ptr, stride_len, has_len, t, topk)
     valid = (j[None, :] < length[:, None]) & (idx >= 0) & (idx < num_tokens)
     n_valid = tl.sum(valid.to(tl.int32), axis=1)
-    key = tl.where(valid, idx.to(tl.int64) * 8 + g[:, None], _PACK_BIG)
-    N: tl.constexpr = PACK_G * TOPK_POW2
-    key = tl.sort(tl.reshape(key, (N,)))
-    k = tl.arange(0, N)
-    tl.store(SV_ptr + k, key)
+    s = tl.arange(0, SLOTS)
+    tl.store(HT_ptr + s, -1)
+    tl.store(HW_ptr + s, 0)
+    tl.store(HT_ptr + SLOTS, -2)  # the dummy slot: never -3, so the CAS there never writes
     tl.debug_barrier()
-    prev = tl.load(SV_ptr + k - 1, mask=k > 0, other=-8)
-    nxt = tl.load(SV_ptr + k + 1, mask=k + 1 < N, other=_PACK_BIG)
-    far = tl.load(SV_ptr + k + 15, mask=k + 15 < N, other=_PACK_BIG)
-    ok = key != _PACK_BIG
-    ids = key >> 3
-    first = ok & (ids != (prev >> 3))
-    last = ok & (ids != (nxt >> 3))
-    contrib = tl.where(ok, tl.full([N], 1, tl.int64) << ((key & 7) * 4), 0)
-    csum = tl.cumsum(contrib, 0)
-    start = tl.associative_scan(tl.where(first, csum - contrib, 0), 0, _max_combine)
+    add = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32) + (1 << (g * 4))[:, None]
+    h = idx.to(tl.uint32) * _HASH_MULT
+    slot = ((h ^ (h >> 15)) % SLOTS).to(tl.int32)
+    pending = valid
+    r = 0
+    while (tl.max(pending.to(tl.int32)) > 0) & (r < _HASH_ROUNDS):
+        ptr = tl.where(pending, HT_ptr + slot, HT_ptr + SLOTS)
+        old = tl.atomic_cas(ptr, tl.where(pending, -1, -3), idx)
+        placed = pending & ((old == -1) | (old == idx))
+        tl.atomic_add(HW_ptr + slot, add, mask=placed)
+        pending = pending & (placed == 0)
+        slot = tl.where(pending, (slot + 1) % SLOTS, slot)
+        r += 1
+    tl.debug_barrier()
+    key = tl.load(HT_ptr + s, cache_modifier=".cg")
+    word = tl.load(HW_ptr + s, cache_modifier=".cg")
+    first = key >= 0
     run = tl.cumsum(first.to(tl.int32), 0) - 1
-    tl.store(UI_ptr + run, ids.to(tl.int32), mask=first)
-    tl.store(UW_ptr + run, (csum - start).to(tl.int32), mask=last)
-    overflow = tl.max((ok & (far == key)).to(tl.int32))
-    return tl.sum(first.to(tl.int32)), n_valid, overflow
+    tl.store(UI_ptr + run, key, mask=first)
+    tl.store(UW_ptr + run, word, mask=first)
+    ok = tl.max(pending.to(tl.int32)) == 0
+    for gg in tl.static_range(PACK_G):
+        counted = tl.sum((word >> (gg * 4)) & 15)
+        ok = ok & (counted == tl.sum(tl.where(g == gg, n_valid, 0)))
+    return tl.sum(first.to(tl.int32)), n_valid, ok
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _pack_plan_kernel(
     IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, num_tokens,
     EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, e_num_tokens,
-    U_ptr, stride_u, e_u_off, w_off, e_w_off, ULEN_ptr, FLAG_ptr, LEN2_ptr, ELEN2_ptr, SV_ptr,
-    stride_sv, e_sv_off, B, has_len, has_elen, exact_below, max_keys,
+    U_ptr, stride_u, e_u_off, w_off, e_w_off, ULEN_ptr, FLAG_ptr, LEN2_ptr, ELEN2_ptr, HT_ptr,
+    stride_ht, e_ht_off, B, has_len, has_elen, exact_below, max_keys,
     PACK_G: tl.constexpr,
     TOPK_POW2: tl.constexpr,
     E_TOPK_POW2: tl.constexpr,
@@ -1019,21 +1028,23 @@ def _pack_plan_kernel(
             )  # fmt: skip
         if (probed > 0) & (2 * found >= probed):
             u_row = U_ptr + grp.to(tl.int64) * stride_u
-            sv_row = SV_ptr + grp.to(tl.int64) * stride_sv
-            n_u, n_valid, overflow = _union_rows(
+            # Per cache: the table's keys (slots + 1) then its words (slots + 1).
+            ht = HT_ptr + grp.to(tl.int64) * stride_ht
+            n_u, n_valid, ok = _union_rows(
                 IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, sv_row, u_row, u_row + w_off, PACK_G, TOPK_POW2,
+                t0, ht, ht + (PACK_G * TOPK_POW2 + 1), u_row, u_row + w_off, PACK_G, TOPK_POW2,
             )  # fmt: skip
             e_n_u = 0
             if HAS_EXTRA:
-                e_n_u, e_n_valid, e_overflow = _union_rows(
+                eht = ht + e_ht_off
+                e_n_u, e_n_valid, e_ok = _union_rows(
                     EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
-                    e_num_tokens, t0, sv_row + e_sv_off, u_row + e_u_off,
+                    e_num_tokens, t0, eht, eht + (PACK_G * E_TOPK_POW2 + 1), u_row + e_u_off,
                     u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2,
                 )  # fmt: skip
                 n_valid += e_n_valid
-                overflow = tl.maximum(overflow, e_overflow)
-            fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & (overflow == 0)
+                ok = ok & e_ok
+            fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & ok
             packed = fits.to(tl.int32)
             tl.store(ULEN_ptr + grp * 2, n_u)
             tl.store(ULEN_ptr + grp * 2 + 1, e_n_u)
@@ -1124,8 +1135,11 @@ class MMARow(NamedTuple):
     exact_concurrent: bool = False
     # Prefill-sized calls with few heads: consecutive query tokens whose selections mostly
     # coincide are attended as one block of up to this many rows (PACK_MAX_TOKENS tokens'
-    # heads) over the union of their selections (`_pack_plan_kernel`); 0: never.
+    # heads) over the union of their selections (`_pack_plan_kernel`); 0: never. That
+    # block's tokens per tile and warps (the row's decode block of as many rows).
     pack_rows: int = 0
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1143,16 +1157,16 @@ MMA_ROWS: dict[str, MMARow] = {
     # the longest split (issue 20, session 4: docs/benchmarks.md).
     # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
     # (issue 20, session 7).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64),
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, pack_rows=32),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, pack_rows=64),
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
 }
 
 
@@ -1185,6 +1199,9 @@ class MMAConfig(NamedTuple):
     # Consecutive query tokens packed into one block where their selections coincide (found on
     # the device; the tokens per block, 0: off).
     pack_tokens: int = 0
+    pack_block_h: int = 0  # the packed launch's rows per program, tokens per tile and warps
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
 
 
 MAX_SPLITS = 64
@@ -1261,6 +1278,7 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps,
     )  # fmt: skip
 
 
@@ -1339,10 +1357,11 @@ def _rows_consecutive(q, out, lse) -> bool:
             and lse.stride(0) == H * lse.stride(1))  # fmt: skip
 
 
-def _launch_pack_plan(q, main, extra, flags, G, exact_below):
+def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     """Queue `_pack_plan_kernel`; returns the buffers `_launch_packed` reads and the per-token
     launch's cache arguments (the packed tokens' lengths 0)."""
     B, _, H, _ = q.shape
+    G = cfg.pack_tokens
     has_extra = flags["HAS_EXTRA"]
     topk = main["topk"]
     e_topk = extra["e_topk"] if has_extra else 0
@@ -1357,26 +1376,28 @@ def _launch_pack_plan(q, main, extra, flags, G, exact_below):
     e_len2 = torch.empty(B, dtype=torch.int32, device=dev) if has_extra else len2
     topk_pow2 = triton.next_power_of_2(max(topk, 1))
     e_topk_pow2 = triton.next_power_of_2(max(e_topk, 1))
-    e_sv_off = G * topk_pow2
-    scratch = torch.empty(groups, e_sv_off + G * e_topk_pow2, dtype=torch.int64, device=dev)
+    # Hash tables: per cache G x topk_pow2 slots + a dummy, keys then words.
+    e_ht_off = 2 * (G * topk_pow2 + 1)
+    scratch = torch.empty(groups, e_ht_off + 2 * (G * e_topk_pow2 + 1), dtype=torch.int32,
+                          device=dev)  # fmt: skip
     max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
-    sort_elems = G * max(topk_pow2, e_topk_pow2)
+    table_slots = G * max(topk_pow2, e_topk_pow2)
     _pack_plan_kernel[(groups,)](
         main["IDX_ptr"], main["stride_ib"], main["stride_it"], topk, main["LEN_ptr"],
         main["stride_len"], main["num_tokens"],
         extra["EIDX_ptr"], extra["stride_eib"], extra["stride_eit"], extra["e_topk"],
         extra["ELEN_ptr"], extra["stride_elen"], extra["e_num_tokens"],
         union, union.stride(0), 2 * cap, cap, e_cap, union_len, flag, len2, e_len2, scratch,
-        scratch.stride(0), e_sv_off, B, flags["has_len"], flags["has_elen"], exact_below,
+        scratch.stride(0), e_ht_off, B, flags["has_len"], flags["has_elen"], exact_below,
         max_keys,
         PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2, HAS_EXTRA=has_extra,
-        PROBE_CHUNK=256, num_warps=16 if sort_elems > 4096 else 8,
+        PROBE_CHUNK=256, num_warps=16 if table_slots > 4096 else 8,
     )  # fmt: skip
     main = {**main, "LEN_ptr": len2, "stride_len": 1}
     if has_extra:
         extra = {**extra, "ELEN_ptr": e_len2, "stride_elen": 1}
     flags = {**flags, "has_len": 1, "has_elen": int(has_extra)}
-    plan = dict(union=union, union_len=union_len, flag=flag, cap=cap, e_cap=e_cap, G=G)
+    plan = dict(union=union, union_len=union_len, flag=flag, cap=cap, e_cap=e_cap, G=G, cfg=cfg)
     return plan, main, extra, flags
 
 
@@ -1387,8 +1408,8 @@ def _launch_packed(q, main, extra, common, flags, plan):
     groups = union.shape[0]
     rows = G * H
     has_extra = flags["HAS_EXTRA"]
-    cfg = _device_mma_config(q.device, groups, rows, plan["cap"], plan["e_cap"])
-    block_h = min(cfg.block_h, triton.next_power_of_2(rows))
+    cfg = plan["cfg"]
+    block_h = min(cfg.pack_block_h, triton.next_power_of_2(rows))
     o, lse = common["O_ptr"], common["LSE_ptr"]
     _mma_packed_kernel[(groups * triton.cdiv(rows, block_h),)](
         q, G * q.stride(0), q.stride(2), q.stride(3),
@@ -1399,10 +1420,11 @@ def _launch_packed(q, main, extra, common, flags, plan):
         plan["union_len"], plan["flag"],
         common["SINK_ptr"], common["stride_sink"], o, G * o.stride(0), o.stride(2),
         lse, G * lse.stride(0), lse.stride(1), rows, H, common["qk_scale_log2"],
-        BLOCK_H=block_h, BLOCK_N=cfg.block_n, HAS_EXTRA=has_extra, HAS_SINK=flags["HAS_SINK"],
+        BLOCK_H=block_h, BLOCK_N=cfg.pack_block_n, HAS_EXTRA=has_extra,
+        HAS_SINK=flags["HAS_SINK"],
         DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32, RNE_BY_HAND=flags["RNE_BY_HAND"],
         S_BY_GROUP=cfg.s_by_group, PREFETCH=cfg.prefetch_next and q.is_cuda,
-        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.num_warps, num_stages=1,
+        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.pack_num_warps, num_stages=1,
     )  # fmt: skip
 
 
@@ -1417,7 +1439,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # tokens (writes nothing that counts), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(
-            q, main, extra, flags, cfg.pack_tokens, exact_below
+            q, main, extra, flags, cfg, exact_below
         )
     splits = cfg.num_splits
     # Tiles per split over the two caches' tile lists laid end to end.
