@@ -935,8 +935,10 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     """The union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its distinct
     indices at UI_ptr[0, U) and, per index, an int32 word of 4-bit counts (token g's count at
     bits 4g) at UW_ptr[0, U). Built in a hash table of PACK_G x TOPK_POW2 slots in global
-    memory (HT_ptr: the indices, -1 empty, one more slot a dummy for settled keys; HW_ptr: the
-    words), inserted with atomic compare-and-swap and linear probing, then compacted.
+    memory (HT_ptr: the indices, -1 empty, then as many dummy slots, one per key, where a
+    settled key's compare-and-swap goes without writing: one shared dummy serialised all of
+    them, run K3; HW_ptr: the words), inserted with atomic compare-and-swap and linear
+    probing, then compacted.
     Returns (U, each token's valid count, ok): not ok when a key found no slot in
     _HASH_ROUNDS rounds or a count passed 15 (its nibble carried: the per-token sums of the
     words then differ from the valid counts)."""
@@ -954,15 +956,16 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     s = tl.arange(0, SLOTS)
     tl.store(HT_ptr + s, -1)
     tl.store(HW_ptr + s, 0)
-    tl.store(HT_ptr + SLOTS, -2)  # the dummy slot: never -3, so the CAS there never writes
+    tl.store(HT_ptr + SLOTS + s, -2)  # dummy slots: never -3, so the CAS there never writes
     tl.debug_barrier()
     add = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32) + (1 << (g * 4))[:, None]
     h = idx.to(tl.uint32) * _HASH_MULT
     slot = ((h ^ (h >> 15)) % SLOTS).to(tl.int32)
+    dummy = g[:, None] * TOPK_POW2 + j[None, :]
     pending = valid
     r = 0
     while (tl.max(pending.to(tl.int32)) > 0) & (r < _HASH_ROUNDS):
-        ptr = tl.where(pending, HT_ptr + slot, HT_ptr + SLOTS)
+        ptr = tl.where(pending, HT_ptr + slot, HT_ptr + SLOTS + dummy)
         old = tl.atomic_cas(ptr, tl.where(pending, -1, -3), idx)
         placed = pending & ((old == -1) | (old == idx))
         tl.atomic_add(HW_ptr + slot, add, mask=placed)
@@ -1028,18 +1031,18 @@ def _pack_plan_kernel(
             )  # fmt: skip
         if (probed > 0) & (2 * found >= probed):
             u_row = U_ptr + grp.to(tl.int64) * stride_u
-            # Per cache: the table's keys (slots + 1) then its words (slots + 1).
+            # Per cache: the table's keys and dummies (2 x slots) then its words (slots).
             ht = HT_ptr + grp.to(tl.int64) * stride_ht
             n_u, n_valid, ok = _union_rows(
                 IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, ht, ht + (PACK_G * TOPK_POW2 + 1), u_row, u_row + w_off, PACK_G, TOPK_POW2,
+                t0, ht, ht + 2 * PACK_G * TOPK_POW2, u_row, u_row + w_off, PACK_G, TOPK_POW2,
             )  # fmt: skip
             e_n_u = 0
             if HAS_EXTRA:
                 eht = ht + e_ht_off
                 e_n_u, e_n_valid, e_ok = _union_rows(
                     EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
-                    e_num_tokens, t0, eht, eht + (PACK_G * E_TOPK_POW2 + 1), u_row + e_u_off,
+                    e_num_tokens, t0, eht, eht + 2 * PACK_G * E_TOPK_POW2, u_row + e_u_off,
                     u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2,
                 )  # fmt: skip
                 n_valid += e_n_valid
@@ -1376,10 +1379,9 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     e_len2 = torch.empty(B, dtype=torch.int32, device=dev) if has_extra else len2
     topk_pow2 = triton.next_power_of_2(max(topk, 1))
     e_topk_pow2 = triton.next_power_of_2(max(e_topk, 1))
-    # Hash tables: per cache G x topk_pow2 slots + a dummy, keys then words.
-    e_ht_off = 2 * (G * topk_pow2 + 1)
-    scratch = torch.empty(groups, e_ht_off + 2 * (G * e_topk_pow2 + 1), dtype=torch.int32,
-                          device=dev)  # fmt: skip
+    # Hash tables: per cache G x topk_pow2 slots, as many dummy slots, then the words.
+    e_ht_off = 3 * G * topk_pow2
+    scratch = torch.empty(groups, e_ht_off + 3 * G * e_topk_pow2, dtype=torch.int32, device=dev)
     max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
     table_slots = G * max(topk_pow2, e_topk_pow2)
     _pack_plan_kernel[(groups,)](
