@@ -49,6 +49,12 @@ Kernels:
     sync): their exact pass uses the SMs that short requests leave idle instead of following
     the longest split.
 
+  * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
+    query tokens, whether their selections coincide (from the indices, on the device) and
+    their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
+    union, each row masked to its own token's keys, after the per-token launch, which sees
+    length 0 for the packed tokens.
+
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
 and the tests use the same rule. No autotuning, no host synchronisation: CUDA-graph
@@ -1440,9 +1446,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # Packed groups first planned; the per-token launch then sees length 0 for their
         # tokens (writes nothing that counts), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
-        plan, main, extra, flags = _launch_pack_plan(
-            q, main, extra, flags, cfg, exact_below
-        )
+        plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
     # Tiles per split over the two caches' tile lists laid end to end.
     tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
