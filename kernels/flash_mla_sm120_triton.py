@@ -918,7 +918,8 @@ _HASH_ROUNDS = tl.constexpr(32)  # linear-probing rounds before a group is left 
 def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, t1,
                  PROBE_CHUNK: tl.constexpr):  # fmt: skip
     """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
-    many were probed: a cheap test before the sort (tokens that own their rows skip it)."""
+    many were probed: a cheap test before the hash-table union (tokens that own their rows
+    stop here)."""
     pr = tl.arange(0, 16)
     pi = tl.load(IDX_ptr + t1.to(tl.int64) * stride_ib + pr * stride_it, mask=pr < topk, other=-1)
     pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
