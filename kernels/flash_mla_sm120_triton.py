@@ -49,6 +49,12 @@ Kernels:
     sync): their exact pass uses the SMs that short requests leave idle instead of following
     the longest split.
 
+  * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
+    query tokens, whether their selections coincide (from the indices, on the device) and
+    their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
+    union, each row masked to its own token's keys, after the per-token launch, which sees
+    length 0 for the packed tokens.
+
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
 and the tests use the same rule. No autotuning, no host synchronisation: CUDA-graph
@@ -137,6 +143,13 @@ def _length(LEN_ptr, stride_len, has_len, b, topk):
 
 
 @triton.jit
+def _lengths(LEN_ptr, stride_len, has_len, t, topk):
+    """`_length` of the tokens `t` (a vector; the mask broadcast to it)."""
+    mask = (t * 0 + has_len) != 0
+    return tl.minimum(tl.load(LEN_ptr + t * stride_len, mask=mask, other=topk), topk)
+
+
+@triton.jit
 def _row_offsets(stride_kv_page, page_size, idx, FMT: tl.constexpr):
     """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
     cache slots `idx` in format FMT (int64: page * stride can pass 2^31)."""
@@ -162,6 +175,21 @@ def _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2):
     s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _online_softmax_counts(s, cnt, m_i, l_i, qk_scale_log2):
+    """`_online_softmax_step` for packed rows (several query tokens' heads in one block): key j
+    counts cnt[r, j] times for row r (0: not in that row's token's selection), so its score
+    gets log2(cnt) added (exp2(s + log2 c) = c exp2(s): a key a token selects twice weighs
+    twice, as in the per-token loop)."""
+    bias = tl.log2(tl.maximum(cnt, 1).to(tl.float32))
+    s = tl.where(cnt > 0, s * qk_scale_log2 + bias, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_use)
     p = tl.exp2(s - m_use[:, None])
     return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
@@ -486,7 +514,7 @@ def _attend_split_mma(
     acc, m_i, l_i, q, q_row, stride_qd, head_mask,
     KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
     EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
-    qk_scale_log2,
+    qk_scale_log2, w_off, e_w_off, row_shift,
     HAS_EXTRA: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
@@ -496,6 +524,7 @@ def _attend_split_mma(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
+    PACKED: tl.constexpr,
 ):  # fmt: skip
     """Online softmax (base 2) of BLOCK_H heads over the split's tokens: [start, end) of the
     main cache, then [e_start, e_end) of the extra cache, in one loop whose tile picks its
@@ -509,6 +538,9 @@ def _attend_split_mma(
     arrive while this tile's products run (`_prefetch_rows`). FMT / E_FMT: the two caches'
     formats; when they differ (a V4.1 FP4 extra cache), the tile's gather branches on its cache
     (one launch per cache instead measured 11% slower at B64 dual, run P3).
+    PACKED: the rows are several query tokens' heads over the union of their selections
+    (`_mma_packed_kernel`); each key's per-token counts are the int32 word w_off (e_w_off in
+    the extra cache) entries after its index, 4 bits per token, the row's at `row_shift`.
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -549,7 +581,15 @@ def _attend_split_mma(
             s = _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N)
         else:
             s = tl.dot(q, tl.trans(k))
-        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+        if PACKED:
+            woff = w_off
+            if HAS_EXTRA:
+                woff = tl.where(i < n_main, w_off, e_w_off)
+            w = tl.load(irow + woff + (n0 + offs_n), mask=valid, other=0)
+            cnt = (w[None, :] >> row_shift[:, None]) & 15
+            p, alpha, m_new, l_i = _online_softmax_counts(s, cnt, m_i, l_i, qk_scale_log2)
+        else:
+            p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
         p_op = p.to(DOT_DTYPE)
         if PV_SPLIT:
             p2, k2 = _exact_pv_operands(p, p_op, k, BLOCK_N)
@@ -616,7 +656,7 @@ def _split_heads(
     KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
     EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
     SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
-    PO_ptr, PLSE_ptr, qk_scale_log2,
+    PO_ptr, PLSE_ptr, qk_scale_log2, h_real, w_off, e_w_off,
     SINGLE_SPLIT: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
     HAS_SINK: tl.constexpr,
@@ -629,10 +669,19 @@ def _split_heads(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
+    PACKED: tl.constexpr,
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
-    store the result (final bf16 out and lse with one split, else the fp32 partial)."""
+    store the result (final bf16 out and lse with one split, else the fp32 partial).
+    PACKED: `heads` are rows of a block of several query tokens' h_real heads each (row r:
+    token r // h_real, head r % h_real)."""
     head_mask = heads < H
+    if PACKED:
+        sink_heads = heads % h_real
+        row_shift = (heads // h_real) * 4
+    else:
+        sink_heads = heads
+        row_shift = heads
     d = tl.arange(0, D_QK)
     q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
     # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
@@ -646,12 +695,14 @@ def _split_heads(
         KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
         EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
         e_start, e_end,
-        qk_scale_log2, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT, S_BY_GROUP, NUM_STAGES,
-        PREFETCH, FMT, E_FMT,
+        qk_scale_log2, w_off, e_w_off, row_shift, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+        S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, PACKED,
     )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
     if SINGLE_SPLIT:
-        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        coef, total2 = _final_coef(
+            l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
+        )
         o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
         out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
         lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
@@ -782,9 +833,9 @@ def _mma_split_kernel(
                     EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
                     e_start, e_end,
                     SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
-                    stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                    stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                     SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT,
+                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False,
                 )  # fmt: skip
     else:
         if RUN_BF16_P:
@@ -795,9 +846,9 @@ def _mma_split_kernel(
                 EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
                 e_start, e_end,
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
-                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
-                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False,
             )  # fmt: skip
 
 
@@ -849,6 +900,214 @@ def _combine_kernel(
         tl.store(LSE_ptr + b.to(tl.int64) * stride_lb + h * stride_lh, (mx + tl.log2(den)) * LN2)
 
 
+# ----------------------------------------------------------------------------- packed tokens
+# Prefill-sized calls: consecutive query tokens (one request's prefill tokens) select mostly
+# the same cache rows, but the entry gets no request boundaries. `_pack_plan_kernel` finds,
+# per group of PACK_G consecutive tokens, the union of their selections from the indices
+# themselves (on the device, no host sync); where it is small, `_mma_packed_kernel` attends
+# the group's PACK_G x H heads as one block over the union, each row masked to its own
+# token's keys, so each shared row is gathered and dequantized once per group instead of once
+# per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
+# launch, run first, sees length 0 for the packed tokens.
+
+_HASH_MULT = tl.constexpr(0x9E3779B1)  # Fibonacci hashing of the cache indices
+_HASH_ROUNDS = tl.constexpr(32)  # linear-probing rounds before a group is left unpacked
+
+
+@triton.jit
+def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, t1,
+                 PROBE_CHUNK: tl.constexpr):  # fmt: skip
+    """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
+    many were probed: a cheap test before the hash-table union (tokens that own their rows
+    stop here)."""
+    pr = tl.arange(0, 16)
+    pi = tl.load(IDX_ptr + t1.to(tl.int64) * stride_ib + pr * stride_it, mask=pr < topk, other=-1)
+    pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
+    found = tl.zeros([16], dtype=tl.int32)
+    c = tl.arange(0, PROBE_CHUNK)
+    for c0 in range(0, topk, PROBE_CHUNK):
+        pos = c0 + c
+        r = tl.load(
+            IDX_ptr + t0.to(tl.int64) * stride_ib + pos * stride_it,
+            mask=(pos < topk) & (pos < len0), other=-2,
+        )  # fmt: skip
+        found = tl.maximum(found, tl.max((pi[:, None] == r[None, :]).to(tl.int32), axis=1))
+    return tl.sum(found * pvalid.to(tl.int32)), tl.sum(pvalid.to(tl.int32))
+
+
+@triton.jit
+def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
+                t0, HT_ptr, HW_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr,
+                TOPK_POW2: tl.constexpr):  # fmt: skip
+    """The union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its distinct
+    indices at UI_ptr[0, U) and, per index, an int32 word of 4-bit counts (token g's count at
+    bits 4g) at UW_ptr[0, U). Built in a hash table of PACK_G x TOPK_POW2 slots in global
+    memory (HT_ptr: the indices, -1 empty, then as many dummy slots, one per key, where a
+    settled key's compare-and-swap goes without writing: one shared dummy serialised all of
+    them, run K3; HW_ptr: the words), inserted with atomic compare-and-swap and linear
+    probing, then compacted.
+    Returns (U, each token's valid count, ok): not ok when a key found no slot in
+    _HASH_ROUNDS rounds or a count passed 15 (its nibble carried: the per-token sums of the
+    words then differ from the valid counts)."""
+    SLOTS: tl.constexpr = PACK_G * TOPK_POW2
+    g = tl.arange(0, PACK_G)
+    j = tl.arange(0, TOPK_POW2)
+    t = t0 + g
+    idx = tl.load(
+        IDX_ptr + t[:, None].to(tl.int64) * stride_ib + j[None, :] * stride_it,
+        mask=j[None, :] < topk, other=-1,
+    )  # fmt: skip
+    length = _lengths(LEN_ptr, stride_len, has_len, t, topk)
+    valid = (j[None, :] < length[:, None]) & (idx >= 0) & (idx < num_tokens)
+    n_valid = tl.sum(valid.to(tl.int32), axis=1)
+    s = tl.arange(0, SLOTS)
+    tl.store(HT_ptr + s, -1)
+    tl.store(HW_ptr + s, 0)
+    tl.store(HT_ptr + SLOTS + s, -2)  # dummy slots: never -3, so the CAS there never writes
+    tl.debug_barrier()
+    add = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32) + (1 << (g * 4))[:, None]
+    h = idx.to(tl.uint32) * _HASH_MULT
+    slot = ((h ^ (h >> 15)) % SLOTS).to(tl.int32)
+    dummy = g[:, None] * TOPK_POW2 + j[None, :]
+    pending = valid
+    r = 0
+    while (tl.max(pending.to(tl.int32)) > 0) & (r < _HASH_ROUNDS):
+        ptr = tl.where(pending, HT_ptr + slot, HT_ptr + SLOTS + dummy)
+        old = tl.atomic_cas(ptr, tl.where(pending, -1, -3), idx)
+        placed = pending & ((old == -1) | (old == idx))
+        tl.atomic_add(HW_ptr + slot, add, mask=placed)
+        pending = pending & (placed == 0)
+        slot = tl.where(pending, (slot + 1) % SLOTS, slot)
+        r += 1
+    tl.debug_barrier()
+    key = tl.load(HT_ptr + s, cache_modifier=".cg")
+    word = tl.load(HW_ptr + s, cache_modifier=".cg")
+    first = key >= 0
+    run = tl.cumsum(first.to(tl.int32), 0) - 1
+    tl.store(UI_ptr + run, key, mask=first)
+    tl.store(UW_ptr + run, word, mask=first)
+    ok = tl.max(pending.to(tl.int32)) == 0
+    for gg in tl.static_range(PACK_G):
+        counted = tl.sum((word >> (gg * 4)) & 15)
+        ok = ok & (counted == tl.sum(tl.where(g == gg, n_valid, 0)))
+    return tl.sum(first.to(tl.int32)), n_valid, ok
+
+
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
+def _pack_plan_kernel(
+    IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, num_tokens,
+    EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, e_num_tokens,
+    U_ptr, stride_u, e_u_off, w_off, e_w_off, ULEN_ptr, FLAG_ptr, LEN2_ptr, ELEN2_ptr, HT_ptr,
+    stride_ht, e_ht_off, B, has_len, has_elen, exact_below, max_keys,
+    PACK_G: tl.constexpr,
+    TOPK_POW2: tl.constexpr,
+    E_TOPK_POW2: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    PROBE_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """Plan of group `program_id` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens are
+    attended packed (every token of it present, the probe finds a shared selection, every token
+    has more than exact_below valid tokens, the union at most max_keys rows, no count past 15),
+    the unions and their lengths (ULEN [2]: main, extra) for `_mma_packed_kernel`, and each
+    token's lengths for the per-token launch (0 where packed, else its own)."""
+    grp = tl.program_id(0)
+    t0 = grp * PACK_G
+    g = tl.arange(0, PACK_G)
+    t = t0 + g
+    present = t < B
+    t_in = tl.minimum(t, B - 1)  # the last group may be partial: no read past the lengths
+    length = _lengths(LEN_ptr, stride_len, has_len, t_in, topk)
+    e_length = length
+    if HAS_EXTRA:
+        e_length = _lengths(ELEN_ptr, stride_elen, has_elen, t_in, e_topk)
+    packed = tl.zeros([], dtype=tl.int32)
+    if t0 + PACK_G <= B:
+        l0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
+        l1 = _length(LEN_ptr, stride_len, has_len, t0 + PACK_G - 1, topk)
+        if HAS_EXTRA:  # the extra (compressed) cache's selections are the ones that coincide
+            l0 = _length(ELEN_ptr, stride_elen, has_elen, t0, e_topk)
+            l1 = _length(ELEN_ptr, stride_elen, has_elen, t0 + PACK_G - 1, e_topk)
+            found, probed = _found_share(
+                EIDX_ptr, stride_eib, stride_eit, e_topk, l0, l1, e_num_tokens, t0,
+                t0 + PACK_G - 1, PROBE_CHUNK,
+            )  # fmt: skip
+        else:
+            found, probed = _found_share(
+                IDX_ptr, stride_ib, stride_it, topk, l0, l1, num_tokens, t0, t0 + PACK_G - 1,
+                PROBE_CHUNK,
+            )  # fmt: skip
+        if (probed > 0) & (2 * found >= probed):
+            u_row = U_ptr + grp.to(tl.int64) * stride_u
+            # Per cache: the table's keys and dummies (2 x slots) then its words (slots).
+            ht = HT_ptr + grp.to(tl.int64) * stride_ht
+            n_u, n_valid, ok = _union_rows(
+                IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
+                t0, ht, ht + 2 * PACK_G * TOPK_POW2, u_row, u_row + w_off, PACK_G, TOPK_POW2,
+            )  # fmt: skip
+            e_n_u = 0
+            if HAS_EXTRA:
+                eht = ht + e_ht_off
+                e_n_u, e_n_valid, e_ok = _union_rows(
+                    EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
+                    e_num_tokens, t0, eht, eht + 2 * PACK_G * E_TOPK_POW2, u_row + e_u_off,
+                    u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2,
+                )  # fmt: skip
+                n_valid += e_n_valid
+                ok = ok & e_ok
+            fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & ok
+            packed = fits.to(tl.int32)
+            tl.store(ULEN_ptr + grp * 2, n_u)
+            tl.store(ULEN_ptr + grp * 2 + 1, e_n_u)
+    tl.store(FLAG_ptr + grp, packed)
+    tl.store(LEN2_ptr + t, tl.where(packed != 0, 0, length), mask=present)
+    if HAS_EXTRA:
+        tl.store(ELEN2_ptr + t, tl.where(packed != 0, 0, e_length), mask=present)
+
+
+@triton.jit
+def _mma_packed_kernel(
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, w_off,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, e_w_off,
+    ULEN_ptr, FLAG_ptr,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    H, h_real, qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
+):  # fmt: skip
+    """One packed group (a "request" of H = PACK_G x h_real rows, q / out / lse rows of
+    consecutive tokens being consecutive) and block of rows over the group's unions, one
+    split; returns at once for groups the plan left to the per-token launch."""
+    pid = tl.program_id(0)
+    num_head_blocks = tl.cdiv(H, BLOCK_H)
+    b = pid // num_head_blocks
+    h0 = (pid % num_head_blocks) * BLOCK_H
+    if tl.load(FLAG_ptr + b) != 0:
+        end = tl.load(ULEN_ptr + b * 2)
+        e_end = 0
+        if HAS_EXTRA:
+            e_end = tl.load(ULEN_ptr + b * 2 + 1)
+        _split_heads(
+            h0 + tl.arange(0, BLOCK_H), b, 0, H, 1, Q_ptr, stride_qb, stride_qh, stride_qd,
+            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr + b.to(tl.int64) * stride_ib,
+            1, 0, end,
+            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+            EIDX_ptr + b.to(tl.int64) * stride_ib, 1, 0, e_end,
+            SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+            O_ptr, LSE_ptr, qk_scale_log2, h_real, w_off, e_w_off,
+            True, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, False, RNE_BY_HAND, S_BY_GROUP, 1,
+            PREFETCH, FMT, E_FMT, True,
+        )  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- launch configs
 
 
@@ -884,6 +1143,13 @@ class MMARow(NamedTuple):
     # bf16-P launch (which then counts too and skips the few-token requests), not after it,
     # so its time passes under the bf16-P launch's longest split instead of adding to it.
     exact_concurrent: bool = False
+    # Prefill-sized calls with few heads: consecutive query tokens whose selections mostly
+    # coincide are attended as one block of up to this many rows (PACK_MAX_TOKENS tokens'
+    # heads) over the union of their selections (`_pack_plan_kernel`); 0: never. That
+    # block's tokens per tile and warps (the row's decode block of as many rows).
+    pack_rows: int = 0
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -899,16 +1165,18 @@ MMA_ROWS: dict[str, MMARow] = {
     # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
     # The exact launch beside the bf16-P one (side stream): edge rows' ~40 µs exact pass under
     # the longest split (issue 20, session 4: docs/benchmarks.md).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True),
+    # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
+    # (issue 20, session 7).
+    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False),
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
 }
 
 
@@ -938,6 +1206,12 @@ class MMAConfig(NamedTuple):
     exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
     prefetch_next: bool = False  # L2 prefetch of the next tile's rows (GPU only)
     exact_concurrent: bool = False  # the second (exact) launch on a side stream (GPU only)
+    # Consecutive query tokens packed into one block where their selections coincide (found on
+    # the device; the tokens per block, 0: off).
+    pack_tokens: int = 0
+    pack_block_h: int = 0  # the packed launch's rows per program, tokens per tile and warps
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
 
 
 MAX_SPLITS = 64
@@ -957,6 +1231,12 @@ COUNT_BLOCK_MAX = 4096
 # and with one or two the serial launch costs less than the fork, join and count (run S1:
 # B1 and B16 rows 1-2 µs slower side by side in the one-call-per-graph peers harness).
 EXACT_CONCURRENT_MIN_TILES = 3
+# At most this many query tokens per packed block (each key's word holds 4-bit counts of 8).
+PACK_MAX_TOKENS = 8
+# A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
+# PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
+# H8 dual, 464 against 383 µs), so the margin is wide.
+PACK_KEYS_DIVISOR = 2
 
 
 def mma_config(
@@ -1001,10 +1281,14 @@ def mma_config(
         block_h = exact_block_h
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
+    pack = 0
+    if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
+        pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
-        on_gpu and row.exact_concurrent and concurrent,
+        on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps,
     )  # fmt: skip
 
 
@@ -1075,11 +1359,95 @@ def _side_stream(device: torch.device):
     return _SIDE_STREAMS[index]
 
 
+def _rows_consecutive(q, out, lse) -> bool:
+    """Whether token t + 1's head rows follow token t's in q, out and lse (a packed group's
+    rows are then one "request" of PACK_G x H heads)."""
+    H = q.shape[2]
+    return (q.stride(0) == H * q.stride(2) and out.stride(0) == H * out.stride(2)
+            and lse.stride(0) == H * lse.stride(1))  # fmt: skip
+
+
+def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
+    """Queue `_pack_plan_kernel`; returns the buffers `_launch_packed` reads and the per-token
+    launch's cache arguments (the packed tokens' lengths 0)."""
+    B, _, H, _ = q.shape
+    G = cfg.pack_tokens
+    has_extra = flags["HAS_EXTRA"]
+    topk = main["topk"]
+    e_topk = extra["e_topk"] if has_extra else 0
+    groups = triton.cdiv(B, G)
+    cap, e_cap = G * topk, G * e_topk
+    dev = q.device
+    # Per group: main union indices | their count words | extra union indices | their words.
+    union = torch.empty(groups, 2 * (cap + e_cap), dtype=torch.int32, device=dev)
+    union_len = torch.empty(groups, 2, dtype=torch.int32, device=dev)
+    flag = torch.empty(groups, dtype=torch.int32, device=dev)
+    len2 = torch.empty(B, dtype=torch.int32, device=dev)
+    e_len2 = torch.empty(B, dtype=torch.int32, device=dev) if has_extra else len2
+    topk_pow2 = triton.next_power_of_2(max(topk, 1))
+    e_topk_pow2 = triton.next_power_of_2(max(e_topk, 1))
+    # Hash tables: per cache G x topk_pow2 slots, as many dummy slots, then the words.
+    e_ht_off = 3 * G * topk_pow2
+    scratch = torch.empty(groups, e_ht_off + 3 * G * e_topk_pow2, dtype=torch.int32, device=dev)
+    max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
+    table_slots = G * max(topk_pow2, e_topk_pow2)
+    _pack_plan_kernel[(groups,)](
+        main["IDX_ptr"], main["stride_ib"], main["stride_it"], topk, main["LEN_ptr"],
+        main["stride_len"], main["num_tokens"],
+        extra["EIDX_ptr"], extra["stride_eib"], extra["stride_eit"], extra["e_topk"],
+        extra["ELEN_ptr"], extra["stride_elen"], extra["e_num_tokens"],
+        union, union.stride(0), 2 * cap, cap, e_cap, union_len, flag, len2, e_len2, scratch,
+        scratch.stride(0), e_ht_off, B, flags["has_len"], flags["has_elen"], exact_below,
+        max_keys,
+        PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2, HAS_EXTRA=has_extra,
+        PROBE_CHUNK=256, num_warps=16 if table_slots > 4096 else 8,
+    )  # fmt: skip
+    main = {**main, "LEN_ptr": len2, "stride_len": 1}
+    if has_extra:
+        extra = {**extra, "ELEN_ptr": e_len2, "stride_elen": 1}
+    flags = {**flags, "has_len": 1, "has_elen": int(has_extra)}
+    plan = dict(union=union, union_len=union_len, flag=flag, cap=cap, e_cap=e_cap, G=G, cfg=cfg)
+    return plan, main, extra, flags
+
+
+def _launch_packed(q, main, extra, common, flags, plan):
+    """Queue `_mma_packed_kernel` over the groups the plan packed (the others return)."""
+    B, _, H, _ = q.shape
+    G, union = plan["G"], plan["union"]
+    groups = union.shape[0]
+    rows = G * H
+    has_extra = flags["HAS_EXTRA"]
+    cfg = plan["cfg"]
+    block_h = min(cfg.pack_block_h, triton.next_power_of_2(rows))
+    o, lse = common["O_ptr"], common["LSE_ptr"]
+    _mma_packed_kernel[(groups * triton.cdiv(rows, block_h),)](
+        q, G * q.stride(0), q.stride(2), q.stride(3),
+        main["KV_ptr"], main["stride_kv_page"], main["page_size"], main["num_tokens"],
+        union, union.stride(0), plan["cap"],
+        extra["EKV_ptr"], extra["stride_ekv_page"], extra["e_page_size"], extra["e_num_tokens"],
+        union[:, 2 * plan["cap"]:] if has_extra else union, plan["e_cap"],
+        plan["union_len"], plan["flag"],
+        common["SINK_ptr"], common["stride_sink"], o, G * o.stride(0), o.stride(2),
+        lse, G * lse.stride(0), lse.stride(1), rows, H, common["qk_scale_log2"],
+        BLOCK_H=block_h, BLOCK_N=cfg.pack_block_n, HAS_EXTRA=has_extra,
+        HAS_SINK=flags["HAS_SINK"],
+        DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32, RNE_BY_HAND=flags["RNE_BY_HAND"],
+        S_BY_GROUP=cfg.s_by_group, PREFETCH=cfg.prefetch_next and q.is_cuda,
+        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.pack_num_warps, num_stages=1,
+    )  # fmt: skip
+
+
 def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     if cfg is None:
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+    plan = None
+    if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
+        # Packed groups first planned; the per-token launch then sees length 0 for their
+        # tokens (writes nothing that counts), and the packed launch after it writes them.
+        exact_below = 0 if cfg.pv_split else cfg.pv_split_below
+        plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
     # Tiles per split over the two caches' tile lists laid end to end.
     tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
@@ -1151,6 +1519,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip
+    if plan is not None:
+        _launch_packed(q, main, extra, common, flags, plan)
 
 
 # ----------------------------------------------------------------------------- validation

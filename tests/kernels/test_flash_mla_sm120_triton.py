@@ -647,6 +647,137 @@ def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_
     check(sets[1])
 
 
+# ----------------------------------------------------------------------------- packed tokens
+
+bench_mod = _load("_kd_test_dsv4_bench", "dsv4_bench.py")
+
+
+def _share_inputs(T, H, seed, share=None, **kw):
+    """Prefill-like inputs: requests of `share` consecutive tokens whose selections coincide
+    (the benchmark's share rows: a sliding window in the main cache, one selection with 1 in
+    16 entries redrawn per token in the extra cache)."""
+    inputs = ref.make_inputs(T, H, device=DEVICE, seed=seed, **kw)
+    bench_mod._share_indices(inputs, share or T, seed)
+    return inputs
+
+
+def _packed_config(T, H, topk, e_topk, G):
+    return fl._device_mma_config(torch.device(DEVICE), T, H, topk, e_topk)._replace(
+        pack_tokens=G, pv_split=False
+    )
+
+
+def _spy_plans(monkeypatch):
+    """Record the packed groups' flags of each call (the plan `_launch_packed` gets)."""
+    seen = []
+    orig = fl._launch_packed
+
+    def spy(q, main, extra, common, flags, plan):
+        seen.append(plan["flag"].tolist())
+        return orig(q, main, extra, common, flags, plan)
+
+    monkeypatch.setattr(fl, "_launch_packed", spy)
+    return seen
+
+
+# (id, T, H, tokens per group, make_inputs kwargs, share)
+_PACK_SMALL = dict(topk=32, page_size=16)
+_PACK_GPU = dict(topk=128, page_size=256, extra_topk=512, extra_page_size=64)
+PACK_CASES = [
+    ("dual-sink", 16, 8, 8, dict(extra_topk=48, extra_page_size=16, with_sink=True), None),
+    ("partial-invalid-tail", 20, 8, 8,
+     dict(extra_topk=48, extra_page_size=16, with_sink=True, topk_length="partial",
+          invalid_fraction=0.1), 8),
+    ("single-cache", 24, 8, 8, {}, 12),
+    ("h16-by-4", 16, 16, 4, dict(extra_topk=48, extra_page_size=16), None),
+    ("h3-by-8", 16, 3, 8, dict(extra_topk=48, extra_page_size=16, with_sink=True), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case_id,T,H,G,kw,share", PACK_CASES, ids=[c[0] for c in PACK_CASES])
+def test_packed_tokens_match_reference(monkeypatch, case_id, T, H, G, kw, share):
+    """Consecutive tokens whose selections coincide, attended as one block over the union
+    of their selections (each row masked to its own token's keys): every output written
+    and accurate, and the full groups whose tokens share were packed (a partial last group
+    and any group that does not share go through the per-token launch)."""
+    if ON_GPU:  # more than 256 valid tokens per token (fewer take the exact PV, never packed)
+        kw = {**kw, **(_PACK_GPU if "extra_topk" in kw else dict(topk=512, page_size=64))}
+    else:
+        kw = {**_PACK_SMALL, **kw}
+    inputs = _share_inputs(T, H, _seed(f"pack-{case_id}"), share, **kw)
+    cfg = _packed_config(T, H, kw["topk"], kw.get("extra_topk", 0), G)
+    seen = _spy_plans(monkeypatch)
+    _run_and_check(inputs, "mma", cfg)
+    assert len(seen) == 1 and len(seen[0]) == -(-T // G), seen
+    assert T % G == 0 or seen[0][-1] == 0, seen  # a partial last group: per token
+    # With partial lengths on the GPU nearly every group holds a token of <= 256 valid tokens
+    # (those take the exact PV, per token); otherwise the groups share and are packed.
+    assert sum(seen[0]) >= 1 or (ON_GPU and kw.get("topk_length") == "partial"), seen
+
+
+def test_packed_tokens_own_rows_and_duplicates(monkeypatch):
+    """Tokens that own their rows are not packed (the probe finds no shared selection); a
+    token selecting one row several times weighs it that many times in a packed group too."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    own = ref.make_inputs(16, 8, device=DEVICE, seed=_seed("pack-own"), **kw)
+    cfg = _packed_config(16, 8, kw["topk"], kw["extra_topk"], 8)
+    seen = _spy_plans(monkeypatch)
+    _run_and_check(own, "mma", cfg)
+    assert seen == [[0, 0]], seen
+    dup = _share_inputs(16, 8, _seed("pack-dup"), **kw)
+    for key in ("indices", "extra_indices"):
+        rows = dup[key].view(16, -1)
+        rows[3, 1:4] = rows[3, 0]  # token 3 selects its first row 4 times
+        rows[9, -2] = rows[9, 5]
+    _run_and_check(dup, "mma", cfg)
+    assert seen[1] == [1, 1], seen
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+def test_packed_tokens_in_cuda_graph():
+    """Captured once with coinciding selections, replayed with new ones and then with rows the
+    tokens own (the plan, on the device, packs the first and not the second): every output
+    written and accurate each time."""
+    T, H = 64, 8
+    sets = [
+        _share_inputs(T, H, _seed("pack-graph-0"), 32, with_sink=True, **_PACK_GPU),
+        _share_inputs(T, H, _seed("pack-graph-1"), 64, with_sink=True, **_PACK_GPU),
+        ref.make_inputs(T, H, device=DEVICE, seed=_seed("pack-graph-2"), with_sink=True,
+                        **_PACK_GPU),
+    ]  # fmt: skip
+    cfg = _packed_config(T, H, 128, 512, 8)
+    static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in sets[0].items()}
+    out = torch.empty(T, 1, H, 512, dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.empty(T, H, 1, dtype=torch.float32, device=DEVICE)
+    decode(**static, variant="mma", out=out, lse=lse, _config=cfg)  # compile outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        decode(**static, variant="mma", out=out, lse=lse, _config=cfg)
+    for inputs in sets[1:] + sets[:1]:
+        for k, v in inputs.items():
+            if isinstance(v, torch.Tensor):
+                static[k].copy_(v)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
+        acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+        assert acc["ok"], acc
+
+
+def test_pack_rule_only_for_prefill_sized_calls_of_few_heads():
+    """Packing is planned for prefill-sized calls of up to 32 heads (8 tokens x 8 heads, 4 x
+    16 on sm_90's 64-row blocks; sm_120's 32-row blocks: 4 x 8), never for decode-sized calls,
+    64 heads or the whole-call exact PV."""
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).pack_tokens == 8
+    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0).pack_tokens == 4
+    assert fl.mma_config((12, 0), 188, 2048, 8, 128, 512).pack_tokens == 4  # 4 x 376 slots
+    assert fl.mma_config((9, 0), 132, 1024, 64, 128, 512).pack_tokens == 0
+    assert fl.mma_config((9, 0), 132, 64, 8, 128, 512).pack_tokens == 0
+    assert fl.mma_config((9, 0), 132, 1024, 8, 64, 64).pack_tokens == 0  # exact PV
+
+
 def test_splits_agree_with_single_split():
     inputs = ref.make_inputs(
         B=2,
