@@ -1,9 +1,9 @@
 """DSv4 sparse-MLA decode benchmark: check every variant against the reference, then time it.
 
 Runs on the GPU host with only torch, triton and the standard library (no kerneldev, no
-paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.py` and the
-chosen kernel file(s) into a temporary folder on the host and runs it there; it also runs by
-hand from a checkout:
+paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.py`,
+`interpreter_overhead.py` and the chosen kernel file(s) into a temporary folder on the host and
+runs it there; it also runs by hand from a checkout:
 
     python3 kernels/dsv4_bench.py --variants simt,mma --shapes decode --out result.json
 
