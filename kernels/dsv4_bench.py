@@ -1,9 +1,9 @@
 """DSv4 sparse-MLA decode benchmark: check every variant against the reference, then time it.
 
 Runs on the GPU host with only torch, triton and the standard library (no kerneldev, no
-paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.py` and the
-chosen kernel file(s) into a temporary folder on the host and runs it there; it also runs by
-hand from a checkout:
+paramiko): `kerneldev bench` copies this file, `dsv4_cache.py`, `dsv4_reference.py`,
+`interpreter_overhead.py` and the chosen kernel file(s) into a temporary folder on the host and
+runs it there; it also runs by hand from a checkout:
 
     python3 kernels/dsv4_bench.py --variants simt,mma --shapes decode --out result.json
 
@@ -44,7 +44,9 @@ time next to the real file's, per shape and variant.
 
 `--cpu-mode` runs the same path on the CPU under the Triton interpreter (TRITON_INTERPRET=1 is
 set before triton is imported) on tiny shapes: correctness and the JSON schema are real, the
-times are wall-clock of the interpreter and meaningless (`"timing": "cpu-wallclock"`).
+times are wall-clock of the interpreter and meaningless (`"timing": "cpu-wallclock"`). There
+`interpreter_overhead.py` (copied with this file) trims the interpreter's per-operation work
+that computes nothing; the outputs are bit-identical without it.
 
 Output: progress on stderr, a short table on stdout, the JSON of `docs/bench-json.md` in
 `--out` (rewritten after every entry, so a crash leaves what was measured).
@@ -450,6 +452,16 @@ def kernel_file_info(name: str, path: Path) -> dict:
         "git_commit": commit,
         "git_dirty": dirty,
     }
+
+
+def trim_interpreter() -> bool:
+    """Apply `interpreter_overhead.py` (shipped beside this file) to the Triton interpreter; False
+    where that file is absent or the interpreter is not the shape it expects (nothing changes)."""
+    try:
+        from interpreter_overhead import trim_interpreter_overhead
+    except ImportError:
+        return False
+    return trim_interpreter_overhead()
 
 
 def import_by_path(module_name: str, path: Path):
@@ -1304,6 +1316,9 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         raise HarnessError(
             f"cannot import dsv4_reference.py from {here}: {_one_line(err)}"
         ) from None
+    # Under the interpreter: drop its per-operation work that computes nothing (the module beside
+    # this file says what; the outputs are bit-identical with and without).
+    interpreter_trims = cpu and trim_interpreter()
     kernels = []
     for i, (name, path) in enumerate(kernel_paths):
         info = kernel_file_info(name, path) if path.is_file() else None
@@ -1381,6 +1396,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             "phases": phases,
             "configs": {c.label: asdict(c) for c in configs.values()},
             "env": {k: os.environ.get(k) for k in (DISPATCH_ENV, "TRITON_INTERPRET")},
+            "interpreter_trims": interpreter_trims,
             "argv": list(argv),
         },
         "kernels": [

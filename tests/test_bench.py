@@ -78,6 +78,7 @@ def test_bench_cpu_smoke_on_the_local_transport(tmp_path):
     data = json.loads(saved.read_text())
     assert_valid_result(data)
     assert data["ok"] and data["timing"] == "cpu-wallclock"
+    assert data["settings"]["interpreter_trims"] is True  # shipped with the harness, applied
     assert data["kerneldev"]["source"] == "bundled"
     assert data["kerneldev"]["kernel_file"].endswith("kernels/flash_mla_sm120_triton.py")
     bundled = (REPO / "kernels" / "flash_mla_sm120_triton.py").read_bytes()
@@ -104,6 +105,7 @@ def test_bench_cpu_smoke_over_ssh_with_json(tmp_path, sshd_server):
     data = report["result"]
     assert_valid_result(data)
     assert data["kerneldev"]["host"] == "gpu1"
+    assert data["settings"]["interpreter_trims"] is True  # the trims travelled over ssh too
     assert json.loads(Path(report["saved_to"]).read_text()) == data
     assert report["ab"]["baseline_label"] == "simt"
     assert len(report["ab"]["ratios"]) == len(data["shapes"])

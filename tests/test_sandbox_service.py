@@ -208,6 +208,8 @@ def test_server_info_follows_the_env_file_across_restarts(box):
     info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
     assert info["kernel_variant"] == "simt" and info["device"] == "cpu"
     assert info["kernel_file"].startswith(str(box.root))
+    # the service process runs its decode steps with kernels/interpreter_overhead.py's trims
+    assert info["interpreter_trims"] is True
 
     svc = box.host.service
     edit = EnvFileEdit(box.transport, svc.env_file, {"SGLANG_SM120_MMA_FLASHMLA"})
@@ -218,6 +220,7 @@ def test_server_info_follows_the_env_file_across_restarts(box):
         info = httpx.get(url(box, "/get_server_info")).json()["kerneldev"]
         assert info["kernel_variant"] == "mma"
         assert info["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "1"
+        assert info["interpreter_trims"] is True  # a restart's worker applies them too
         log = (box.service_dir / "service.log").read_text()
         assert "engine ready: variant=mma" in log
     finally:

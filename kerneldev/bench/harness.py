@@ -42,8 +42,9 @@ DISPATCH: str = _harness.DISPATCH
 FLASHINFER: str = _harness.FLASHINFER
 
 SCRIPT = "dsv4_bench.py"
-# The harness and what it imports, copied next to each other on the host.
-SUPPORT_FILES = (SCRIPT, "dsv4_cache.py", "dsv4_reference.py")
+# The harness and what it imports, copied next to each other on the host (the interpreter
+# trims of `--cpu-mode` included).
+SUPPORT_FILES = (SCRIPT, "dsv4_cache.py", "dsv4_reference.py", "interpreter_overhead.py")
 
 
 def parse_variants(variants: list[str]) -> list[str]:

@@ -26,7 +26,8 @@ KERNELS_RUNNABLE = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
 
 if not ON_GPU and os.environ.get("TRITON_INTERPRET") == "1":
     # The interpreter's repeated language patching and its assert-free overflow sanitizer:
-    # half the CPU of an interpreted case, none of what it computes (see the module).
-    from .interpreter_overhead import trim_interpreter_overhead  # noqa: E402
+    # half the CPU of an interpreted case, none of what it computes (see the module, shipped
+    # with the kernels: the sandbox service and the harness's --cpu-mode apply it too).
+    from kerneldev.kernels.interpreter_overhead import trim_interpreter_overhead  # noqa: E402
 
     trim_interpreter_overhead()

@@ -30,7 +30,9 @@ interpreter (TRITON_INTERPRET=1 must be set before triton is imported; `app.main
 so does the sandbox's resident launcher, launcher.py, which imports torch and triton once and
 forks a worker per restart: this module and the kernel file are then loaded in the worker, after
 the restart's environment is in place, so the file is what was pushed and the switches are the
-env file's).
+env file's). There the interpreter runs with `kernels/interpreter_overhead.py`'s trims (work per
+`tl` operation that computes nothing; the token ids are bit-identical without them), and
+`info()["interpreter_trims"]` (in /get_server_info) says whether they were applied.
 """
 
 from __future__ import annotations
@@ -155,6 +157,13 @@ class DecodeEngine:
                 f"kernels ({', '.join(BACKENDS)})"
             )
         self.env = {k: os.environ.get(k) for k in SWITCHES}
+        self.interpreter_trims = False
+        if self.device == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+            # The interpreter's per-operation work that computes nothing (the module says
+            # what; token ids are bit-identical with and without): ~half of a CPU step.
+            from kerneldev.kernels.interpreter_overhead import trim_interpreter_overhead
+
+            self.interpreter_trims = trim_interpreter_overhead()
         self.kernel_file = kernel_path(root)
         with open(self.kernel_file, "rb") as f:
             self.kernel_sha256 = hashlib.sha256(f.read()).hexdigest()
@@ -246,6 +255,7 @@ class DecodeEngine:
             "kernel_file": self.kernel_file,
             "kernel_sha256": self.kernel_sha256,
             "env": dict(self.env),
+            "interpreter_trims": self.interpreter_trims,
             "sizes": asdict(self.sizes),
             "cuda_graph": {
                 "enabled": bool(self.graphs),

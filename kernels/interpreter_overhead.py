@@ -1,8 +1,8 @@
-"""Trim costs of Triton's CPU interpreter that compute nothing the kernel tests read.
+"""Trim costs of Triton's CPU interpreter that compute nothing a kernel's outputs depend on.
 
-The kernel tests run the bundled Triton kernels in the interpreter (TRITON_INTERPRET=1), which
-executes every `tl` operation in Python, once per program of the grid. Profiled on
-`test_matches_reference[h128-simt-table]` (triton 3.9), half of that time produced no value:
+Under TRITON_INTERPRET=1 Triton executes every `tl` operation in Python, once per program of
+the grid. Profiled on the kernel test `test_matches_reference[h128-simt-table]` (triton 3.9),
+half of that time produced no value:
 
 * Every call of a nested `@triton.jit` helper re-runs `_patch_lang(fn)`, which scans the
   `triton.language` modules with `inspect.getmembers` to swap their builtins for interpreted
@@ -20,19 +20,27 @@ executes every `tl` operation in Python, once per program of the grid. Profiled 
   rebuilds a 19-entry dict on every call (~5%); its answer depends only on the scalar type,
   so it is looked up once per scalar type.
 
-All are applied only when the interpreter is in use and its internals have the shape described
-above (checked here); otherwise nothing changes and the tests are just slower. Compiled kernels
-on a GPU never go through this module.
+All are applied only when the interpreter is in use (TRITON_INTERPRET=1) and its internals have
+the shape described above (checked here); otherwise nothing changes and the run is just slower.
+Compiled kernels on a GPU never go through this module, and its callers call it only on their
+CPU path: the sandbox decode service on CPU (`kerneldev/sandbox/service/engine.py`), the
+harness's `--cpu-mode` (`dsv4_bench.py`, which this file travels with to the host: it needs
+only the standard library and triton) and the kernel tests without a GPU
+(`tests/kernels/conftest.py`). The outputs are bit-identical with and without the trims
+(docs/benchmarks.md, "The interpreter trims in the child processes").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 
 def trim_interpreter_overhead() -> bool:
     """Apply the trims to the Triton interpreter of this process; True if they were applied.
-    Call only when TRITON_INTERPRET=1 (the interpreter is what runs the kernels)."""
+    Nothing happens unless TRITON_INTERPRET=1 (the interpreter is what runs the kernels)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return False
     try:
         from triton.runtime import interpreter as ti
     except ImportError:
