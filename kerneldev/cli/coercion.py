@@ -6,12 +6,13 @@ even when the value is None or already a `str`: importing pydantic and building 
 is about 0.2-0.3 CPU-s of every command's ~0.65 (docs/benchmarks.md, the CLI's start-up).
 
 For the plain cases below the adapter's result is fixed by typer's own rules, so it is given
-without building one: None (typer returns None, or () for a multi-value parameter, before it
-looks at the adapter), a `str` for a `str` parameter (`str(value)`), a tuple of `str` for a
-`list[str]` one (a list of them), an `int` / `float` of exactly that type within the
-parameter's min/max (the value itself). Everything else, every error included, goes to typer's
-own adapter, built as typer builds it: messages and results are typer's. Applied only when
-typer's internals have the shape this was written against; otherwise nothing changes.
+without building one: None for any parameter (typer returns None, or () for a multi-value
+parameter, before it looks at the adapter), a `str` for a `str` parameter (`str(value)`), a
+tuple of `str` for a `list[str]` one (a list of them), an `int` / `float` of exactly that type
+or plainly spelled (`3`, `2.5`) within the parameter's min/max (the number). Everything else,
+every error included, goes to typer's own adapter, built as typer builds it: messages and
+results are typer's. Applied only when typer's internals have the shape this was written
+against; otherwise nothing changes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ def _plain_value(descriptor: Any, multi: bool, value: Any) -> tuple[bool, Any]:
     (False, None)."""
     if value is None:
         return True, (() if multi else None)
+    if not _simple(descriptor):
+        return False, None
     annotation = descriptor.annotation
     if annotation is str:
         return (True, value) if type(value) is str and not multi else (False, None)
@@ -103,10 +106,13 @@ def install() -> bool:
     coerce = getattr(getattr(_coercion, "RuntimeParam", None), "coerce", None)
     if coerce is None or not callable(getattr(_TyperParameter, "process_value", None)):
         return False
+    # None is answered as RuntimeParam.coerce answers it, for every kind: no kind may differ.
+    kinds = ("AdapterRuntimeParam", "FileRuntimeParam", "PassThroughRuntimeParam")
+    if any(getattr(getattr(_coercion, k, None), "coerce", None) is not coerce for k in kinds):
+        return False
 
     def get_runtime_param(self):
-        descriptor = getattr(self, "type_descriptor", None)
-        if self._runtime_param is None and descriptor is not None and _simple(descriptor):
+        if self._runtime_param is None and getattr(self, "type_descriptor", None) is not None:
             return _Plain(build)
         return build(self)
 
