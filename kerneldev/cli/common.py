@@ -3,9 +3,13 @@ chosen host."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from kerneldev.config import Config, HostConfig, load_config
+# kerneldev.config (and yaml) is imported when a config is loaded: `--help` needs neither.
+if TYPE_CHECKING:
+    from kerneldev.config import Config, HostConfig
 
 
 def flag(*names: str, help: str):
@@ -55,6 +59,8 @@ def config_path(ctx: typer.Context) -> str | None:
 
 def load(ctx: typer.Context, host_name: str | None) -> tuple[Config, HostConfig]:
     """The config (found as `load_config` says; ConfigError exits 2) and the chosen host."""
+    from kerneldev.config import load_config
+
     config = load_config(config_path(ctx))
     return config, config.host(host_name)
 
@@ -63,6 +69,8 @@ def load_hosts(ctx: typer.Context, host_name: str | None) -> tuple[Config, list[
     """The config and the hosts `--host` names: one host exactly as `load` picks it (same
     errors), or, for a group name or a comma list (also from $KERNELDEV_HOST or `default`),
     every host of it (`Config.hosts_for`)."""
+    from kerneldev.config import load_config
+
     config = load_config(config_path(ctx))
     return config, select_hosts(config, host_name)
 

@@ -13,6 +13,7 @@ import typer
 import typer.core as _typer_core
 
 from kerneldev import __version__
+from kerneldev.cli import coercion
 from kerneldev.errors import ExitCode, KerneldevError
 
 if TYPE_CHECKING:
@@ -31,6 +32,10 @@ app = typer.Typer(
 # typer 0.29 appends a Python type tag to every argument's help line (`PATHS <list[str]>`);
 # the metavar and the help text already say what to pass (options get their metavar instead).
 _typer_core.TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
+# typer coerces every value through a pydantic adapter it builds at parse time (~0.2-0.3 CPU-s
+# of each command); the plain values skip it, with typer's own results (cli/coercion.py).
+coercion.install()
 
 # Options of the whole program that may also follow the subcommand (`kerneldev diff --config
 # x.yaml`): main() moves them in front of it before typer parses.
@@ -77,51 +82,70 @@ _registered: set[str] = set()
 prepared_command = None
 
 # The sync loop's commands are timed against rsync: they import only their own module (about
-# 0.1 s less start-up than importing every command's). `--help`, every other command and a
-# mistyped name register them all.
+# 0.1 s less start-up than importing every command's).
 _LOOP_COMMANDS = ("pull", "diff", "push", "rollback", "log")
+
+# Which module of kerneldev/cli/commands registers each top-level command: a command run (or
+# its --help) imports only its own module. `--help`, no command and a mistyped name register
+# them all, in the order `kerneldev --help` lists them (tests/test_cli_start.py checks this
+# table against what the modules register).
+COMMAND_MODULES = {
+    **dict.fromkeys(_LOOP_COMMANDS, "loop"),
+    "restart": "service",
+    "trust": "trust",
+    "bench": "bench",
+    "demo": "demo",
+    "profile": "profile",
+    "watch": "watch",
+    "status": "status",
+    "doctor": "status",
+    "kernels": "kernels",
+    "sandbox": "sandbox",
+    "session": "session",
+}
 
 
 def _register_commands(args: Sequence[str] | None = None) -> None:
-    # Each module adds its own commands; importing them here keeps `kerneldev --help` complete.
+    # Each module adds its own commands; importing them all keeps `kerneldev --help` complete.
     # The modules import their heavy dependencies (paramiko, rich tables) inside the commands.
-    if _command_name(args or ()) in _LOOP_COMMANDS:
-        from kerneldev.cli.commands import loop as loop_cmd
+    own = COMMAND_MODULES.get(_command_name(args or ()) or "")
+    for name in (own,) if own is not None else MODULE_ORDER:
+        module = f"kerneldev.cli.commands.{name}"
+        # The import statement's path (not importlib.import_module): `-X importtime` lists it.
+        __import__(module)
+        _register_module(sys.modules[module])
 
-        _register_module(loop_cmd)
-        return
-    from kerneldev.cli.commands import bench as bench_cmd
-    from kerneldev.cli.commands import demo as demo_cmd
-    from kerneldev.cli.commands import kernels as kernels_cmd
-    from kerneldev.cli.commands import loop as loop_cmd
-    from kerneldev.cli.commands import profile as profile_cmd
-    from kerneldev.cli.commands import sandbox as sandbox_cmd
-    from kerneldev.cli.commands import service as service_cmd
-    from kerneldev.cli.commands import session as session_cmd
-    from kerneldev.cli.commands import status as status_cmd
-    from kerneldev.cli.commands import trust as trust_cmd
-    from kerneldev.cli.commands import watch as watch_cmd
 
-    for module in (
-        loop_cmd,
-        service_cmd,
-        trust_cmd,
-        bench_cmd,
-        demo_cmd,
-        kernels_cmd,
-        sandbox_cmd,
-        profile_cmd,
-        watch_cmd,
-        status_cmd,
-        session_cmd,
-    ):
-        _register_module(module)
+# The modules in the order `kerneldev --help` lists their commands.
+MODULE_ORDER = (
+    "loop",
+    "service",
+    "trust",
+    "bench",
+    "demo",
+    "kernels",
+    "sandbox",
+    "profile",
+    "watch",
+    "status",
+    "session",
+)
+_rank: dict[int, int] = {}  # id of a registered command or group -> its module's place
 
 
 def _register_module(module) -> None:
-    if module.__name__ not in _registered:
-        module.register(app)
-        _registered.add(module.__name__)
+    if module.__name__ in _registered:
+        return
+    before = {id(item) for item in (*app.registered_commands, *app.registered_groups)}
+    module.register(app)
+    _registered.add(module.__name__)
+    place = MODULE_ORDER.index(module.__name__.rsplit(".", 1)[1])
+    for item in (*app.registered_commands, *app.registered_groups):
+        _rank.setdefault(id(item), place if id(item) not in before else -1)
+    # A process that ran one command and then lists them all (in-process callers) lists them
+    # in the same order as a fresh `kerneldev --help`.
+    app.registered_commands.sort(key=lambda item: _rank[id(item)])
+    app.registered_groups.sort(key=lambda item: _rank[id(item)])
 
 
 def _command_name(args: Sequence[str]) -> str | None:

@@ -370,6 +370,7 @@ def prepare_command() -> None:
     forked command here otherwise. The children inherit both; nothing of a command runs."""
     import typer.main
 
+    from kerneldev.cli import coercion
     from kerneldev.cli import main as cli_main
 
     cli_main._register_commands([warm_client.COMMANDS[0]])
@@ -378,9 +379,7 @@ def prepare_command() -> None:
     while groups:
         group = groups.pop()
         for param in group.params:
-            build = getattr(param, "get_runtime_param", None)
-            if build is not None:
-                build()
+            coercion.build_all(param)
         groups.extend(getattr(group, "commands", {}).values())
     cli_main.prepared_command = command
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from kerneldev.bench import kernel_bench as bench
 from kerneldev.cli import environment
 from kerneldev.cli.common import (
     HOST_OPTION,
@@ -27,18 +27,27 @@ from kerneldev.cli.output import (
     print_table,
     print_warning,
 )
-from kerneldev.config import load_config
 from kerneldev.errors import ExitCode, UsageError
-from kerneldev.hosts.transport import open_transport
 
-VERDICT_STYLE = {
-    bench.FASTER: "green",
-    bench.SLOWER: "red",
-    bench.NO_CHANGE: "dim",
-    bench.FAILED: "bold red",
-    bench.BASELINE_FAILED: "yellow",
-    bench.NEW: "cyan",
-}
+if TYPE_CHECKING:
+    from kerneldev.bench import kernel_bench as bench
+
+# The core (kerneldev.bench.kernel_bench: the harness, the shapes, the workspace) and the
+# config are imported by the command, not here: `kerneldev --help` and every other command
+# import this module to register it.
+
+
+def verdict_style(verdict: str) -> str | None:
+    from kerneldev.bench import kernel_bench as bench
+
+    return {
+        bench.FASTER: "green",
+        bench.SLOWER: "red",
+        bench.NO_CHANGE: "dim",
+        bench.FAILED: "bold red",
+        bench.BASELINE_FAILED: "yellow",
+        bench.NEW: "cyan",
+    }.get(verdict)
 
 
 # Module-level: typer options with list/Path defaults (ruff B008).
@@ -192,6 +201,8 @@ def bench_command(
     """Check and time kernel variants on the host's GPU; A/B table, saved JSON.
     With --service: decode timings of the running service per variant (restarts it).
     An option of the other mode exits 2 naming it."""
+    from kerneldev.config import load_config
+
     refuse_options_of_other_mode(ctx, on_service)
     config = load_config(config_path(ctx))
     hosts = select_hosts(config, host_name)
@@ -218,6 +229,9 @@ def bench_command(
         if code:
             raise typer.Exit(code)
         return
+    from kerneldev.bench import kernel_bench as bench
+    from kerneldev.hosts.transport import open_transport
+
     variant_list = [v.strip() for v in variants.split(",") if v.strip()]
     shape_list = list(shapes) if shapes else ["smoke" if cpu else "decode"]
     bench.check_request(variant_list, shape_list)  # exit 2 before connecting
@@ -369,7 +383,7 @@ def _verdict_cell(comparison: bench.Comparison, r: dict) -> Cell | str:
     text = change.verdict
     if change.speedup:
         text += f" {change.speedup:.2f}x"
-    return Cell(text, VERDICT_STYLE.get(change.verdict))
+    return Cell(text, verdict_style(change.verdict))
 
 
 def out_line(text: str) -> None:

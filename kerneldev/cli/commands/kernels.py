@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import typer
 
-from kerneldev.bundled import install as kernel_deploy
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, flag, load_host
-from kerneldev.cli.host_steps import print_patch, print_table
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
-from kerneldev.hosts.transport import open_transport
+
+# kerneldev.bundled.install (the probe, the releases, the sync core) is imported by each
+# command, not here: `kerneldev --help` and every other command import this module. Its
+# DEFAULT_HEADS and MAX_HEADS, which --heads shows, are repeated here (tests/test_cli_start.py
+# checks that they agree).
+DEFAULT_HEADS = 64
+MAX_HEADS = 1024
 
 kernels_app = typer.Typer(
     name="kernels",
@@ -31,6 +35,10 @@ def install_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Put the bundled kernel file over the workspace copy of the live one (push deploys it)."""
+    from kerneldev.bundled import install as kernel_deploy
+    from kerneldev.cli.host_steps import print_patch, print_table
+    from kerneldev.hosts.transport import open_transport
+
     host = load_host(ctx, host_name)
     with open_transport(host) as transport:
         result = kernel_deploy.install(transport, host, with_wrapper=with_wrapper, force=force)
@@ -61,10 +69,10 @@ def install_command(
 def status_command(
     ctx: typer.Context,
     heads: int = typer.Option(
-        kernel_deploy.DEFAULT_HEADS,
+        DEFAULT_HEADS,
         "--heads",
         min=1,
-        max=kernel_deploy.MAX_HEADS,
+        max=MAX_HEADS,
         help="Query heads per GPU of the server's attention layers (tp_q_head_num): the "
         "probe's decode and prefill calls use them.",
     ),
@@ -73,6 +81,10 @@ def status_command(
 ) -> None:
     """Is the live kernel file the bundled one (which release), and which backend runs for
     decode and for prefill (probed from the live wrapper in the service's environment)?"""
+    from kerneldev.bundled import install as kernel_deploy
+    from kerneldev.cli.host_steps import print_table
+    from kerneldev.hosts.transport import open_transport
+
     host = load_host(ctx, host_name)
     with open_transport(host) as transport:
         result = kernel_deploy.status(transport, host, heads=heads)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
-from kerneldev.bench import profile as decode_profile
 from kerneldev.cli.commands.bench import ALLOW_SAME_KERNEL_OPTION
-from kerneldev.cli.commands.service_bench import progress_printer, service_session, table
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
-from kerneldev.config import load_config
-from kerneldev.service.variants import check_variants, parse_variants
+
+# The core (kerneldev.bench.profile, the service bench, the config) is imported by the command,
+# not here: `kerneldev --help` imports this module to list it.
+if TYPE_CHECKING:
+    from kerneldev.bench import profile as decode_profile
 
 
 def profile_command(
@@ -31,6 +34,11 @@ def profile_command(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Profile the service's decode per variant: top kernels by GPU time, by family."""
+    from kerneldev.bench import profile as decode_profile
+    from kerneldev.cli.commands.service_bench import progress_printer, service_session
+    from kerneldev.config import load_config
+    from kerneldev.service.variants import check_variants, parse_variants
+
     config = load_config(config_path(ctx))
     host = config.host(host_name)
     names = parse_variants(variants)
@@ -57,6 +65,8 @@ def profile_command(
 
 
 def render(result: decode_profile.ProfileResult) -> None:
+    from kerneldev.cli.commands.service_bench import table
+
     kind = "GPU" if result.time_kind == "gpu" else "CPU"
     note = (
         ""

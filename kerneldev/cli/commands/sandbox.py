@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from kerneldev.cli.common import JSON_OPTION
 from kerneldev.cli.output import print_info, print_json, print_line
-from kerneldev.sandbox.host import SandboxStatus, sandbox_down, sandbox_status, sandbox_up
+
+# kerneldev.sandbox.host (the sshd, the service launcher, asyncio) is imported by each command,
+# not here: `kerneldev --help` and every other command import this module.
+if TYPE_CHECKING:
+    from kerneldev.sandbox.host import SandboxStatus
 
 app = typer.Typer(
     help="Start, stop or show a sandbox host on this machine (a fake live SGLang tree, a "
@@ -29,6 +34,8 @@ DIR_OPTION = typer.Option(
 @app.command("up")
 def up_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Start the sandbox's sshd and fake service (a new or empty folder gets a new sandbox)."""
+    from kerneldev.sandbox.host import sandbox_up
+
     status = sandbox_up(folder)
     d = shlex.quote(status.dir)
     config = shlex.quote(status.config)
@@ -43,6 +50,8 @@ def up_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
 @app.command("down")
 def down_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Stop the sandbox's sshd and fake service; its files stay."""
+    from kerneldev.sandbox.host import sandbox_down
+
     status = sandbox_down(folder)
     show(
         status,
@@ -55,6 +64,8 @@ def down_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None
 @app.command("status")
 def status_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Show whether the sandbox's sshd and fake service run."""
+    from kerneldev.sandbox.host import sandbox_status
+
     show(sandbox_status(folder), as_json)
 
 

@@ -14,8 +14,6 @@ import stat
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -206,6 +204,11 @@ class LocalTransport(Transport):
 
     # --- network --------------------------------------------------------------------------
     def http_get(self, url: str, timeout: float = 5.0) -> int:
+        # Here, not at the top: urllib.request (http.client, email, ssl) is most of this
+        # module's import, and only a health check needs it.
+        import urllib.error
+        import urllib.request
+
         try:
             with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310
                 return resp.status
