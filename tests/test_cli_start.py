@@ -110,11 +110,14 @@ def test_one_command_then_all_lists_them_in_the_fresh_order():
     assert groups == ["kernels", "sandbox", "session"]
 
 
-def test_the_repeated_heads_limits_agree_with_the_core():
+def test_the_heads_limits_have_one_home():
+    from kerneldev import bundled
     from kerneldev.bundled import install
     from kerneldev.cli.commands import kernels
 
-    assert (kernels.DEFAULT_HEADS, kernels.MAX_HEADS) == (install.DEFAULT_HEADS, install.MAX_HEADS)
+    limits = (bundled.DEFAULT_HEADS, bundled.MAX_HEADS)
+    assert (kernels.DEFAULT_HEADS, kernels.MAX_HEADS) == limits
+    assert (install.DEFAULT_HEADS, install.MAX_HEADS) == limits
 
 
 # Values a command line, an environment variable or a default gives typer, for each kind of

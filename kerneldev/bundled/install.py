@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneldev.atomic_file import write_bytes_atomic
+from kerneldev.bundled import DEFAULT_HEADS, MAX_HEADS
 from kerneldev.bundled.releases import RELEASED
 from kerneldev.config import HostConfig
 from kerneldev.errors import RefusedError, RemoteCommandError, TransferError, UsageError
@@ -317,10 +318,6 @@ BACKEND_VARS = (
     "SGLANG_SM120_TRITON_FLASHMLA",
     "SGLANG_SM120_MMA_FLASHMLA",
 )
-DEFAULT_HEADS = 64  # query heads per GPU of the attention layers (SGLang's tp_q_head_num)
-# The probe allocates its tiny inputs on the live host, next to the server: bf16 q of
-# PREFILL_TOKENS x heads x 512 is 75 MB at this bound, and DSv4 has 128 query heads in all.
-MAX_HEADS = 1024
 DECODE_TOKENS = 4  # a small decode batch
 PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
 PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 import typer
 
+# kerneldev.bundled.install (the probe, the releases, the sync core) is imported by each
+# command, not here: `kerneldev --help` and every other command import this module.
+from kerneldev.bundled import DEFAULT_HEADS, MAX_HEADS
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, flag, load_host
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
-
-# kerneldev.bundled.install (the probe, the releases, the sync core) is imported by each
-# command, not here: `kerneldev --help` and every other command import this module. Its
-# DEFAULT_HEADS and MAX_HEADS, which --heads shows, are repeated here (tests/test_cli_start.py
-# checks that they agree).
-DEFAULT_HEADS = 64
-MAX_HEADS = 1024
 
 kernels_app = typer.Typer(
     name="kernels",
