@@ -121,6 +121,18 @@ def test_hashed_known_hosts_entry_is_honoured(sshd_server, tmp_path):
         assert t.run("true").ok
 
 
+def test_the_dialled_socket_sends_small_packets_at_once(sshd_server, tmp_path):
+    """TCP_NODELAY: a request written as two SSH packets is not held back by Nagle's algorithm
+    until the host's delayed ACK of the first (40 ms per kept no-op, docs/benchmarks.md)."""
+    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
+    try:
+        sock = connection.transport().sock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert SSHTransport(connection).run("true").ok
+    finally:
+        connection.close()
+
+
 def test_users_own_known_hosts_is_read(sshd_server, tmp_path, _home):
     host = ssh_host(sshd_server, tmp_path, trusted=False, known_hosts=None)
     (_home / ".ssh").mkdir()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from kerneldev.cli import warm_client
 from kerneldev.config import SessionConfig
-from kerneldev.hosts.transport.session import location, wire
+from kerneldev.hosts.transport.session import identity, location, wire
 
 IDLE = SessionConfig().idle
 TICK = 1.0  # seconds between looks at idleness
@@ -38,8 +38,10 @@ REQUEST_TIMEOUT = 5.0  # seconds for a client's request once it connected
 MAX_REQUEST = 4 << 20  # bytes
 # What a loop command imports on its way: imported here once, so no child imports it again.
 WARM_MODULES = (
+    "kerneldev.cli.entry",  # the child runs the command through it
     "kerneldev.cli.main",
     "kerneldev.cli.commands.loop",
+    "typer._click.decorators",  # imported by the first command typer builds
     "kerneldev.hosts.transport.session.client",
     "kerneldev.hosts.transport.over_agent",
     "rich.console",
@@ -404,6 +406,10 @@ def main() -> int:
     except Exception as err:  # noqa: BLE001 - each command then builds its own, as without us
         log(f"cannot prepare the click command: {type(err).__name__}: {err}")
     warm = Warm(spec["path"], spec["stamp"])
+    try:
+        identity.remember_code_stamp()  # before the check below: what it read is checked too
+    except Exception as err:  # noqa: BLE001 - each command then reads the sources itself
+        log(f"cannot read the session code stamp: {type(err).__name__}: {err}")
     # kerneldev's files as they are now: changed since the starter looked, it serves nobody.
     if json.loads(spec["stamp"])[3] != warm_client.package_stamp():
         log("kerneldev's files changed while it started: exiting")

@@ -64,9 +64,14 @@ def resolved_ssh_config(ssh_config: str | Path | None = None) -> str | None:
     return str(path) if path is not None else "none"
 
 
+_REMEMBERED: str | None = None  # the warm process's code stamp, read once (remember_code_stamp)
+
+
 def code_stamp() -> str:
     """kerneldev's version and the holder's and agent's sources: a holder started by other
     code is replaced, not spoken to."""
+    if _REMEMBERED is not None:
+        return _REMEMBERED
     import kerneldev.hostside
 
     digest = hashlib.sha256(__version__.encode())
@@ -77,6 +82,16 @@ def code_stamp() -> str:
         except OSError:
             digest.update(str(path).encode())
     return digest.hexdigest()[:KEY_CHARS]
+
+
+def remember_code_stamp() -> str:
+    """Read the sources once, for the warm process (cli/warm.py) and the commands it forks:
+    ~5 ms less per kept command. Safe because its clients' stamp covers the size and mtime of
+    every kerneldev file: with a source changed since, no command reaches its children."""
+    global _REMEMBERED
+    _REMEMBERED = None
+    _REMEMBERED = code_stamp()
+    return _REMEMBERED
 
 
 def _text(path: Path | None) -> str | None:
