@@ -29,13 +29,15 @@ half of that time produced no value:
   runs the original code.
 
 All are applied only when the interpreter is in use (TRITON_INTERPRET=1) and its internals have
-the shape described above (checked here); otherwise nothing changes and the run is just slower.
+the shape described above (checked here); otherwise nothing changes and the run is just slower
+(a `block_type` of another shape alone is left as it is, the other three trims still apply).
 Compiled kernels on a GPU never go through this module, and its callers call it only on their
 CPU path: the sandbox decode service on CPU (`kerneldev/sandbox/service/engine.py`), the
 harness's `--cpu-mode` (`dsv4_bench.py`, which this file travels with to the host: it needs
 only the standard library and triton) and the kernel tests without a GPU
 (`tests/kernels/conftest.py`). The outputs are bit-identical with and without the trims
-(docs/benchmarks.md, "The interpreter trims in the child processes").
+(docs/benchmarks.md, "The interpreter trims in the child processes"; the block types: "A second
+round of interpreter trims").
 """
 
 from __future__ import annotations

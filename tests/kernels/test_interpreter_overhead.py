@@ -1,9 +1,10 @@
 """`kernels/interpreter_overhead.py`'s guards: the trims change nothing outside the interpreter,
 nor where the interpreter's internals are not the shape they expect, and the block types built
-once per shape are the original's, attribute for attribute, rejections included. (That they are applied in
-the child processes is asserted where those run: the harness's `settings.interpreter_trims` in
-tests/test_bench_harness.py and tests/test_bench.py, the decode service's server info in
-tests/test_sandbox_service.py; that they leave the outputs bit-identical is docs/benchmarks.md.)"""
+once per shape are the original's, attribute for attribute, rejections included. (That they are
+applied in the child processes is asserted where those run: the harness's
+`settings.interpreter_trims` in tests/test_bench_harness.py and tests/test_bench.py, the decode
+service's server info in tests/test_sandbox_service.py; that they leave the outputs
+bit-identical is docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
