@@ -25,9 +25,10 @@ if not ON_GPU and not TRITON_PREIMPORTED:
 KERNELS_RUNNABLE = ON_GPU or os.environ.get("TRITON_INTERPRET") == "1"
 
 if not ON_GPU and os.environ.get("TRITON_INTERPRET") == "1":
-    # The interpreter's repeated language patching and its assert-free overflow sanitizer:
-    # half the CPU of an interpreted case, none of what it computes (see the module, shipped
-    # with the kernels: the sandbox service and the harness's --cpu-mode apply it too).
+    # The interpreter's repeated language patching, its assert-free overflow sanitizer and
+    # per-call type rebuilds: over half the CPU of an interpreted case, none of what it
+    # computes (see the module, shipped with the kernels: the sandbox service and the
+    # harness's --cpu-mode apply it too).
     from kerneldev.kernels.interpreter_overhead import trim_interpreter_overhead  # noqa: E402
 
     trim_interpreter_overhead()
