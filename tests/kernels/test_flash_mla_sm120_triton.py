@@ -596,6 +596,25 @@ def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, m
     _run_and_check(inputs, "mma", cfg)
 
 
+def _replay_with(graph, static, out, lse, inputs):
+    """Replay a captured decode on new data: `inputs` copied into the graph's `static`
+    buffers, its outputs poisoned (NaN) first so that an unwritten element shows."""
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor):
+            static[k].copy_(v)
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    graph.replay()
+
+
+def _check_written_and_accurate(out, lse, inputs):
+    """Every output element written, and accurate against the float64 reference of `inputs`."""
+    torch.cuda.synchronize()
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
+    acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+    assert acc["ok"], acc
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA streams and graphs need a GPU")
 @pytest.mark.parametrize("stream_made_in_capture", [False, True])
 def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_capture):
@@ -614,10 +633,7 @@ def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_
     lse = torch.empty(64, 64, 1, dtype=torch.float32, device=DEVICE)
 
     def check(inputs):
-        torch.cuda.synchronize()
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
-        acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
-        assert acc["ok"], acc
+        _check_written_and_accurate(out, lse, inputs)
 
     def call(inputs):
         out.fill_(float("nan"))
@@ -632,12 +648,7 @@ def test_exact_side_stream_in_cuda_graph_and_from_another_stream(stream_made_in_
     with torch.cuda.graph(graph):
         decode(**static, variant="mma", out=out, lse=lse, _config=cfg)
     for inputs in (sets[1], sets[0]):
-        for k, v in inputs.items():
-            if isinstance(v, torch.Tensor):
-                static[k].copy_(v)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
+        _replay_with(graph, static, out, lse, inputs)
         check(inputs)
     other = torch.cuda.Stream()
     other.wait_stream(torch.cuda.current_stream())
@@ -754,16 +765,8 @@ def test_packed_tokens_in_cuda_graph():
     with torch.cuda.graph(graph):
         decode(**static, variant="mma", out=out, lse=lse, _config=cfg)
     for inputs in sets[1:] + sets[:1]:
-        for k, v in inputs.items():
-            if isinstance(v, torch.Tensor):
-                static[k].copy_(v)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert not torch.isnan(out).any() and not torch.isnan(lse).any(), "unwritten output"
-        acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
-        assert acc["ok"], acc
+        _replay_with(graph, static, out, lse, inputs)
+        _check_written_and_accurate(out, lse, inputs)
 
 
 def test_pack_rule_only_for_prefill_sized_calls_of_few_heads():
