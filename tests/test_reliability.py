@@ -667,3 +667,29 @@ def test_the_lock_wait_message_reads_well_for_an_infinite_wait():
     assert host_lock.wait_text(60.0) == "up to 60s"
     assert host_lock.wait_text(0.5) == "up to 0.5s"
     assert host_lock.wait_text(float("inf")) == "as long as it takes"  # was "up to infs"
+
+
+def test_a_lock_being_created_is_not_stale_to_another_lock_of_the_same_process(tmp_path):
+    """Two locks of one process (one pid): while the first one's create is on its way back from
+    the host, the file already holds its token; the second must wait for it, not take it over
+    as stale (both would then write at once: seen as a deleted backup folder under load)."""
+    root = tmp_path / "live"
+    root.mkdir()
+    t = LocalTransport()
+    first = host_lock.HostLock(t, str(root), "push")
+    second = host_lock.HostLock(t, str(root), "push", wait=0)
+    create = first._try_create
+    seen = []
+
+    def create_then_race():
+        created = create()  # the file is on the host; the answer has not reached `first` yet
+        with pytest.raises(host_lock.LockBusyError):
+            second.acquire()
+        seen.append(json.loads((root / host_lock.LOCK_FILE).read_text())["token"])
+        return created
+
+    first._try_create = create_then_race
+    first.acquire()
+    assert seen == [first.me.token] and second.notes == []
+    first.release()
+    assert not (root / host_lock.LOCK_FILE).exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import zipfile
 from pathlib import Path
 
@@ -91,3 +92,29 @@ def test_check_names_every_missing_part(tmp_path, capsys):
         assert f"SGLang {version}" in err
     for name in fetch.PACKAGE_SETS:
         assert f"package set '{name}'" in err
+
+
+def test_a_package_set_without_bytecode_is_compiled_in_place(tmp_path, monkeypatch, capsys):
+    """A set laid out by an earlier version of the script (no bytecode; the test hosts import
+    it with -B, so every probe compiled it again) is compiled where it lies, without pip."""
+    monkeypatch.setattr(fetch, "RELEASES", {})
+    monkeypatch.setattr(fetch, "PACKAGE_SETS", {"tiny": ("a stand-in", ["tiny==1.0"])})
+
+    def no_pip(args):
+        raise AssertionError(f"pip was called: {args}")
+
+    monkeypatch.setattr(fetch, "_pip", no_pip)
+    folder = fetch.package_dir("tiny", tmp_path)
+    (folder / "tiny").mkdir(parents=True)
+    (folder / "tiny" / "__init__.py").write_text("VALUE = 1\n")
+    stamp = {"set": "tiny", "python": fetch.python_tag(), "pins": ["tiny==1.0"]}
+    folder.with_suffix(".json").write_text(json.dumps(stamp))
+
+    assert fetch.main(["check", "--cache", str(tmp_path)]) == 1
+    assert "the bytecode of package set 'tiny'" in capsys.readouterr().err
+    assert fetch.main(["fetch", "--cache", str(tmp_path)]) == 0
+    assert list((folder / "tiny" / "__pycache__").glob("__init__.*.pyc"))
+    assert fetch.main(["check", "--cache", str(tmp_path)]) == 0
+    written = folder.with_suffix(".json").stat().st_mtime_ns
+    assert fetch.main(["fetch", "--cache", str(tmp_path)]) == 0  # nothing left to do
+    assert folder.with_suffix(".json").stat().st_mtime_ns == written

@@ -236,11 +236,19 @@ class HostLock:
         deadline = time.monotonic() + self.wait
         told = False
         while True:
-            created, content = self._try_create()
+            # Ours from the moment the file exists, not from when the answer arrives: another
+            # lock of this process (same pid) reading the file in between must not find it
+            # stale and take it over (two writers at once, seen under load).
+            _held_tokens.add(self.me.token)
+            try:
+                created, content = self._try_create()
+            except BaseException:
+                _held_tokens.discard(self.me.token)  # its file, if made, is stale from now on
+                raise
             if created:
                 self.held = True
-                _held_tokens.add(self.me.token)
                 return
+            _held_tokens.discard(self.me.token)
             holder = parse_holder(content)
             if self.break_lock:
                 self.notes.append(
