@@ -573,8 +573,7 @@ def make_calls(entry, input_sets: list[dict], variant: str, config=None) -> list
 # rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
 _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
              "exact_block_h", "small_grid_block_n", "exact_in_launch", "prefetch_next",
-             "prefill_block_n", "prefill_num_warps", "exact_concurrent",
-             "prefill_maxnreg")  # fmt: skip
+             "prefill_block_n", "prefill_num_warps", "exact_concurrent")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
@@ -1178,7 +1177,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an extra MMA variant LABEL with the kernel file's mma_config rule on a table row "
         "with overrides: row:sm90|sm120, block_h, block_n, num_warps, num_stages, "
         "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, exact_in_launch, "
-        "exact_concurrent, prefill_block_n, prefill_num_warps, prefill_maxnreg, "
+        "exact_concurrent, "
         "prefetch_next, then num_splits, pv_split, pv_split_below; "
         "mma_v2:1 compiles it with DISABLE_MMA_V3=1 (mma.sync on Hopper); repeatable",
     )

@@ -1150,11 +1150,6 @@ class MMARow(NamedTuple):
     pack_rows: int = 0
     pack_block_n: int = 0
     pack_num_warps: int = 0
-    # Prefill-sized calls with few heads: ptxas's register cap per thread for the per-token
-    # launch (0: none). Their 16-head programs are bound by the latency of each tile's
-    # dependent gather; at 255 registers x 4 warps only two fit an SM, under the cap more do
-    # (the shared memory allows four), at the price of spills.
-    prefill_maxnreg: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1217,7 +1212,6 @@ class MMAConfig(NamedTuple):
     pack_block_h: int = 0  # the packed launch's rows per program, tokens per tile and warps
     pack_block_n: int = 0
     pack_num_warps: int = 0
-    maxnreg: int = 0  # ptxas's register cap for the split launches (0: none)
 
 
 MAX_SPLITS = 64
@@ -1269,10 +1263,9 @@ def mma_config(
     block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
     programs = B * triton.cdiv(H, block_h)
     slots = sm_count * row.programs_per_sm
-    block_n, stages, warps, maxnreg = row.block_n, row.num_stages, row.num_warps, 0
+    block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     if row.prefill_block_n and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
-        maxnreg = row.prefill_maxnreg
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -1295,7 +1288,7 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
-        row.pack_rows, row.pack_block_n, row.pack_num_warps, maxnreg if on_gpu else 0,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps,
     )  # fmt: skip
 
 
@@ -1489,8 +1482,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
     exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
     side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
-    # ptxas's register cap (a compile option: its own cached build, chosen by the rule)
-    reg_cap = {"maxnreg": cfg.maxnreg} if cfg.maxnreg and q.is_cuda else {}
     if side is not None and len(launches) == 2:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
         # orders the combine (and the caller) after both. Device-side only: no host sync, and
@@ -1513,7 +1504,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda,
-                num_warps=cfg.num_warps, num_stages=stages, **reg_cap,
+                num_warps=cfg.num_warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join
