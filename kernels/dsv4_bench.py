@@ -29,6 +29,12 @@ compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmm
 row. Every variant's JSON entry lists the compiled kernels it launched (registers, spills,
 shared memory, wgmma / mma.sync counts in the PTX).
 
+`--smem-per-sm KB` keeps, for every kernel, as many programs resident per SM as a GPU with KB
+of shared memory per SM would (100: sm_120): each kernel's preferred shared-memory carveout is
+set as it loads (`cap_residency`), and the blocks per SM the driver reports go into the JSON's
+`residency`. With `--sm120-proxy` it makes the proxy keep sm_120's residency (one program of
+the sm_120 row per SM there, two on an H200 without it).
+
 `--variants ...,flashinfer` also times FlashInfer's sm_120 DSv4 decode (SGLang 0.5.23's default
 on sm_120: `flashinfer.mla._sparse_mla_sm120._sparse_mla_sm120_paged_attention`, called as
 SGLang's wrapper calls it, `flashinfer_calls`) on the same input sets with the same accuracy
@@ -565,6 +571,77 @@ def make_calls(entry, input_sets: list[dict], variant: str, config=None) -> list
             kwargs["_config"] = config
         calls.append(lambda kwargs=kwargs: entry(**kwargs))
     return calls
+
+
+# --- residency of another GPU's shared memory (--smem-per-sm) -------------------------------
+
+CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9  # CUfunction_attribute (cuda.h)
+
+
+def carveout_percent(kb: int, smem_per_sm: int) -> int:
+    """The carveout hint (percent of the SM's shared memory) for `kb` KB per SM: rounded down,
+    so that the driver, which rounds the hint up to the next configuration it has, lands on
+    the configuration of at least `kb` KB nearest to it (the H200's are 0, 8, 16, 32, 64, 100,
+    132, 164, 196 and 228 KB: 100 KB -> 43% -> 100 KB)."""
+    return max(1, min(100, kb * 1024 * 100 // smem_per_sm))
+
+
+def cap_residency(torch, kb: int) -> list:
+    """Give every Triton kernel loaded from now on a preferred shared-memory carveout of about
+    `kb` KB per SM (`cuFuncSetAttribute`, a per-function attribute: no device setting), so that
+    an SM keeps as many of its programs resident as a GPU with `kb` KB per SM would (sm_120:
+    100 KB; the H200 has 228). A block needing more than the carveout still runs (the driver
+    then takes a larger one); the returned list gets, per kernel build loaded, its name, shared
+    memory, warps and the blocks per SM `cuOccupancyMaxActiveBlocksPerMultiprocessor` reports,
+    so the JSON shows what was capped. Raises HarnessError where it cannot (no libcuda, a Triton
+    without the kernel-load hook)."""
+    import ctypes
+
+    import triton
+
+    props = torch.cuda.get_device_properties(0)
+    per_sm = getattr(props, "shared_memory_per_multiprocessor", None)
+    if not per_sm:
+        raise HarnessError("--smem-per-sm: torch does not report the SM's shared memory")
+    if kb * 1024 >= per_sm:
+        raise HarnessError(
+            f"--smem-per-sm {kb}: this GPU has {per_sm // 1024} KB per SM, nothing to cap",
+            EXIT_USAGE,
+        )
+    knobs = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if knobs is None or not hasattr(knobs, "kernel_load_end_hook"):
+        raise HarnessError(f"--smem-per-sm: triton {triton.__version__} has no kernel-load hook")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError as err:
+        raise HarnessError(f"--smem-per-sm: cannot load libcuda ({_one_line(err)})") from None
+    percent = carveout_percent(kb, per_sm)
+    records: list = []
+
+    def on_load(module, function, name, metadata_group, hash_=None):
+        fn = ctypes.c_void_p(function)
+        cuda.cuFuncSetAttribute(fn, CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, percent)
+        meta = {}
+        for key, path in (metadata_group or {}).items():
+            if key.endswith(".json"):
+                with open(path) as f:
+                    meta = json.load(f)
+        shared, warps = int(meta.get("shared", 0)), int(meta.get("num_warps", 4))
+        blocks = ctypes.c_int(-1)
+        cuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            ctypes.byref(blocks), fn, warps * 32, ctypes.c_size_t(shared)
+        )
+        record = {"kernel": name, "shared": shared, "num_warps": warps,
+                  "carveout_percent": percent, "blocks_per_sm": blocks.value}  # fmt: skip
+        if record not in records:
+            records.append(record)
+
+    hooks = knobs.kernel_load_end_hook
+    if hasattr(hooks, "add"):  # triton >= 3.5: a chain of hooks
+        hooks.add(on_load)
+    else:
+        knobs.kernel_load_end_hook = on_load
+    return records
 
 
 # --- MMA configs as variants (--config, --sm120-proxy) ---------------------------------------
@@ -1187,6 +1264,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"add the variant sm120: the sm_120 table row compiled with mma.sync on this GPU "
         f"(= --config {SM120_PROXY}); its 99 KB shared-memory limit is the row's own",
     )
+    p.add_argument(
+        "--smem-per-sm",
+        type=int,
+        default=None,
+        metavar="KB",
+        help="keep only as many programs of each kernel resident per SM as KB of shared memory "
+        "per SM would (100: sm_120 / sm_89), by the kernels' preferred shared-memory carveout; "
+        "the blocks per SM the driver reports go into the JSON (`residency`); CUDA only",
+    )
     p.add_argument("--shapes", action="append", default=[], help=SPEC_HELP + "; default decode")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument(
@@ -1271,6 +1357,8 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         variants.append(conf.label)
     if configs and cpu:
         raise HarnessError("--config / --sm120-proxy need a CUDA device", EXIT_USAGE)
+    if args.smem_per_sm is not None and (cpu or args.smem_per_sm < 1):
+        raise HarnessError("--smem-per-sm needs a CUDA device and KB >= 1", EXIT_USAGE)
     kernel_paths = _parse_kernels(args.kernel, here)
     phases = parse_phases(args.phases)
     if phases and all(v in _NOT_ABLATED_VARIANTS for v in variants):
@@ -1308,6 +1396,9 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
             "use --cpu-mode for the interpreter"
         )
+
+    # Before any kernel is loaded: the load hook caps each one's residency as it loads.
+    residency = cap_residency(torch, args.smem_per_sm) if args.smem_per_sm is not None else None
 
     sys.path.insert(0, str(here))  # dsv4_reference / dsv4_cache live beside this file
     try:
@@ -1398,7 +1489,10 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             "env": {k: os.environ.get(k) for k in (DISPATCH_ENV, "TRITON_INTERPRET")},
             "interpreter_trims": interpreter_trims,
             "argv": list(argv),
+            "smem_per_sm_kb": args.smem_per_sm,
         },
+        # --smem-per-sm: per kernel build loaded, the blocks per SM the driver reports
+        "residency": residency,
         "kernels": [
             {k: v for k, v in kern.items() if k not in ("entry", "module", "convert_outputs")}
             for kern in kernels

@@ -117,6 +117,7 @@ def assert_valid_result(data: dict) -> None:
         "kernels": list,
         "shapes": list,
         "results": list,
+        "residency": (list, type(None)),
     }
     _types(data, top, "result")
     assert data["schema"] == "kerneldev.bench/1"
@@ -155,6 +156,7 @@ def assert_valid_result(data: dict) -> None:
             "env": dict,
             "interpreter_trims": bool,
             "argv": list,
+            "smem_per_sm_kb": (int, type(None)),
         },
         "settings",
     )

@@ -14,6 +14,8 @@ import pytest
 from tests.kernels.kernel_files import KERNELS
 from tests.kernels.kernel_files import load_kernel_file as _load
 
+from . import conftest as kconf
+
 bench = _load("_kd_test_dsv4_bench", "dsv4_bench.py")
 
 
@@ -74,6 +76,50 @@ def test_config_needs_a_gpu(capsys):
     code = bench.main(["--cpu-mode", "--shapes", "smoke", "--sm120-proxy"])
     assert code == bench.EXIT_USAGE
     assert "need a CUDA device" in capsys.readouterr().err
+
+
+def test_smem_per_sm_needs_a_gpu(capsys):
+    code = bench.main(["--cpu-mode", "--shapes", "smoke", "--smem-per-sm", "100"])
+    assert code == bench.EXIT_USAGE
+    assert "--smem-per-sm needs a CUDA device" in capsys.readouterr().err
+
+
+def test_carveout_percent_lands_on_the_configuration_asked_for():
+    """Rounded down: the driver rounds the hint up to its next configuration (H200: 228 KB per
+    SM, configurations 0, 8, 16, 32, 64, 100, 132, 164, 196, 228 KB)."""
+    h200 = 233_472
+    assert bench.carveout_percent(100, h200) == 43  # 98 KB -> the 100 KB configuration
+    assert bench.carveout_percent(64, h200) == 28  # 63.8 KB -> 64 KB
+    assert bench.carveout_percent(1, h200) == 1
+    assert bench.carveout_percent(228, h200) == 100
+
+
+@pytest.mark.skipif(not kconf.ON_GPU, reason="needs a CUDA GPU")
+def test_smem_per_sm_keeps_sm120s_residency_on_the_proxy(tmp_path):
+    """On a GPU with more shared memory per SM than 100 KB (the H200: 228), --smem-per-sm 100
+    leaves one program of the sm_120 row (98 KB with triton 3.6, 82-84 KB with 3.9) per SM,
+    where two fit without it; the JSON records what the driver reports. A subprocess: the load
+    hook stays for the life of the process."""
+    import json
+
+    import torch
+
+    if torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor <= 200 * 1024:
+        pytest.skip("needs a GPU with more than 200 KB of shared memory per SM")
+    out = tmp_path / "r.json"
+    res = subprocess.run(
+        [sys.executable, str(KERNELS / "dsv4_bench.py"), "--variants", "mma", "--sm120-proxy",
+         "--smem-per-sm", "100", "--shapes", "B=8,H=64,topk=512", "--rotate", "1",
+         "--warmup", "0", "--rep", "1", "--out", str(out), "--no-table"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["settings"]["smem_per_sm_kb"] == 100
+    split = [r for r in data["residency"] if r["kernel"] == "_mma_split_kernel"]
+    assert split and all(r["carveout_percent"] == 43 for r in split)
+    # every split build over 50 KB (both rows' are) keeps one program per SM
+    assert all(r["blocks_per_sm"] == 1 for r in split if r["shared"] > 50 * 1024)
 
 
 # --- --phases: ablated copies of the kernel file ----------------------------------------------
