@@ -84,12 +84,17 @@ def stop(found: list[tuple[int, str, str]]) -> None:
 def end_test_processes(test: str, timeout: float = EXIT_WAIT) -> None:
     """For a test's own teardown: stop the holders and warm processes the test `test` started
     that are still there (a warm process still starting up has no socket to be asked on yet)
-    and wait until they are gone."""
-    found = leftovers(test)
-    stop(found)
+    and wait until they are gone. Looked for again until none is left: a warm process's
+    starter forks the real one and exits (cli/warm.py), so the child of a starter that was
+    stopped a moment too late shows up only in a later look (seen under load)."""
     deadline = time.monotonic() + timeout
-    while any(_alive(pid) for pid, _, _ in found) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while True:
+        found = [f for f in leftovers(test) if _alive(f[0])]
+        if not found or time.monotonic() >= deadline:
+            return
+        stop(found)
+        while any(_alive(pid) for pid, _, _ in found) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
