@@ -83,9 +83,19 @@ class AgentTransport(Transport):
             hint=LOST_HINT,
         )
 
-    def _open(self, command: str, doing: str, python: bool = False) -> AgentProcess:
+    def _open(
+        self, command: str, doing: str, python: bool = False, stdin: bytes | None = None
+    ) -> AgentProcess:
+        """Start `command`; with `stdin` (b"" for none) also send that and its end, in the
+        same write as the request (`AgentClient.batch`)."""
         try:
-            return self.client.open(command, python=python)
+            with self.client.batch():
+                process = self.client.open(command, python=python)
+                if stdin is not None:
+                    if stdin:
+                        process.write(stdin)
+                    process.close_stdin()
+            return process
         except ConnectionLostError:
             raise self._lost(doing) from None
 
@@ -97,13 +107,13 @@ class AgentTransport(Transport):
     # --- commands -----------------------------------------------------------------------
     def _run(self, command: str, options: RunOptions) -> CommandResult:
         doing = f"running `{_first_line(command)}`"
-        process = self._open(command, doing)
+        process = self._open(command, doing, stdin=options.stdin or b"")
         return self._finish(process, command, options, doing)
 
     def _finish(
         self, process: AgentProcess, command: str, options: RunOptions, doing: str
     ) -> CommandResult:
-        timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
+        timeout, on_output = options.timeout, options.on_output
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         parts: list[str] = []
 
@@ -116,9 +126,6 @@ class AgentTransport(Transport):
 
         deadline = time.monotonic() + timeout if timeout is not None else None
         try:
-            if stdin:
-                process.write(stdin)
-            process.close_stdin()
             while not process.exited:
                 if interrupt.requested():
                     self._end(process)
@@ -154,8 +161,8 @@ class AgentTransport(Transport):
     def _python(self, module, request: dict | bytes, doing: str) -> CommandResult:
         """Run a hostside script with the agent's interpreter, `request` as its stdin."""
         stdin = request if isinstance(request, bytes) else json.dumps(request).encode("utf-8")
-        process = self._open(script(module), doing, python=True)
-        return self._finish(process, f"python3 {module.__name__}", RunOptions(stdin=stdin), doing)
+        process = self._open(script(module), doing, python=True, stdin=stdin)
+        return self._finish(process, f"python3 {module.__name__}", RunOptions(), doing)
 
     def _answer(self, module, request: dict, doing: str) -> dict:
         """A hostside script's one JSON answer; `TransferError` when it failed."""
@@ -186,13 +193,11 @@ class AgentTransport(Transport):
 
     # --- files down -----------------------------------------------------------------------
     def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
-        process = self._open(script(_sendfiles), "starting a file transfer", python=True)
+        request = json.dumps({"paths": list(paths)}).encode("utf-8")
+        process = self._open(
+            script(_sendfiles), "starting a file transfer", python=True, stdin=request
+        )
         try:
-            try:
-                process.write(json.dumps({"paths": list(paths)}).encode("utf-8"))
-                process.close_stdin()
-            except ConnectionLostError:
-                raise self._lost("starting a file transfer") from None
             reader = _StreamReader(process, self)
             for path in paths:
                 yield path, sendfiles_chunks(reader, path, self.host_name)
