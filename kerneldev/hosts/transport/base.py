@@ -46,6 +46,16 @@ def temp_path(folder: str, name: str) -> str:
     return posixpath.join(folder, f".{temp_stem(name)}{TEMP_MARK}{secrets.token_hex(6)}")
 
 
+def copy_sums(pairs: list[tuple[str, str]], stdout: str) -> dict[str, str | None]:
+    """{destination: sha256} from a copy's `<index> <sha256>` lines (None where none came)."""
+    sums: dict[str, str | None] = {dst: None for _, dst in pairs}
+    for line in stdout.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0].isdigit() and int(fields[0]) < len(pairs):
+            sums[pairs[int(fields[0])][1]] = fields[1]
+    return sums
+
+
 ByteCallback = Callable[[int], None]
 
 # Receives a command's output as it arrives (decoded text chunks), for streaming progress.
@@ -299,12 +309,7 @@ class Transport(abc.ABC):
                 f"copying on {self.host_name} failed: "
                 f"{result.stderr.strip() or f'exit {result.exited}'}"
             )
-        sums: dict[str, str | None] = {dst: None for _, dst in pairs}
-        for line in result.stdout.splitlines():
-            fields = line.split()
-            if len(fields) >= 2 and fields[0].isdigit() and int(fields[0]) < len(pairs):
-                sums[pairs[int(fields[0])][1]] = fields[1]
-        return sums
+        return copy_sums(pairs, result.stdout)
 
     def rename(self, src: str, dst: str) -> None:
         """Rename `src` over `dst` in one step (both in the same folder)."""

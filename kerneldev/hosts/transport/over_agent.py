@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import posixpath
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from kerneldev.hosts.transport.base import (
     RemoteFile,
     RunOptions,
     Transport,
+    copy_sums,
     hash_answer,
     host_scan,
     http_request_text,
@@ -51,8 +53,10 @@ from kerneldev.hosts.transport.base import (
     send_file_records,
     sendfiles_chunks,
     settle_put_reports,
+    temp_path,
 )
 from kerneldev.hosts.transport.hostscripts import script
+from kerneldev.hostside import copyfiles as _copyfiles
 from kerneldev.hostside import fileops as _fileops
 from kerneldev.hostside import hashfiles as _hashfiles
 from kerneldev.hostside import httpprobe as _httpprobe
@@ -334,6 +338,20 @@ class AgentTransport(Transport):
             raise TransferError(
                 f"cannot create folder {path} on {self.host_name}: {answer.get('error')}"
             )
+
+    def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
+        # The shell script's steps in one forked helper (`hostside/copyfiles.py`), not four
+        # programs started per file; the same temporary names, order, renames and sums.
+        if not pairs:
+            return {}
+        items = [[src, temp_path(*posixpath.split(dst)), dst] for src, dst in pairs]
+        result = self._python(_copyfiles, {"items": items}, "copying files on the host")
+        if not result.ok:
+            raise TransferError(
+                f"copying on {self.host_name} failed: "
+                f"{result.stderr.strip() or f'exit {result.exited}'}"
+            )
+        return copy_sums(pairs, result.stdout)
 
     def rename(self, src: str, dst: str) -> None:
         self._fileop({"op": "rename", "src": src, "dst": dst}, dst, "rename onto")

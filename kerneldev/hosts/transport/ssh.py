@@ -554,6 +554,11 @@ class SSHTransport(Transport):
             pass  # a timeout or a dropped connection: what arrived is all that is known
         return parse_reports(data)
 
+    def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
+        if (agent := self._via_agent()) is not None:
+            return agent.copy_on_host(pairs)
+        return super().copy_on_host(pairs)
+
     def rename(self, src: str, dst: str) -> None:
         if (agent := self._via_agent()) is not None:
             return agent.rename(src, dst)
