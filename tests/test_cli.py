@@ -520,3 +520,20 @@ def test_output_that_cannot_be_written_at_the_end_fails_as_before():
         results.append((res.returncode, res.stderr))
     assert results[0] == results[1]
     assert results[0][0] == 120 and b"BrokenPipeError" in results[0][1]
+
+
+def test_prefetch_rich_imports_it_in_the_background_and_prints_nothing():
+    code = (
+        "import sys, threading\n"
+        "from kerneldev.cli.output import prefetch_rich\n"
+        "assert 'rich.text' not in sys.modules\n"
+        "prefetch_rich()\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name == 'prefetch-rich':\n"
+        "        t.join(60)\n"
+        "print('rich.console' in sys.modules and 'rich.text' in sys.modules)\n"
+        "prefetch_rich()\n"
+        "print([t.name for t in threading.enumerate() if t.name == 'prefetch-rich'])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "True\n[]\n", "")

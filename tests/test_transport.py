@@ -357,6 +357,21 @@ def test_http_get_with_nothing_listening(host):
 # --- SSH only ---------------------------------------------------------------------------
 
 
+def test_ssh_calls_while_agent_starts_once_while_the_host_starts_it(
+    sshd_server, tmp_path, isolated_home
+):
+    """`while_agent_starts` runs once, after the agent was asked for and before its HELLO is
+    awaited (the CLI imports rich there, while the host starts its shell and Python)."""
+    transport = open_transport(ssh_host(sshd_server, tmp_path), keep=False)
+    assert isinstance(transport, SSHTransport)
+    calls = []
+    transport.while_agent_starts = lambda: calls.append(transport._agent)
+    with transport:
+        assert transport.run("echo one").stdout == "one\n"
+        assert transport.run("echo two").stdout == "two\n"
+    assert calls == [None]  # once, before the agent's transport existed
+
+
 def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, isolated_home, http_server):
     host = ssh_host(sshd_server, tmp_path)
     root = Path(host.root)

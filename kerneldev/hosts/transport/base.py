@@ -147,6 +147,10 @@ class Transport(abc.ABC):
     """A connection to one host. Use as a context manager; connects lazily on first use."""
 
     host_name: str  # the config's name for the host, for messages
+    # Called once by a transport that starts a host agent, right after asking the host to
+    # start it and before waiting for it: the host's login shell and Python take most of a
+    # one-shot command's wait (0.3-0.6 s measured), time this process would otherwise idle.
+    while_agent_starts: Callable[[], None] | None = None
 
     # --- commands -------------------------------------------------------------------------
     def run(

@@ -189,6 +189,8 @@ class SSHTransport(Transport):
             self.agent_unavailable = f"${TRANSFER_ENV} is {self.transfer_mode}"
             return None
         client, chan = start_agent(self.connection, ["python3", self.host_config.python])
+        if self.while_agent_starts is not None:
+            self.while_agent_starts()
         try:
             client.wait_hello(timeout=3 * self.connection.connect_timeout)
         except (ConnectionLostError, TimeoutError) as err:
