@@ -75,6 +75,9 @@ TOOLS = {
 TOOLS = {
     op: (*tools[:1], "kerneldev-kept", "kerneldev-warm", *tools[1:]) for op, tools in TOOLS.items()
 }
+# With --base: the other tree one-shot and cold, and through its own kept session.
+BASE_TOOLS = ("kerneldev-base", "kerneldev-kept-base")
+KEPT_TOOLS = ("kerneldev-kept", "kerneldev-kept-base")
 # The floor's host-side programs: read every file of a folder to stdout, or read stdin.
 _FLOOR_READ = (
     "import sys,os; o=sys.stdout.buffer; d=sys.argv[1]; "
@@ -146,9 +149,11 @@ class Bench:
     def __init__(self, tmp: Path, kerneldev: str, base: Path | None = None) -> None:
         self.tmp = tmp
         self.kerneldev = kerneldev
-        self.base = base  # another kerneldev source tree, timed as the tool "kerneldev-base"
+        # another kerneldev source tree, timed as the tools "kerneldev-base" (one-shot, cold)
+        # and "kerneldev-kept-base" (through its own kept session and warm process)
+        self.base = base
         self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept", "kerneldev-warm")
-        self.own += ("kerneldev-base",) if base else ()
+        self.own += BASE_TOOLS if base else ()
         self.server = start_sshd(tmp / "sshd")
         self.proxy = DelayProxy(self.server.port)
         self.home = tmp / "home"
@@ -208,10 +213,11 @@ class Bench:
                 ("kerneldev", f"c{case}"),
                 ("kerneldev-base", f"b{case}"),
                 ("kerneldev-kept", f"k{case}"),
+                ("kerneldev-kept-base", f"kb{case}"),
                 ("kerneldev-warm", f"w{case}"),
             ):
                 if tool in self.own:
-                    (kept_hosts if tool == "kerneldev-kept" else hosts).append(
+                    (kept_hosts if tool in KEPT_TOOLS else hosts).append(
                         f"  {name}:\n    hostname: {_alias(case)}\n"
                         f"    root: {self.remote(case, tool)}\n"
                         f"    workspace: {self.local(case, tool)}\n    files: {files}\n"
@@ -258,10 +264,11 @@ class Bench:
         remote = f"{_alias(case)}:" + str(self.remote(case, "rsync" if tool == "rsync-c" else tool))
         verb = op.split("_")[0]
         ssh = f"ssh -F {self.ssh_config}"
-        if tool in ("kerneldev", "kerneldev-base", "kerneldev-kept", "kerneldev-warm"):
+        if tool in ("kerneldev", "kerneldev-warm", *KEPT_TOOLS, *BASE_TOOLS):
             extra = ["--no-import-check"] if verb == "push" else []
             extra += ["--no-keep"] if tool == "kerneldev-warm" else []
             letter = {"kerneldev": "c", "kerneldev-base": "b", "kerneldev-kept": "k"}
+            letter["kerneldev-kept-base"] = "kb"
             name = {**letter, "kerneldev-warm": "w"}[tool] + case
             return [self.kerneldev, verb, "--host", name, *extra]
         if tool in ("rsync", "rsync-c"):
@@ -298,6 +305,8 @@ class Bench:
             env = {**env, "PYTHONPATH": str(self.base)}
         if tool == "kerneldev-kept":
             env = self.kept_env
+        if tool == "kerneldev-kept-base":
+            env = {**self.kept_env, "PYTHONPATH": str(self.base)}
         if tool == "kerneldev-warm":
             env = self.warm_env
         feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
@@ -324,19 +333,33 @@ class Bench:
     def close(self) -> None:
         stop = [self.kerneldev, "session", "stop", "--all"]
         subprocess.run(stop, env=self.kept_env, capture_output=True)
+        if self.base:
+            base_env = {**self.kept_env, "PYTHONPATH": str(self.base)}
+            subprocess.run(stop, env=base_env, capture_output=True)
         self.proxy.close()
         self.server.stop()
 
 
 def _wait_for_warm(bench: Bench, timeout: float = 60.0) -> None:
-    """Until the warm process the warm-up's kept pull started listens (its imports take a
-    while), so no timed sample of the warm tool is a fallback that runs cold."""
+    """Until the warm processes the warm-up's kept pulls started listen (its imports take a
+    while; one per kerneldev tree), so no timed sample of the warm or kept tools is a
+    fallback that runs cold."""
     from kerneldev.cli import warm_client
 
-    folder = Path(warm_client.socket_folder() or "/nonexistent")  # the same $XDG_RUNTIME_DIR
+    # Each tree's own socket (another checkout's warm process may listen in the same folder).
+    ask = "from kerneldev.cli import warm_client; print(warm_client.socket_path())"
+    envs = [bench.kept_env] + (
+        [{**bench.kept_env, "PYTHONPATH": str(bench.base)}] if bench.base else []
+    )
+    paths = [
+        subprocess.run(
+            [sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for env in envs
+    ]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if any(warm_client.listening(str(p)) for p in folder.glob("warm-*.sock")):
+        if all(warm_client.listening(path) for path in paths):
             return
         time.sleep(0.5)
     print("no warm process listens: kerneldev-warm runs cold", file=sys.stderr)
@@ -477,7 +500,7 @@ def main() -> int:
         for r in range(args.runs):
             for case in cases:
                 for op in ops:
-                    tools = list(TOOLS[op]) + (["kerneldev-base"] if args.base else [])
+                    tools = list(TOOLS[op]) + (list(BASE_TOOLS) if args.base else [])
                     tools = tools[r % len(tools) :] + tools[: r % len(tools)]
                     for tool in tools:
                         bench.prepare(case, op, tool)
@@ -500,7 +523,7 @@ def main() -> int:
     for case in cases:
         for op in ops:
             entry = {"case": case, "op": op}
-            for tool in TOOLS[op] + (("kerneldev-base",) if args.base else ()):
+            for tool in TOOLS[op] + (BASE_TOOLS if args.base else ()):
                 entry[tool] = _stats(times[(case, op, tool)])
             entry["ratio_vs_rsync"] = entry["kerneldev"]["median"] / entry["rsync"]["median"]
             if "floor" in entry:
@@ -515,6 +538,9 @@ def main() -> int:
             if args.base:
                 base = entry["kerneldev-base"]["median"]
                 entry["base_ratio_vs_rsync"] = base / entry["rsync"]["median"]
+                entry["base_ratio_vs_floor"] = base / entry["floor"]["median"]
+                kept = entry["kerneldev-kept-base"]["median"]
+                entry["kept_base_ratio_vs_rsync"] = kept / entry["rsync"]["median"]
             rows.append(entry)
     result = {
         "label": args.label,
@@ -573,6 +599,12 @@ def render(result: dict) -> str:
             + (
                 f" kept {cell(row['kerneldev-kept'])} ({row['kept_ratio_vs_rsync']:.2f}x)"
                 if "kerneldev-kept" in row
+                else ""
+            )
+            + (
+                f" kept-base {cell(row['kerneldev-kept-base'])} "
+                f"({row['kept_base_ratio_vs_rsync']:.2f}x)"
+                if "kerneldev-kept-base" in row
                 else ""
             )
             + (

@@ -3,7 +3,9 @@ with stdin and its EOF, signals), and nothing left on the host when the connecti
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -11,7 +13,19 @@ import time
 import pytest
 
 from kerneldev.errors import ConnectionLostError
-from kerneldev.hosts.transport.ssh import start_agent
+from kerneldev.hosts.transport.agent_client import (
+    EXIT,
+    HELLO,
+    MAGIC,
+    OPEN,
+    STDIN,
+    STDOUT,
+    AgentClient,
+)
+from kerneldev.hosts.transport.over_agent import AgentTransport
+from kerneldev.hosts.transport.session import wire
+from kerneldev.hosts.transport.session.relay import AgentLink, Client, Relay
+from kerneldev.hosts.transport.ssh import agent_channel, start_agent
 from kerneldev.hosts.transport.ssh_connection import SSHConnection
 from tests.faults import process_gone
 from tests.sshutil import kill_sshd_and_sessions, ssh_host
@@ -161,3 +175,81 @@ def test_python_errors_and_exit_codes_read_as_python_c_would(agent):
         assert process.wait(30) == 1 and "ValueError: bad" in process.stderr_text()
     status, _, err = agent.run("def (", python=True)
     assert status != 0 and "SyntaxError" in err
+
+
+# --- one write per request ---------------------------------------------------------------
+
+
+def test_a_request_its_stdin_and_its_end_go_in_one_write(sshd_server, tmp_path, isolated_home):
+    """`AgentClient.batch`: OPEN, STDIN and the EOF as one write (one SSH packet), and a
+    transport's hash request the same; the agent answers them as before."""
+    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
+    chan = agent_channel(connection, ["python3", sys.executable])
+    writes: list[bytes] = []
+
+    def write(data: bytes) -> None:
+        writes.append(data)
+        chan.sendall(data)
+
+    client = AgentClient(chan.recv, write, shutdown=chan.shutdown_write)
+    try:
+        client.wait_hello(30)
+        with client.batch():
+            process = client.open("cat")
+            process.write(b"piped")
+            process.close_stdin()
+        assert len(writes) == 1
+        assert process.wait(30) == 0 and b"".join(process.iter_stdout()) == b"piped"
+        (tmp_path / "root").mkdir()
+        (tmp_path / "root" / "a.py").write_text("x = 1\n")
+        transport = AgentTransport(client, None, "h")
+        writes.clear()
+        files, unmatched = transport.hash_files(str(tmp_path / "root"), ["*.py"])
+        assert len(writes) == 1 and [f.path for f in files] == ["a.py"] and unmatched == []
+    finally:
+        client.close()
+        connection.close()
+
+
+def test_the_holders_relay_passes_frames_that_came_together_in_one_write(
+    sshd_server, tmp_path, isolated_home
+):
+    """A client's OPEN, STDIN and EOF written together reach the agent in one write of the
+    relay (ids remapped), and the client gets its output and EXIT under its own id."""
+    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
+    chan = agent_channel(connection, ["python3", sys.executable])
+    seen = b""
+    while MAGIC not in seen:
+        block = chan.recv(4096)
+        assert block, "the agent did not start"
+        seen += block
+    writes: list[bytes] = []
+
+    def write(data: bytes) -> None:
+        writes.append(data)
+        chan.sendall(data)
+
+    reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
+    link = AgentLink(reader.read, write, chan.close, {})
+    assert link.read_frame()[0] == HELLO
+    relay = Relay(link, refresh=lambda: None, on_failed=lambda err: None)
+    ours, theirs = socket.socketpair()
+    served = threading.Thread(target=relay.serve, args=(Client(theirs, 0), lambda: None))
+    served.start()
+    try:
+        ours.sendall(
+            wire.frame(OPEN, 7, json.dumps({"command": "cat"}).encode())
+            + wire.frame(STDIN, 7, b"relayed")
+            + wire.frame(STDIN, 7, b"")
+        )
+        got = []
+        while not got or got[-1][0] != EXIT:
+            got.append(wire.read_frame(ours.recv))
+        assert len(writes) == 1 and writes[0].count(b"relayed") == 1
+        assert {rid for _, rid, _ in got} == {7}
+        assert b"".join(p for kind, _, p in got if kind == STDOUT) == b"relayed"
+    finally:
+        ours.close()
+        served.join(30)
+        link.close()
+        connection.close()

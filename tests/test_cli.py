@@ -475,3 +475,65 @@ def test_a_background_thread_dying_on_a_cut_connection_prints_no_traceback():
     assert res.stderr.strip().splitlines() == [
         "kerneldev: error in background thread Thread-8 (x): ValueError('boom')"
     ]
+
+
+def test_a_command_ends_as_the_interpreter_would_without_its_teardown():
+    """The console script ends a command with `exit_without_teardown`: non-daemon threads
+    are waited for, atexit functions run, buffered output is written, in CPython's order, and
+    the exit status is the command's."""
+    code = (
+        "import atexit, sys, threading, time\n"
+        "from kerneldev.cli.entry import exit_without_teardown\n"
+        "atexit.register(lambda: print('atexit', flush=True))\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), print('thread'))).start()\n"
+        "sys.stdout.write('buffered ')\n"
+        "sys.stderr.write('err')\n"
+        "exit_without_teardown(3)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (3, "buffered thread\natexit\n", "err")
+
+
+def test_output_that_cannot_be_written_at_the_end_fails_as_before():
+    """A reader gone before the last output was flushed (`| head`): the same report and exit
+    status (120) as the interpreter's own exit gives."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # stdout buffered
+    ends = (
+        "sys.exit(0)",
+        "from kerneldev.cli.entry import exit_without_teardown\nexit_without_teardown(0)",
+    )
+    results = []
+    for end in ends:
+        read, write = os.pipe()
+        os.close(read)
+        code = f"import sys\nsys.stdout.write('x' * 100)\n{end}\n"
+        try:
+            res = subprocess.run(
+                [sys.executable, "-c", code],
+                stdout=write,
+                stderr=subprocess.PIPE,
+                env=env,
+                timeout=60,
+            )
+        finally:
+            os.close(write)
+        results.append((res.returncode, res.stderr))
+    assert results[0] == results[1]
+    assert results[0][0] == 120 and b"BrokenPipeError" in results[0][1]
+
+
+def test_prefetch_rich_imports_it_in_the_background_and_prints_nothing():
+    code = (
+        "import sys, threading\n"
+        "from kerneldev.cli.output import prefetch_rich\n"
+        "assert 'rich.text' not in sys.modules\n"
+        "prefetch_rich()\n"
+        "for t in threading.enumerate():\n"
+        "    if t.name == 'prefetch-rich':\n"
+        "        t.join(60)\n"
+        "print('rich.console' in sys.modules and 'rich.text' in sys.modules)\n"
+        "prefetch_rich()\n"
+        "print([t.name for t in threading.enumerate() if t.name == 'prefetch-rich'])\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (res.returncode, res.stdout, res.stderr) == (0, "True\n[]\n", "")

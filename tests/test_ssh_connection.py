@@ -16,7 +16,7 @@ from paramiko.hostkeys import HostKeys
 
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
 from kerneldev.hosts.transport.ssh import SSHTransport, parse_jump
-from kerneldev.hosts.transport.ssh_connection import SSHConnection
+from kerneldev.hosts.transport.ssh_connection import QuickAckSocket, SSHConnection
 from kerneldev.sandbox.host import free_port, keygen
 from tests.sshutil import (
     kill_sshd_and_sessions,
@@ -131,6 +131,30 @@ def test_the_dialled_socket_sends_small_packets_at_once(sshd_server, tmp_path):
         assert SSHTransport(connection).run("true").ok
     finally:
         connection.close()
+
+
+def test_the_dialled_socket_acknowledges_what_it_reads_at_once(sshd_server, tmp_path):
+    """TCP_QUICKACK re-armed after every read: sshd's channel-open confirmation is not held
+    back by Nagle's algorithm until our delayed ACK (~40 ms per one-shot command)."""
+    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
+    try:
+        sock = connection.transport().sock
+        assert isinstance(sock, QuickAckSocket)
+        assert SSHTransport(connection).run("true").ok
+    finally:
+        connection.close()
+    # What `recv` does, on a plain TCP pair: quick-ACK mode is on after each read (Linux
+    # reports it through getsockopt), whatever the kernel's own choice was before it.
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        plain = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        with peer, QuickAckSocket.wrap(plain) as quick:
+            for _ in range(3):
+                quick.sendall(b"request")
+                assert peer.recv(16) == b"request"
+                peer.sendall(b"answer")
+                assert quick.recv(16) == b"answer"
+                assert quick.getsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK) == 1
 
 
 def test_users_own_known_hosts_is_read(sshd_server, tmp_path, _home):

@@ -276,6 +276,37 @@ def test_write_atomic_failure_leaves_no_temp_file(host):
     assert (target / "keep").read_text() == "x"
 
 
+def test_copy_on_host_keeps_bytes_mode_times_and_owner_and_hashes_each_copy(host):
+    """`copy_on_host` (a push's backups, a rollback's restore): the shell script's
+    `mkdir -p`, `cp -p`, `mv -f` and `sha256sum` on a host without the agent, one forked
+    helper through it: the same copies, sums and temporary-file hygiene either way."""
+    t, root = host
+    (root / "src").mkdir()
+    data = {name: (name * 50).encode("utf-8") for name in HOSTILE_NAMES}
+    for i, (name, body) in enumerate(data.items()):
+        (root / "src" / name).write_bytes(body)
+        os.chmod(root / "src" / name, 0o640 + i % 2)
+        os.utime(root / "src" / name, ns=(1_600_000_000_123_456_789, 1_500_000_000_987_654_321))
+    pairs = [(str(root / "src" / n), str(root / "backup" / "deep" / n)) for n in data]
+    sums = t.copy_on_host(pairs)
+    assert sums == {dst: sha(data[os.path.basename(dst)]) for _, dst in pairs}
+    for src, dst in pairs:
+        a, b = os.stat(src), os.stat(dst)
+        assert Path(dst).read_bytes() == Path(src).read_bytes()
+        assert (b.st_mode, b.st_uid, b.st_gid) == (a.st_mode, a.st_uid, a.st_gid)
+        assert b.st_mtime_ns == a.st_mtime_ns
+    assert sorted(os.listdir(root / "backup" / "deep")) == sorted(data)  # no temporary files
+    # A missing source fails the call; what came before it is copied, nothing is left half.
+    missing = [
+        (pairs[0][0], str(root / "again" / "a")),
+        (str(root / "nope"), str(root / "again" / "b")),
+    ]
+    with pytest.raises(TransferError, match="copying on"):
+        t.copy_on_host(missing)
+    assert os.listdir(root / "again") == ["a"]
+    assert t.copy_on_host([]) == {}
+
+
 def test_exists_mkdirs_remove(host):
     t, root = host
     tree = root / "backups" / "d1" / "python"
@@ -324,6 +355,21 @@ def test_http_get_with_nothing_listening(host):
 
 
 # --- SSH only ---------------------------------------------------------------------------
+
+
+def test_ssh_calls_while_agent_starts_once_while_the_host_starts_it(
+    sshd_server, tmp_path, isolated_home
+):
+    """`while_agent_starts` runs once, after the agent was asked for and before its HELLO is
+    awaited (the CLI imports rich there, while the host starts its shell and Python)."""
+    transport = open_transport(ssh_host(sshd_server, tmp_path), keep=False)
+    assert isinstance(transport, SSHTransport)
+    calls = []
+    transport.while_agent_starts = lambda: calls.append(transport._agent)
+    with transport:
+        assert transport.run("echo one").stdout == "one\n"
+        assert transport.run("echo two").stdout == "two\n"
+    assert calls == [None]  # once, before the agent's transport existed
 
 
 def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, isolated_home, http_server):

@@ -12,8 +12,11 @@ pipe it prints plain aligned columns, one row per line, for `grep` and `awk`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import sys
+import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -59,6 +62,21 @@ def _say(lead: str, style: str | None, message: str) -> None:
     if style and lead:
         rendered.stylize(style, 0, len(lead))
     console.print(rendered, soft_wrap=True, highlight=False)
+
+
+def prefetch_rich() -> None:
+    """Import what the messages and consoles print with (rich's console and text, ~50 ms) in a
+    background thread, for a command that will print while the host is still starting its
+    agent: imported then, it is not paid after the host's answer. Nothing is printed."""
+    if "rich.text" in sys.modules:
+        return
+
+    def load() -> None:
+        with contextlib.suppress(Exception):  # the printing path imports it again, and says why
+            import rich.console
+            import rich.text  # noqa: F401
+
+    threading.Thread(target=load, name="prefetch-rich", daemon=True).start()
 
 
 def fit_lines(text: str, width: int) -> str:

@@ -80,8 +80,15 @@ def _progress(verb: str):
     )
 
 
-def _open(host: HostConfig):
-    return open_transport(host)
+def _open(host: HostConfig, *, prints: bool = False):
+    """The host's transport. `prints`: the command ends with a message (pull, push), which is
+    printed through rich, as is everything on a terminal; rich is then imported while a
+    one-shot connection's host starts its agent (`Transport.while_agent_starts`), not after."""
+    transport = open_transport(host)
+    env = environment.current()
+    if prints or env.stdout_isatty or env.stderr_isatty:
+        transport.while_agent_starts = output.prefetch_rich
+    return transport
 
 
 def _no_keep(no_keep: bool):
@@ -187,7 +194,7 @@ def pull_command(
             f"--from {from_host}: not the host this pull works on ({host.name})",
             hint="--from picks the reference host of a group (--host GROUP)",
         )
-    with _open(host) as transport:
+    with _open(host, prints=True) as transport:
         result = sync.pull(transport, host, paths, force=force, on_progress=_progress("pulling"))
     # The workspace now knows its config: kerneldev run inside it finds both.
     try:
@@ -328,7 +335,7 @@ def push_command(
     host = hosts[0]
     if restart and not dry_run:
         require_service(host.service, host.name)  # fail before deploying, not after
-    with _open(host) as transport:
+    with _open(host, prints=True) as transport:
         if dry_run:
             result = sync.push(
                 transport, host, paths, force=force, dry_run=True, create_root=create_root

@@ -15,6 +15,7 @@ before its first frame (HELLO) so that what a login shell printed first can be s
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import struct
 import threading
@@ -193,6 +194,7 @@ class AgentClient:
         self._write = write
         self._shutdown = shutdown
         self._send_lock = threading.Lock()
+        self._held = threading.local()  # `frames`: what this thread's `batch()` holds back
         self._lock = threading.Lock()
         self._requests: dict[int, AgentProcess] = {}
         self._next_id = 1
@@ -246,6 +248,25 @@ class AgentClient:
                 pass
 
     # --- requests -----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The frames this thread sends inside the block are written together when it ends:
+        a request's OPEN, its stdin and its end as one write, so one SSH packet (and one read
+        of sshd, of the agent and of a session holder's relay) where three cost up to 16 ms
+        more under load (docs/benchmarks.md, issue 23). Nothing is written when the block
+        raises: the caller gives that request up."""
+        if getattr(self._held, "frames", None) is not None:
+            yield  # inside another batch: that one writes
+            return
+        self._held.frames = []
+        try:
+            yield
+            frames = self._held.frames
+        finally:
+            self._held.frames = None
+        if frames:
+            self._write_frame(b"".join(frames))
+
     def open(self, command: str, python: bool = False, fresh: bool = False) -> AgentProcess:
         """Start `command` on the host (`/bin/sh -c`, or with `python` a hostside script's
         source run by the agent's interpreter: in a fork of the agent, or with `fresh` in a new
@@ -310,6 +331,15 @@ class AgentClient:
     # --- the stream ---------------------------------------------------------------------
     def _send(self, kind: int, rid: int, payload: bytes) -> None:
         frame = HEADER.pack(len(payload), rid, kind) + payload
+        held = getattr(self._held, "frames", None)
+        if held is not None:
+            if self._lost is not None:
+                raise self._lost_error("sending")
+            held.append(frame)
+            return
+        self._write_frame(frame)
+
+    def _write_frame(self, frame: bytes) -> None:
         with self._send_lock:
             if self._lost is not None:
                 raise self._lost_error("sending")

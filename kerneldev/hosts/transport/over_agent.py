@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import posixpath
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ from kerneldev.hosts.transport.base import (
     RemoteFile,
     RunOptions,
     Transport,
+    copy_sums,
     hash_answer,
     host_scan,
     http_request_text,
@@ -51,8 +53,10 @@ from kerneldev.hosts.transport.base import (
     send_file_records,
     sendfiles_chunks,
     settle_put_reports,
+    temp_path,
 )
 from kerneldev.hosts.transport.hostscripts import script
+from kerneldev.hostside import copyfiles as _copyfiles
 from kerneldev.hostside import fileops as _fileops
 from kerneldev.hostside import hashfiles as _hashfiles
 from kerneldev.hostside import httpprobe as _httpprobe
@@ -83,9 +87,19 @@ class AgentTransport(Transport):
             hint=LOST_HINT,
         )
 
-    def _open(self, command: str, doing: str, python: bool = False) -> AgentProcess:
+    def _open(
+        self, command: str, doing: str, python: bool = False, stdin: bytes | None = None
+    ) -> AgentProcess:
+        """Start `command`; with `stdin` (b"" for none) also send that and its end, in the
+        same write as the request (`AgentClient.batch`)."""
         try:
-            return self.client.open(command, python=python)
+            with self.client.batch():
+                process = self.client.open(command, python=python)
+                if stdin is not None:
+                    if stdin:
+                        process.write(stdin)
+                    process.close_stdin()
+            return process
         except ConnectionLostError:
             raise self._lost(doing) from None
 
@@ -97,13 +111,13 @@ class AgentTransport(Transport):
     # --- commands -----------------------------------------------------------------------
     def _run(self, command: str, options: RunOptions) -> CommandResult:
         doing = f"running `{_first_line(command)}`"
-        process = self._open(command, doing)
+        process = self._open(command, doing, stdin=options.stdin or b"")
         return self._finish(process, command, options, doing)
 
     def _finish(
         self, process: AgentProcess, command: str, options: RunOptions, doing: str
     ) -> CommandResult:
-        timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
+        timeout, on_output = options.timeout, options.on_output
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         parts: list[str] = []
 
@@ -116,9 +130,6 @@ class AgentTransport(Transport):
 
         deadline = time.monotonic() + timeout if timeout is not None else None
         try:
-            if stdin:
-                process.write(stdin)
-            process.close_stdin()
             while not process.exited:
                 if interrupt.requested():
                     self._end(process)
@@ -154,8 +165,8 @@ class AgentTransport(Transport):
     def _python(self, module, request: dict | bytes, doing: str) -> CommandResult:
         """Run a hostside script with the agent's interpreter, `request` as its stdin."""
         stdin = request if isinstance(request, bytes) else json.dumps(request).encode("utf-8")
-        process = self._open(script(module), doing, python=True)
-        return self._finish(process, f"python3 {module.__name__}", RunOptions(stdin=stdin), doing)
+        process = self._open(script(module), doing, python=True, stdin=stdin)
+        return self._finish(process, f"python3 {module.__name__}", RunOptions(), doing)
 
     def _answer(self, module, request: dict, doing: str) -> dict:
         """A hostside script's one JSON answer; `TransferError` when it failed."""
@@ -186,13 +197,11 @@ class AgentTransport(Transport):
 
     # --- files down -----------------------------------------------------------------------
     def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:
-        process = self._open(script(_sendfiles), "starting a file transfer", python=True)
+        request = json.dumps({"paths": list(paths)}).encode("utf-8")
+        process = self._open(
+            script(_sendfiles), "starting a file transfer", python=True, stdin=request
+        )
         try:
-            try:
-                process.write(json.dumps({"paths": list(paths)}).encode("utf-8"))
-                process.close_stdin()
-            except ConnectionLostError:
-                raise self._lost("starting a file transfer") from None
             reader = _StreamReader(process, self)
             for path in paths:
                 yield path, sendfiles_chunks(reader, path, self.host_name)
@@ -329,6 +338,20 @@ class AgentTransport(Transport):
             raise TransferError(
                 f"cannot create folder {path} on {self.host_name}: {answer.get('error')}"
             )
+
+    def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
+        # The shell script's steps in one forked helper (`hostside/copyfiles.py`), not four
+        # programs started per file; the same temporary names, order, renames and sums.
+        if not pairs:
+            return {}
+        items = [[src, temp_path(*posixpath.split(dst)), dst] for src, dst in pairs]
+        result = self._python(_copyfiles, {"items": items}, "copying files on the host")
+        if not result.ok:
+            raise TransferError(
+                f"copying on {self.host_name} failed: "
+                f"{result.stderr.strip() or f'exit {result.exited}'}"
+            )
+        return copy_sums(pairs, result.stdout)
 
     def rename(self, src: str, dst: str) -> None:
         self._fileop({"op": "rename", "src": src, "dst": dst}, dst, "rename onto")

@@ -189,6 +189,8 @@ class SSHTransport(Transport):
             self.agent_unavailable = f"${TRANSFER_ENV} is {self.transfer_mode}"
             return None
         client, chan = start_agent(self.connection, ["python3", self.host_config.python])
+        if self.while_agent_starts is not None:
+            self.while_agent_starts()
         try:
             client.wait_hello(timeout=3 * self.connection.connect_timeout)
         except (ConnectionLostError, TimeoutError) as err:
@@ -553,6 +555,11 @@ class SSHTransport(Transport):
         except (paramiko.SSHException, EOFError, OSError):
             pass  # a timeout or a dropped connection: what arrived is all that is known
         return parse_reports(data)
+
+    def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
+        if (agent := self._via_agent()) is not None:
+            return agent.copy_on_host(pairs)
+        return super().copy_on_host(pairs)
 
     def rename(self, src: str, dst: str) -> None:
         if (agent := self._via_agent()) is not None:

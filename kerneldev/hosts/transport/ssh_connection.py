@@ -45,6 +45,34 @@ DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 _MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
 
+class QuickAckSocket(socket.socket):
+    """The dialled socket, acknowledging what it reads at once (TCP_QUICKACK after each read).
+
+    sshd leaves Nagle's algorithm on for a session without a terminal: a small packet it
+    writes waits for our ACK of the one before, and Linux delays that ACK by up to 40 ms
+    while it expects to send it with data of ours. Right after authentication sshd writes
+    two packets unasked (its host keys, and more) and then the confirmation of our channel
+    open, on which our exec request waits: ~40 ms of every one-shot command (and of every
+    holder's start and reconnect) went there, measured with strace on both sides
+    (docs/benchmarks.md, issue 23, 2026-12-02). Linux drops quick-ACK mode again on its own,
+    so it is re-armed after every read; paramiko reads only through `recv`."""
+
+    @classmethod
+    def wrap(cls, sock: socket.socket) -> socket.socket:
+        if not hasattr(socket, "TCP_QUICKACK"):
+            return sock  # not Linux: its delayed ACKs are another matter
+        timeout = sock.gettimeout()
+        quick = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        quick.settimeout(timeout)
+        return quick
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        with contextlib.suppress(OSError):
+            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        return data
+
+
 @dataclass(frozen=True)
 class SSHTarget:
     """Where and as whom to connect, after hosts.yaml and ssh_config are combined."""
@@ -295,7 +323,7 @@ class SSHConnection:
         # answer yet) delays by ~40 ms: measured on a kept no-op on loopback (2026-12-02).
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
+        return QuickAckSocket.wrap(sock)
 
     def _channel_to(self, via: paramiko.Transport, target: SSHTarget, jump_host: str | None = None):
         try:

@@ -106,6 +106,31 @@ class Prefixed:
             return b""
 
 
+class Buffered:
+    """`read(n)` over a socket's `recv`, taking whatever has arrived (up to 64 KiB) at once,
+    so that `frame_ready()` can tell whether a whole frame is already here."""
+
+    def __init__(self, recv: Callable[[int], bytes]) -> None:
+        self._recv = recv
+        self._buffer = bytearray()
+
+    def read(self, n: int) -> bytes:
+        if not self._buffer:
+            data = self._recv(max(n, 1 << 16))
+            if not data:
+                return b""
+            self._buffer += data
+        out = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return out
+
+    def frame_ready(self) -> bool:
+        if len(self._buffer) < HEADER.size:
+            return False
+        length = HEADER.unpack_from(self._buffer)[0]
+        return len(self._buffer) >= HEADER.size + length
+
+
 def read_exact(read: Callable[[int], bytes], n: int) -> bytes | None:
     """Exactly `n` bytes from `read`, or None at EOF before them."""
     parts = []
