@@ -490,8 +490,7 @@ def test_a_command_ends_as_the_interpreter_would_without_its_teardown():
         "sys.stderr.write('err')\n"
         "exit_without_teardown(3)\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert (res.returncode, res.stdout, res.stderr) == (3, "buffered thread\natexit\n", "err")
+    assert _python(code) == (3, "buffered thread\natexit\n", "err")
 
 
 def test_output_that_cannot_be_written_at_the_end_fails_as_before():
@@ -535,5 +534,10 @@ def test_prefetch_rich_imports_it_in_the_background_and_prints_nothing():
         "prefetch_rich()\n"
         "print([t.name for t in threading.enumerate() if t.name == 'prefetch-rich'])\n"
     )
+    assert _python(code) == (0, "True\n[]\n", "")
+
+
+def _python(code: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `code` in a fresh interpreter."""
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert (res.returncode, res.stdout, res.stderr) == (0, "True\n[]\n", "")
+    return res.returncode, res.stdout, res.stderr

@@ -46,10 +46,17 @@ def temp_path(folder: str, name: str) -> str:
     return posixpath.join(folder, f".{temp_stem(name)}{TEMP_MARK}{secrets.token_hex(6)}")
 
 
-def copy_sums(pairs: list[tuple[str, str]], stdout: str) -> dict[str, str | None]:
-    """{destination: sha256} from a copy's `<index> <sha256>` lines (None where none came)."""
+def copy_sums(
+    host_name: str, pairs: list[tuple[str, str]], result: CommandResult
+) -> dict[str, str | None]:
+    """{destination: sha256} from a copy's `<index> <sha256>` lines (None where none came);
+    a failed copy raises `TransferError` with the host's words."""
+    if not result.ok:
+        raise TransferError(
+            f"copying on {host_name} failed: {result.stderr.strip() or f'exit {result.exited}'}"
+        )
     sums: dict[str, str | None] = {dst: None for _, dst in pairs}
-    for line in stdout.splitlines():
+    for line in result.stdout.splitlines():
         fields = line.split()
         if len(fields) >= 2 and fields[0].isdigit() and int(fields[0]) < len(pairs):
             sums[pairs[int(fields[0])][1]] = fields[1]
@@ -308,12 +315,7 @@ class Transport(abc.ABC):
             )
         # The script goes in on stdin: hundreds of files would pass sshd's command length.
         result = self.run("sh -s", stdin=("\n".join(lines) + "\n").encode("utf-8"))
-        if not result.ok:
-            raise TransferError(
-                f"copying on {self.host_name} failed: "
-                f"{result.stderr.strip() or f'exit {result.exited}'}"
-            )
-        return copy_sums(pairs, result.stdout)
+        return copy_sums(self.host_name, pairs, result)
 
     def rename(self, src: str, dst: str) -> None:
         """Rename `src` over `dst` in one step (both in the same folder)."""

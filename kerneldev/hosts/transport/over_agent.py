@@ -346,12 +346,7 @@ class AgentTransport(Transport):
             return {}
         items = [[src, temp_path(*posixpath.split(dst)), dst] for src, dst in pairs]
         result = self._python(_copyfiles, {"items": items}, "copying files on the host")
-        if not result.ok:
-            raise TransferError(
-                f"copying on {self.host_name} failed: "
-                f"{result.stderr.strip() or f'exit {result.exited}'}"
-            )
-        return copy_sums(pairs, result.stdout)
+        return copy_sums(self.host_name, pairs, result)
 
     def rename(self, src: str, dst: str) -> None:
         self._fileop({"op": "rename", "src": src, "dst": dst}, dst, "rename onto")
