@@ -230,16 +230,18 @@ def snapshot(
     patterns = hash_patterns(host, selected)
     found, root_exists, held = None, None, None
     hashed: dict[str, LocalFile | None] = {}
-    matched: set[str] | None = None
-    side = None
-    if lock is not None and leftovers:
-        # Every workspace file the snapshot can hold (more only keeps the lock longer).
-        matched, hashed = _workspace_side(host, state, selected)
-        request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
-    else:
-        # No lock part: the workspace is read while the host hashes its side.
-        request, side = None, _Background(_workspace_side, host, state, selected)
     if leftovers:
+        request = None
+        if lock is not None:
+            # Every workspace file the snapshot can hold (more only keeps the lock longer).
+            if selected is not None:
+                candidates = set(selected)
+            else:
+                candidates = {p for p in state.files if is_configured(host, p)}
+                candidates |= workspace_matches(host.workspace, host.files)
+                candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
+            hashed = {p: local_file(host.workspace, p) for p in sorted(candidates)}
+            request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
         scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
         live_files, root_exists, held = scan.files, scan.root_exists, scan.lock
         found = leftovers_in(scan.found, host.root)
@@ -249,15 +251,13 @@ def snapshot(
             return Snapshot([], {}, {}, state, found, root_exists, held)
     else:
         live_files, _ = transport.hash_files(host.root, patterns)
-    if side is not None:
-        matched, hashed = side.result()
     live = {f.path: f for f in live_files}
     if selected is not None:
         paths = set(selected)  # a named file that is missing live shows up as missing-live
     else:
         paths = set(live)
         paths |= {p for p in state.files if is_configured(host, p)}
-        paths |= matched if matched is not None else workspace_matches(host.workspace, host.files)
+        paths |= workspace_matches(host.workspace, host.files)
         empty = [p for p in host.files if is_glob(p) and not any(path_matches(x, p) for x in paths)]
         if empty or (not paths and not _root_exists(transport, host, root_exists)):
             # Nothing anywhere: a typo in `files`, or in `root` (named when that is the cause).
@@ -268,47 +268,6 @@ def snapshot(
     ordered = sorted(paths)
     local = {p: hashed[p] if p in hashed else local_file(host.workspace, p) for p in ordered}
     return Snapshot(ordered, live, local, state, found, root_exists, held)
-
-
-def _workspace_side(
-    host: HostConfig, state: State, selected: list[str] | None
-) -> tuple[set[str] | None, dict[str, LocalFile | None]]:
-    """The workspace files the configured patterns match (None with `selected`) and every
-    workspace file the snapshot can hold, hashed (None: not there)."""
-    if selected is not None:
-        matched, candidates = None, set(selected)
-    else:
-        matched = workspace_matches(host.workspace, host.files)
-        candidates = {p for p in state.files if is_configured(host, p)} | matched
-        candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
-    return matched, {p: local_file(host.workspace, p) for p in sorted(candidates)}
-
-
-class _Background:
-    """`fn(*args)` in a daemon thread; `result()` joins it. Whatever goes wrong there (an
-    error, an interrupt, a thread that cannot start) is dropped and `fn` runs again in the
-    caller, so its errors come where and as they would have without the thread."""
-
-    def __init__(self, fn: Callable, *args) -> None:
-        import threading
-
-        self.fn, self.args, self.value, self.ok = fn, args, None, False
-        self.thread: threading.Thread | None = threading.Thread(target=self._run, daemon=True)
-        try:
-            self.thread.start()
-        except RuntimeError:
-            self.thread = None
-
-    def _run(self) -> None:
-        try:
-            self.value, self.ok = self.fn(*self.args), True
-        except BaseException:  # noqa: BLE001 - done again in the caller, which raises it
-            pass
-
-    def result(self):
-        if self.thread is not None:
-            self.thread.join()
-        return self.value if self.ok else self.fn(*self.args)
 
 
 def _root_exists(transport: Transport, host: HostConfig, known: bool | None) -> bool:
