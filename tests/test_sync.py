@@ -254,3 +254,26 @@ def test_demo_on_the_local_transport(tmp_path):
     assert result.transport == "local"
     assert result.ok, [s for s in result.steps if not s.ok]
     assert not (tmp_path / "sb").exists()
+
+
+def test_the_state_file_is_written_as_dataclasses_asdict_would_give_it(tmp_path):
+    import dataclasses
+
+    from kerneldev.loop import state as st
+
+    record = st.State(host="h", root="/r")
+    record.set_base("a/é.py", "0" * 64, 3, 0o644, "pull", when="2026-12-02T00:00:00Z")
+    deployed = [st.DeployedFile("a/é.py", None, "1" * 64, None, 0o644, None)]
+    record.deploys.append(st.DeployRecord("d1", "t", "h", "u", "push", deployed))
+    record.deploys.append(st.DeployRecord("d2", "t", "h", "u", "rollback", [], False, "d1"))
+    st.save_state(tmp_path, record)
+    expected = {
+        "version": st.STATE_VERSION,
+        "host": "h",
+        "root": "/r",
+        "files": {k: dataclasses.asdict(v) for k, v in record.files.items()},
+        "deploys": [dataclasses.asdict(d) for d in record.deploys],
+        "hosts": {},
+    }
+    text = json.dumps(expected, indent=2, ensure_ascii=False) + "\n"
+    assert state_path(tmp_path).read_text(encoding="utf-8") == text

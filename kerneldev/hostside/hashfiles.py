@@ -41,12 +41,34 @@ def _inside(path, root):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
+def real_path(path, real_parents, lst=None):
+    """(`os.path.realpath(path)`, whether `path` itself is no symlink), with one `realpath` per
+    folder (`real_parents` caches them): a name that is not a symlink adds nothing to its
+    folder's real path. `lst`: `path`'s `lstat`, when the caller has it (None: taken here; a
+    missing file is no symlink, as for `realpath`)."""
+    parent, name = os.path.split(path)
+    if name in ("", os.curdir, os.pardir):
+        return os.path.realpath(path), False
+    if lst is None:
+        try:
+            lst = os.lstat(path)
+        except OSError:
+            lst = False
+    if lst and stat.S_ISLNK(lst.st_mode):
+        return os.path.realpath(path), False
+    real_parent = real_parents.get(parent)
+    if real_parent is None:
+        real_parent = real_parents[parent] = os.path.realpath(parent)
+    return os.path.join(real_parent, name), True
+
+
 def hash_tree(root, patterns):
     """Return {"files": [{"path", "sha256", "size", "mode"}...], "unmatched": [pattern...]}."""
     root = os.path.normpath(root)
     real_root = os.path.realpath(root)
     found = {}
     unmatched = []
+    real_parents = {}
     for pattern in patterns:
         hits = 0
         if not pattern or os.path.isabs(pattern):
@@ -57,13 +79,18 @@ def hash_tree(root, patterns):
             rel = os.path.relpath(match, root)
             if rel == os.curdir or rel == os.pardir or rel.startswith(os.pardir + os.sep):
                 continue
-            real = os.path.realpath(match)
-            if not _inside(real, real_root):
-                continue  # a symlink (or `..`) that leads out of root
             try:
-                st = os.stat(real)
+                st = os.lstat(match)
             except OSError:
                 continue
+            real, direct = real_path(match, real_parents, st)
+            if not _inside(real, real_root):
+                continue  # a symlink (or `..`) that leads out of root
+            if not direct:  # `st` is the link's (or `..`'s): the target's is wanted
+                try:
+                    st = os.stat(real)
+                except OSError:
+                    continue
             if not stat.S_ISREG(st.st_mode):
                 continue
             hits += 1

@@ -49,6 +49,7 @@ from kerneldev.hosts.transport.base import (
     ByteCallback,
     Transport,
 )
+from kerneldev.hostside.hashfiles import real_path
 from kerneldev.local_user import local_user
 from kerneldev.loop import history, push_pipeline
 from kerneldev.loop.drift import (
@@ -231,8 +232,9 @@ def _leading_outside(workspace: Path, paths: list[str]) -> dict[str, str]:
     root = os.path.realpath(workspace)
     inside = root.rstrip(os.sep) + os.sep
     outside = {}
+    real_parents: dict[str, str] = {}  # one realpath per folder: a file's own name rarely links
     for path in paths:
-        real = os.path.realpath(workspace / path)
+        real, _ = real_path(os.path.join(workspace, path), real_parents)
         if real != root and not real.startswith(inside):
             outside[path] = real
     return outside
