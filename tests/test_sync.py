@@ -277,3 +277,25 @@ def test_the_state_file_is_written_as_dataclasses_asdict_would_give_it(tmp_path)
     }
     text = json.dumps(expected, indent=2, ensure_ascii=False) + "\n"
     assert state_path(tmp_path).read_text(encoding="utf-8") == text
+
+
+def test_a_no_op_pull_or_push_leaves_the_state_file_as_it_was(host, transport):
+    sync.pull(transport, host)
+    ws = Path(host.workspace)
+    (ws / "k" / "a.py").write_text("a.py v2\n")
+    sync.push(transport, host)
+    before = state_path(ws).stat()
+    content = state_path(ws).read_bytes()
+    sync.pull(transport, host)
+    sync.push(transport, host)
+    after = state_path(ws).stat()
+    assert state_path(ws).read_bytes() == content
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not rewritten
+    # The base the push set is still the push's: a pull that finds it unchanged keeps it.
+    assert load_state(ws).files["k/a.py"].synced_by == "push"
+    # A real change is still written.
+    (Path(host.root) / "k" / "b.py").write_text("b.py v3\n")
+    sync.pull(transport, host)
+    state = load_state(ws)
+    assert state.files["k/b.py"].synced_by == "pull"
+    assert state.files["k/b.py"].sha256 == workspace.sha256_bytes(b"b.py v3\n")

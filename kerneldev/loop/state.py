@@ -8,8 +8,9 @@ files it replaced, their old and new sha256 and where the old bytes were backed 
 The file is written atomically (temporary file + `os.replace`), so a crash never leaves half a
 state behind. Writers go through `update_state`: under an exclusive lock on
 `<workspace>/.kerneldev/state.lock` it reads the file afresh, applies the change and writes it,
-so two terminals on one workspace never drop each other's deploy records. A file that cannot be
-read or parsed is a `StateError` naming it, never a traceback.
+so two terminals on one workspace never drop each other's deploy records; a change that changes
+nothing (a no-op pull or push: a base set again to what it was keeps its `synced_at`) is not
+written. A file that cannot be read or parsed is a `StateError` naming it, never a traceback.
 
 One workspace may be shared by several hosts (the hosts of a group with the same `workspace:`,
 one set of edits for the whole fleet). Each host keeps its own record (bases and deploys) in it,
@@ -109,6 +110,9 @@ class State:
     def set_base(
         self, path: str, sha256: str, size: int, mode: int, synced_by: str, when: str | None = None
     ) -> None:
+        known = self.files.get(path)
+        if known is not None and (known.sha256, known.size, known.mode) == (sha256, size, mode):
+            return  # the same base: when and by what it was set stays as recorded
         self.files[path] = FileState(path, sha256, size, mode, when or now_iso(), synced_by)
 
 
@@ -184,8 +188,12 @@ def save_state(workspace: Path, state: State | WorkspaceState) -> None:
     """Write the state atomically: a reader sees the old or the new file, never half of one.
     A single `State` replaces the whole file with that one record."""
     whole = state if isinstance(state, WorkspaceState) else WorkspaceState(first=state)
+    _write(workspace, _to_dict(whole))
+
+
+def _write(workspace: Path, content: dict[str, Any]) -> None:
     path = state_path(workspace)
-    data = json.dumps(_to_dict(whole), indent=2, ensure_ascii=False) + "\n"
+    data = json.dumps(content, indent=2, ensure_ascii=False) + "\n"
     try:
         write_bytes_atomic(path, data.encode("utf-8"))
     except OSError as err:
@@ -206,12 +214,15 @@ def update_state(
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held for milliseconds: read, change, write
         whole = load_workspace_state(workspace)
+        before = _to_dict(whole) if state_path(workspace).exists() else None
         state = whole.record(host)
         if state.host is None and host is not None:
             state.host = host
         change(state)
         whole.put(state)
-        save_state(workspace, whole)
+        after = _to_dict(whole)
+        if after != before:  # a no-op pull or push changes nothing: no rewrite, no fsync
+            _write(workspace, after)
         return state
     finally:
         os.close(fd)  # closing releases the lock

@@ -21,6 +21,7 @@ import hashlib
 import os
 import posixpath
 import stat
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from kerneldev.errors import FileSetError, StateError, UsageError
 from kerneldev.hosts.transport.base import RemoteFile, Transport
 from kerneldev.loop.history import INCOMPLETE, Leftovers, leftovers_in
 from kerneldev.loop.state import STATE_DIR, State, load_state, state_path
+from kerneldev.loop.sum_cache import SumCache
 
 GLOB_CHARS = "*?["
 
@@ -166,20 +168,29 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def local_file(folder: Path, path: str) -> LocalFile | None:
-    """Hash `<folder>/<path>`; None when it does not exist (or is not a regular file)."""
+def local_file(folder: Path, path: str, sums: SumCache | None = None) -> LocalFile | None:
+    """Hash `<folder>/<path>`; None when it does not exist (or is not a regular file).
+    `sums`: the workspace's remembered sums, used where the file's `stat` shows it unchanged."""
     full = Path(folder) / path
     try:
         st = full.stat()
         if not stat.S_ISREG(st.st_mode):
             return None
+        known = sums.lookup(path, st) if sums is not None else None
+        if known is not None:
+            return LocalFile(path, known, st.st_size, stat.S_IMODE(st.st_mode))
+        started = time.time_ns()
         digest = hashlib.sha256()
         with open(full, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
                 digest.update(block)
+            after = os.fstat(f.fileno()) if sums is not None else st
     except (FileNotFoundError, NotADirectoryError):
         return None
-    return LocalFile(path, digest.hexdigest(), st.st_size, stat.S_IMODE(st.st_mode))
+    sha256 = digest.hexdigest()
+    if sums is not None:
+        sums.remember(path, st, after, sha256, started)
+    return LocalFile(path, sha256, st.st_size, stat.S_IMODE(st.st_mode))
 
 
 def workspace_matches(workspace: Path, patterns: tuple[str, ...] | list[str]) -> set[str]:
@@ -228,6 +239,7 @@ def snapshot(
     state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     patterns = hash_patterns(host, selected)
+    sums = SumCache.load(host.workspace)
     found, root_exists, held = None, None, None
     hashed: dict[str, LocalFile | None] = {}
     if leftovers:
@@ -240,7 +252,7 @@ def snapshot(
                 candidates = {p for p in state.files if is_configured(host, p)}
                 candidates |= workspace_matches(host.workspace, host.files)
                 candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
-            hashed = {p: local_file(host.workspace, p) for p in sorted(candidates)}
+            hashed = {p: local_file(host.workspace, p, sums) for p in sorted(candidates)}
             request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
         scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
         live_files, root_exists, held = scan.files, scan.root_exists, scan.lock
@@ -266,7 +278,8 @@ def snapshot(
         # (missing-live; pull names it), like a file deleted on the host.
         paths |= {lit for p in host.files if (lit := literal_path(p)) is not None}
     ordered = sorted(paths)
-    local = {p: hashed[p] if p in hashed else local_file(host.workspace, p) for p in ordered}
+    local = {p: hashed[p] if p in hashed else local_file(host.workspace, p, sums) for p in ordered}
+    sums.save()
     return Snapshot(ordered, live, local, state, found, root_exists, held)
 
 

@@ -1,0 +1,104 @@
+"""The workspace's file sums, remembered between commands: `<workspace>/.kerneldev/sums.json`.
+
+Every pull, push, diff and status hashes the workspace side of each file it looks at. A file
+that has not changed since the last command is hashed again for nothing; for a 50 MB file that
+is ~40 ms of every no-op. This cache keeps each file's sha256 next to the `stat` fields that
+change whenever its bytes can have changed, as git's index does:
+
+- size, mtime_ns, inode and device: a new file or a rewrite in place;
+- ctime_ns: set by the kernel on every write, rename into place and `touch -d`; no user can set
+  it back, so a file rewritten with its old size and mtime (`cp -p` onto it) is still caught.
+
+A sum is only remembered for a file whose mtime and ctime are at least `SETTLE_NS` older than
+the moment it was read ("racy git": a write in the same clock tick as our read would otherwise
+leave every field as it was), and whose `stat` did not change while it was read. Only the
+workspace is cached: the host's live files are always read and hashed afresh.
+
+The file is a cache: unreadable, malformed or from another format it is ignored and rewritten;
+two commands writing it at once lose at most each other's new entries (a later command hashes
+those files again). It is written without fsync, for the same reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from kerneldev.paths import KERNELDEV_DIR
+
+SUMS_FILE = "sums.json"
+FORMAT = 1
+SETTLE_NS = 2_000_000_000  # 2 s: far above any file system's timestamp granularity
+
+
+def _key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+class SumCache:
+    """Sums of one workspace's files, keyed by their path relative to the workspace."""
+
+    def __init__(self, folder: Path, entries: dict[str, list], *, writable: bool) -> None:
+        self._folder = folder
+        self._entries = entries
+        self._writable = writable
+        self._changed = False
+
+    @classmethod
+    def load(cls, workspace: Path) -> SumCache:
+        folder = Path(workspace) / KERNELDEV_DIR
+        entries: dict[str, list] = {}
+        try:
+            raw = json.loads((folder / SUMS_FILE).read_bytes())
+            if isinstance(raw, dict) and raw.get("format") == FORMAT:
+                files = raw.get("files")
+                if isinstance(files, dict):
+                    entries = files
+        except (OSError, ValueError):
+            pass  # no cache yet, or a damaged one: every file is hashed and it is rewritten
+        # Only a workspace kerneldev already keeps state in gets the file (never a stray folder).
+        return cls(folder, entries, writable=folder.is_dir())
+
+    def lookup(self, path: str, st: os.stat_result) -> str | None:
+        """The remembered sha256 of `path` if `st` says its bytes cannot have changed."""
+        entry = self._entries.get(path)
+        if (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and entry[0] == _key(st)
+            and isinstance(entry[1], str)
+        ):
+            return entry[1]
+        return None
+
+    def remember(
+        self, path: str, before: os.stat_result, after: os.stat_result, sha256: str, started_ns: int
+    ) -> None:
+        """Keep `sha256` for `path`, read between the two `stat`s, from `started_ns` on."""
+        key = _key(before)
+        if key != _key(after):
+            return  # changed while it was read
+        if max(before.st_mtime_ns, before.st_ctime_ns) > started_ns - SETTLE_NS:
+            return  # too recent: a write in the same tick would not show in its stat
+        if self._entries.get(path) != [key, sha256]:
+            self._entries[path] = [key, sha256]
+            self._changed = True
+
+    def save(self) -> None:
+        """Write the cache if anything new was learnt; a failure only costs hashing next time."""
+        if not (self._changed and self._writable):
+            return
+        workspace = self._folder.parent
+        self._entries = {p: e for p, e in self._entries.items() if (workspace / p).exists()}
+        data = json.dumps({"format": FORMAT, "files": self._entries}, separators=(",", ":"))
+        temp = self._folder / f".{SUMS_FILE}.{os.getpid()}.tmp"
+        try:
+            temp.write_text(data, encoding="utf-8")
+            os.replace(temp, self._folder / SUMS_FILE)
+        except OSError:
+            try:
+                temp.unlink()
+            except OSError:
+                pass
+        self._changed = False

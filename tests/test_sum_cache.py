@@ -1,0 +1,127 @@
+"""The workspace's remembered sums (`loop/sum_cache.py`): a hit only where the file's bytes
+cannot have changed, and the commands' answers unchanged by it."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.loop import drift, sum_cache, sync
+from kerneldev.loop.sum_cache import SUMS_FILE, SumCache
+from kerneldev.loop.workspace import local_file, sha256_bytes
+from kerneldev.paths import KERNELDEV_DIR
+from tests.localhost import local_host
+
+
+@pytest.fixture
+def settled(monkeypatch):
+    """Files count as settled at once, so tests need not wait SETTLE_NS for their own writes."""
+    monkeypatch.setattr(sum_cache, "SETTLE_NS", 0)
+
+
+def _workspace(tmp_path: Path, text: str = "v1\n") -> Path:
+    ws = tmp_path / "ws"
+    (ws / KERNELDEV_DIR).mkdir(parents=True)
+    (ws / "a.py").write_text(text)
+    return ws
+
+
+def _cached(ws: Path) -> dict:
+    return json.loads((ws / KERNELDEV_DIR / SUMS_FILE).read_text())["files"]
+
+
+def _hash_once(ws: Path, path: str = "a.py"):
+    sums = SumCache.load(ws)
+    found = local_file(ws, path, sums)
+    sums.save()
+    return found
+
+
+def test_a_settled_file_is_remembered_and_its_sum_used(tmp_path, settled):
+    ws = _workspace(tmp_path)
+    assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
+    assert list(_cached(ws)) == ["a.py"]
+    # The cache is what answers now: a planted sum under the file's own stat key comes back.
+    raw = json.loads((ws / KERNELDEV_DIR / SUMS_FILE).read_text())
+    raw["files"]["a.py"][1] = "0" * 64
+    (ws / KERNELDEV_DIR / SUMS_FILE).write_text(json.dumps(raw))
+    assert _hash_once(ws).sha256 == "0" * 64
+
+
+def test_a_rewrite_with_the_same_size_and_mtime_is_hashed_again(tmp_path, settled):
+    ws = _workspace(tmp_path)
+    _hash_once(ws)
+    st = (ws / "a.py").stat()
+    (ws / "a.py").write_text("v2\n")  # same size, in place (same inode)
+    os.utime(ws / "a.py", ns=(st.st_atime_ns, st.st_mtime_ns))  # mtime put back, as cp -p does
+    assert (ws / "a.py").stat().st_mtime_ns == st.st_mtime_ns
+    assert _hash_once(ws).sha256 == sha256_bytes(b"v2\n")  # ctime moved: not the old sum
+
+
+def test_a_file_younger_than_the_settle_time_is_not_remembered(tmp_path):
+    ws = _workspace(tmp_path)
+    assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
+    assert not (ws / KERNELDEV_DIR / SUMS_FILE).exists()
+
+
+def test_a_file_changed_while_it_was_read_is_not_remembered(tmp_path, settled):
+    ws = _workspace(tmp_path)
+    sums = SumCache.load(ws)
+    before = (ws / "a.py").stat()
+    time.sleep(0.01)
+    (ws / "a.py").write_text("v2, longer\n")
+    sums.remember("a.py", before, (ws / "a.py").stat(), sha256_bytes(b"v1\n"), time.time_ns())
+    sums.save()
+    assert not (ws / KERNELDEV_DIR / SUMS_FILE).exists()
+
+
+def test_a_damaged_cache_is_ignored_and_rewritten(tmp_path, settled):
+    ws = _workspace(tmp_path)
+    for damage in ('{"format": 1, "files": {"a.py": [1, 2, 3]}}', "not json", '{"format": 99}'):
+        (ws / KERNELDEV_DIR / SUMS_FILE).write_text(damage)
+        assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
+        assert _cached(ws)["a.py"][1] == sha256_bytes(b"v1\n")
+
+
+def test_no_cache_file_outside_a_kerneldev_workspace(tmp_path, settled):
+    folder = tmp_path / "plain"
+    folder.mkdir()
+    (folder / "a.py").write_text("v1\n")
+    assert _hash_once(folder).sha256 == sha256_bytes(b"v1\n")
+    assert not (folder / KERNELDEV_DIR).exists()
+
+
+def test_entries_of_deleted_files_are_dropped_on_the_next_write(tmp_path, settled):
+    ws = _workspace(tmp_path)
+    (ws / "b.py").write_text("b\n")
+    _hash_once(ws, "b.py")
+    (ws / "b.py").unlink()
+    _hash_once(ws, "a.py")
+    assert list(_cached(ws)) == ["a.py"]
+
+
+def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path, settled):
+    """End to end over the local transport: the cache never hides an edit from drift or push."""
+    root = tmp_path / "live"
+    (root / "k").mkdir(parents=True)
+    (root / "k" / "a.py").write_text("a v1\n")
+    host = local_host(root, tmp_path / "ws")
+    transport = LocalTransport(host)
+    sync.pull(transport, host)
+    edited = Path(host.workspace) / "k" / "a.py"
+    assert {f.path: f.status for f in drift.compute_drift(transport, host).files} == {
+        "k/a.py": drift.IN_SYNC
+    }
+    assert "k/a.py" in _cached(Path(host.workspace))
+    st = edited.stat()
+    edited.write_text("a v2\n")
+    os.utime(edited, ns=(st.st_atime_ns, st.st_mtime_ns))
+    statuses = {f.path: f.status for f in drift.compute_drift(transport, host).files}
+    assert statuses == {"k/a.py": drift.EDITED}
+    sync.push(transport, host)
+    assert (root / "k" / "a.py").read_text() == "a v2\n"
