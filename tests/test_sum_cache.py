@@ -7,27 +7,23 @@ import json
 import os
 import time
 from pathlib import Path
-
-import pytest
+from types import SimpleNamespace
 
 from kerneldev.hosts.transport.local import LocalTransport
-from kerneldev.loop import drift, sum_cache, sync
+from kerneldev.loop import drift, sync
 from kerneldev.loop.sum_cache import SUMS_FILE, SumCache
 from kerneldev.loop.workspace import local_file, sha256_bytes
 from kerneldev.paths import KERNELDEV_DIR
 from tests.localhost import local_host
 
-
-@pytest.fixture
-def settled(monkeypatch):
-    """Files count as settled at once, so tests need not wait SETTLE_NS for their own writes."""
-    monkeypatch.setattr(sum_cache, "SETTLE_NS", 0)
+TICK = 0.05  # s: longer than a file system's timestamp tick (a few ms), so a write is "before"
 
 
 def _workspace(tmp_path: Path, text: str = "v1\n") -> Path:
     ws = tmp_path / "ws"
     (ws / KERNELDEV_DIR).mkdir(parents=True)
     (ws / "a.py").write_text(text)
+    time.sleep(TICK)
     return ws
 
 
@@ -42,7 +38,7 @@ def _hash_once(ws: Path, path: str = "a.py"):
     return found
 
 
-def test_a_settled_file_is_remembered_and_its_sum_used(tmp_path, settled):
+def test_a_settled_file_is_remembered_and_its_sum_used(tmp_path):
     ws = _workspace(tmp_path)
     assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
     assert list(_cached(ws)) == ["a.py"]
@@ -53,7 +49,7 @@ def test_a_settled_file_is_remembered_and_its_sum_used(tmp_path, settled):
     assert _hash_once(ws).sha256 == "0" * 64
 
 
-def test_a_rewrite_with_the_same_size_and_mtime_is_hashed_again(tmp_path, settled):
+def test_a_rewrite_with_the_same_size_and_mtime_is_hashed_again(tmp_path):
     ws = _workspace(tmp_path)
     _hash_once(ws)
     st = (ws / "a.py").stat()
@@ -63,24 +59,34 @@ def test_a_rewrite_with_the_same_size_and_mtime_is_hashed_again(tmp_path, settle
     assert _hash_once(ws).sha256 == sha256_bytes(b"v2\n")  # ctime moved: not the old sum
 
 
-def test_a_file_younger_than_the_settle_time_is_not_remembered(tmp_path):
+def test_a_file_stamped_in_the_commands_own_tick_is_not_remembered(tmp_path):
     ws = _workspace(tmp_path)
-    assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
+    sums = SumCache.load(ws)
+    st = (ws / "a.py").stat()
+    began = (ws / KERNELDEV_DIR).stat()
+    # As if the file's last write had the same stamp as the command's start (one clock tick).
+    fields = {k: getattr(st, k) for k in dir(st) if k.startswith("st_")}
+    same_tick = SimpleNamespace(**{**fields, "st_ctime_ns": began.st_ctime_ns})
+    sums.remember("a.py", same_tick, same_tick, sha256_bytes(b"v1\n"))
+    sums.save()
     assert not (ws / KERNELDEV_DIR / SUMS_FILE).exists()
+    sums.remember("a.py", st, st, sha256_bytes(b"v1\n"))  # written a tick before: kept
+    sums.save()
+    assert list(_cached(ws)) == ["a.py"]
 
 
-def test_a_file_changed_while_it_was_read_is_not_remembered(tmp_path, settled):
+def test_a_file_changed_while_it_was_read_is_not_remembered(tmp_path):
     ws = _workspace(tmp_path)
     sums = SumCache.load(ws)
     before = (ws / "a.py").stat()
     time.sleep(0.01)
     (ws / "a.py").write_text("v2, longer\n")
-    sums.remember("a.py", before, (ws / "a.py").stat(), sha256_bytes(b"v1\n"), time.time_ns())
+    sums.remember("a.py", before, (ws / "a.py").stat(), sha256_bytes(b"v1\n"))
     sums.save()
     assert not (ws / KERNELDEV_DIR / SUMS_FILE).exists()
 
 
-def test_a_damaged_cache_is_ignored_and_rewritten(tmp_path, settled):
+def test_a_damaged_cache_is_ignored_and_rewritten(tmp_path):
     ws = _workspace(tmp_path)
     for damage in ('{"format": 1, "files": {"a.py": [1, 2, 3]}}', "not json", '{"format": 99}'):
         (ws / KERNELDEV_DIR / SUMS_FILE).write_text(damage)
@@ -88,7 +94,7 @@ def test_a_damaged_cache_is_ignored_and_rewritten(tmp_path, settled):
         assert _cached(ws)["a.py"][1] == sha256_bytes(b"v1\n")
 
 
-def test_no_cache_file_outside_a_kerneldev_workspace(tmp_path, settled):
+def test_no_cache_file_outside_a_kerneldev_workspace(tmp_path):
     folder = tmp_path / "plain"
     folder.mkdir()
     (folder / "a.py").write_text("v1\n")
@@ -96,16 +102,17 @@ def test_no_cache_file_outside_a_kerneldev_workspace(tmp_path, settled):
     assert not (folder / KERNELDEV_DIR).exists()
 
 
-def test_entries_of_deleted_files_are_dropped_on_the_next_write(tmp_path, settled):
+def test_entries_of_deleted_files_are_dropped_on_the_next_write(tmp_path):
     ws = _workspace(tmp_path)
     (ws / "b.py").write_text("b\n")
+    time.sleep(TICK)
     _hash_once(ws, "b.py")
     (ws / "b.py").unlink()
     _hash_once(ws, "a.py")
     assert list(_cached(ws)) == ["a.py"]
 
 
-def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path, settled):
+def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path):
     """End to end over the local transport: the cache never hides an edit from drift or push."""
     root = tmp_path / "live"
     (root / "k").mkdir(parents=True)
@@ -113,6 +120,7 @@ def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path, settled):
     host = local_host(root, tmp_path / "ws")
     transport = LocalTransport(host)
     sync.pull(transport, host)
+    time.sleep(TICK)
     edited = Path(host.workspace) / "k" / "a.py"
     assert {f.path: f.status for f in drift.compute_drift(transport, host).files} == {
         "k/a.py": drift.IN_SYNC

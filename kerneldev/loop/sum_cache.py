@@ -9,10 +9,13 @@ change whenever its bytes can have changed, as git's index does:
 - ctime_ns: set by the kernel on every write, rename into place and `touch -d`; no user can set
   it back, so a file rewritten with its old size and mtime (`cp -p` onto it) is still caught.
 
-A sum is only remembered for a file whose mtime and ctime are at least `SETTLE_NS` older than
-the moment it was read ("racy git": a write in the same clock tick as our read would otherwise
-leave every field as it was), and whose `stat` did not change while it was read. Only the
-workspace is cached: the host's live files are always read and hashed afresh.
+"Racy git": a file system stamps times from a clock that ticks (every few ms; whole seconds on
+some), so a write in the same tick as an earlier one leaves every field as it was. A sum is
+therefore only remembered for a file whose mtime and ctime are strictly before the moment the
+command began, read on the same file system's clock (the command stamps the `.kerneldev`
+folder's times first and reads them back): any later write gets a later stamp. Its `stat` must
+also be the same after the read as before. Only the workspace is cached: the host's live files
+are always read and hashed afresh.
 
 The file is a cache: unreadable, malformed or from another format it is ignored and rewritten;
 two commands writing it at once lose at most each other's new entries (a later command hashes
@@ -29,7 +32,6 @@ from kerneldev.paths import KERNELDEV_DIR
 
 SUMS_FILE = "sums.json"
 FORMAT = 1
-SETTLE_NS = 2_000_000_000  # 2 s: far above any file system's timestamp granularity
 
 
 def _key(st: os.stat_result) -> list[int]:
@@ -39,10 +41,14 @@ def _key(st: os.stat_result) -> list[int]:
 class SumCache:
     """Sums of one workspace's files, keyed by their path relative to the workspace."""
 
-    def __init__(self, folder: Path, entries: dict[str, list], *, writable: bool) -> None:
+    def __init__(
+        self, folder: Path, entries: dict[str, list], began: os.stat_result | None
+    ) -> None:
         self._folder = folder
         self._entries = entries
-        self._writable = writable
+        # The `.kerneldev` folder's stat just after its times were set to "now": the command's
+        # start on the file system's own clock (None: nothing is remembered, e.g. read-only).
+        self._began = began
         self._changed = False
 
     @classmethod
@@ -57,8 +63,14 @@ class SumCache:
                     entries = files
         except (OSError, ValueError):
             pass  # no cache yet, or a damaged one: every file is hashed and it is rewritten
-        # Only a workspace kerneldev already keeps state in gets the file (never a stray folder).
-        return cls(folder, entries, writable=folder.is_dir())
+        try:
+            # Only a workspace kerneldev already keeps state in gets the file (never a stray
+            # folder); stamping the folder is what reads the file system's clock.
+            os.utime(folder)
+            began = os.stat(folder)
+        except OSError:
+            began = None
+        return cls(folder, entries, began)
 
     def lookup(self, path: str, st: os.stat_result) -> str | None:
         """The remembered sha256 of `path` if `st` says its bytes cannot have changed."""
@@ -73,21 +85,22 @@ class SumCache:
         return None
 
     def remember(
-        self, path: str, before: os.stat_result, after: os.stat_result, sha256: str, started_ns: int
+        self, path: str, before: os.stat_result, after: os.stat_result, sha256: str
     ) -> None:
-        """Keep `sha256` for `path`, read between the two `stat`s, from `started_ns` on."""
+        """Keep `sha256` for `path`, whose bytes were read between the two `stat`s."""
+        began = self._began
         key = _key(before)
-        if key != _key(after):
-            return  # changed while it was read
-        if max(before.st_mtime_ns, before.st_ctime_ns) > started_ns - SETTLE_NS:
-            return  # too recent: a write in the same tick would not show in its stat
+        if began is None or key != _key(after) or before.st_dev != began.st_dev:
+            return  # changed while it was read, or no clock to judge it by
+        if max(before.st_mtime_ns, before.st_ctime_ns) >= began.st_ctime_ns:
+            return  # stamped in the command's own tick: a later write could keep the stamp
         if self._entries.get(path) != [key, sha256]:
             self._entries[path] = [key, sha256]
             self._changed = True
 
     def save(self) -> None:
         """Write the cache if anything new was learnt; a failure only costs hashing next time."""
-        if not (self._changed and self._writable):
+        if not self._changed:
             return
         workspace = self._folder.parent
         self._entries = {p: e for p, e in self._entries.items() if (workspace / p).exists()}

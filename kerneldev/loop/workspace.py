@@ -21,7 +21,6 @@ import hashlib
 import os
 import posixpath
 import stat
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -179,7 +178,6 @@ def local_file(folder: Path, path: str, sums: SumCache | None = None) -> LocalFi
         known = sums.lookup(path, st) if sums is not None else None
         if known is not None:
             return LocalFile(path, known, st.st_size, stat.S_IMODE(st.st_mode))
-        started = time.time_ns()
         digest = hashlib.sha256()
         with open(full, "rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -189,7 +187,7 @@ def local_file(folder: Path, path: str, sums: SumCache | None = None) -> LocalFi
         return None
     sha256 = digest.hexdigest()
     if sums is not None:
-        sums.remember(path, st, after, sha256, started)
+        sums.remember(path, st, after, sha256)
     return LocalFile(path, sha256, st.st_size, stat.S_IMODE(st.st_mode))
 
 

@@ -27,6 +27,7 @@ from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.loop import drift, sync
 from kerneldev.loop.state import state_path
+from kerneldev.loop.sum_cache import SUMS_FILE
 from kerneldev.paths import PROFILES_DIR, RESULTS_DIR
 from kerneldev.sandbox.host import Sandbox, create_sandbox
 from kerneldev.service import restart as service
@@ -241,8 +242,9 @@ def _fingerprint(ctx: DemoContext) -> dict[str, str]:
             for n in names:
                 p = Path(dirpath) / n
                 # Regular files only: a kept session's socket under the workspace's
-                # .kerneldev/ has no bytes to read (opening it fails with ENXIO).
-                if p.is_file():
+                # .kerneldev/ has no bytes to read (opening it fails with ENXIO). The sums
+                # cache is not the workspace's content: any read-only command may refresh it.
+                if p.is_file() and p.name != SUMS_FILE:
                     out[str(p)] = _sha(p.read_bytes())
     sp = state_path(ctx.host.workspace)
     out["state"] = _sha(sp.read_bytes()) if sp.exists() else ""
