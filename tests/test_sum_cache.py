@@ -133,3 +133,12 @@ def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path):
     assert statuses == {"k/a.py": drift.EDITED}
     sync.push(transport, host)
     assert (root / "k" / "a.py").read_text() == "a v2\n"
+
+
+def test_a_file_whose_mtime_was_set_ahead_is_remembered_by_its_ctime(tmp_path):
+    ws = _workspace(tmp_path)
+    ahead = time.time_ns() + 3600 * 10**9
+    os.utime(ws / "a.py", ns=(ahead, ahead))  # `touch -d` into the future: ctime is still now
+    time.sleep(TICK)
+    assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
+    assert list(_cached(ws)) == ["a.py"]

@@ -11,11 +11,11 @@ change whenever its bytes can have changed, as git's index does:
 
 "Racy git": a file system stamps times from a clock that ticks (every few ms; whole seconds on
 some), so a write in the same tick as an earlier one leaves every field as it was. A sum is
-therefore only remembered for a file whose mtime and ctime are strictly before the moment the
-command began, read on the same file system's clock (the command stamps the `.kerneldev`
-folder's times first and reads them back): any later write gets a later stamp. Its `stat` must
-also be the same after the read as before. Only the workspace is cached: the host's live files
-are always read and hashed afresh.
+therefore only remembered for a file whose ctime (which every write sets to "now"; mtime can be
+set to anything) is strictly before the moment the command began, read on the same file
+system's clock (the command stamps the `.kerneldev` folder's times first and reads them back):
+any later write gets a later stamp. Its `stat` must also be the same after the read as before.
+Only the workspace is cached: the host's live files are always read and hashed afresh.
 
 The file is a cache: unreadable, malformed or from another format it is ignored and rewritten;
 two commands writing it at once lose at most each other's new entries (a later command hashes
@@ -92,7 +92,10 @@ class SumCache:
         key = _key(before)
         if began is None or key != _key(after) or before.st_dev != began.st_dev:
             return  # changed while it was read, or no clock to judge it by
-        if max(before.st_mtime_ns, before.st_ctime_ns) >= began.st_ctime_ns:
+        # Every write moves ctime to "now" (mtime is the user's to set: `touch -d`, rsync -t),
+        # so a file changed before the command began, in an earlier tick, is told apart from
+        # any later change.
+        if before.st_ctime_ns >= began.st_ctime_ns:
             return  # stamped in the command's own tick: a later write could keep the stamp
         if self._entries.get(path) != [key, sha256]:
             self._entries[path] = [key, sha256]
