@@ -650,8 +650,8 @@ def cap_residency(torch, kb: int) -> list:
 # rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
 _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
              "exact_block_h", "small_grid_block_n", "exact_in_launch", "prefetch_next",
-             "prefill_block_n", "prefill_num_warps", "exact_concurrent", "prefill_token_major",
-             "prefill_block_h")  # fmt: skip
+             "prefill_block_n", "prefill_num_warps", "exact_concurrent", "prefill_tm_block_n",
+             "prefill_tm_num_warps", "prefill_tm16_block_n", "prefill_tm16_num_warps")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 

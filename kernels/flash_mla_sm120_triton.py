@@ -1259,12 +1259,15 @@ class MMARow(NamedTuple):
     pack_rows: int = 0
     pack_block_n: int = 0
     pack_num_warps: int = 0
-    # Prefill-sized calls with few heads: the bf16-P loop token-major (`_split_heads_tm`:
-    # the heads are the products' N, one staged K copy at a time), in blocks of
-    # prefill_block_h heads (0: the head count rounded up to a power of two, 8 to 16). Only
-    # with the exact PV as a second launch (that launch keeps the head-major loop).
-    prefill_token_major: bool = False
-    prefill_block_h: int = 0
+    # Prefill-sized calls with few heads: the bf16-P launch token-major (`_split_heads_tm`:
+    # the heads are the products' N, 8 heads per program at H <= 8), with tiles of this many
+    # tokens and prefill_tm_num_warps warps (0: off, the head-major prefill tile above); for
+    # 16-head blocks (9 to 16 heads) prefill_tm16_* (0: the same). Only with the exact PV as
+    # a second launch, which keeps the head-major prefill tile.
+    prefill_tm_block_n: int = 0
+    prefill_tm_num_warps: int = 0
+    prefill_tm16_block_n: int = 0
+    prefill_tm16_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1285,7 +1288,9 @@ MMA_ROWS: dict[str, MMARow] = {
     # Prefill-sized calls with up to 16 heads: the bf16-P loop token-major, 16-token tiles,
     # 4 warps (40,960 B of shared memory and 128 registers at 8 heads: four programs per SM
     # where the head-major 32-token build's 81,920 B held two; v14).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 16, 4, True, 64, 64, 8, True),
+    "sm90": MMARow(
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
+    ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
@@ -1331,8 +1336,11 @@ class MMAConfig(NamedTuple):
     pack_block_n: int = 0
     pack_num_warps: int = 0
     # The bf16-P launch token-major (`_split_heads_tm`; block_h may then be 8): prefill-sized
-    # calls of few heads. The exact launch keeps exact_block_h (>= 16) heads per program.
+    # calls of few heads. The exact launch keeps the head-major loop with exact_block_h (>= 16)
+    # heads and its own tile and warps (exact_block_n, exact_num_warps; 0: block_n, num_warps).
     token_major: bool = False
+    exact_block_n: int = 0
+    exact_num_warps: int = 0
 
 
 MAX_SPLITS = 64
@@ -1388,10 +1396,19 @@ def mma_config(
     prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
     if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
-    token_major = prefill and row.prefill_token_major and not row.exact_in_launch
+    token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
     exact_block_h = min(row.exact_block_h, block_h)
+    exact_block_n = exact_warps = 0
     if token_major:
-        block_h = row.prefill_block_h or min(16, max(8, triton.next_power_of_2(H)))
+        exact_block_n, exact_warps = block_n, warps
+        block_h = min(16, max(8, triton.next_power_of_2(H)))
+        block_n, tm_warps = row.prefill_tm_block_n, row.prefill_tm_num_warps
+        if block_h == 16:
+            block_n, tm_warps = (
+                row.prefill_tm16_block_n or block_n,
+                row.prefill_tm16_num_warps or tm_warps,
+            )
+        warps = tm_warps or warps
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -1404,6 +1421,8 @@ def mma_config(
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
         block_h, token_major = exact_block_h, False
+        block_n, warps = exact_block_n or block_n, exact_warps or warps
+        exact_block_n = exact_warps = 0
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     pack = 0
@@ -1413,7 +1432,8 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
-        row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
+        exact_warps,
     )  # fmt: skip
 
 
@@ -1574,9 +1594,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
-    # Tiles per split over the two caches' tile lists laid end to end.
-    tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
-    tiles_per_split = max(triton.cdiv(tiles, splits), 1)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -1621,18 +1638,23 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
         block_h = cfg.block_h if run_bf16_p else exact_block_h
         token_major = cfg.token_major and run_bf16_p
+        block_n, warps = cfg.block_n, cfg.num_warps
+        if not run_bf16_p:  # the exact launch: its own tile where the config gives one
+            block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
+        # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
+        tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
                 tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
                 H=H, num_splits=splits, **flags,
-                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n,
                 DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
                 NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                num_warps=cfg.num_warps, num_stages=stages,
+                num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join

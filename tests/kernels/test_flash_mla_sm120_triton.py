@@ -566,11 +566,16 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     """Prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take the
     row's prefill tile and warps; 64-head prefill and decode-sized calls keep the row's."""
     pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
-    assert (pf.block_h, pf.block_n, pf.num_warps, pf.num_splits) == (8, 16, 4, 1)
+    row = fl.MMA_ROWS["sm90"]
+    tile = (row.prefill_tm_block_n, row.prefill_tm_num_warps)
+    assert (pf.block_h, (pf.block_n, pf.num_warps), pf.num_splits) == (8, tile, 1)
     assert pf.token_major and pf.exact_concurrent
+    # the exact launch keeps the head-major prefill tile
+    assert (pf.exact_block_n, pf.exact_num_warps) == (row.prefill_block_n, row.prefill_num_warps)
     h16 = fl.mma_config((9, 0), 132, 1024, 16, 2048, 0)
-    assert (h16.block_h, h16.block_n, h16.num_splits, h16.num_warps, h16.token_major) == (
-        16, 16, 1, 4, True)  # fmt: skip
+    tile16 = (row.prefill_tm16_block_n or tile[0], row.prefill_tm16_num_warps or tile[1])
+    assert (h16.block_h, (h16.block_n, h16.num_warps), h16.num_splits) == (16, tile16, 1)
+    assert h16.token_major
     h64 = fl.mma_config((9, 0), 132, 1024, 64, 128, 512)
     assert (h64.block_n, h64.num_warps) == (64, 8)
     assert not h64.token_major
@@ -580,12 +585,15 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     assert (sm120.block_n, sm120.num_warps, sm120.token_major) == (32, 4, False)  # its row
     # few selected tokens: the whole call takes the exact PV, head-major
     small = fl.mma_config((9, 0), 132, 1024, 8, 64, 64)
-    assert (small.pv_split, small.token_major, small.block_h) == (True, False, 16)
+    assert (small.pv_split, small.token_major, small.block_h, small.block_n) == (
+        True, False, 16, 32)  # fmt: skip
     # the exact PV as a branch of the same launch: no token-major loop
     row = fl.MMA_ROWS["sm90"]._replace(exact_in_launch=True)
     assert not fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row).token_major
-    row = fl.MMA_ROWS["sm90"]._replace(prefill_block_h=8)
-    assert fl.mma_config((9, 0), 132, 1024, 16, 128, 512, row=row).block_h == 8
+    # without a token-major tile: the head-major prefill tile
+    row = fl.MMA_ROWS["sm90"]._replace(prefill_tm_block_n=0)
+    hm = fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row)
+    assert (hm.block_h, hm.block_n, hm.num_warps, hm.token_major) == (16, 32, 4, False)
 
 
 # (id, T, H, token-major block heads, splits, make_inputs kwargs, exact pass: (below, mode))
@@ -616,12 +624,13 @@ def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, 
     """The token-major bf16-P loop (`_split_heads_tm`, prefill-sized calls of few heads): 8 or
     16 heads per program (8: the products' N unpadded), masked heads, one or several splits,
     sink, partial lengths, invalid ids, empty requests, and the exact PV for few-token
-    requests as a second head-major launch (after it, or beside it skipping them)."""
+    requests as a second head-major launch with its own tile (after it, or beside it skipping
+    them; its splits cut in its own tiles)."""
     inputs = ref.make_inputs(T, H, device=DEVICE, seed=_seed(case_id), **kw)
     below, mode = exact or (0, "second")
-    cfg = MMAConfig(block_h, 16, splits, 4, 1)._replace(
+    cfg = MMAConfig(block_h, 16, splits, 2, 1)._replace(
         token_major=True, pv_split_below=below, exact_block_h=16,
-        exact_concurrent=mode == "concurrent",
+        exact_concurrent=mode == "concurrent", exact_block_n=32, exact_num_warps=4,
     )  # fmt: skip
     _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
 
