@@ -761,7 +761,8 @@ def _split_heads_tm(
             start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row,
             stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
         )  # fmt: skip
-        idx, valid = _gather_indices(irow, istride, n0 + offs_n, stop, ntok)
+        # (written apart from the head-major loop's line: `--phases` edits each loop's own)
+        idx, valid = _gather_indices(irow, istride, offs_n + n0, stop, ntok)
         if PREFETCH:
             nkv, nstride, npsize, nntok, nirow, nistride, nn0, nstop = _tile_source(
                 i + 1, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row,
@@ -1285,9 +1286,11 @@ MMA_ROWS: dict[str, MMARow] = {
     # the longest split (issue 20, session 4: docs/benchmarks.md).
     # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
     # (issue 20, session 7).
-    # Prefill-sized calls with up to 16 heads: the bf16-P loop token-major, 16-token tiles,
-    # 4 warps (40,960 B of shared memory and 128 registers at 8 heads: four programs per SM
-    # where the head-major 32-token build's 81,920 B held two; v14).
+    # Prefill-sized calls with up to 16 heads (V4 caches): the bf16-P launch token-major, 8
+    # heads x 16 tokens x 2 warps (40,960 B, 168 registers: five per SM) at H <= 8, 16 x 32 x
+    # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
+    # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
+    # which more warps compute again).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
     ),
@@ -1582,11 +1585,26 @@ def _launch_packed(q, main, extra, common, flags, plan):
     )  # fmt: skip
 
 
+def _head_major(cfg: MMAConfig) -> MMAConfig:
+    """A token-major config's head-major form: the exact launch's heads, tile and warps for the
+    bf16-P launch too (the DSv4.1 formats: their token-major builds spill, run H2: the V4.1
+    FP8 + FP4 prefill row 0.69x, V4.1 FP8 0.94x of the head-major loop)."""
+    if not cfg.token_major:
+        return cfg
+    return cfg._replace(
+        block_h=max(cfg.exact_block_h, 16), block_n=cfg.exact_block_n or cfg.block_n,
+        num_warps=cfg.exact_num_warps or cfg.num_warps, token_major=False, exact_block_n=0,
+        exact_num_warps=0,
+    )  # fmt: skip
+
+
 def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     if cfg is None:
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+    if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
+        cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
     if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
         # Packed groups first planned; the per-token launch then sees length 0 for their

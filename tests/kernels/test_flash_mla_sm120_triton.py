@@ -635,6 +635,39 @@ def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, 
     _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
 
 
+@pytest.mark.parametrize("layouts", [("v41", None), ("v41", "v41_fp4")])
+def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts):
+    """A DSv4.1 cache (either one) takes the head-major loop even under a token-major config
+    (their token-major builds spill): the kernel is launched with TOKEN_MAJOR off and 16-head
+    blocks, and the result is accurate."""
+    seen = []
+    kernel = fl._mma_split_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["TOKEN_MAJOR"], kw["BLOCK_H"], kw["BLOCK_N"], kw["num_warps"]))
+                return kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(fl, "_mma_split_kernel", Spy())
+    main_layout, extra_layout = layouts
+    inputs = ref.make_inputs(
+        4, 8, device=DEVICE, seed=_seed(str(layouts)), kv_layout=main_layout,
+        extra_kv_layout=extra_layout, **dict(_TM, with_sink=True),
+    )  # fmt: skip
+    cfg = MMAConfig(8, 16, 1, 2, 1)._replace(
+        token_major=True, exact_block_h=16, exact_block_n=32, exact_num_warps=4
+    )
+    _run_and_check(inputs, "mma", cfg)
+    assert seen and all(s == (False, 16, 32, 4) for s in seen), seen
+    assert fl._head_major(cfg) == cfg._replace(
+        block_h=16, block_n=32, num_warps=4, token_major=False, exact_block_n=0,
+        exact_num_warps=0,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", ["second", "in_launch", "concurrent"])
 @pytest.mark.parametrize("count_block_max", [16, 4096])
 def test_exact_pass_count_in_one_block_or_a_loop(monkeypatch, count_block_max, mode):
