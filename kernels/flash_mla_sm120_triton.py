@@ -49,6 +49,10 @@ Kernels:
     sync): their exact pass uses the SMs that short requests leave idle instead of following
     the longest split.
 
+  * Prefill-sized calls of <= 16 heads on V4 caches (the sm_90 row): the bf16-P launch runs
+    `_split_heads_tm`, the same loop token-major (S^T = K q^T, O^T += K^T P^T: the heads are
+    the products' N, 8 per program at H <= 8, and the K tile's two staged copies are not live
+    at once: a third to half of the head-major program's shared memory, more per SM).
   * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
     query tokens, whether their selections coincide (from the indices, on the device) and
     their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
