@@ -650,7 +650,8 @@ def cap_residency(torch, kb: int) -> list:
 # rule, and mma_v2 (compile with DISABLE_MMA_V3=1: mma.sync instead of wgmma on Hopper).
 _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm", "s_by_group",
              "exact_block_h", "small_grid_block_n", "exact_in_launch", "prefetch_next",
-             "prefill_block_n", "prefill_num_warps", "exact_concurrent")  # fmt: skip
+             "prefill_block_n", "prefill_num_warps", "exact_concurrent", "prefill_tm_block_n",
+             "prefill_tm_num_warps", "prefill_tm16_block_n", "prefill_tm16_num_warps")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
@@ -819,14 +820,17 @@ def flashinfer_outputs(result):
 
 # --- phase ablations (--phases) ------------------------------------------------------------
 
-# Each phase is a list of (line, replacement) text substitutions in the MMA tile loop
-# (`_attend_split_mma`): `line` is a whole statement line that must occur exactly once in the
-# kernel file (a trailing comment allowed); the replacement stays on that line, so compiler
-# messages give the real file's line numbers.
+# Each phase is a list of (line, replacement) text substitutions in the MMA tile loops
+# (`_attend_split_mma`, and `_split_heads_tm`'s token-major loop): `line` is a whole statement
+# line that must occur exactly once in the kernel file (a trailing comment allowed); the
+# replacement stays on that line, so compiler messages give the real file's line numbers.
 _GATHER_LINE = "idx, valid = _gather_indices(irow, istride, n0 + offs_n, stop, ntok)"
 # Keeps the index load and the `valid` mask, gathers slots 0..BLOCK_N-1 (the minimum only
 # matters for a cache smaller than a tile): after the first tile every row is in L1/L2.
 _L2TILE = (_GATHER_LINE, _GATHER_LINE + "; idx = tl.minimum(offs_n, ntok - 1)")
+# The token-major loop's (`_split_heads_tm`, prefill-sized calls of few heads) own lines.
+_GATHER_TM_LINE = "idx, valid = _gather_indices(irow, istride, offs_n + n0, stop, ntok)"
+_L2TILE_TM = (_GATHER_TM_LINE, _GATHER_TM_LINE + "; idx = tl.minimum(offs_n, ntok - 1)")
 # Cheap stand-ins that still consume k (S: its row sums) and p (PV: its row sums), so the
 # gather, the dequantization and the softmax are not dead code; fp32, no shared memory.
 _CHEAP_S = "s = tl.broadcast_to(tl.sum(k.to(tl.float32), axis=1)[None, :], (acc.shape[0], BLOCK_N))"
@@ -836,11 +840,23 @@ _NOMMA = (
     ("s = _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N)", _CHEAP_S),
     ("acc = tl.dot(p_op, k, acc * alpha[:, None])", _CHEAP_PV),
     ("acc = tl.dot(p2, k2, acc * alpha[:, None])", _CHEAP_PV),
+    (
+        "st = tl.dot(k, qt)",
+        "st = tl.broadcast_to(tl.sum(k.to(tl.float32), axis=1)[:, None], (BLOCK_N, acc.shape[1]))",
+    ),
+    (
+        "acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])",
+        "acc = acc * alpha[None, :] + tl.sum(p, axis=0)[None, :]",
+    ),
 )
 PHASES: dict[str, tuple[tuple[str, str], ...]] = {
-    "l2tile": (_L2TILE,),  # the gather's HBM latency and bandwidth removed
+    "l2tile": (_L2TILE, _L2TILE_TM),  # the gather's HBM latency and bandwidth removed
     "nomma": _NOMMA,  # the two tensor-core products (and K's shared-memory staging) removed
-    "nogather": (_L2TILE, *_NOMMA),  # both: loop, L1-resident gather, dequant and softmax
+    "nogather": (
+        _L2TILE,
+        _L2TILE_TM,
+        *_NOMMA,
+    ),  # both: loop, L1-resident gather, dequant and softmax
 }
 ABLATED = "ablated"  # the status of an ablated copy's entries
 # The variant whose loop the phases do not touch: its ablated copies would time the real file.

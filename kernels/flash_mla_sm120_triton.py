@@ -49,6 +49,10 @@ Kernels:
     sync): their exact pass uses the SMs that short requests leave idle instead of following
     the longest split.
 
+  * Prefill-sized calls of <= 16 heads on V4 caches (the sm_90 row): the bf16-P launch runs
+    `_split_heads_tm`, the same loop token-major (S^T = K q^T, O^T += K^T P^T: the heads are
+    the products' N, 8 per program at H <= 8, and the K tile's two staged copies are not live
+    at once: a third to half of the head-major program's shared memory, more per SM).
   * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
     query tokens, whether their selections coincide (from the indices, on the device) and
     their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
@@ -717,6 +721,99 @@ def _split_heads(
     tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
+@triton.jit
+def _split_heads_tm(
+    heads, b, split, H, num_splits,
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    PO_ptr, PLSE_ptr, qk_scale_log2,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
+):  # fmt: skip
+    """`_split_heads` token-major (the bf16-P loop only): S^T = K q^T [BLOCK_N, heads] with the
+    dequantized tile as the first operand, softmax over axis 0, O^T += K^T P^T [512, heads].
+    For few heads (prefill-sized calls): the heads are the products' N (8 heads need no
+    padding to 16 rows, mma.sync's n8), and the two uses of the K tile are staged one after
+    the other, so a program needs about half the shared memory of the head-major loop's
+    (q^T 8 KB + one 16-token tile 16 KB at a time, sm_90, triton 3.6: 40,960 B against
+    81,920): more programs per SM (docs/kernel-optimisation-log.md, v14)."""
+    head_mask = heads < H
+    d = tl.arange(0, D_QK)
+    q_col = Q_ptr + b.to(tl.int64) * stride_qb + heads[None, :].to(tl.int64) * stride_qh
+    qt = tl.load(q_col + d[:, None] * stride_qd, mask=head_mask[None, :], other=0.0)
+    qt = qt.to(DOT_DTYPE)
+    acc = tl.zeros([D_QK, heads.shape[0]], dtype=tl.float32)
+    m_i = tl.full([heads.shape[0]], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([heads.shape[0]], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
+    n_tiles = n_main
+    if HAS_EXTRA:
+        n_tiles += tl.cdiv(tl.maximum(e_end - e_start, 0), BLOCK_N)
+    for i in range(0, n_tiles):
+        kv, kv_stride, psize, ntok, irow, istride, n0, stop = _tile_source(
+            i, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it,
+            start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row,
+            stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+        )  # fmt: skip
+        # (written apart from the head-major loop's line: `--phases` edits each loop's own)
+        idx, valid = _gather_indices(irow, istride, offs_n + n0, stop, ntok)
+        if PREFETCH:
+            nkv, nstride, npsize, nntok, nirow, nistride, nn0, nstop = _tile_source(
+                i + 1, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row,
+                stride_it, start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+                e_idx_row, stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+            )  # fmt: skip
+            next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
+        if FMT == E_FMT:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        elif i < n_main:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        else:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, E_FMT)
+        k = k.to(DOT_DTYPE)
+        if PREFETCH:
+            if nntok > 0:  # an empty cache's pointer may not be an address
+                if FMT == E_FMT:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                elif i + 1 < n_main:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                else:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, E_FMT)
+        st = tl.dot(k, qt)
+        st = tl.where(valid[:, None], st * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(st - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
+        m_i = m_new
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    else:
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_col = PO_ptr + row[None, :] * D_QK
+        out = acc * inv_l[None, :]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
+
+
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _mma_split_kernel(
     Q_ptr,
@@ -778,8 +875,13 @@ def _mma_split_kernel(
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
     RUN_EXACT: tl.constexpr = True,
+    TOKEN_MAJOR: tl.constexpr = False,
 ):
-    tl.static_assert(BLOCK_H >= 16, "tl.dot needs at least 16 rows")
+    tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
+    tl.static_assert(
+        not TOKEN_MAJOR or not RUN_EXACT or EXACT_BELOW == 0,
+        "token-major: the exact PV runs as a second (head-major) launch",
+    )
     tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
     tl.static_assert(BLOCK_H % EXACT_BLOCK_H == 0, "the exact path splits the head block")
     pid_bh = tl.program_id(0)
@@ -838,7 +940,19 @@ def _mma_split_kernel(
                     S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False,
                 )  # fmt: skip
     else:
-        if RUN_BF16_P:
+        if RUN_BF16_P and TOKEN_MAJOR:
+            _split_heads_tm(
+                h0 + tl.arange(0, BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_start, e_end,
+                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
+                FMT, E_FMT,
+            )  # fmt: skip
+        elif RUN_BF16_P:
             _split_heads(
                 h0 + tl.arange(0, BLOCK_H), b, split, H,
                 num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
@@ -1150,6 +1264,15 @@ class MMARow(NamedTuple):
     pack_rows: int = 0
     pack_block_n: int = 0
     pack_num_warps: int = 0
+    # Prefill-sized calls with few heads: the bf16-P launch token-major (`_split_heads_tm`:
+    # the heads are the products' N, 8 heads per program at H <= 8), with tiles of this many
+    # tokens and prefill_tm_num_warps warps (0: off, the head-major prefill tile above); for
+    # 16-head blocks (9 to 16 heads) prefill_tm16_* (0: the same). Only with the exact PV as
+    # a second launch, which keeps the head-major prefill tile.
+    prefill_tm_block_n: int = 0
+    prefill_tm_num_warps: int = 0
+    prefill_tm16_block_n: int = 0
+    prefill_tm16_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1167,7 +1290,14 @@ MMA_ROWS: dict[str, MMARow] = {
     # the longest split (issue 20, session 4: docs/benchmarks.md).
     # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
     # (issue 20, session 7).
-    "sm90": MMARow(64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8),
+    # Prefill-sized calls with up to 16 heads (V4 caches): the bf16-P launch token-major, 8
+    # heads x 16 tokens x 2 warps (40,960 B, 168 registers: five per SM) at H <= 8, 16 x 32 x
+    # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
+    # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
+    # which more warps compute again).
+    "sm90": MMARow(
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
+    ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
     # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
@@ -1212,6 +1342,12 @@ class MMAConfig(NamedTuple):
     pack_block_h: int = 0  # the packed launch's rows per program, tokens per tile and warps
     pack_block_n: int = 0
     pack_num_warps: int = 0
+    # The bf16-P launch token-major (`_split_heads_tm`; block_h may then be 8): prefill-sized
+    # calls of few heads. The exact launch keeps the head-major loop with exact_block_h (>= 16)
+    # heads and its own tile and warps (exact_block_n, exact_num_warps; 0: block_n, num_warps).
+    token_major: bool = False
+    exact_block_n: int = 0
+    exact_num_warps: int = 0
 
 
 MAX_SPLITS = 64
@@ -1264,8 +1400,22 @@ def mma_config(
     programs = B * triton.cdiv(H, block_h)
     slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
-    if row.prefill_block_n and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
+    prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
+    if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
+    token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
+    exact_block_h = min(row.exact_block_h, block_h)
+    exact_block_n = exact_warps = 0
+    if token_major:
+        exact_block_n, exact_warps = block_n, warps
+        block_h = min(16, max(8, triton.next_power_of_2(H)))
+        block_n, tm_warps = row.prefill_tm_block_n, row.prefill_tm_num_warps
+        if block_h == 16:
+            block_n, tm_warps = (
+                row.prefill_tm16_block_n or block_n,
+                row.prefill_tm16_num_warps or tm_warps,
+            )
+        warps = tm_warps or warps
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -1276,9 +1426,10 @@ def mma_config(
     # fp32 and needs neither).
     pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
-    exact_block_h = min(row.exact_block_h, block_h)
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
-        block_h = exact_block_h
+        block_h, token_major = exact_block_h, False
+        block_n, warps = exact_block_n or block_n, exact_warps or warps
+        exact_block_n = exact_warps = 0
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     pack = 0
@@ -1288,7 +1439,8 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
-        row.pack_rows, row.pack_block_n, row.pack_num_warps,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
+        exact_warps,
     )  # fmt: skip
 
 
@@ -1437,11 +1589,26 @@ def _launch_packed(q, main, extra, common, flags, plan):
     )  # fmt: skip
 
 
+def _head_major(cfg: MMAConfig) -> MMAConfig:
+    """A token-major config's head-major form: the exact launch's heads, tile and warps for the
+    bf16-P launch too (the DSv4.1 formats: their token-major builds spill, run H2: the V4.1
+    FP8 + FP4 prefill row 0.69x, V4.1 FP8 0.94x of the head-major loop)."""
+    if not cfg.token_major:
+        return cfg
+    return cfg._replace(
+        block_h=max(cfg.exact_block_h, 16), block_n=cfg.exact_block_n or cfg.block_n,
+        num_warps=cfg.exact_num_warps or cfg.num_warps, token_major=False, exact_block_n=0,
+        exact_num_warps=0,
+    )  # fmt: skip
+
+
 def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     if cfg is None:
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+    if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
+        cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
     if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
         # Packed groups first planned; the per-token launch then sees length 0 for their
@@ -1449,9 +1616,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
-    # Tiles per split over the two caches' tile lists laid end to end.
-    tiles = triton.cdiv(topk, cfg.block_n) + triton.cdiv(e_topk, cfg.block_n)
-    tiles_per_split = max(triton.cdiv(tiles, splits), 1)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -1481,6 +1645,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         launches = [(True, True, 0), (False, True, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
     exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
+    if cfg.token_major:  # the exact launch keeps the head-major loop (>= 16 heads)
+        exact_block_h = max(cfg.exact_block_h, 16)
     side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
     if side is not None and len(launches) == 2:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
@@ -1493,18 +1659,24 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
         stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
         block_h = cfg.block_h if run_bf16_p else exact_block_h
+        token_major = cfg.token_major and run_bf16_p
+        block_n, warps = cfg.block_n, cfg.num_warps
+        if not run_bf16_p:  # the exact launch: its own tile where the config gives one
+            block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
+        # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
+        tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
                 tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
                 H=H, num_splits=splits, **flags,
-                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=cfg.block_n,
+                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n,
                 DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
                 NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
-                EXACT_BELOW=below, EXACT_BLOCK_H=exact_block_h,
+                EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
-                PREFETCH=cfg.prefetch_next and q.is_cuda,
-                num_warps=cfg.num_warps, num_stages=stages,
+                PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
+                num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join

@@ -52,13 +52,15 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
 def compile_kernel(
     fl, cc: int, row: dict, has_extra: bool, pv_split: bool, exact_branch: bool,
     run_bf16_p: bool = True, formats: tuple[int, int] = (0, 0), run_exact: bool = True,
+    token_major: bool = False,
 ):  # fmt: skip
     """Compile `_mma_split_kernel` for `cc` with a table row's parameters, as `mma_config` and
     the launcher do: `pv_split` (exact PV for the whole call) with the row's EXACT_BLOCK_H
     heads; `exact_branch`: the exact PV for few-token requests, beside the bf16-P loop or
     (`run_bf16_p` off) alone, as the second launch; `run_exact` off: the count alone, the
     bf16-P launch beside a concurrent exact one (`exact_concurrent`). `formats`: the (main,
-    extra) caches' FMT (0 V4, 1 V4.1 FP8, 2 V4.1 FP4)."""
+    extra) caches' FMT (0 V4, 1 V4.1 FP8, 2 V4.1 FP4). `token_major`: the bf16-P launch's
+    token-major loop of prefill-sized calls (`row` then holds its heads, tile and warps)."""
     import triton
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
@@ -78,6 +80,7 @@ def compile_kernel(
         EXACT_BLOCK_H=min(row.get("EXACT_BLOCK_H", block_h), block_h),
         COUNT_BLOCK=2048, COUNT_ONE_BLOCK=True, PREFETCH=row["prefetch_next"],
         FMT=formats[0], E_FMT=formats[1] if has_extra else formats[0],
+        TOKEN_MAJOR=token_major,
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -164,6 +167,25 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     "formats": "v41+v41_fp4" if formats[0] else "v4",
                     "shared_bytes": shared, "limit_bytes": limit,
                     "fits": limit is None or shared <= limit,
+                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
+                })  # fmt: skip
+        # Prefill-sized calls of few heads (8 and 16 heads, T 1024), where the row takes the
+        # token-major loop: its bf16-P launch (the exact launch is a head-major build above).
+        for H in (8, 16):
+            cfg = fl.mma_config(divmod(cc, 10), 132, 1024, H, 128, 512)
+            if not getattr(cfg, "token_major", False):
+                continue
+            tm_row = dict(row, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                          num_warps=cfg.num_warps, EXACT_BLOCK_H=cfg.block_h)  # fmt: skip
+            for has_extra in (False, True):
+                ck = compile_kernel(
+                    fl, cc, tm_row, has_extra, False, True, True, (0, 0), False, token_major=True
+                )
+                limit = SMEM_LIMIT.get(cc)
+                rows.append({
+                    "cc": cc, **tm_row, "pass": f"prefill-tm-h{H}", "extra_cache": has_extra,
+                    "formats": "v4", "shared_bytes": ck.metadata.shared, "limit_bytes": limit,
+                    "fits": limit is None or ck.metadata.shared <= limit,
                     "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
                 })  # fmt: skip
     return rows

@@ -566,13 +566,106 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     """Prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take the
     row's prefill tile and warps; 64-head prefill and decode-sized calls keep the row's."""
     pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
-    assert (pf.block_h, pf.block_n, pf.num_warps, pf.num_splits) == (16, 32, 4, 1)
-    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0)[1:4] == (32, 1, 4)
+    row = fl.MMA_ROWS["sm90"]
+    tile = (row.prefill_tm_block_n, row.prefill_tm_num_warps)
+    assert (pf.block_h, (pf.block_n, pf.num_warps), pf.num_splits) == (8, tile, 1)
+    assert pf.token_major and pf.exact_concurrent
+    # the exact launch keeps the head-major prefill tile
+    assert (pf.exact_block_n, pf.exact_num_warps) == (row.prefill_block_n, row.prefill_num_warps)
+    h16 = fl.mma_config((9, 0), 132, 1024, 16, 2048, 0)
+    tile16 = (row.prefill_tm16_block_n or tile[0], row.prefill_tm16_num_warps or tile[1])
+    assert (h16.block_h, (h16.block_n, h16.num_warps), h16.num_splits) == (16, tile16, 1)
+    assert h16.token_major
     h64 = fl.mma_config((9, 0), 132, 1024, 64, 128, 512)
     assert (h64.block_n, h64.num_warps) == (64, 8)
+    assert not h64.token_major
     decode = fl.mma_config((9, 0), 132, 64, 8, 128, 512)  # 64 programs < 4 x 132 slots
-    assert (decode.block_n, decode.num_warps) == (64, 8)
-    assert fl.mma_config((12, 0), 188, 1024, 8, 128, 512)[1:4:2] == (32, 4)  # sm_120: its row
+    assert (decode.block_n, decode.num_warps, decode.token_major) == (64, 8, False)
+    sm120 = fl.mma_config((12, 0), 188, 1024, 8, 128, 512)
+    assert (sm120.block_n, sm120.num_warps, sm120.token_major) == (32, 4, False)  # its row
+    # few selected tokens: the whole call takes the exact PV, head-major
+    small = fl.mma_config((9, 0), 132, 1024, 8, 64, 64)
+    assert (small.pv_split, small.token_major, small.block_h, small.block_n) == (
+        True, False, 16, 32)  # fmt: skip
+    # the exact PV as a branch of the same launch: no token-major loop
+    row = fl.MMA_ROWS["sm90"]._replace(exact_in_launch=True)
+    assert not fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row).token_major
+    # without a token-major tile: the head-major prefill tile
+    row = fl.MMA_ROWS["sm90"]._replace(prefill_tm_block_n=0)
+    hm = fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row)
+    assert (hm.block_h, hm.block_n, hm.num_warps, hm.token_major) == (16, 32, 4, False)
+
+
+# (id, T, H, token-major block heads, splits, make_inputs kwargs, exact pass: (below, mode))
+_TM_SMALL = dict(topk=40, page_size=16, extra_topk=24, extra_page_size=8)
+_TM_GPU = dict(topk=128, page_size=64, extra_topk=512, extra_page_size=64)
+_TM = _TM_GPU if ON_GPU else _TM_SMALL
+TOKEN_MAJOR_CASES = [
+    ("h8-dual-sink", 6, 8, 8, 1, dict(_TM, with_sink=True), None),
+    ("h8-partial-invalid-2splits", 5, 8, 8, 2,
+     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.2), None),
+    ("h16-two-blocks-single-cache", 4, 16, 8, 1, dict(topk=_TM["topk"], page_size=16), None),
+    ("h16-one-block-3splits", 3, 16, 16, 3, dict(_TM, with_sink=True), None),
+    ("h5-masked-heads", 4, 5, 8, 1, dict(_TM, with_sink=True), None),
+    ("h8-empty-and-inf-sink", 4, 8, 8, 1,
+     dict(_TM, with_sink=True, topk_length="zero"), None),
+    ("h8-exact-second-launch", 6, 8, 8, 1,
+     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "second")),
+    ("h8-exact-concurrent", 6, 8, 8, 2,
+     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case_id,T,H,block_h,splits,kw,exact", TOKEN_MAJOR_CASES,
+    ids=[c[0] for c in TOKEN_MAJOR_CASES],
+)  # fmt: skip
+def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, exact):
+    """The token-major bf16-P loop (`_split_heads_tm`, prefill-sized calls of few heads): 8 or
+    16 heads per program (8: the products' N unpadded), masked heads, one or several splits,
+    sink, partial lengths, invalid ids, empty requests, and the exact PV for few-token
+    requests as a second head-major launch with its own tile (after it, or beside it skipping
+    them; its splits cut in its own tiles)."""
+    inputs = ref.make_inputs(T, H, device=DEVICE, seed=_seed(case_id), **kw)
+    below, mode = exact or (0, "second")
+    cfg = MMAConfig(block_h, 16, splits, 2, 1)._replace(
+        token_major=True, pv_split_below=below, exact_block_h=16,
+        exact_concurrent=mode == "concurrent", exact_block_n=32, exact_num_warps=4,
+    )  # fmt: skip
+    _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
+
+
+@pytest.mark.parametrize("layouts", [("v41", None), ("v41", "v41_fp4")])
+def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts):
+    """A DSv4.1 cache (either one) takes the head-major loop even under a token-major config
+    (their token-major builds spill): the kernel is launched with TOKEN_MAJOR off and 16-head
+    blocks, and the result is accurate."""
+    seen = []
+    kernel = fl._mma_split_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.append((kw["TOKEN_MAJOR"], kw["BLOCK_H"], kw["BLOCK_N"], kw["num_warps"]))
+                return kernel[grid](*args, **kw)
+
+            return launch
+
+    monkeypatch.setattr(fl, "_mma_split_kernel", Spy())
+    main_layout, extra_layout = layouts
+    inputs = ref.make_inputs(
+        4, 8, device=DEVICE, seed=_seed(str(layouts)), kv_layout=main_layout,
+        extra_kv_layout=extra_layout, **dict(_TM, with_sink=True),
+    )  # fmt: skip
+    cfg = MMAConfig(8, 16, 1, 2, 1)._replace(
+        token_major=True, exact_block_h=16, exact_block_n=32, exact_num_warps=4
+    )
+    _run_and_check(inputs, "mma", cfg)
+    assert seen and all(s == (False, 16, 32, 4) for s in seen), seen
+    assert fl._head_major(cfg) == cfg._replace(
+        block_h=16, block_n=32, num_warps=4, token_major=False, exact_block_n=0,
+        exact_num_warps=0,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("mode", ["second", "in_launch", "concurrent"])
