@@ -205,7 +205,8 @@ def _story(env: Env) -> list:
     files = {}
     for top in (env.root, env.workspace):
         for path in sorted(top.rglob("*")):
-            if path.is_file() and "sessions" not in path.parts:
+            # The sums cache holds inode numbers and times: the same facts, other numbers.
+            if path.is_file() and "sessions" not in path.parts and path.name != "sums.json":
                 data = path.read_bytes()
                 if path.suffix in (".json", ".jsonl"):
                     data = _normal(data.decode()).encode()

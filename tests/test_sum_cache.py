@@ -142,3 +142,22 @@ def test_a_file_whose_mtime_was_set_ahead_is_remembered_by_its_ctime(tmp_path):
     time.sleep(TICK)
     assert _hash_once(ws).sha256 == sha256_bytes(b"v1\n")
     assert list(_cached(ws)) == ["a.py"]
+
+
+def test_a_dry_run_push_writes_no_cache(tmp_path):
+    root = tmp_path / "live"
+    (root / "k").mkdir(parents=True)
+    (root / "k" / "a.py").write_text("a v1\n")
+    host = local_host(root, tmp_path / "ws")
+    transport = LocalTransport(host)
+    sync.pull(transport, host)
+    time.sleep(TICK)
+    (Path(host.workspace) / "k" / "a.py").write_text("a v2\n")
+    time.sleep(TICK)
+    folder = Path(host.workspace) / KERNELDEV_DIR
+    before = sorted(folder.iterdir()), folder.stat().st_mtime_ns
+    plan = sync.push(transport, host, dry_run=True)
+    assert [f.path for f in plan.uploads] == ["k/a.py"]
+    assert (sorted(folder.iterdir()), folder.stat().st_mtime_ns) == before
+    drift.compute_drift(transport, host)  # a read-only command does fill it
+    assert "k/a.py" in _cached(Path(host.workspace))

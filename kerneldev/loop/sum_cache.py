@@ -52,7 +52,8 @@ class SumCache:
         self._changed = False
 
     @classmethod
-    def load(cls, workspace: Path) -> SumCache:
+    def load(cls, workspace: Path, *, writable: bool = True) -> SumCache:
+        """The cache as the last command left it; `writable` False: used, never written."""
         folder = Path(workspace) / KERNELDEV_DIR
         entries: dict[str, list] = {}
         try:
@@ -63,13 +64,15 @@ class SumCache:
                     entries = files
         except (OSError, ValueError):
             pass  # no cache yet, or a damaged one: every file is hashed and it is rewritten
-        try:
-            # Only a workspace kerneldev already keeps state in gets the file (never a stray
-            # folder); stamping the folder is what reads the file system's clock.
-            os.utime(folder)
-            began = os.stat(folder)
-        except OSError:
-            began = None
+        began = None
+        if writable:
+            try:
+                # Only a workspace kerneldev already keeps state in gets the file (never a stray
+                # folder); stamping the folder is what reads the file system's clock.
+                os.utime(folder)
+                began = os.stat(folder)
+            except OSError:
+                pass
         return cls(folder, entries, began)
 
     def lookup(self, path: str, st: os.stat_result) -> str | None:

@@ -340,6 +340,7 @@ def _plan(
     leftovers: bool = False,
     lock: HostLock | None = None,
     release_lock: bool = False,
+    remember: bool = True,
 ) -> tuple[PushResult, Snapshot]:
     selected = resolve_paths(host, paths)
     request = None
@@ -348,7 +349,7 @@ def _plan(
         def request(local: dict[str, str]) -> dict:
             return lock.scan_request(local if release_lock else None)
 
-    snap = snapshot(transport, host, selected, leftovers=leftovers, lock=request)
+    snap = snapshot(transport, host, selected, leftovers=leftovers, lock=request, remember=remember)
     plan = PushResult(host=host.name, dry_run=True, deploy_id=None)
     for path in snap.paths:
         live, local = snap.live.get(path), snap.local[path]
@@ -463,7 +464,8 @@ def push(
                 plan, snap = _plan(transport, host, paths, force, leftovers=True)
             plan.notes += lock.notes
         else:
-            plan, snap = _plan(transport, host, paths, force, leftovers=True)
+            # A dry run writes nothing, not even the workspace's sums cache.
+            plan, snap = _plan(transport, host, paths, force, leftovers=True, remember=not dry_run)
     except FileSetError:
         if not create_root and not transport.exists(host.root):
             raise _missing_root(host) from None

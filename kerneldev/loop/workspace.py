@@ -227,17 +227,19 @@ def snapshot(
     *,
     leftovers: bool = False,
     lock: Callable[[dict[str, str]], dict] | None = None,
+    remember: bool = True,
 ) -> Snapshot:
     """The files to act on (`selected`, or every file the configured entries match on the host,
     in the workspace or in the last sync) with their three sides. Raises `FileSetError` when a
     configured glob matches nothing anywhere. `leftovers`: also look for what interrupted runs
     left on the host and whether root exists, in the same round trip. `lock(workspace files)`:
     the scan request's `lock` part (`HostLock.scan_request`), given every workspace file that
-    can be in the snapshot (path -> sha256), so the host can tell whether anything can change."""
+    can be in the snapshot (path -> sha256), so the host can tell whether anything can change.
+    `remember`: keep what was hashed in the workspace's sums cache (off: nothing is written)."""
     state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     patterns = hash_patterns(host, selected)
-    sums = SumCache.load(host.workspace)
+    sums = SumCache.load(host.workspace, writable=remember)
     found, root_exists, held = None, None, None
     hashed: dict[str, LocalFile | None] = {}
     if leftovers:

@@ -243,7 +243,7 @@ def _fingerprint(ctx: DemoContext) -> dict[str, str]:
                 p = Path(dirpath) / n
                 # Regular files only: a kept session's socket under the workspace's
                 # .kerneldev/ has no bytes to read (opening it fails with ENXIO). The sums
-                # cache is not the workspace's content: any read-only command may refresh it.
+                # cache is not the workspace's content: a refused push may refresh it.
                 if p.is_file() and p.name != SUMS_FILE:
                     out[str(p)] = _sha(p.read_bytes())
     sp = state_path(ctx.host.workspace)
