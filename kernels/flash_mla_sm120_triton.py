@@ -507,32 +507,6 @@ def _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _scores_tm_by_group(q_col, stride_qd, head_mask, k, BLOCK_N: tl.constexpr):
-    """S^T = K q^T [BLOCK_N, heads] as 8 products over 64-dim groups, each group of q^T
-    [64, heads] loaded here in every tile (an L2 hit; `volatile` keeps Triton from hoisting
-    the 8 loads out of the loop, which would hold all of q^T in shared memory): the tile loop
-    then stages only 64-dim slices of q^T and K for S."""
-    k0, k1, k2, k3, k4, k5, k6, k7 = _split8(tl.reshape(k, (BLOCK_N, 8, 64)))
-    st = tl.dot(k0, _qt_group(q_col, stride_qd, head_mask, 0, k0.dtype))
-    st = tl.dot(k1, _qt_group(q_col, stride_qd, head_mask, 1, k0.dtype), st)
-    st = tl.dot(k2, _qt_group(q_col, stride_qd, head_mask, 2, k0.dtype), st)
-    st = tl.dot(k3, _qt_group(q_col, stride_qd, head_mask, 3, k0.dtype), st)
-    st = tl.dot(k4, _qt_group(q_col, stride_qd, head_mask, 4, k0.dtype), st)
-    st = tl.dot(k5, _qt_group(q_col, stride_qd, head_mask, 5, k0.dtype), st)
-    st = tl.dot(k6, _qt_group(q_col, stride_qd, head_mask, 6, k0.dtype), st)
-    st = tl.dot(k7, _qt_group(q_col, stride_qd, head_mask, 7, k0.dtype), st)
-    return st
-
-
-@triton.jit
-def _qt_group(q_col, stride_qd, head_mask, g: tl.constexpr, dtype: tl.constexpr):
-    """Rows [64 g, 64 g + 64) of the program's q^T [512, heads], in the operand dtype."""
-    c = g * GROUP + tl.arange(0, GROUP)
-    qt = tl.load(q_col + c[:, None] * stride_qd, mask=head_mask[None, :], other=0.0, volatile=True)
-    return qt.to(dtype)
-
-
-@triton.jit
 def _q_group(q_row, stride_qd, head_mask, g: tl.constexpr, dtype: tl.constexpr):
     """Columns [64 g, 64 g + 64) of the program's query rows, in the operand dtype."""
     c = g * GROUP + tl.arange(0, GROUP)
@@ -764,7 +738,6 @@ def _split_heads_tm(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
-    S_BY_GROUP: tl.constexpr = False,
 ):  # fmt: skip
     """`_split_heads` token-major (the bf16-P loop only): S^T = K q^T [BLOCK_N, heads] with the
     dequantized tile as the first operand, softmax over axis 0, O^T += K^T P^T [512, heads].
@@ -776,11 +749,8 @@ def _split_heads_tm(
     head_mask = heads < H
     d = tl.arange(0, D_QK)
     q_col = Q_ptr + b.to(tl.int64) * stride_qb + heads[None, :].to(tl.int64) * stride_qh
-    if S_BY_GROUP:
-        qt = 0.0  # loaded by 64-dim group in each tile (`_scores_tm_by_group`)
-    else:
-        qt = tl.load(q_col + d[:, None] * stride_qd, mask=head_mask[None, :], other=0.0)
-        qt = qt.to(DOT_DTYPE)
+    qt = tl.load(q_col + d[:, None] * stride_qd, mask=head_mask[None, :], other=0.0)
+    qt = qt.to(DOT_DTYPE)
     acc = tl.zeros([D_QK, heads.shape[0]], dtype=tl.float32)
     m_i = tl.full([heads.shape[0]], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([heads.shape[0]], dtype=tl.float32)
@@ -819,10 +789,7 @@ def _split_heads_tm(
                     _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
                 else:
                     _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, E_FMT)
-        if S_BY_GROUP:
-            st = _scores_tm_by_group(q_col, stride_qd, head_mask, k, BLOCK_N)
-        else:
-            st = tl.dot(k, qt)
+        st = tl.dot(k, qt)
         st = tl.where(valid[:, None], st * qk_scale_log2, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(st, axis=0))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
@@ -983,7 +950,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
-                FMT, E_FMT, S_BY_GROUP,
+                FMT, E_FMT,
             )  # fmt: skip
         elif RUN_BF16_P:
             _split_heads(
@@ -1306,16 +1273,6 @@ class MMARow(NamedTuple):
     prefill_tm_num_warps: int = 0
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
-    # Decode-sized calls of full head blocks (block_h heads, fewer than
-    # PREFILL_PROGRAMS_PER_SLOT programs per resident slot, the grid not capped by the tile
-    # count, more than PV_SPLIT_MAX_TOKENS selected): the bf16-P launch token-major with tiles
-    # of this many tokens and decode_tm_num_warps warps (0: off). With s_by_group, S^T is 8
-    # products over 64-dim groups with q^T's groups loaded in each tile, so the tile loop
-    # holds no copy of q^T in shared memory (sm_120: 36,864 B, two programs per 100 KB SM).
-    # The exact PV for few-token requests then runs as a second, head-major launch with the
-    # row's tile (exact_block_h heads), whatever exact_in_launch says.
-    decode_tm_block_n: int = 0
-    decode_tm_num_warps: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1347,12 +1304,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    # Decode at B >= 64 (v15, candidate): the bf16-P launch token-major, 32 heads x 16 tokens x
-    # 4 warps, S^T by 64-dim groups with q^T per tile: 36,864 B, two programs per 100 KB SM;
-    # the exact PV a second launch of the head-major tile.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4)._replace(
-        decode_tm_block_n=16, decode_tm_num_warps=4
-    ),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
 }
@@ -1464,17 +1416,6 @@ def mma_config(
                 row.prefill_tm16_num_warps or tm_warps,
             )
         warps = tm_warps or warps
-    exact_in_launch = row.exact_in_launch
-    tm_n = row.decode_tm_block_n
-    if (
-        tm_n and not token_major and block_h == row.block_h
-        and programs < PREFILL_PROGRAMS_PER_SLOT * slots
-        and programs * _tiles(topk, extra_topk, tm_n) >= slots
-        and topk + extra_topk > PV_SPLIT_MAX_TOKENS
-    ):  # fmt: skip
-        exact_block_n, exact_warps = block_n, warps
-        block_n, warps = tm_n, row.decode_tm_num_warps or warps
-        token_major, exact_in_launch, stages = True, False, 1
     if programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -1496,7 +1437,7 @@ def mma_config(
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
-        row.s_by_group, exact_block_h, exact_in_launch, on_gpu and row.prefetch_next,
+        row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps,
@@ -1655,7 +1596,7 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
     if not cfg.token_major:
         return cfg
     return cfg._replace(
-        block_h=max(cfg.block_h, cfg.exact_block_h, 16), block_n=cfg.exact_block_n or cfg.block_n,
+        block_h=max(cfg.exact_block_h, 16), block_n=cfg.exact_block_n or cfg.block_n,
         num_warps=cfg.exact_num_warps or cfg.num_warps, token_major=False, exact_block_n=0,
         exact_num_warps=0,
     )  # fmt: skip

@@ -40,12 +40,8 @@ _DIV16 = {"stride_kv_page", "stride_ekv_page", "stride_qb", "stride_ob", "stride
 
 
 def table_row(fl, cc: int, H: int = 64) -> dict:
-    """The launch parameters `mma_config` takes for this compute capability (H heads), with
-    the row's head-major decode loop (its token-major decode build is checked apart)."""
-    row = fl.MMA_ROWS[fl.mma_row_name(divmod(cc, 10))]
-    if "decode_tm_block_n" in row._fields:
-        row = row._replace(decode_tm_block_n=0)
-    cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0, row=row)
+    """The launch parameters `mma_config` takes for this compute capability (H heads)."""
+    cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
     return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
             "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
@@ -175,34 +171,19 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 })  # fmt: skip
         # Prefill-sized calls of few heads (8 and 16 heads, T 1024), where the row takes the
         # token-major loop: its bf16-P launch (the exact launch is a head-major build above).
-        # Decode-sized calls where the row takes the token-major loop (`decode_tm_*`: B64 H64
-        # topk2048): its bf16-P launch (the exact launch is the head-major build above).
-        tm_shapes = [(f"prefill-tm-h{H}", (1024, H, 128, 512)) for H in (8, 16)]
-        tm_shapes.append(("decode-tm", (64, 64, 2048, 0)))
-        for label, shape in tm_shapes:
-            cfg = fl.mma_config(divmod(cc, 10), 132, *shape)
+        for H in (8, 16):
+            cfg = fl.mma_config(divmod(cc, 10), 132, 1024, H, 128, 512)
             if not getattr(cfg, "token_major", False):
                 continue
             tm_row = dict(row, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                           num_warps=cfg.num_warps, EXACT_BLOCK_H=cfg.block_h)  # fmt: skip
             for has_extra in (False, True):
-                # counting beside a concurrent exact launch, or not counting (serial exact)
-                conc = bool(getattr(cfg, "exact_concurrent", False))
                 ck = compile_kernel(
-                    fl, cc, tm_row, has_extra, False, conc, True, (0, 0), not conc,
-                    token_major=True,
-                )  # fmt: skip
+                    fl, cc, tm_row, has_extra, False, True, True, (0, 0), False, token_major=True
+                )
                 limit = SMEM_LIMIT.get(cc)
-                if label == "decode-tm":  # its exact launch: the row's head-major tile
-                    ex = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
-                    rows.append({
-                        "cc": cc, **row, "pass": "decode-tm-exact", "extra_cache": has_extra,
-                        "formats": "v4", "shared_bytes": ex.metadata.shared,
-                        "limit_bytes": limit, "fits": limit is None or ex.metadata.shared <= limit,
-                        "ptxas": ptxas_report(ex.asm["ptx"], cc) if with_ptxas else "",
-                    })  # fmt: skip
                 rows.append({
-                    "cc": cc, **tm_row, "pass": label, "extra_cache": has_extra,
+                    "cc": cc, **tm_row, "pass": f"prefill-tm-h{H}", "extra_cache": has_extra,
                     "formats": "v4", "shared_bytes": ck.metadata.shared, "limit_bytes": limit,
                     "fits": limit is None or ck.metadata.shared <= limit,
                     "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",

@@ -635,57 +635,6 @@ def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, 
     _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
 
 
-# (id, B, H, splits, make_inputs kwargs, exact pass below): the decode token-major loop with
-# S^T by 64-dim groups (q^T's groups loaded in each tile), 32-head blocks as the sm_120 row's.
-DECODE_TM_CASES = [
-    ("h64-dual-sink-2splits", 3, 64, 2, dict(_TM, with_sink=True), 0),
-    ("h20-masked-single-cache", 2, 20, 1, dict(topk=_TM["topk"], page_size=16), 0),
-    ("h32-partial-invalid-exact", 4, 32, 2,
-     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), 24),
-    ("h32-empty-and-inf-sink", 2, 32, 1, dict(_TM, with_sink=True, topk_length="zero"), 0),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "case_id,B,H,splits,kw,below", DECODE_TM_CASES, ids=[c[0] for c in DECODE_TM_CASES]
-)
-def test_decode_token_major_by_group_matches_reference(case_id, B, H, splits, kw, below):
-    """The decode token-major loop (`decode_tm_*` rows, s_by_group: S^T as 8 products over
-    64-dim groups of q^T loaded in each tile): 32-head blocks, masked heads, splits, sink,
-    partial lengths and invalid ids with the exact PV as a second head-major launch, empty
-    requests."""
-    inputs = ref.make_inputs(B, H, device=DEVICE, seed=_seed(case_id), **kw)
-    cfg = MMAConfig(32, 16, splits, 4, 1)._replace(
-        s_by_group=True, token_major=True, pv_split_below=below, exact_block_h=16,
-        exact_block_n=32, exact_num_warps=4,
-    )  # fmt: skip
-    _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
-
-
-def test_decode_token_major_rule():
-    """The sm_120 row takes the token-major decode loop on decode-sized calls of full 32-head
-    blocks whose grid is not capped by the tile count (B >= 64 at H64), with the exact PV as
-    a second launch of the row's head-major tile; B1, few selected tokens, H16 and prefill-sized
-    calls keep the row's head-major launch; the sm_90 row never takes it."""
-    row = fl.MMA_ROWS["sm120"]
-    for shape in ((64, 64, 2048, 0), (128, 64, 128, 512), (64, 128, 512, 0)):
-        cfg = fl.mma_config((12, 0), 188, *shape)
-        assert cfg.token_major and not cfg.exact_in_launch, shape
-        assert (cfg.block_h, cfg.block_n, cfg.num_warps) == (
-            32, row.decode_tm_block_n, row.decode_tm_num_warps)  # fmt: skip
-        assert (cfg.exact_block_n, cfg.exact_num_warps) == (row.block_n, row.num_warps)
-        assert cfg.s_by_group
-    for shape in ((1, 64, 2048, 0), (1, 64, 128, 512), (64, 64, 64, 64), (64, 16, 2048, 0),
-                  (4096, 64, 128, 512)):  # fmt: skip
-        cfg = fl.mma_config((12, 0), 188, *shape)
-        assert not cfg.token_major, shape
-    assert not fl.mma_config((9, 0), 132, 64, 64, 2048, 0).token_major
-    off = row._replace(decode_tm_block_n=0)
-    assert fl.mma_config((12, 0), 188, 64, 64, 2048, 0, row=off) == fl.mma_config(
-        (12, 0), 188, 64, 64, 2048, 0, row=off)  # fmt: skip
-    assert not fl.mma_config((12, 0), 188, 64, 64, 2048, 0, row=off).token_major
-
-
 @pytest.mark.parametrize("layouts", [("v41", None), ("v41", "v41_fp4")])
 def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts):
     """A DSv4.1 cache (either one) takes the head-major loop even under a token-major config
