@@ -197,7 +197,7 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     for path in FILES:
         (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
 
-    # Someone edits k/b.py on the host (without the lock) while a.py is uploading.
+    # Someone edits k/b.py on the host (without the lock) once a.py has landed.
     meddler = meddled(host, "k/a.py", lambda: (root / "k/b.py").write_bytes(b"hotfix by hand\n"))
     with meddler as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)

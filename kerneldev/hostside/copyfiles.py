@@ -11,7 +11,10 @@ without starting four programs per file (~9 ms a file on the measured host, 0.2 
   - rename `tmp` over `dst` (rename(2), one step);
   - print `<index> <sha256 of dst>` (read back from `dst`, as `sha256sum < dst`).
 The first failure removes that item's `tmp`, prints `copyfiles: <what>: <why>` on stderr and
-exits 1; the items before it stay copied, as with the shell script.
+exits 1; the items before it stay copied, as with the shell script. With `"expect"` in the
+request (one sha256 per item), a copy whose sum is not the expected one is printed and then
+ends the run the same way (exit 1, `copyfiles: mismatch <index>`): a push's backups are
+checked on the host, so that an upload sent `after` them never starts on a bad backup.
 
 Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
 """
@@ -50,6 +53,7 @@ def sha256_of(path):
 
 def main():
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
+    expect = request.get("expect")
     out = sys.stdout
     for i, (src, tmp, dst) in enumerate(request["items"]):
         step = "create folder " + os.path.dirname(dst)
@@ -68,9 +72,15 @@ def main():
             sys.stderr.write("copyfiles: %s: %s\n" % (step, err.strerror or err))
             sys.exit(1)
         try:
-            out.write("%d %s\n" % (i, sha256_of(dst)))
+            sha = sha256_of(dst)
         except OSError:
-            pass  # as `sha256sum < dst` failing: no sum for this one, the caller checks
+            sha = None  # as `sha256sum < dst` failing: no sum for this one, the caller checks
+        if sha is not None:
+            out.write("%d %s\n" % (i, sha))
+        if expect is not None and sha != expect[i]:
+            out.flush()
+            sys.stderr.write("copyfiles: mismatch %d\n" % i)
+            sys.exit(1)
     out.flush()
 
 

@@ -15,7 +15,9 @@ target. A temporary file never outlives a failure or an abort.
 
 One JSON line per file on stdout: `{"i": n, "ok": true, "sha256", "size"}` once it is renamed,
 or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"error", "error": text}`; after the
-first failure nothing more is written or read. Standard library only, Python 3.6 compatible.
+first failure nothing more is written or read, and the exit status is 1 (0: every file
+landed), so a request the host agent runs `after` this one starts only when all did.
+Standard library only, Python 3.6 compatible.
 """
 
 import hashlib
@@ -148,11 +150,13 @@ def main():
         out.write(json.dumps(line) + "\n")
         out.flush()
         if not line["ok"]:
-            return
+            return False
+    return True
 
 
 if __name__ == "__main__":
     try:
-        main()
+        landed = main()
     except (BrokenPipeError, Aborted):
-        pass  # the client went away: every temporary file is already removed
+        landed = False  # the client went away: every temporary file is already removed
+    sys.exit(0 if landed else 1)

@@ -527,12 +527,22 @@ def push(
     # The lock may go with the record's append when nothing follows it (no import check: its
     # failure rolls back, under the lock).
     release = lock if release_lock and lock is not None and not import_check else None
+    # Leftovers settled above may have appended to the history since the scan read it.
+    past = _history_seen(snap) if not snap.leftovers else None
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
         try:
-            push_pipeline.run_deploy(transport, deploy, land, release=release)
+            push_pipeline.run_deploy(transport, deploy, land, release=release, past=past)
         finally:
             plan.deployed = deploy.landed
     return plan
+
+
+def _history_seen(snap: Snapshot) -> history.History | None:
+    """The host's history as the scan read it under the lock (None: it did not)."""
+    held = snap.lock or {}
+    if "history" not in held:
+        return None
+    return history.parse_history(held["history"] or "")
 
 
 def _python_sources(folder: Path, paths: list[str], wanted: bool) -> dict[str, bytes | None]:

@@ -43,6 +43,7 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.hosts.sshlib import paramiko
+from kerneldev.hosts.transport.agent_chain import AgentChain
 from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,
@@ -207,6 +208,10 @@ class SSHTransport(Transport):
             return None
         self._agent = AgentTransport(client, self.host_config, self.host_name)
         return self._agent
+
+    def chain(self) -> AgentChain | None:
+        agent = self._via_agent()
+        return agent.chain() if agent is not None else None
 
     # The connection's parts as this class uses them (opened on first use).
     def _connection(self) -> paramiko.Transport:
