@@ -233,6 +233,24 @@ class AgentClient:
         return self.wait_hello()
 
     @property
+    def started(self) -> bool:
+        """The agent's HELLO came. The agent reads no request before it has sent it, so a
+        stream that ended before that ran none of the requests sent into it."""
+        return self._hello is not None
+
+    def expect_hello_within(self, seconds: float) -> None:
+        """End the stream (every request fails as lost) when no HELLO has come within
+        `seconds`: requests may be sent before it, and must not wait on a host that never
+        starts the agent for longer than `wait_hello(seconds)` would."""
+        timer = threading.Timer(seconds, self._no_hello, args=(seconds,))
+        timer.daemon = True
+        timer.start()
+
+    def _no_hello(self, seconds: float) -> None:
+        if self._hello is None:
+            self._stream_ended(f"no answer from the host agent within {seconds:g}s")
+
+    @property
     def lost(self) -> str | None:
         """Why the stream ended (None while it is up)."""
         return self._lost
