@@ -17,12 +17,18 @@ One JSON line per file on stdout: `{"i": n, "ok": true, "sha256", "size"}` once 
 or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"error", "error": text}`; after the
 first failure nothing more is written or read, and the exit status is 1 (0: every file
 landed), so a request the host agent runs `after` this one starts only when all did.
+
+SIGINT (the client's Ctrl-C, when every record is already on its way) stops it at the next
+safe point - between two reads of a file's bytes, or right before a rename - as an `A` record
+would: the file being written is dropped and reported aborted. So a file is renamed if and
+only if its report line says so.
 Standard library only, Python 3.6 compatible.
 """
 
 import hashlib
 import json
 import os
+import signal
 import stat
 import struct
 import sys
@@ -33,6 +39,18 @@ HEADER = struct.Struct(">cQ")
 
 class Aborted(Exception):
     pass
+
+
+STOPPED = []  # the SIGINT that asked us to stop (acted on at the safe points: `check_stop`)
+
+
+def _stop(signum, frame):
+    STOPPED.append(signum)
+
+
+def check_stop():
+    if STOPPED:
+        raise Aborted("interrupted by the client")
 
 
 class Changed(Exception):
@@ -51,6 +69,7 @@ def discard(path):
 def read_exact(inp, n):
     parts = []
     while n:
+        check_stop()
         block = inp.read(min(n, CHUNK))
         if not block:
             raise Aborted("the stream ended early")
@@ -126,6 +145,7 @@ def receive(inp, item, mark, out=None):
                 raise Aborted("aborted by the client")
         if item["check"] and sha256_of(path) != item["expect"]:
             raise Changed()
+        check_stop()
         os.rename(tmp, path)
     except BaseException:
         discard(tmp)
@@ -134,6 +154,7 @@ def receive(inp, item, mark, out=None):
 
 
 def main():
+    signal.signal(signal.SIGINT, _stop)
     inp, out = sys.stdin.buffer, sys.stdout
     (length,) = struct.unpack(">Q", read_exact(inp, 8))
     request = json.loads(read_exact(inp, length).decode("utf-8"))

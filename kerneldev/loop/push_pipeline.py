@@ -435,37 +435,44 @@ def _deploy_chained(
     host, record = deploy.host, deploy.record
     planned, pairs = _backup_plan(deploy)
     marker_path = posixpath.join(history.backup_folder(host.root, record.id), history.INCOMPLETE)
-    with chain:
-        marker = chain.write_atomic(marker_path, history.record_line(planned).encode("utf-8"))
-        expect = [s.old_sha256 for s in deploy.steps if s.backup is not None]
-        copy = chain.copy_on_host(pairs, expect) if pairs else None
-        items, callbacks = land.items(deploy, landed)
-        size = _workspace_bytes(deploy)
-        upload = chain.put_files(items, callbacks, size)
-        finish = None
-        releasing = release is not None and release.held and not _may_prune(host, record, past)
-        if upload.all_sent:
-            files = [landed_file(s, upload.sent[i][0], 0)[0] for i, s in enumerate(deploy.steps)]
-            then = f"rm -f -- {shlex.quote(marker_path)}"
-            if releasing:
-                then += f" && {release.release_command()}"
-            line = history.record_line(replace(record, files=files))
-            finish = chain.append_text(history.history_path(host.root), line, then)
-        marker.result()
-        if copy is not None:
-            sums = copy.result()
-            _check_backups(deploy, _backup_sums(deploy, sums))
-        try:
-            upload.result()
-        except LiveChangedError as err:
-            raise changed_while_deploying(deploy.steps[err.index].path) from None
-        if finish is None:
-            return False
-        with interrupt.shield():
+    finish = None
+    releasing = False
+    try:
+        with chain:
+            marker = chain.write_atomic(marker_path, history.record_line(planned).encode("utf-8"))
+            expect = [s.old_sha256 for s in deploy.steps if s.backup is not None]
+            copy = chain.copy_on_host(pairs, expect) if pairs else None
+            items, callbacks = land.items(deploy, landed)
+            upload = chain.put_files(items, callbacks, _workspace_bytes(deploy))
+            releasing = release is not None and release.held and not _may_prune(host, record, past)
+            if upload.all_sent:
+                sent = upload.sent
+                files = [landed_file(s, sent[i][0], 0)[0] for i, s in enumerate(deploy.steps)]
+                then = f"rm -f -- {shlex.quote(marker_path)}"
+                if releasing:
+                    then += f" && {release.release_command()}"
+                line = history.record_line(replace(record, files=files))
+                finish = chain.append_text(history.history_path(host.root), line, then)
+            marker.result()
+            if copy is not None:
+                _check_backups(deploy, _backup_sums(deploy, copy.result()))
             try:
-                finish.result()
-            except KerneldevError:
-                return False  # not appended: the caller appends (or the next push records it)
+                upload.result()
+            except LiveChangedError as err:
+                raise changed_while_deploying(deploy.steps[err.index].path) from None
+            if finish is None:
+                return False
+            with interrupt.shield():
+                try:
+                    finish.result()
+                except KerneldevError:
+                    return False  # not appended: the caller appends (or the next push does)
+    except interrupt.Interrupted:
+        # Ctrl-C as the last file landed: when the chain's record made it to the host (its
+        # append ran before the cancel came), the deploy is complete and recorded; the signal
+        # stays pending and ends the command after the bookkeeping, as it would have then.
+        if finish is None or not finish.succeeded or len(record.files) != len(deploy.steps):
+            raise
     if releasing:
         release.released_on_host()
     return True

@@ -50,6 +50,7 @@ from kerneldev.hostside import receivefiles as _receivefiles
 # small beside that many bytes, and the host never holds more than this for us.
 AHEAD_LIMIT = 64 << 20
 SETTLE_TIMEOUT = 120.0  # seconds to wait for each step's end while settling
+POLL = 0.5  # seconds between looks at Ctrl-C while waiting on the host
 
 
 class ChainStep:
@@ -110,7 +111,9 @@ class UploadStep(ChainStep):
         return len(self.sent) == len(self.items)
 
     def result(self) -> None:
-        """As `Transport.put_files`: `on_landed` for each file renamed, then the first failure."""
+        """As `Transport.put_files`: `on_landed` for each file renamed, then the first failure.
+        Ctrl-C while the host still lands files stops it (see `AgentChain.settle`)."""
+        self.chain._wait_for(self.process)
         self.collected = True
         t = self.chain.transport
         t._settle_files(self.process, self.items, self.sent, None, self.callbacks)
@@ -119,6 +122,12 @@ class UploadStep(ChainStep):
 class RunStep(ChainStep):
     def result(self):
         return self._command_result()
+
+    @property
+    def succeeded(self) -> bool:
+        """It ran and exited 0 (also when it was only awaited by `settle`)."""
+        process = self.process
+        return process.exited and process.status == 0 and process.start_error is None
 
 
 class AgentChain:
@@ -196,25 +205,31 @@ class AgentChain:
 
     # --- ending -----------------------------------------------------------------------------
     def _wait_for(self, process: AgentProcess) -> None:
-        """Until `process` ended (Ctrl-C honoured); its answer is read later, in order."""
+        """Until `process` ended (Ctrl-C honoured); its answer is read after."""
         try:
-            while not process.wait_for_output(0.5) or not process.exited:
-                interrupt.check()
-                if self.transport.client.lost:
-                    raise self.transport._lost("deploying")
+            while True:
+                try:
+                    process.wait(POLL)
+                    return
+                except TimeoutError:
+                    interrupt.check()
         except ConnectionLostError:
             raise self.transport._lost("deploying") from None
 
     def settle(self) -> None:
-        """After a failure: nothing of the chain starts any more, and every step has ended;
-        the upload's landed files are reported to its `on_landed`."""
+        """After a failure: nothing of the chain starts any more, an upload still landing
+        files stops at its next safe point (SIGINT: `receivefiles.py`), and every step has
+        ended; the upload's landed files are reported to its `on_landed`."""
         with interrupt.shield():
             left = [s for s in self.steps if not s.collected]
-            for step in left:
-                try:
+            try:
+                for step in left:
                     step.process.signal("CANCEL")
-                except ConnectionLostError:
-                    return  # the host ends everything itself (the agent's EOF)
+                for step in left:
+                    if isinstance(step, UploadStep):
+                        step.process.signal("INT")
+            except ConnectionLostError:
+                return  # the host ends everything itself (the agent's EOF)
             for step in left:
                 step.collected = True
                 try:
