@@ -101,16 +101,20 @@ def replaced(stat_of, path, mode):
     return (st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode) if mode is None else mode
 
 
-def receive(inp, item, mark, out=None):
+def receive(inp, item, mark, out=None, made=None):
     """Land one file; returns (sha256, size) of what was written, raises on failure. With
     `confirm` set, once the bytes are written a `{"i": n, "written": true}` line goes to `out`
     and one `R` record (rename) must follow, else the file is dropped: the client's own
-    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`)."""
+    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`).
+    `made`: the folders this run created (or found) already, one makedirs each."""
     path = item["path"]
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, name = os.path.split(path)
-    os.makedirs(folder, exist_ok=True)
+    if made is None or folder not in made:
+        os.makedirs(folder, exist_ok=True)
+        if made is not None:
+            made.add(folder)
     owner, mode = replaced(os.stat, path, item["mode"])
     # At most 200 bytes of the name: the temporary one must stay within 255 (NAME_MAX).
     stem = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
@@ -158,9 +162,10 @@ def main():
     inp, out = sys.stdin.buffer, sys.stdout
     (length,) = struct.unpack(">Q", read_exact(inp, 8))
     request = json.loads(read_exact(inp, length).decode("utf-8"))
+    made = set()
     for i, item in enumerate(request["files"]):
         try:
-            sha, size = receive(inp, dict(item, i=i), request["mark"], out)
+            sha, size = receive(inp, dict(item, i=i), request["mark"], out, made)
             line = {"i": i, "ok": True, "sha256": sha, "size": size}
         except Changed:
             line = {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}
