@@ -351,6 +351,10 @@ class Transport(abc.ABC):
                 f"cannot append to {path} on {self.host_name}: {result.stderr.strip()}"
             )
 
+    def begin(self) -> None:  # noqa: B027 - optional: only what starts a host has work here
+        """Start reaching the host (connection, login, agent) without waiting for it, so that
+        local work overlaps the host's start; a no-op where nothing needs starting."""
+
     def chain(self):  # -> agent_chain.AgentChain | None (not imported here: it imports this)
         """Where the host runs a pipeline of requests (the host agent): an `AgentChain` that
         sends a deploy's steps at once, each run only after the one before succeeded; None

@@ -273,14 +273,19 @@ class AgentTransport(Transport):
         to abort)."""
         on_start, on_bytes = callbacks.on_start, callbacks.on_bytes
         sent: dict[int, tuple[str, int]] = {}
+        out = _Coalesced(process.write)
         try:
-            for i, item in enumerate(items):
-                if on_start is not None:
-                    on_start(i)
-                interrupt.check()
-                if process.exited:
-                    break  # the host stopped reading (a failed check or write): it says why
-                sent[i] = send_file_records(process.write, item.open, item.path, on_bytes)
+            try:
+                for i, item in enumerate(items):
+                    if on_start is not None:
+                        on_start(i)
+                    interrupt.check()
+                    if process.exited:
+                        break  # the host stopped reading (a failed check or write): it says why
+                    sent[i] = send_file_records(out.write, item.open, item.path, on_bytes)
+            finally:
+                with interrupt.shield():
+                    out.flush()  # whole records only: an abort after them is read as one
         except ConnectionLostError:
             raise self._lost("uploading files") from None
         except BaseException as err:  # Ctrl-C, or the workspace file could not be read
@@ -408,6 +413,30 @@ class AgentTransport(Transport):
                 raise HostConnectionError(f"GET {url}: no answer within {timeout:g}s")
             raise HostConnectionError(f"GET {url}: {answer.get('error')}")
         return http_status(url, answer.get("head", ""))
+
+
+class _Coalesced:
+    """Writes gathered into blocks of `BLOCK` bytes: an upload of many small files is a few
+    frames and SSH packets, not two per file. Callers write whole records, so a block always
+    ends on a record's end."""
+
+    BLOCK = 256 << 10
+
+    def __init__(self, write) -> None:
+        self._write = write
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self.BLOCK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            data, self._parts, self._size = b"".join(self._parts), [], 0
+            self._write(data)
 
 
 class _StreamReader(ExactReader):

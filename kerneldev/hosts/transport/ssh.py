@@ -247,6 +247,9 @@ class SSHTransport(Transport):
                 raise
             return NO_AGENT
 
+    def begin(self) -> None:
+        self._via_agent(wait=False)  # connects, asks for the agent, sends its source
+
     def chain(self) -> AgentChain | None:
         agent = self._via_agent()
         return agent.chain() if agent is not None else None
