@@ -46,6 +46,19 @@ def agent(sshd_server, tmp_path, isolated_home):
     connection.close()
 
 
+def _raw_agent_channel(server, tmp_path):
+    """An agent started on its own channel: the connection, the channel and the bytes read
+    up to the agent's MAGIC."""
+    connection = SSHConnection(ssh_host(server, tmp_path))
+    chan = agent_channel(connection, ["python3", sys.executable])
+    seen = b""
+    while MAGIC not in seen:
+        block = chan.recv(4096)
+        assert block, "the agent did not start"
+        seen += block
+    return connection, chan, seen
+
+
 def test_hello_names_the_agent_and_its_interpreter(agent):
     hello = agent.hello
     assert hello["agent"] == 1 and hello["version"]
@@ -216,13 +229,7 @@ def test_the_holders_relay_passes_frames_that_came_together_in_one_write(
 ):
     """A client's OPEN, STDIN and EOF written together reach the agent in one write of the
     relay (ids remapped), and the client gets its output and EXIT under its own id."""
-    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
-    chan = agent_channel(connection, ["python3", sys.executable])
-    seen = b""
-    while MAGIC not in seen:
-        block = chan.recv(4096)
-        assert block, "the agent did not start"
-        seen += block
+    connection, chan, seen = _raw_agent_channel(sshd_server, tmp_path)
     writes: list[bytes] = []
 
     def write(data: bytes) -> None:
@@ -326,13 +333,7 @@ def test_the_relay_chains_a_clients_own_requests_and_never_anothers(
 ):
     """Through a holder's relay: "after" names the client's own id, turned into the agent's;
     an id the client did not open (another client's request) is refused by the agent."""
-    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
-    chan = agent_channel(connection, ["python3", sys.executable])
-    seen = b""
-    while MAGIC not in seen:
-        block = chan.recv(4096)
-        assert block, "the agent did not start"
-        seen += block
+    connection, chan, seen = _raw_agent_channel(sshd_server, tmp_path)
     reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
     link = AgentLink(reader.read, chan.sendall, chan.close, {})
     assert link.read_frame()[0] == HELLO

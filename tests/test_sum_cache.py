@@ -112,8 +112,8 @@ def test_entries_of_deleted_files_are_dropped_on_the_next_write(tmp_path):
     assert list(_cached(ws)) == ["a.py"]
 
 
-def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path):
-    """End to end over the local transport: the cache never hides an edit from drift or push."""
+def _pulled(tmp_path: Path):
+    """A live tree of one file pulled into a workspace over the local transport, a tick ago."""
     root = tmp_path / "live"
     (root / "k").mkdir(parents=True)
     (root / "k" / "a.py").write_text("a v1\n")
@@ -121,6 +121,12 @@ def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path):
     transport = LocalTransport(host)
     sync.pull(transport, host)
     time.sleep(TICK)
+    return root, host, transport
+
+
+def test_diff_and_push_see_an_edit_that_keeps_size_and_mtime(tmp_path):
+    """End to end over the local transport: the cache never hides an edit from drift or push."""
+    root, host, transport = _pulled(tmp_path)
     edited = Path(host.workspace) / "k" / "a.py"
     assert {f.path: f.status for f in drift.compute_drift(transport, host).files} == {
         "k/a.py": drift.IN_SYNC
@@ -145,13 +151,7 @@ def test_a_file_whose_mtime_was_set_ahead_is_remembered_by_its_ctime(tmp_path):
 
 
 def test_a_dry_run_push_writes_no_cache(tmp_path):
-    root = tmp_path / "live"
-    (root / "k").mkdir(parents=True)
-    (root / "k" / "a.py").write_text("a v1\n")
-    host = local_host(root, tmp_path / "ws")
-    transport = LocalTransport(host)
-    sync.pull(transport, host)
-    time.sleep(TICK)
+    root, host, transport = _pulled(tmp_path)
     (Path(host.workspace) / "k" / "a.py").write_text("a v2\n")
     time.sleep(TICK)
     folder = Path(host.workspace) / KERNELDEV_DIR
