@@ -35,6 +35,7 @@ from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.session import control, location, wire
 from kerneldev.hosts.transport.session.identity import connection_fields, session_key
+from kerneldev.loop.sum_cache import SUMS_FILE
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, start_kerneldev
 from tests.leftovers import end_test_processes
@@ -206,7 +207,7 @@ def _story(env: Env) -> list:
     for top in (env.root, env.workspace):
         for path in sorted(top.rglob("*")):
             # The sums cache holds inode numbers and times: the same facts, other numbers.
-            if path.is_file() and "sessions" not in path.parts and path.name != "sums.json":
+            if path.is_file() and "sessions" not in path.parts and path.name != SUMS_FILE:
                 data = path.read_bytes()
                 if path.suffix in (".json", ".jsonl"):
                     data = _normal(data.decode()).encode()
