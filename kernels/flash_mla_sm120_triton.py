@@ -1049,21 +1049,65 @@ _INT32_MAX = tl.constexpr(0x7FFFFFFF)  # an empty slot of a sorted base row: aft
 
 
 @triton.jit
+def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
+                 TOPK_LOG2: tl.constexpr):  # fmt: skip
+    """Which of the keys `find` ([PACK_G, TOPK_POW2]: token, position) the sorted row `base`
+    holds (`match`), and per entry of `base` its tokens' counts as a word of 4-bit counts
+    (token g's at bits 4g; nonzero only at an index's first occurrence: `first`), with the
+    largest count (a count past 15 carries into the next token's nibble). Every key's lower
+    bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads, L1), one relaxed
+    atomic add per found key into its own token's count row (no two tokens on one address).
+    SC_ptr: (PACK_G + 1) x TOPK_POW2 int32 of scratch (the row, then the count rows)."""
+    g = tl.arange(0, PACK_G)
+    j = tl.arange(0, TOPK_POW2)
+    cnt_ptr = SC_ptr + TOPK_POW2
+    cnt_off = g[:, None] * TOPK_POW2 + j[None, :]
+    tl.store(SC_ptr + j, base)
+    tl.store(cnt_ptr + cnt_off, 0)
+    tl.debug_barrier()
+    pos = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32)  # base entries below the key
+    for s in tl.static_range(TOPK_LOG2):
+        step = TOPK_POW2 >> (s + 1)
+        probe = tl.load(SC_ptr + pos + (step - 1))
+        pos = tl.where(probe < key, pos + step, pos)
+    match = find & (tl.load(SC_ptr + pos) == key)
+    tl.atomic_add(cnt_ptr + g[:, None] * TOPK_POW2 + pos, 1, mask=match, sem="relaxed")
+    prev = tl.load(SC_ptr + j - 1, mask=j > 0, other=-1)
+    tl.debug_barrier()
+    cnt = tl.load(cnt_ptr + cnt_off, cache_modifier=".cg")  # the atomics' results, from L2
+    word = tl.sum(cnt << (4 * g)[:, None], axis=0)
+    first = (base != prev) & (base != _INT32_MAX)
+    return match, word, first, tl.max(tl.max(cnt, axis=1))
+
+
+@triton.jit
+def _singles(idx, keep, at, UI_ptr, UW_ptr, PACK_G: tl.constexpr):
+    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << 4g), token by token
+    from entry `at` on; returns how many."""
+    g = tl.arange(0, PACK_G)
+    per_token = tl.sum(keep.to(tl.int32), axis=1)
+    row_at = at + tl.cumsum(per_token, 0) - per_token
+    slot = row_at[:, None] + tl.cumsum(keep.to(tl.int32), 1) - 1
+    tl.store(UI_ptr + slot, idx, mask=keep)
+    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << (4 * g))[:, None], mask=keep)
+    return tl.sum(per_token)
+
+
+@triton.jit
 def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
                 t0, SC_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
                 TOPK_LOG2: tl.constexpr):  # fmt: skip
-    """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache, relative to
-    token t0's row (the base): its entries at UI_ptr[0, U) and, per entry, an int32 word of
-    4-bit counts (token g's count at bits 4g) at UW_ptr[0, U). First the base's distinct
-    indices in ascending order, each with every token's count of it; then, one entry each
-    (word 1 << 4g), the valid indices of the other tokens that the base does not hold. Such
-    an index selected by several tokens has several entries, which the packed launch weighs
-    as one with their counts summed (count x exp(s) is additive): the union is not always the
-    smallest one, but it is exact, and it needs no hash table and no sort of all the group's
-    keys. Base row sorted (`tl.sort` of TOPK_POW2 keys), every key's lower bound in it by
-    binary search (TOPK_LOG2 dependent loads), the counts by atomic adds into per-token
-    count rows, then compacted. SC_ptr: scratch of (PACK_G + 1) x TOPK_POW2 int32 (the sorted
-    base, then the count rows).
+    """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its entries at
+    UI_ptr[0, U) and, per entry, an int32 word of 4-bit counts (token g's count at bits 4g)
+    at UW_ptr[0, U). Up to two sorted base rows: token t0's row (its distinct indices first,
+    ascending, with every token's counts), then, where the other tokens select more than
+    TOPK_POW2 / 4 indices that it does not hold, the first TOPK_POW2 of those (their distinct
+    indices next, likewise); any index left (fewer than that outside the first base, or more
+    than TOPK_POW2) gets one entry per selection (word 1 << 4g). An index may thus have
+    several entries, which the packed launch weighs as one with their counts summed (count x
+    exp(s) is additive): the union is exact for any indices, the smallest one unless indices
+    are left. Costs one or two sorts of TOPK_POW2 int32 keys and binary searches
+    (`_base_counts`), not a sort or a hash table of all the group's keys.
     Returns (U, each token's valid count, ok): not ok when a count passed 15 (its nibble would
     carry)."""
     g = tl.arange(0, PACK_G)
@@ -1076,42 +1120,36 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     length = _lengths(LEN_ptr, stride_len, has_len, t, topk)
     valid = (j[None, :] < length[:, None]) & (idx >= 0) & (idx < num_tokens)
     n_valid = tl.sum(valid.to(tl.int32), axis=1)
-    key = tl.where(valid, idx, _INT32_MAX)  # an invalid key matches nothing below
+    key = tl.where(valid, idx, _INT32_MAX)  # an invalid key matches nothing
     b0 = tl.load(IDX_ptr + t0.to(tl.int64) * stride_ib + j * stride_it, mask=j < topk, other=-1)
     len0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
     base = tl.sort(tl.where((j < len0) & (b0 >= 0) & (b0 < num_tokens), b0, _INT32_MAX))
-    cnt_ptr = SC_ptr + TOPK_POW2
-    cnt_off = g[:, None] * TOPK_POW2 + j[None, :]
-    tl.store(SC_ptr + j, base)
-    tl.store(cnt_ptr + cnt_off, 0)
-    tl.debug_barrier()
-    # pos: how many base entries are below the key (its first occurrence, if the base holds it)
-    pos = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32)
-    for s in tl.static_range(TOPK_LOG2):
-        step = TOPK_POW2 >> (s + 1)
-        probe = tl.load(SC_ptr + pos + (step - 1), cache_modifier=".cg")
-        pos = tl.where(probe < key, pos + step, pos)
-    at = tl.load(SC_ptr + pos, mask=pos < TOPK_POW2, other=-1, cache_modifier=".cg")
-    match = valid & (at == key)
-    tl.atomic_add(cnt_ptr + g[:, None] * TOPK_POW2 + pos, 1, mask=match)
-    tl.debug_barrier()
-    cnt = tl.load(cnt_ptr + cnt_off, cache_modifier=".cg")
-    word = tl.sum(cnt << (4 * g)[:, None], axis=0)
-    prev = tl.load(SC_ptr + j - 1, mask=j > 0, other=-1, cache_modifier=".cg")
-    first = (base != prev) & (base != _INT32_MAX)
+    match, word, first, top = _base_counts(key, valid, base, SC_ptr, PACK_G, TOPK_POW2,
+                                           TOPK_LOG2)  # fmt: skip
     n_base = tl.sum(first.to(tl.int32))
     run = tl.cumsum(first.to(tl.int32), 0) - 1
     tl.store(UI_ptr + run, base, mask=first)
     tl.store(UW_ptr + run, word, mask=first)
-    # the other tokens' indices the base does not hold, one entry each, after the base's
+    # The other tokens' indices outside the first base, one entry each after it; where they
+    # are many (more than a quarter of a row: a second sort then costs less than the rows it
+    # may save the packed launch), the first TOPK_POW2 of them sorted as the second base.
     rest = valid & (match == 0)
-    per_token = tl.sum(rest.to(tl.int32), axis=1)
-    at_row = n_base + tl.cumsum(per_token, 0) - per_token
-    slot = at_row[:, None] + tl.cumsum(rest.to(tl.int32), 1) - 1
-    tl.store(UI_ptr + slot, idx, mask=rest)
-    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << (4 * g))[:, None], mask=rest)
-    ok = tl.max(tl.max(cnt, axis=1)) <= 15
-    return n_base + tl.sum(per_token), n_valid, ok
+    n_rest = _singles(idx, rest, n_base, UI_ptr, UW_ptr, PACK_G)
+    n_base2 = n_rest * 0
+    n_left = n_rest
+    top2 = top * 0
+    if 4 * n_rest > TOPK_POW2:
+        tl.debug_barrier()
+        staged = tl.load(UI_ptr + n_base + j, mask=j < n_rest, other=_INT32_MAX)
+        base2 = tl.sort(staged)
+        match2, word2, first2, top2 = _base_counts(key, rest, base2, SC_ptr, PACK_G, TOPK_POW2,
+                                                   TOPK_LOG2)  # fmt: skip
+        n_base2 = tl.sum(first2.to(tl.int32))
+        run2 = n_base + tl.cumsum(first2.to(tl.int32), 0) - 1
+        tl.store(UI_ptr + run2, base2, mask=first2)
+        tl.store(UW_ptr + run2, word2, mask=first2)
+        n_left = _singles(idx, rest & (match2 == 0), n_base + n_base2, UI_ptr, UW_ptr, PACK_G)
+    return n_base + n_base2 + n_left, n_valid, tl.maximum(top, top2) <= 15
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
