@@ -1024,16 +1024,12 @@ def _combine_kernel(
 # per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
 # launch, run first, sees length 0 for the packed tokens.
 
-_HASH_MULT = tl.constexpr(0x9E3779B1)  # Fibonacci hashing of the cache indices
-_HASH_ROUNDS = tl.constexpr(32)  # linear-probing rounds before a group is left unpacked
-
 
 @triton.jit
 def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, t1,
                  PROBE_CHUNK: tl.constexpr):  # fmt: skip
     """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
-    many were probed: a cheap test before the hash-table union (tokens that own their rows
-    stop here)."""
+    many were probed: a cheap test before the union (tokens that own their rows stop here)."""
     pr = tl.arange(0, 16)
     pi = tl.load(IDX_ptr + t1.to(tl.int64) * stride_ib + pr * stride_it, mask=pr < topk, other=-1)
     pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
@@ -1049,21 +1045,71 @@ def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0
     return tl.sum(found * pvalid.to(tl.int32)), tl.sum(pvalid.to(tl.int32))
 
 
+_INT32_MAX = tl.constexpr(0x7FFFFFFF)  # an empty slot of a sorted base row: after every index
+
+
+@triton.jit
+def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
+                 TOPK_LOG2: tl.constexpr):  # fmt: skip
+    """Which of the keys `find` ([PACK_G, TOPK_POW2]: token, position) the sorted row `base`
+    holds (`match`), and per entry of `base` its tokens' counts as a word of 4-bit counts
+    (token g's at bits 4g; nonzero only at an index's first occurrence: `first`), with the
+    largest count (a count past 15 carries into the next token's nibble). Every key's lower
+    bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads, L1), one relaxed
+    atomic add per found key into its own token's count row (no two tokens on one address).
+    SC_ptr: (PACK_G + 1) x TOPK_POW2 int32 of scratch (the row, then the count rows)."""
+    g = tl.arange(0, PACK_G)
+    j = tl.arange(0, TOPK_POW2)
+    cnt_ptr = SC_ptr + TOPK_POW2
+    cnt_off = g[:, None] * TOPK_POW2 + j[None, :]
+    tl.store(SC_ptr + j, base)
+    tl.store(cnt_ptr + cnt_off, 0)
+    tl.debug_barrier()
+    pos = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32)  # base entries below the key
+    for s in tl.static_range(TOPK_LOG2):
+        step = TOPK_POW2 >> (s + 1)
+        probe = tl.load(SC_ptr + pos + (step - 1))
+        pos = tl.where(probe < key, pos + step, pos)
+    match = find & (tl.load(SC_ptr + pos) == key)
+    tl.atomic_add(cnt_ptr + g[:, None] * TOPK_POW2 + pos, 1, mask=match, sem="relaxed")
+    prev = tl.load(SC_ptr + j - 1, mask=j > 0, other=-1)
+    tl.debug_barrier()
+    cnt = tl.load(cnt_ptr + cnt_off, cache_modifier=".cg")  # the atomics' results, from L2
+    word = tl.sum(cnt << (4 * g)[:, None], axis=0)
+    first = (base != prev) & (base != _INT32_MAX)
+    return match, word, first, tl.max(tl.max(cnt, axis=1))
+
+
+@triton.jit
+def _singles(idx, keep, at, UI_ptr, UW_ptr, PACK_G: tl.constexpr):
+    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << 4g), token by token
+    from entry `at` on; returns how many."""
+    g = tl.arange(0, PACK_G)
+    per_token = tl.sum(keep.to(tl.int32), axis=1)
+    row_at = at + tl.cumsum(per_token, 0) - per_token
+    slot = row_at[:, None] + tl.cumsum(keep.to(tl.int32), 1) - 1
+    tl.store(UI_ptr + slot, idx, mask=keep)
+    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << (4 * g))[:, None], mask=keep)
+    return tl.sum(per_token)
+
+
 @triton.jit
 def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, HT_ptr, HW_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr,
-                TOPK_POW2: tl.constexpr):  # fmt: skip
-    """The union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its distinct
-    indices at UI_ptr[0, U) and, per index, an int32 word of 4-bit counts (token g's count at
-    bits 4g) at UW_ptr[0, U). Built in a hash table of PACK_G x TOPK_POW2 slots in global
-    memory (HT_ptr: the indices, -1 empty, then as many dummy slots, one per key, where a
-    settled key's compare-and-swap goes without writing: one shared dummy serialised all of
-    them, run K3; HW_ptr: the words), inserted with atomic compare-and-swap and linear
-    probing, then compacted.
-    Returns (U, each token's valid count, ok): not ok when a key found no slot in
-    _HASH_ROUNDS rounds or a count passed 15 (its nibble carried: the per-token sums of the
-    words then differ from the valid counts)."""
-    SLOTS: tl.constexpr = PACK_G * TOPK_POW2
+                t0, SC_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
+                TOPK_LOG2: tl.constexpr):  # fmt: skip
+    """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its entries at
+    UI_ptr[0, U) and, per entry, an int32 word of 4-bit counts (token g's count at bits 4g)
+    at UW_ptr[0, U). Up to two sorted base rows: token t0's row (its distinct indices first,
+    ascending, with every token's counts), then, where the other tokens select more than
+    TOPK_POW2 / 4 indices that it does not hold, the first TOPK_POW2 of those (their distinct
+    indices next, likewise); any index left (fewer than that outside the first base, or more
+    than TOPK_POW2) gets one entry per selection (word 1 << 4g). An index may thus have
+    several entries, which the packed launch weighs as one with their counts summed (count x
+    exp(s) is additive): the union is exact for any indices, the smallest one unless indices
+    are left. Costs one or two sorts of TOPK_POW2 int32 keys and binary searches
+    (`_base_counts`), not a sort or a hash table of all the group's keys.
+    Returns (U, each token's valid count, ok): not ok when a count passed 15 (its nibble would
+    carry)."""
     g = tl.arange(0, PACK_G)
     j = tl.arange(0, TOPK_POW2)
     t = t0 + g
@@ -1074,37 +1120,36 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     length = _lengths(LEN_ptr, stride_len, has_len, t, topk)
     valid = (j[None, :] < length[:, None]) & (idx >= 0) & (idx < num_tokens)
     n_valid = tl.sum(valid.to(tl.int32), axis=1)
-    s = tl.arange(0, SLOTS)
-    tl.store(HT_ptr + s, -1)
-    tl.store(HW_ptr + s, 0)
-    tl.store(HT_ptr + SLOTS + s, -2)  # dummy slots: never -3, so the CAS there never writes
-    tl.debug_barrier()
-    add = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32) + (1 << (g * 4))[:, None]
-    h = idx.to(tl.uint32) * _HASH_MULT
-    slot = ((h ^ (h >> 15)) % SLOTS).to(tl.int32)
-    dummy = g[:, None] * TOPK_POW2 + j[None, :]
-    pending = valid
-    r = 0
-    while (tl.max(pending.to(tl.int32)) > 0) & (r < _HASH_ROUNDS):
-        ptr = tl.where(pending, HT_ptr + slot, HT_ptr + SLOTS + dummy)
-        old = tl.atomic_cas(ptr, tl.where(pending, -1, -3), idx)
-        placed = pending & ((old == -1) | (old == idx))
-        tl.atomic_add(HW_ptr + slot, add, mask=placed)
-        pending = pending & (placed == 0)
-        slot = tl.where(pending, (slot + 1) % SLOTS, slot)
-        r += 1
-    tl.debug_barrier()
-    key = tl.load(HT_ptr + s, cache_modifier=".cg")
-    word = tl.load(HW_ptr + s, cache_modifier=".cg")
-    first = key >= 0
+    key = tl.where(valid, idx, _INT32_MAX)  # an invalid key matches nothing
+    b0 = tl.load(IDX_ptr + t0.to(tl.int64) * stride_ib + j * stride_it, mask=j < topk, other=-1)
+    len0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
+    base = tl.sort(tl.where((j < len0) & (b0 >= 0) & (b0 < num_tokens), b0, _INT32_MAX))
+    match, word, first, top = _base_counts(key, valid, base, SC_ptr, PACK_G, TOPK_POW2,
+                                           TOPK_LOG2)  # fmt: skip
+    n_base = tl.sum(first.to(tl.int32))
     run = tl.cumsum(first.to(tl.int32), 0) - 1
-    tl.store(UI_ptr + run, key, mask=first)
+    tl.store(UI_ptr + run, base, mask=first)
     tl.store(UW_ptr + run, word, mask=first)
-    ok = tl.max(pending.to(tl.int32)) == 0
-    for gg in tl.static_range(PACK_G):
-        counted = tl.sum((word >> (gg * 4)) & 15)
-        ok = ok & (counted == tl.sum(tl.where(g == gg, n_valid, 0)))
-    return tl.sum(first.to(tl.int32)), n_valid, ok
+    # The other tokens' indices outside the first base, one entry each after it; where they
+    # are many (more than a quarter of a row: a second sort then costs less than the rows it
+    # may save the packed launch), the first TOPK_POW2 of them sorted as the second base.
+    rest = valid & (match == 0)
+    n_rest = _singles(idx, rest, n_base, UI_ptr, UW_ptr, PACK_G)
+    n_base2 = n_rest * 0
+    n_left = n_rest
+    top2 = top * 0
+    if 4 * n_rest > TOPK_POW2:
+        tl.debug_barrier()
+        staged = tl.load(UI_ptr + n_base + j, mask=j < n_rest, other=_INT32_MAX)
+        base2 = tl.sort(staged)
+        match2, word2, first2, top2 = _base_counts(key, rest, base2, SC_ptr, PACK_G, TOPK_POW2,
+                                                   TOPK_LOG2)  # fmt: skip
+        n_base2 = tl.sum(first2.to(tl.int32))
+        run2 = n_base + tl.cumsum(first2.to(tl.int32), 0) - 1
+        tl.store(UI_ptr + run2, base2, mask=first2)
+        tl.store(UW_ptr + run2, word2, mask=first2)
+        n_left = _singles(idx, rest & (match2 == 0), n_base + n_base2, UI_ptr, UW_ptr, PACK_G)
+    return n_base + n_base2 + n_left, n_valid, tl.maximum(top, top2) <= 15
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -1116,6 +1161,8 @@ def _pack_plan_kernel(
     PACK_G: tl.constexpr,
     TOPK_POW2: tl.constexpr,
     E_TOPK_POW2: tl.constexpr,
+    TOPK_LOG2: tl.constexpr,
+    E_TOPK_LOG2: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
     PROBE_CHUNK: tl.constexpr,
 ):  # fmt: skip
@@ -1152,19 +1199,19 @@ def _pack_plan_kernel(
             )  # fmt: skip
         if (probed > 0) & (2 * found >= probed):
             u_row = U_ptr + grp.to(tl.int64) * stride_u
-            # Per cache: the table's keys and dummies (2 x slots) then its words (slots).
+            # Per cache: the sorted base row, then PACK_G count rows (`_union_rows`).
             ht = HT_ptr + grp.to(tl.int64) * stride_ht
             n_u, n_valid, ok = _union_rows(
                 IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, ht, ht + 2 * PACK_G * TOPK_POW2, u_row, u_row + w_off, PACK_G, TOPK_POW2,
+                t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
             )  # fmt: skip
             e_n_u = 0
             if HAS_EXTRA:
                 eht = ht + e_ht_off
                 e_n_u, e_n_valid, e_ok = _union_rows(
                     EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
-                    e_num_tokens, t0, eht, eht + 2 * PACK_G * E_TOPK_POW2, u_row + e_u_off,
-                    u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2,
+                    e_num_tokens, t0, eht, u_row + e_u_off, u_row + e_u_off + e_w_off, PACK_G,
+                    E_TOPK_POW2, E_TOPK_LOG2,
                 )  # fmt: skip
                 n_valid += e_n_valid
                 ok = ok & e_ok
@@ -1538,9 +1585,9 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     e_len2 = torch.empty(B, dtype=torch.int32, device=dev) if has_extra else len2
     topk_pow2 = triton.next_power_of_2(max(topk, 1))
     e_topk_pow2 = triton.next_power_of_2(max(e_topk, 1))
-    # Hash tables: per cache G x topk_pow2 slots, as many dummy slots, then the words.
-    e_ht_off = 3 * G * topk_pow2
-    scratch = torch.empty(groups, e_ht_off + 3 * G * e_topk_pow2, dtype=torch.int32, device=dev)
+    # Scratch per cache: the sorted base row (topk_pow2), then G count rows (`_union_rows`).
+    e_ht_off = (G + 1) * topk_pow2
+    scratch = torch.empty(groups, e_ht_off + (G + 1) * e_topk_pow2, dtype=torch.int32, device=dev)
     max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
     table_slots = G * max(topk_pow2, e_topk_pow2)
     _pack_plan_kernel[(groups,)](
@@ -1551,7 +1598,9 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
         union, union.stride(0), 2 * cap, cap, e_cap, union_len, flag, len2, e_len2, scratch,
         scratch.stride(0), e_ht_off, B, flags["has_len"], flags["has_elen"], exact_below,
         max_keys,
-        PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2, HAS_EXTRA=has_extra,
+        PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2,
+        TOPK_LOG2=topk_pow2.bit_length() - 1, E_TOPK_LOG2=e_topk_pow2.bit_length() - 1,
+        HAS_EXTRA=has_extra,
         PROBE_CHUNK=256, num_warps=16 if table_slots > 4096 else 8,
     )  # fmt: skip
     main = {**main, "LEN_ptr": len2, "stride_len": 1}

@@ -11,6 +11,7 @@ Run: `pytest tests/kernels` (CPU: a few minutes on 2 cores; also fine inside `py
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import math
 import os
@@ -835,6 +836,72 @@ def test_packed_tokens_own_rows_and_duplicates(monkeypatch):
         rows[9, -2] = rows[9, 5]
     _run_and_check(dup, "mma", cfg)
     assert seen[1] == [1, 1], seen
+
+
+def _valid_counts(inputs, key, len_key, cache_key, t):
+    """Token t's valid selections in one cache as {index: times selected}."""
+    row = inputs[key].view(inputs[key].shape[0], -1)[t].tolist()
+    lens = inputs[len_key]
+    n = len(row) if lens is None else min(int(lens[t]), len(row))
+    cache = inputs[cache_key]
+    num_tokens = cache.shape[0] * cache.shape[1]
+    return collections.Counter(i for i in row[:n] if 0 <= i < num_tokens)
+
+
+def test_pack_plan_union_counts_every_selection(monkeypatch):
+    """The plan's union of a group, read back: per cache, every token's count of every index
+    summed over the union's entries equals how often the token selects it, and the first
+    token's indices come first, once each, in ascending order. Group 0 (coinciding rows,
+    packed) has each index once; in group 1 six tokens select rows of their own, more than a
+    second base row holds, so some indices get one entry per selection, and the group is
+    not packed (its union is too large) but its union is still exact."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 16, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-union"), **kw)
+    for key in ("indices", "extra_indices"):
+        rows = inputs[key].view(T, -1)
+        cache = inputs["k_cache" if key == "indices" else "extra_k_cache"]
+        taken = set(rows.flatten().tolist())
+        outside = min(set(range(cache.shape[0] * cache.shape[1])) - taken)  # selected by none
+        rows[2, 3:5] = outside  # twice by token 2, once by token 5: not in token 0's row
+        rows[5, 7] = outside
+        rows[0, 1:3] = rows[0, 0]  # token 0 selects one index three times
+        n = cache.shape[0] * cache.shape[1]
+        for t in range(9, 15):  # rows of their own: far from the others' (mod the cache)
+            rows[t] = (rows[8] + (t - 8) * (n // 7)) % n
+        rows[14] = rows[13]  # selections past the second base shared by two tokens
+    plans = []
+    orig = fl._launch_packed
+
+    def spy(q, main, extra, common, flags, plan):
+        plans.append({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in plan.items()})
+        return orig(q, main, extra, common, flags, plan)
+
+    monkeypatch.setattr(fl, "_launch_packed", spy)
+    _run_and_check(inputs, "mma", _packed_config(T, H, kw["topk"], kw["extra_topk"], G))
+    (plan,) = plans
+    assert plan["flag"].tolist() == [1, 0], plan["flag"]
+    caches = (
+        ("indices", "topk_length", "k_cache", 0, plan["cap"]),
+        ("extra_indices", "extra_topk_length", "extra_k_cache", 2 * plan["cap"], plan["e_cap"]),
+    )
+    for grp in range(T // G):
+        for c, (key, len_key, cache_key, off, cap) in enumerate(caches):
+            n = int(plan["union_len"][grp, c])
+            keys = plan["union"][grp, off : off + n].tolist()
+            words = plan["union"][grp, off + cap : off + cap + n].tolist()
+            base = sorted(_valid_counts(inputs, key, len_key, cache_key, grp * G))
+            assert keys[: len(base)] == base, (grp, key)
+            if grp == 0:
+                assert len(set(keys)) == len(keys), (grp, key)
+            else:
+                assert len(set(keys)) < len(keys), (grp, key)
+            for g in range(G):
+                got = collections.Counter()
+                for i, w in zip(keys, words, strict=True):
+                    got[i] += (w >> (4 * g)) & 15
+                want = _valid_counts(inputs, key, len_key, cache_key, grp * G + g)
+                assert +got == want, (grp, key, g)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
