@@ -36,7 +36,7 @@ from kerneldev.errors import RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.local_user import local_user
 from kerneldev.loop.state import now_iso
-from kerneldev.paths import HOST_LOCK, KERNELDEV_DIR
+from kerneldev.paths import HOST_HISTORY, HOST_LOCK, KERNELDEV_DIR
 
 LOCK_FILE = HOST_LOCK  # under the host's root
 DEFAULT_WAIT = 60.0  # seconds a command waits for another's lock
@@ -188,6 +188,8 @@ class HostLock:
             "token": self.me.token,
             "root_must_exist": not self.create_root,
             "release_if_same": release_if_same,
+            # read under the lock when it is kept: the deploy's pruning needs it
+            "history": posixpath.join(self.root, HOST_HISTORY),
         }
 
     def took(self, answer: dict | None) -> bool:
