@@ -157,6 +157,18 @@ def test_a_killed_connection_is_connection_lost_not_a_traceback(
     connection.close()
 
 
+def test_closing_a_client_whose_connection_was_cut_raises_nothing():
+    """paramiko's `shutdown_write` raises EOFError once the socket under it is gone (a cut
+    connection): closing the client then must not raise (a push that was cut reported its
+    ConnectionLostError, not this)."""
+
+    def cut() -> None:
+        raise EOFError()
+
+    client = AgentClient(lambda n: b"", lambda data: None, shutdown=cut)
+    client.close()
+
+
 def test_a_forked_python_request_holds_no_other_requests_pipes(agent, tmp_path):
     # Python requests run in a fork of the agent, which inherits every descriptor: a kept
     # write end of another request's stdin would keep that request from its EOF.

@@ -272,7 +272,9 @@ class AgentClient:
         if self._shutdown is not None:
             try:
                 self._shutdown()
-            except OSError:
+            except (OSError, EOFError):
+                # EOFError: paramiko's `shutdown_write` on a connection already cut (its
+                # socket refuses the write); the agent sees that end as EOF all the same.
                 pass
 
     # --- requests -----------------------------------------------------------------------
