@@ -4,6 +4,7 @@ checks of what a host looks like after a fault."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kerneldev.config import HostConfig
-from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport import open_transport, over_agent
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.state import load_state
 from kerneldev.sandbox.proxy import LoopbackProxy
@@ -98,7 +99,8 @@ def meddled(host: HostConfig, after: str, meddle: Callable[[], None]) -> Transpo
     class Meddled(type(open_transport(host))):
         def put_files(self, items, *, on_start=None, **kw):
             start = _meddling(items, after, meddle, on_start)
-            return super().put_files(items, on_start=start, **kw)
+            with _each_record_sent_at_once():
+                return super().put_files(items, on_start=start, **kw)
 
         def chain(self):
             chain = super().chain()
@@ -107,12 +109,26 @@ def meddled(host: HostConfig, after: str, meddle: Callable[[], None]) -> Transpo
 
                 def put_files(items, callbacks, size):
                     on_start = _meddling(items, after, meddle, callbacks.on_start)
-                    return put(items, dataclasses.replace(callbacks, on_start=on_start), size)
+                    with _each_record_sent_at_once():
+                        return put(items, dataclasses.replace(callbacks, on_start=on_start), size)
 
                 chain.put_files = put_files
             return chain
 
     return Meddled(host)
+
+
+@contextlib.contextmanager
+def _each_record_sent_at_once():
+    """The agent transport gathers an upload's records into 256 KiB writes: a file's bytes
+    would not leave before the next file's, and `_meddling` would wait for a file that cannot
+    land yet. Here each record goes as it is written."""
+    block = over_agent._Coalesced.BLOCK
+    over_agent._Coalesced.BLOCK = 1
+    try:
+        yield
+    finally:
+        over_agent._Coalesced.BLOCK = block
 
 
 def _meddling(items, after: str, meddle: Callable[[], None], on_start):
