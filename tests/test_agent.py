@@ -386,3 +386,37 @@ def test_the_relay_chains_a_clients_own_requests_and_never_anothers(
             thread.join(30)
         link.close()
         connection.close()
+
+
+def test_a_failed_write_to_the_client_starts_nothing_that_waits(tmp_path):
+    """The client is gone when the agent's first write to it fails (the stdin's EOF may come
+    later): a request waiting `after` the one that just ended is not started (in-process: the
+    agent's frames go to a pipe whose reading end is closed)."""
+    from kerneldev.hostside import agent as host_agent
+
+    inp_r, inp_w = os.pipe()
+    out_r, out_w = os.pipe()
+    agent = host_agent.Agent(inp_r, host_agent.Output(out_w))
+    serving = threading.Thread(target=agent.serve, daemon=True)
+    serving.start()
+
+    def frame(kind, rid, value):
+        payload = json.dumps(value).encode()
+        os.write(inp_w, host_agent.HEADER.pack(len(payload), rid, kind) + payload)
+
+    hello = os.read(out_r, 1 << 16)
+    assert hello  # HELLO came; from now on nothing reads the agent's frames
+    os.close(out_r)
+    frame(host_agent.OPEN, 1, {"command": "sleep 0.3"})
+    frame(host_agent.OPEN, 2, {"command": f"touch {tmp_path / 'after-ran'}", "after": 1})
+    deadline = time.monotonic() + 10
+    while not agent.out.broken and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a started follower would have run by now
+    os.close(inp_w)
+    serving.join(10)
+    agent.end_all()
+    os.close(inp_r)
+    os.close(out_w)
+    assert agent.out.broken
+    assert not (tmp_path / "after-ran").exists()

@@ -14,7 +14,10 @@ started at all (EXIT `{"error": ..., "skipped": true}`) when that one failed, co
 was skipped, is unknown, or when a SIGNAL "CANCEL" came for it first. So a client can send
 the steps of a pipeline without waiting for each answer, and a failure stops the rest on the
 host, in order. CANCEL never touches a request that runs; the connection's end starts
-nothing more.
+nothing more: its stdin's EOF, or already a write to the client that failed (the client is
+gone; the EOF may come later). The chain's steps also check the host lock themselves before
+they act (`receivefiles.py`, `copyfiles.py`), since a step may be running when the client
+goes.
 
 Frame: a 9-byte header (struct ">IIB": payload length, request id, type) and the payload.
 Before the first frame the agent writes MAGIC, so a client can skip whatever a login shell's
@@ -294,7 +297,7 @@ class Agent:
 
     def start(self, request, spec):
         """Under the lock (so that `end_all` sees every process started)."""
-        if self.closing:
+        if self.closing or self.out.broken:
             self.refuse(request, "not started: the connection is gone", True)
             return
         try:
