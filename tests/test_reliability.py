@@ -338,6 +338,54 @@ def test_a_backup_that_is_not_the_planned_bytes_stops_the_chain(ssh_env, monkeyp
     assert not load_state(ws).deploys
 
 
+@pytest.mark.parametrize("handed", [True, False], ids=["lock-in-the-scan", "lock-held-before"])
+def test_a_lock_taken_over_mid_push_stops_the_chain_on_the_host(ssh_env, handed):
+    """Another command takes the lock over while the host still runs a push's chain (as when
+    a connection was cut: the re-run finds the lock stale and takes it while the host has not
+    seen the cut yet). From then on no step of the chain acts - the next file is not written,
+    no record is appended, the new holder's lock stays - and the push says the lock was taken
+    over. The new holder's own push then settles what was left."""
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+    lock_file = root / ".kerneldev" / "lock"
+    history_file = root / history.HISTORY_FILE
+    history_before = history_file.read_text() if history_file.exists() else None
+    other = json.dumps({"user": "someone", "machine": "elsewhere", "token": "fedcba9876543210"})
+
+    def take_over():  # once k/a.py has landed, before k/b.py's bytes go
+        lock_file.write_text(other + "\n")
+
+    with meddled(host, "k/a.py", take_over) as t, pytest.raises(sync.PartialDeployError) as caught:
+        lock = host_lock.HostLock(t, host.root, "push", wait=10)
+        try:
+            if handed:
+                sync.push(t, host, lock=lock, release_lock=True)
+            else:
+                with lock:
+                    sync.push(t, host)
+        finally:
+            lock.release()
+    assert "was taken over by another command" in caught.value.message
+    assert caught.value.deployed == ["k/a.py"]
+    assert (root / "k/a.py").read_bytes() == b"mine k/a.py\n"
+    for path in ("k/b.py", "k/c.py"):
+        assert (root / path).read_bytes().startswith(f"# {path} v1".encode()), path
+    assert lock_file.read_text() == other + "\n"  # the new holder's, untouched
+    assert (history_file.read_text() if history_file.exists() else None) == history_before
+    assert len(list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}"))) == 1
+    assert not temp_files(root)
+    record = load_state(ws).deploys[-1]
+    assert [f.path for f in record.files] == ["k/a.py"] and record.outcome == "partial"
+
+    lock_file.unlink()  # the new holder is done; its next push settles the marker
+    result = _pushed_with_the_lock(host)
+    assert result.deployed == ["k/b.py", "k/c.py"]
+    assert not list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}"))
+    assert check_backups(root, ws) == []
+
+
 # --- concurrent pushes ----------------------------------------------------------------------
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import io
 import json
 import os
 import signal
@@ -553,3 +554,53 @@ def test_ssh_without_python3_for_the_agent_falls_back_with_the_reason(
     with SSHTransport(host) as t:
         with pytest.raises(TransferError, match="cannot start the host agent.*no python3"):
             t.run("true")
+
+
+def test_each_chained_step_acts_only_while_the_lock_holds_its_token(
+    sshd_server, tmp_path, isolated_home
+):
+    """A push's chain holds its lock (`AgentChain.hold`): each step - the marker's write, the
+    backups, the upload, the record's append - checks on the host that the lock file still
+    holds the push's token before it acts. With another command's token there (the lock taken
+    over, as after a cut connection), none of them touches anything and each says why; with
+    its own token, each acts."""
+    from kerneldev.errors import LockLostError
+    from kerneldev.hosts.transport.base import PutFilesCallbacks, PutItem
+
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    lock_file, live = root / "lock", root / "live.py"
+    live.write_bytes(b"old\n")
+    old_sha = hashlib.sha256(b"old\n").hexdigest()
+    mine = {"path": str(lock_file), "token": "0123456789abcdef"}
+    marker, backup, history_file = root / "b" / "marker", root / "b" / "live.py", root / "history"
+
+    def steps(chain):
+        yield lambda: chain.write_atomic(str(marker), b"planned\n").result()
+        yield lambda: chain.copy_on_host([(str(live), str(backup))], [old_sha]).result()
+        item = PutItem(str(live), lambda: io.BytesIO(b"new\n"), None, old_sha)
+        callbacks = PutFilesCallbacks(lambda i, sha, size: None)
+        yield lambda: chain.put_files([item], callbacks, 4).result()
+        yield lambda: chain.append_text(str(history_file), "record\n").result()
+
+    lock_file.write_text('{"token": "fedcba9876543210", "user": "someone else"}\n')
+    with open_transport(host) as t:
+        for i in range(4):
+            chain = t.chain()
+            assert chain is not None
+            chain.hold(mine)
+            with pytest.raises(LockLostError, match="taken over") as caught, chain:
+                list(steps(chain))[i]()
+            assert "no longer holds this command's token" in caught.value.message
+        assert live.read_bytes() == b"old\n"
+        assert not (root / "b").exists() and not history_file.exists()
+        assert sorted(p.name for p in root.iterdir()) == ["live.py", "lock"]  # no temp file
+
+        lock_file.write_text(json.dumps({"token": mine["token"]}) + "\n")
+        chain = t.chain()
+        chain.hold(mine)
+        with chain:
+            for step in steps(chain):
+                step()
+    assert marker.read_bytes() == b"planned\n" and backup.read_bytes() == b"old\n"
+    assert live.read_bytes() == b"new\n" and history_file.read_text() == "record\n"

@@ -17,6 +17,10 @@ exits 1; the items before it stay copied, as with the shell script. With `"expec
 request (one sha256 per item), a copy whose sum is not the expected one is printed and then
 ends the run the same way (exit 1, `copyfiles: mismatch <index>`): a push's backups are
 checked on the host, so that an upload sent `after` them never starts on a bad backup.
+With `"lock": {"path", "token"}`, the host lock file must still hold that token before each
+item is begun and again right before its rename; else that item's `tmp` is removed and the run
+ends (exit 1, `copyfiles: lock taken over: <why>`): a push's chain left by its client (a cut
+connection) creates no backup once its lock was taken over.
 
 Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
 """
@@ -29,6 +33,23 @@ import stat
 import sys
 
 CHUNK = 1 << 20
+
+
+class LockLost(Exception):
+    pass
+
+
+def check_lock(lock):
+    """As `receivefiles.check_lock` (a copy: each script is sent alone)."""
+    if lock is None:
+        return
+    try:
+        with open(lock["path"], "rb") as f:
+            held = lock["token"].encode("ascii") in f.read(1 << 16)
+    except OSError:
+        held = False
+    if not held:
+        raise LockLost("the lock %s no longer holds this command's token" % lock["path"])
 
 
 def copy_item(src, tmp):
@@ -52,19 +73,30 @@ def copy_item(src, tmp):
 def main():
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
     expect = request.get("expect")
+    lock = request.get("lock")
     out = sys.stdout
     made = set()  # folders already created (one makedirs per folder, not per file)
     for i, (src, tmp, dst) in enumerate(request["items"]):
         folder = os.path.dirname(dst)
         step = "create folder " + folder
         try:
+            check_lock(lock)
             if folder not in made:
                 os.makedirs(folder, exist_ok=True)
                 made.add(folder)
             step = "copy " + src
             sha = copy_item(src, tmp)
             step = "rename to " + dst
+            check_lock(lock)
             os.rename(tmp, dst)
+        except LockLost as err:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            out.flush()
+            sys.stderr.write("copyfiles: lock taken over: %s\n" % err)
+            sys.exit(1)
         except OSError as err:
             try:
                 os.unlink(tmp)

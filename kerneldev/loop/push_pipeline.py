@@ -35,6 +35,7 @@ from kerneldev.errors import (
     ConnectionLostError,
     DeployTally,
     KerneldevError,
+    LockLostError,
     PartialDeployError,
     RefusedError,
     TransferError,
@@ -348,6 +349,7 @@ def run_deploy(
     land: Lander,
     release: HostLock | None = None,
     past: history.History | None = None,
+    lock: HostLock | None = None,
 ) -> None:
     """Back up, then land every step, recording each landed file. Whatever stops it (an error,
     Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
@@ -358,7 +360,13 @@ def run_deploy(
     read under this lock (the push's scan), so pruning needs no request to read it.
 
     A push through the host agent sends the marker, the backups, the upload and the record
-    in one chain (`_deploy_chained`): one round trip, each step still after the one before."""
+    in one chain (`_deploy_chained`): one round trip, each step still after the one before.
+    `lock`: the host lock the deploy runs under (else `release`'s): each chained
+    step checks on the host that it is still ours before it acts, since the host may still run
+    the chain after its client is gone (a cut connection) and the lock is taken over. A step
+    that finds it taken over stops the chain (`LockLostError`); then this command writes
+    nothing more on the host (what landed is recorded here; the new holder's next push settles
+    the deploy's marker on the host)."""
     record = deploy.record
 
     def landed(file: DeployedFile, base: BaseUpdate) -> None:
@@ -369,6 +377,9 @@ def run_deploy(
     recorded = False
     try:
         if chain is not None:
+            guard = lock if lock is not None else release
+            if guard is not None and guard.held:
+                chain.hold(guard.guard())
             recorded = _deploy_chained(chain, deploy, land, landed, release, past)
         else:
             back_up(transport, deploy)
@@ -382,7 +393,8 @@ def run_deploy(
                 if stopped_by_signal or isinstance(err, ConnectionLostError)
                 else "partial"
             )
-            record_stopped(transport, deploy)
+            # The lock is another command's now: nothing more is written on the host.
+            record_stopped(transport, deploy, on_host=not isinstance(err, LockLostError))
             done, left = deploy.landed, deploy.not_landed
             tally = DeployTally(tuple(done), tuple(left))
             if stopped_by_signal:
@@ -465,6 +477,8 @@ def _deploy_chained(
             with interrupt.shield():
                 try:
                     finish.result()
+                except LockLostError:
+                    raise  # every file landed, the record is not appended: the marker stays
                 except KerneldevError:
                     return False  # not appended: the caller appends (or the next push does)
     except interrupt.Interrupted:
@@ -519,11 +533,13 @@ def record_deploy(
     append_history(transport, deploy.host, deploy.record, release)
 
 
-def record_stopped(transport: Transport, deploy: Deploy) -> None:
+def record_stopped(transport: Transport, deploy: Deploy, on_host: bool = True) -> None:
     """A deploy that stopped midway: what landed is recorded (state, history); nothing landed,
-    its backups are dropped."""
+    its backups are dropped. Not `on_host` (its lock was taken over): the state alone."""
     record = deploy.record
     save_bases(deploy.host, deploy.bases, record if record.files else None)
+    if not on_host:
+        return
     if record.files:
         append_history(transport, deploy.host, record)
     else:

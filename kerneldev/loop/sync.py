@@ -62,7 +62,7 @@ from kerneldev.loop.drift import (
     classify,
 )
 from kerneldev.loop.import_check import ImportCheckReport, check_deploy
-from kerneldev.loop.lock import HostLock
+from kerneldev.loop.lock import HostLock, holding
 from kerneldev.loop.push_pipeline import BaseUpdate, Deploy, DeployStep, ProgressCallback
 from kerneldev.loop.state import (
     STATE_DIR,
@@ -539,9 +539,11 @@ def push(
     release = lock if release_lock and lock is not None and not import_check else None
     # Leftovers settled above may have appended to the history since the scan read it.
     past = _history_seen(snap) if not snap.leftovers else None
+    # The lock the deploy's host steps check is still ours (handed over, or the caller's).
+    held = lock if lock is not None and lock.held else holding(transport, host.root)
     with check_deploy(transport, host, plan, new, import_check, lambda: _undo(transport, host)):
         try:
-            push_pipeline.run_deploy(transport, deploy, land, release=release, past=past)
+            push_pipeline.run_deploy(transport, deploy, land, release=release, past=past, lock=held)
         finally:
             plan.deployed = deploy.landed
     return plan

@@ -12,6 +12,13 @@ runs right before its rename, and the record is appended only when every file la
 (`receivefiles.py` exits 1 otherwise). The client then reads the answers in the same order
 and raises what the single operations would have raised.
 
+The client may be gone while the host still runs the chain (a cut connection: the agent sees
+the end of its stdin only later), and another command may take its lock over meanwhile (a
+stale lock). So with `hold(lock)` every step checks, on the host, that the lock file still
+holds this command's token right before it acts - before each file is begun and again before
+its rename (marker, backups, upload: `receivefiles.py`, `copyfiles.py`), before the record's
+append (`append_text`) - and stops the chain otherwise; its answer raises `LockLostError`.
+
 Whatever stops the client on the way (a failed step, Ctrl-C, a read error), leaving the
 `with` block settles the chain before the error goes on: the steps not started yet are
 cancelled (they never run), an upload that runs has been told to abort (`_send_files`), every
@@ -25,17 +32,20 @@ from __future__ import annotations
 import io
 import json
 import posixpath
+import shlex
 
 from kerneldev import interrupt
 from kerneldev.errors import ConnectionLostError, KerneldevError, TransferError
 from kerneldev.hosts.transport.agent_client import AgentProcess
 from kerneldev.hosts.transport.base import (
     TEMP_MARK,
+    CommandResult,
     PutFilesCallbacks,
     PutItem,
     RunOptions,
     append_command,
     copy_sums,
+    lock_lost,
     parse_reports,
     receive_items,
     send_file_records,
@@ -51,6 +61,17 @@ from kerneldev.hostside import receivefiles as _receivefiles
 AHEAD_LIMIT = 64 << 20
 SETTLE_TIMEOUT = 120.0  # seconds to wait for each step's end while settling
 POLL = 0.5  # seconds between looks at Ctrl-C while waiting on the host
+# What a step's shell guard prints on stderr (exit LOCK_LOST_EXIT) when the lock is not ours.
+LOCK_LOST = "kerneldev: lock taken over:"
+LOCK_LOST_EXIT = 75
+
+
+def lock_guard(lock: dict) -> str:
+    """A shell prefix that exits LOCK_LOST_EXIT unless the lock file holds the token."""
+    path, token = shlex.quote(lock["path"]), shlex.quote(lock["token"])
+    why = shlex.quote(f"{LOCK_LOST} the lock {lock['path']} no longer holds this command's token")
+    stop = f"{{ echo {why} >&2; exit {LOCK_LOST_EXIT}; }}"
+    return f"grep -qF -- {token} {path} 2>/dev/null || {stop}; "
 
 
 class ChainStep:
@@ -85,6 +106,8 @@ class WriteStep(ChainStep):
         if not done:
             raise TransferError(f"writing {self.path} on {host} ended without a report")
         if not done[0]["ok"]:
+            if done[0].get("reason") == "lock":
+                raise lock_lost(host, f"before writing {self.path}", done[0].get("error"))
             raise TransferError(f"cannot write {self.path} on {host}: {done[0].get('error')}")
 
 
@@ -96,7 +119,12 @@ class CopyStep(ChainStep):
     def result(self) -> dict[str, str | None]:
         """{destination: sha256} as `Transport.copy_on_host`; a copy whose sum was not the
         expected one stopped the chain and is in the sums for the caller's own check."""
-        return copy_sums(self.chain.transport.host_name, self.pairs, self._command_result())
+        host = self.chain.transport.host_name
+        result = self._command_result()
+        if not result.ok and "copyfiles: lock taken over:" in result.stderr:
+            why = result.stderr.split("copyfiles: lock taken over:", 1)[1].strip()
+            raise lock_lost(host, "before copying the backups", why)
+        return copy_sums(host, self.pairs, result)
 
 
 class UploadStep(ChainStep):
@@ -120,8 +148,13 @@ class UploadStep(ChainStep):
 
 
 class RunStep(ChainStep):
-    def result(self):
-        return self._command_result()
+    def result(self) -> CommandResult:
+        """The command's result; `LockLostError` when its lock guard stopped it."""
+        result = self._command_result()
+        if result.exited == LOCK_LOST_EXIT and LOCK_LOST in result.stderr:
+            why = result.stderr.split(LOCK_LOST, 1)[1].strip()
+            raise lock_lost(self.chain.transport.host_name, f"before {self.doing}", why)
+        return result
 
     @property
     def succeeded(self) -> bool:
@@ -138,6 +171,12 @@ class AgentChain:
         # an `over_agent.AgentTransport` (not imported here: it imports this module)
         self.transport = transport
         self.steps: list[ChainStep] = []
+        self.lock: dict | None = None  # {"path", "token"}: see `hold`
+
+    def hold(self, lock: dict | None) -> None:
+        """Every step sent from now on first checks on the host that the lock file `path`
+        still holds `token` (the command's host lock was not taken over), and fails else."""
+        self.lock = lock
 
     def __enter__(self) -> AgentChain:
         return self
@@ -157,7 +196,10 @@ class AgentChain:
     def write_atomic(self, path: str, data: bytes) -> WriteStep:
         """`Transport.write_atomic` (mode kept, 0o644 for a new file; folders created)."""
         item = {"path": path, "mode": None, "expect": None, "check": False}
-        request = json.dumps({"mark": TEMP_MARK, "files": [item]}).encode("utf-8")
+        fields: dict = {"mark": TEMP_MARK, "files": [item]}
+        if self.lock is not None:
+            fields["lock"] = self.lock
+        request = json.dumps(fields).encode("utf-8")
         parts = [len(request).to_bytes(8, "big"), request]
         send_file_records(parts.append, lambda: io.BytesIO(data), path, None)
         process = self._open(script(_receivefiles), f"writing {path}", True, b"".join(parts))
@@ -168,7 +210,10 @@ class AgentChain:
     def copy_on_host(self, pairs: list[tuple[str, str]], expect: list[str | None]) -> CopyStep:
         """`Transport.copy_on_host`, each copy's sum checked on the host against `expect`."""
         items = [[src, temp_path(*posixpath.split(dst)), dst] for src, dst in pairs]
-        stdin = json.dumps({"items": items, "expect": expect}).encode("utf-8")
+        fields: dict = {"items": items, "expect": expect}
+        if self.lock is not None:
+            fields["lock"] = self.lock
+        stdin = json.dumps(fields).encode("utf-8")
         process = self._open(script(_copyfiles), "copying files on the host", True, stdin)
         step = CopyStep(self, process, pairs)
         self.steps.append(step)
@@ -181,7 +226,7 @@ class AgentChain:
         steps before, which the host finishes first); `result()` reads what landed."""
         t = self.transport
         before = self._last
-        process = t._start_receiving(receive_items(items), after=before)
+        process = t._start_receiving(receive_items(items), after=before, lock=self.lock)
         step = UploadStep(self, process, items, callbacks)
         self.steps.append(step)
         if before is not None and size > AHEAD_LIMIT:
@@ -196,8 +241,11 @@ class AgentChain:
         return step
 
     def append_text(self, path: str, text: str, then: str = "") -> RunStep:
-        """`Transport.append_text` (`then` in the same request)."""
+        """`Transport.append_text` (`then` in the same request); with `hold`, nothing is
+        appended unless the lock is still ours."""
         command = append_command(path, then)
+        if self.lock is not None:
+            command = lock_guard(self.lock) + command
         process = self._open(command, f"appending to {path}", False, text.encode("utf-8"))
         step = RunStep(self, process, f"appending to {path}")
         self.steps.append(step)

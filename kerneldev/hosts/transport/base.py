@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 from kerneldev import interrupt
 from kerneldev.atomic_file import temp_stem
-from kerneldev.errors import HostConnectionError, TransferError
+from kerneldev.errors import HostConnectionError, LockLostError, TransferError
 from kerneldev.errors import (
     LiveChangedError as LiveChangedError,  # re-exported: it was defined here
 )
@@ -459,9 +459,23 @@ def raise_put_failure(items: list[PutItem], reports: list[dict], host_name: str)
             i = report.get("i", 0)
             if report.get("reason") == "changed":
                 raise LiveChangedError(i, items[i].path)
+            if report.get("reason") == "lock":
+                raise lock_lost(host_name, f"before writing {items[i].path}", report.get("error"))
             raise TransferError(
                 f"cannot write {items[i].path} on {host_name}: {report.get('error')}"
             )
+
+
+def lock_lost(host_name: str, when: str, why: object) -> LockLostError:
+    """A host step refused because this command's host lock was taken over (`receivefiles.py`'s
+    and `copyfiles.py`'s `check_lock`, the chain's record guard)."""
+    return LockLostError(
+        f"the lock on host '{host_name}' was taken over by another command {when} ({why}); "
+        "nothing more of this command changed the host",
+        hint="another command took the lock (a stale lock after a cut connection, or "
+        "`--break-lock`); run `kerneldev status` and push again: the next push settles what "
+        "this one left",
+    )
 
 
 def scan_request(root: str, patterns: list[str], markers: str | None, lock: dict | None) -> dict:

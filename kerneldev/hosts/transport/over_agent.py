@@ -316,9 +316,14 @@ class AgentTransport(Transport):
             )
 
     def _start_receiving(
-        self, files: list[dict], after: AgentProcess | None = None
+        self, files: list[dict], after: AgentProcess | None = None, lock: dict | None = None
     ) -> AgentProcess:
-        request = json.dumps({"mark": TEMP_MARK, "files": files}).encode("utf-8")
+        """`receivefiles.py` started (`after`: see `_open`); `lock`: the host lock that must
+        still be ours before each file is begun and renamed (`AgentChain.hold`)."""
+        fields: dict = {"mark": TEMP_MARK, "files": files}
+        if lock is not None:
+            fields["lock"] = lock
+        request = json.dumps(fields).encode("utf-8")
         process = self._open(
             script(_receivefiles), "starting a file transfer", python=True, after=after
         )
