@@ -63,11 +63,13 @@ def write_stream_atomic(
     owner: tuple[int, int] | None = None,
     on_chunk: Callable[[int], None] | None = None,
     before_rename: Callable[[], None] | None = None,
+    sync_folder: bool = True,
 ) -> None:
     """`write_bytes_atomic` from a binary stream, copied in 1 MiB chunks (memory stays flat
     for any size). `on_chunk(n)` runs after each chunk (progress; it may raise to stop, e.g.
     on Ctrl-C); `before_rename()` runs last (a compare-and-swap check; raising leaves `path`
-    untouched). The temporary file never outlives a failure."""
+    untouched). The temporary file never outlives a failure. `sync_folder=False`: the caller
+    makes the rename durable itself (`sync_folders`, once per folder for many files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=temp_name_prefix(path.name), dir=path.parent)
@@ -88,7 +90,15 @@ def write_stream_atomic(
     except BaseException:
         discard(tmp)
         raise
-    _fsync_dir(path.parent)
+    if sync_folder:
+        _fsync_dir(path.parent)
+
+
+def sync_folders(folders: set[Path]) -> None:
+    """Make the renames made in these folders durable (`write_stream_atomic`'s last step, for
+    a batch of files: one fsync per folder instead of one per file)."""
+    for folder in sorted(folders):
+        _fsync_dir(folder)
 
 
 def _give_owner(fd: int, owner: tuple[int, int] | None) -> None:

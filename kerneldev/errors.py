@@ -233,6 +233,11 @@ class LockBusyError(RefusedError):
         self.holder = holder
 
 
+class LockLostError(RefusedError):
+    """The host's lock was taken over (a stale lock, `--break-lock`) while this command still
+    ran: the host refused its next step, so nothing more of it changed the host."""
+
+
 class ImportRefusedError(RefusedError):
     """The new files lack names that the live tree imports (or do not parse). `report` is the
     push/rollback result (with its import_check), which `--json` prints."""

@@ -4,6 +4,8 @@ checks of what a host looks like after a fault."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import os
 import signal
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kerneldev.config import HostConfig
-from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport import open_transport, over_agent
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.state import load_state
 from kerneldev.sandbox.proxy import LoopbackProxy
@@ -87,21 +89,69 @@ class CuttingProxy(LoopbackProxy):
         self._cut_all()
 
 
-def meddled(host: HostConfig, before: str, meddle: Callable[[], None]) -> Transport:
+def meddled(host: HostConfig, after: str, meddle: Callable[[], None]) -> Transport:
     """The host's transport, under which `meddle()` (someone else at work on the host) runs
-    just before the upload of the file whose path ends in `before` starts."""
+    once the file whose path ends in `after` has landed on the host, before the next file's
+    bytes are sent: in the middle of the upload, on the one-request-per-step path and in the
+    host agent's chain alike (there the upload may be queued behind the backups when the
+    client sends, so the client's own progress says nothing of the host's)."""
 
     class Meddled(type(open_transport(host))):
         def put_files(self, items, *, on_start=None, **kw):
-            def start(i):
-                if items[i].path.endswith(before):
-                    meddle()
-                if on_start is not None:
-                    on_start(i)
+            start = _meddling(items, after, meddle, on_start)
+            with _each_record_sent_at_once():
+                return super().put_files(items, on_start=start, **kw)
 
-            return super().put_files(items, on_start=start, **kw)
+        def chain(self):
+            chain = super().chain()
+            if chain is not None:
+                put = chain.put_files
+
+                def put_files(items, callbacks, size):
+                    on_start = _meddling(items, after, meddle, callbacks.on_start)
+                    with _each_record_sent_at_once():
+                        return put(items, dataclasses.replace(callbacks, on_start=on_start), size)
+
+                chain.put_files = put_files
+            return chain
 
     return Meddled(host)
+
+
+@contextlib.contextmanager
+def _each_record_sent_at_once():
+    """The agent transport gathers an upload's records into 256 KiB writes: a file's bytes
+    would not leave before the next file's, and `_meddling` would wait for a file that cannot
+    land yet. Here each record goes as it is written."""
+    block = over_agent._Coalesced.BLOCK
+    over_agent._Coalesced.BLOCK = 1
+    try:
+        yield
+    finally:
+        over_agent._Coalesced.BLOCK = block
+
+
+def _meddling(items, after: str, meddle: Callable[[], None], on_start):
+    def start(i):
+        if i > 0 and items[i - 1].path.endswith(after):
+            with items[i - 1].open() as f:
+                sent = f.read()
+            landed = Path(items[i - 1].path)
+            deadline = time.monotonic() + 60  # a bound for a loaded machine, not a speed check
+            while time.monotonic() < deadline and not _holds(landed, sent):
+                time.sleep(0.01)
+            meddle()
+        if on_start is not None:
+            on_start(i)
+
+    return start
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def process_gone(pid: int, within_s: float = 15.0) -> bool:

@@ -46,6 +46,19 @@ def agent(sshd_server, tmp_path, isolated_home):
     connection.close()
 
 
+def _raw_agent_channel(server, tmp_path):
+    """An agent started on its own channel: the connection, the channel and the bytes read
+    up to the agent's MAGIC."""
+    connection = SSHConnection(ssh_host(server, tmp_path))
+    chan = agent_channel(connection, ["python3", sys.executable])
+    seen = b""
+    while MAGIC not in seen:
+        block = chan.recv(4096)
+        assert block, "the agent did not start"
+        seen += block
+    return connection, chan, seen
+
+
 def test_hello_names_the_agent_and_its_interpreter(agent):
     hello = agent.hello
     assert hello["agent"] == 1 and hello["version"]
@@ -144,6 +157,18 @@ def test_a_killed_connection_is_connection_lost_not_a_traceback(
     connection.close()
 
 
+def test_closing_a_client_whose_connection_was_cut_raises_nothing():
+    """paramiko's `shutdown_write` raises EOFError once the socket under it is gone (a cut
+    connection): closing the client then must not raise (a push that was cut reported its
+    ConnectionLostError, not this)."""
+
+    def cut() -> None:
+        raise EOFError()
+
+    client = AgentClient(lambda n: b"", lambda data: None, shutdown=cut)
+    client.close()
+
+
 def test_a_forked_python_request_holds_no_other_requests_pipes(agent, tmp_path):
     # Python requests run in a fork of the agent, which inherits every descriptor: a kept
     # write end of another request's stdin would keep that request from its EOF.
@@ -216,13 +241,7 @@ def test_the_holders_relay_passes_frames_that_came_together_in_one_write(
 ):
     """A client's OPEN, STDIN and EOF written together reach the agent in one write of the
     relay (ids remapped), and the client gets its output and EXIT under its own id."""
-    connection = SSHConnection(ssh_host(sshd_server, tmp_path))
-    chan = agent_channel(connection, ["python3", sys.executable])
-    seen = b""
-    while MAGIC not in seen:
-        block = chan.recv(4096)
-        assert block, "the agent did not start"
-        seen += block
+    connection, chan, seen = _raw_agent_channel(sshd_server, tmp_path)
     writes: list[bytes] = []
 
     def write(data: bytes) -> None:
@@ -253,3 +272,151 @@ def test_the_holders_relay_passes_frames_that_came_together_in_one_write(
         served.join(30)
         link.close()
         connection.close()
+
+
+# --- pipelines: OPEN "after" ----------------------------------------------------------------
+
+
+def _status_or_skip(process) -> int | str:
+    status = process.wait(30)
+    return f"skipped: {process.skip_reason}" if process.skipped else status
+
+
+def test_a_pipeline_runs_in_order_and_stops_at_the_first_failure(agent, tmp_path):
+    """Requests opened `after` another start only once it exited 0, in the order opened; a
+    failure skips every later one (never started: no side effect, its stdin dropped)."""
+    log = tmp_path / "log"
+    assert agent.pipelines
+    first = agent.open(f"sleep 0.5; echo first >> {log}")
+    second = agent.open(f"cat >> {log}", after=first)
+    second.write(b"second\n")  # sent before `first` ended: held on the host until it starts
+    second.close_stdin()
+    third = agent.open(f"echo third >> {log}; exit 3", after=second)
+    fourth = agent.open(f"echo fourth >> {log}", after=third)
+    fifth = agent.open(f"cat >> {log}", after=fourth)
+    fifth.write(b"fifth\n")
+    fifth.close_stdin()
+    assert [_status_or_skip(p) for p in (first, second, third)] == [0, 0, 3]
+    assert _status_or_skip(fourth) == f"skipped: not started: request {third.rid} did not succeed"
+    assert _status_or_skip(fifth).startswith("skipped: ")
+    assert log.read_text() == "first\nsecond\nthird\n"
+    # After a request that already ended: it starts at once when that one succeeded.
+    assert _status_or_skip(agent.open("true", after=first)) == 0
+    assert agent.open("true", after=third).wait(30) == 127
+    # An id never opened (or another client's, through a holder) is refused, never run.
+    stray = tmp_path / "stray"
+    unknown = agent.open(f"touch {stray}", after=type(first)(agent, 999_999, "none"))
+    assert unknown.wait(30) == 127 and unknown.skipped and not stray.exists()
+
+
+def test_cancel_stops_a_waiting_request_and_leaves_a_running_one(agent, tmp_path):
+    gate = tmp_path / "gate"
+    running = agent.open(f"while [ ! -e {gate} ]; do sleep 0.05; done; echo ran")
+    waiting = agent.open(f"touch {tmp_path / 'waiting-ran'}", after=running)
+    later = agent.open(f"touch {tmp_path / 'later-ran'}", after=waiting)
+    waiting.signal("CANCEL")
+    running.signal("CANCEL")  # ignored: it runs
+    assert waiting.wait(30) == 127 and waiting.skip_reason == "not started: cancelled"
+    gate.touch()
+    assert running.wait(30) == 0 and b"".join(running.iter_stdout()) == b"ran\n"
+    assert later.wait(30) == 127 and later.skipped
+    assert not (tmp_path / "waiting-ran").exists() and not (tmp_path / "later-ran").exists()
+
+
+def test_the_connections_end_starts_nothing_that_waits(sshd_server, tmp_path, isolated_home):
+    """The stream ends while a pipeline's first step runs, and that step still ends well (it
+    ignores TERM and exits 0 within the agent's grace): the next never starts (nothing of a
+    deploy runs after its client is gone)."""
+    connection, client, _ = _agent(sshd_server, tmp_path)
+    pidfile = tmp_path / "pid"
+    first = client.open(f"trap '' TERM; echo $$ > {pidfile}; sleep 1; exit 0")
+    client.open(f"touch {tmp_path / 'after-ran'}", after=first)
+    while not pidfile.exists() or not pidfile.read_text().strip():
+        time.sleep(0.05)
+    agent_pid = client.hello["pid"]
+    client.close()
+    assert process_gone(int(pidfile.read_text())) and process_gone(agent_pid)
+    assert not (tmp_path / "after-ran").exists()
+    connection.close()
+
+
+def test_the_relay_chains_a_clients_own_requests_and_never_anothers(
+    sshd_server, tmp_path, isolated_home
+):
+    """Through a holder's relay: "after" names the client's own id, turned into the agent's;
+    an id the client did not open (another client's request) is refused by the agent."""
+    connection, chan, seen = _raw_agent_channel(sshd_server, tmp_path)
+    reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
+    link = AgentLink(reader.read, chan.sendall, chan.close, {})
+    assert link.read_frame()[0] == HELLO
+    relay = Relay(link, refresh=lambda: None, on_failed=lambda err: None)
+    socks, threads = [], []
+    for pid in (1, 2):
+        ours, theirs = socket.socketpair()
+        socks.append(ours)
+        threads.append(
+            threading.Thread(target=relay.serve, args=(Client(theirs, pid), lambda: None))
+        )
+        threads[-1].start()
+    a, b = socks
+
+    def open_(sock, cid, command, after=None):
+        spec = {"command": command} | ({"after": after} if after is not None else {})
+        sock.sendall(wire.frame(OPEN, cid, json.dumps(spec).encode()) + wire.frame(STDIN, cid, b""))
+
+    def exits(sock, n):
+        got = {}
+        while len(got) < n:
+            kind, cid, payload = wire.read_frame(sock.recv)
+            if kind == EXIT:
+                got[cid] = json.loads(payload)
+        return got
+
+    try:
+        open_(a, 5, "sleep 0.3")
+        open_(a, 6, f"touch {tmp_path / 'a-ran'}", after=5)
+        open_(b, 5, f"touch {tmp_path / 'b-ran'}", after=1)  # b opened no request 1
+        assert exits(b, 1)[5].get("skipped")
+        assert exits(a, 2) == {5: {"status": 0}, 6: {"status": 0}}
+        assert (tmp_path / "a-ran").exists() and not (tmp_path / "b-ran").exists()
+    finally:
+        for sock in socks:
+            sock.close()
+        for thread in threads:
+            thread.join(30)
+        link.close()
+        connection.close()
+
+
+def test_a_failed_write_to_the_client_starts_nothing_that_waits(tmp_path):
+    """The client is gone when the agent's first write to it fails (the stdin's EOF may come
+    later): a request waiting `after` the one that just ended is not started (in-process: the
+    agent's frames go to a pipe whose reading end is closed)."""
+    from kerneldev.hostside import agent as host_agent
+
+    inp_r, inp_w = os.pipe()
+    out_r, out_w = os.pipe()
+    agent = host_agent.Agent(inp_r, host_agent.Output(out_w))
+    serving = threading.Thread(target=agent.serve, daemon=True)
+    serving.start()
+
+    def frame(kind, rid, value):
+        payload = json.dumps(value).encode()
+        os.write(inp_w, host_agent.HEADER.pack(len(payload), rid, kind) + payload)
+
+    hello = os.read(out_r, 1 << 16)
+    assert hello  # HELLO came; from now on nothing reads the agent's frames
+    os.close(out_r)
+    frame(host_agent.OPEN, 1, {"command": "sleep 0.3"})
+    frame(host_agent.OPEN, 2, {"command": f"touch {tmp_path / 'after-ran'}", "after": 1})
+    deadline = time.monotonic() + 10
+    while not agent.out.broken and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a started follower would have run by now
+    os.close(inp_w)
+    serving.join(10)
+    agent.end_all()
+    os.close(inp_r)
+    os.close(out_w)
+    assert agent.out.broken
+    assert not (tmp_path / "after-ran").exists()

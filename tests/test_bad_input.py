@@ -182,7 +182,7 @@ def test_file_disappearing_mid_push_is_refused_not_recreated(ssh_env):
     for name in ("a", "b"):
         (ws / f"k/{name}").write_bytes(b"v2\n")
 
-    # Someone deletes b on the host while a is uploading.
+    # Someone deletes b on the host once a has landed.
     vanishing = meddled(host, "k/a", (root / "k/b").unlink)
     with vanishing as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)

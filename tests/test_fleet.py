@@ -301,6 +301,7 @@ def test_ctrl_c_after_every_host_pushed_is_not_an_interruption(tmp_path, servers
 
     from kerneldev.cli.environment import Environment
     from kerneldev.cli.main import main
+    from kerneldev.hosts.transport import agent_chain
     from kerneldev.loop import history
 
     f = Fleet(tmp_path, servers)
@@ -310,14 +311,27 @@ def test_ctrl_c_after_every_host_pushed_is_not_an_interruption(tmp_path, servers
     (f.workspace / "k/a.py").write_bytes(b"# k/a.py v2\n")
     append = history.append_record
 
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            time.sleep(0.01)
+
     def ctrl_c_on_the_last_host(transport, root, *args, **kwargs):
         if root == str(f.roots["node1"]):
-            os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
-            while interrupt.pending() is None:  # the handler runs in the main thread
-                time.sleep(0.01)
+            ctrl_c()
         return append(transport, root, *args, **kwargs)
 
+    # Through the host agent the record is the last request of the push's chain: the signal
+    # comes while its answer is awaited (shielded, as the append above).
+    record_step = agent_chain.RunStep.result
+
+    def ctrl_c_on_the_last_hosts_record(step):
+        if str(f.roots["node1"]) in step.doing:
+            ctrl_c()
+        return record_step(step)
+
     monkeypatch.setattr(history, "append_record", ctrl_c_on_the_last_host)
+    monkeypatch.setattr(agent_chain.RunStep, "result", ctrl_c_on_the_last_hosts_record)
     out, err = io.StringIO(), io.StringIO()
     args = ["push", "--host", "node0,node1", "--parallel", "1", "--no-import-check", "--json"]
     code = main(args, env=Environment(stdout=out, stderr=err, stdin=io.StringIO()))

@@ -218,19 +218,28 @@ def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     import signal
 
     from kerneldev import interrupt
+    from kerneldev.hosts.transport import agent_chain
     from kerneldev.loop import history
 
     assert env.kd("pull").exit_code == 0
     (env.workspace / A).write_bytes(ORIGINAL_A + b"# tuned\n")
-    append = history.append_record
+    append, record_step = history.append_record, agent_chain.RunStep.result
 
-    def ctrl_c_then_append(*args, **kwargs):
+    def ctrl_c():
         os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
         while interrupt.pending() is None:  # the handler runs in the main thread
             pass
+
+    def ctrl_c_then_append(*args, **kwargs):
+        ctrl_c()
         return append(*args, **kwargs)
 
+    def ctrl_c_then_record(step):  # through the host agent: the chain's last request
+        ctrl_c()
+        return record_step(step)
+
     monkeypatch.setattr(history, "append_record", ctrl_c_then_append)
+    monkeypatch.setattr(agent_chain.RunStep, "result", ctrl_c_then_record)
     run = env.kd("push", "--no-import-check", "--json")  # the record is the last step
     assert run.exit_code == 0, run.stderr
     result = run.json()  # one JSON document: the push's result, no error object

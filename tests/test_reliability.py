@@ -197,7 +197,7 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     for path in FILES:
         (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
 
-    # Someone edits k/b.py on the host (without the lock) while a.py is uploading.
+    # Someone edits k/b.py on the host (without the lock) once a.py has landed.
     meddler = meddled(host, "k/a.py", lambda: (root / "k/b.py").write_bytes(b"hotfix by hand\n"))
     with meddler as t, pytest.raises(sync.PartialDeployError) as caught:
         sync.push(t, host)
@@ -208,6 +208,182 @@ def test_compare_and_swap_refuses_a_change_made_during_the_push(ssh_env):
     assert not temp_files(root)
     record = load_state(ws).deploys[-1]
     assert [f.path for f in record.files] == ["k/a.py"] and record.outcome == "partial"
+
+
+# --- a push through the host agent: one chain of requests ---------------------------------------
+
+
+def _pushed_with_the_lock(host, **kwargs):
+    """A push as the CLI makes it: the lock taken by its scan, released by its last request."""
+    with open_transport(host) as t:
+        lock = host_lock.HostLock(t, host.root, "push", wait=10)
+        try:
+            return sync.push(t, host, lock=lock, release_lock=True, **kwargs)
+        finally:
+            lock.release()
+
+
+def _host_as_before(root: Path, live: dict[str, bytes], history_before: str | None) -> None:
+    """Nothing of a stopped push is left on the host: live as given, the history as it was,
+    no marker, backup or temporary file, the lock released."""
+    assert {p: (root / p).read_bytes() for p in live} == live
+    history_file = root / history.HISTORY_FILE
+    assert (history_file.read_text() if history_file.exists() else None) == history_before
+    assert not list(root.glob(f"{history.BACKUP_DIR}/*"))
+    assert not temp_files(root)
+    assert not (root / ".kerneldev" / "lock").exists()
+
+
+def test_a_push_through_the_agent_is_one_round_trip_after_its_scan(ssh_env, monkeypatch):
+    """After the scan (which takes the lock and reads the history), every later step - the
+    marker, the backups, the upload, the record with the marker's removal and the lock's
+    release - is sent before any answer is awaited, each opened `after` the one before; no
+    other request (no history read, no separate unlock)."""
+    from kerneldev.hosts.transport import agent_client
+
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+    events = []
+    open_ = agent_client.AgentClient.open
+
+    def opened(self, command, python=False, fresh=False, after=None):
+        process = open_(self, command, python=python, fresh=fresh, after=after)
+        events.append(("open", process.rid, after.rid if after else None))
+        return process
+
+    def waiting(method):
+        def wait(self, *args, **kwargs):
+            events.append(("wait", self.rid))
+            return method(self, *args, **kwargs)
+
+        return wait
+
+    monkeypatch.setattr(agent_client.AgentClient, "open", opened)
+    for name in ("wait", "wait_for_output", "read_stdout"):
+        method = getattr(agent_client.AgentProcess, name)
+        monkeypatch.setattr(agent_client.AgentProcess, name, waiting(method))
+    result = _pushed_with_the_lock(host)
+    assert result.deployed == list(FILES)
+    opens = [e for e in events if e[0] == "open"]
+    assert len(opens) == 5, opens  # the scan, then the chain of four
+    scan, marker, copy, upload, record = (e[1] for e in opens)
+    assert [e[2] for e in opens] == [None, None, marker, copy, upload]
+    chain_sent = events.index(opens[-1])
+    assert not [e for e in events[:chain_sent] if e[0] == "wait" and e[1] != scan], events
+    history_lines = (root / history.HISTORY_FILE).read_text().splitlines()
+    assert [f["path"] for f in json.loads(history_lines[-1])["files"]] == list(FILES)
+    assert not (root / ".kerneldev" / "lock").exists()
+    assert not list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}"))
+    assert check_backups(root, ws) == []
+
+
+def _opened_requests(monkeypatch) -> list:
+    """Every request the agent client opens from now on (its `AgentProcess`), in order."""
+    from kerneldev.hosts.transport import agent_client
+
+    opened, open_ = [], agent_client.AgentClient.open
+
+    def recording(self, *args, **kwargs):
+        opened.append(open_(self, *args, **kwargs))
+        return opened[-1]
+
+    monkeypatch.setattr(agent_client.AgentClient, "open", recording)
+    return opened
+
+
+def test_backups_failing_on_the_host_stop_the_chain_before_any_upload(ssh_env, monkeypatch):
+    """The upload's bytes are already on their way when the backups fail on the host: the
+    upload never starts, nor the record; the host is as before, the lock released."""
+    from kerneldev.hosts.transport import hostscripts
+
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    live = {p: (root / p).read_bytes() for p in FILES}
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+    failing = "import sys\nsys.stdin.buffer.read()\nsys.exit('copyfiles: copy x: No space left')\n"
+    monkeypatch.setitem(hostscripts._SOURCES, "kerneldev.hostside.copyfiles", failing)
+    opened = _opened_requests(monkeypatch)
+    with pytest.raises(KerneldevError, match="No space left") as caught:
+        _pushed_with_the_lock(host)
+    assert "Deployed: (none)" in caught.value.message
+    scan, marker, copy, upload, record = opened[:5]
+    assert [p.skipped for p in (marker, copy, upload, record)] == [False, False, True, True]
+    _host_as_before(root, live, None)
+    assert not load_state(ws).deploys
+
+
+def test_a_backup_that_is_not_the_planned_bytes_stops_the_chain(ssh_env, monkeypatch):
+    """Live changes between the plan and its backup (someone at work on the host, without the
+    lock): the copy's sum is checked on the host, so the upload, already sent, never starts
+    and nothing is replaced."""
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+    hotfix = b"# k/b.py hotfix by hand\n"
+
+    def meddle(plan):
+        (root / "k/b.py").write_bytes(hotfix)
+
+    live = {p: (root / p).read_bytes() for p in FILES} | {"k/b.py": hotfix}
+    opened = _opened_requests(monkeypatch)
+    with pytest.raises(RefusedError, match="k/b.py changed on the host while deploying"):
+        _pushed_with_the_lock(host, on_plan=meddle)
+    upload = opened[3]
+    assert upload.skipped, "the upload started after a backup that is not the planned bytes"
+    _host_as_before(root, live, None)
+    assert not load_state(ws).deploys
+
+
+@pytest.mark.parametrize("handed", [True, False], ids=["lock-in-the-scan", "lock-held-before"])
+def test_a_lock_taken_over_mid_push_stops_the_chain_on_the_host(ssh_env, handed):
+    """Another command takes the lock over while the host still runs a push's chain (as when
+    a connection was cut: the re-run finds the lock stale and takes it while the host has not
+    seen the cut yet). From then on no step of the chain acts - the next file is not written,
+    no record is appended, the new holder's lock stays - and the push says the lock was taken
+    over. The new holder's own push then settles what was left."""
+    host = ssh_env
+    root, ws = _seed_and_pull(host)
+    for path in FILES:
+        (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
+    lock_file = root / ".kerneldev" / "lock"
+    history_file = root / history.HISTORY_FILE
+    history_before = history_file.read_text() if history_file.exists() else None
+    other = json.dumps({"user": "someone", "machine": "elsewhere", "token": "fedcba9876543210"})
+
+    def take_over():  # once k/a.py has landed, before k/b.py's bytes go
+        lock_file.write_text(other + "\n")
+
+    with meddled(host, "k/a.py", take_over) as t, pytest.raises(sync.PartialDeployError) as caught:
+        lock = host_lock.HostLock(t, host.root, "push", wait=10)
+        try:
+            if handed:
+                sync.push(t, host, lock=lock, release_lock=True)
+            else:
+                with lock:
+                    sync.push(t, host)
+        finally:
+            lock.release()
+    assert "was taken over by another command" in caught.value.message
+    assert caught.value.deployed == ["k/a.py"]
+    assert (root / "k/a.py").read_bytes() == b"mine k/a.py\n"
+    for path in ("k/b.py", "k/c.py"):
+        assert (root / path).read_bytes().startswith(f"# {path} v1".encode()), path
+    assert lock_file.read_text() == other + "\n"  # the new holder's, untouched
+    assert (history_file.read_text() if history_file.exists() else None) == history_before
+    assert len(list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}"))) == 1
+    assert not temp_files(root)
+    record = load_state(ws).deploys[-1]
+    assert [f.path for f in record.files] == ["k/a.py"] and record.outcome == "partial"
+
+    lock_file.unlink()  # the new holder is done; its next push settles the marker
+    result = _pushed_with_the_lock(host)
+    assert result.deployed == ["k/b.py", "k/c.py"]
+    assert not list(root.glob(f"{history.BACKUP_DIR}/*/{history.INCOMPLETE}"))
+    assert check_backups(root, ws) == []
 
 
 # --- concurrent pushes ----------------------------------------------------------------------
@@ -296,17 +472,19 @@ def test_two_terminals_on_one_workspace_keep_every_record(ssh_env):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("transfer", ["sftp", "agent"])
 def test_cut_connection_at_50_points_push_and_rollback(
-    sshd_server, tmp_path, isolated_home, monkeypatch
+    sshd_server, tmp_path, isolated_home, monkeypatch, transfer
 ):
     """A TCP proxy between kerneldev and sshd cuts the connection at points spread over a
     push of three files and over a rollback. After every cut: each live file is its old or its
     new version; after the next command: no temporary file, backups intact, state valid, and
     the re-run completes. (The workspace alternates between the two versions, so every push
-    and every rollback has all three files to change.)"""
+    and every rollback has all three files to change.) Over SFTP (one request per step) and
+    through the host agent (a push's steps in one chain of requests)."""
     # The cut points come from one measured run: every run must move files the same way (the
     # stream-or-SFTP choice is timed, and load could flip it between runs), so it is pinned.
-    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")
+    monkeypatch.setenv("KERNELDEV_TRANSFER", transfer)
     proxy = CuttingProxy(sshd_server.port)
     # Every backup is kept, so `rollback --to` can go back and forth between two deploys.
     direct = ssh_host(sshd_server, tmp_path, files=("k/*.py",), keep_backups=1000)
@@ -341,7 +519,7 @@ def test_cut_connection_at_50_points_push_and_rollback(
     # 3/4 of this test's time).
     monkeypatch.setenv("KERNELDEV_TRANSFER", "agent")
     steady = open_transport(direct)
-    monkeypatch.setenv("KERNELDEV_TRANSFER", "sftp")  # the cut runs stay pinned
+    monkeypatch.setenv("KERNELDEV_TRANSFER", transfer)  # the cut runs stay pinned
 
     def rerun(op, **kw):
         with host_lock.HostLock(steady, direct.root, op, wait=10):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import io
 import json
 import os
 import signal
@@ -372,6 +373,76 @@ def test_ssh_calls_while_agent_starts_once_while_the_host_starts_it(
     assert calls == [None]  # once, before the agent's transport existed
 
 
+def test_the_first_request_goes_out_before_the_agents_hello(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """A command's first request follows the agent's source at once (no round trip for the
+    HELLO); the host agent answers it after its HELLO. The login is slowed (`sleep`) only so
+    that the order is certain."""
+    from kerneldev.hosts.transport import agent_client, ssh
+
+    real = ssh.agent_command
+    monkeypatch.setattr(ssh, "agent_command", lambda pythons: "sleep 1; " + real(pythons))
+    events = []
+    dispatch = agent_client.AgentClient._dispatch
+
+    def seen(self, kind, rid, payload):
+        if kind == agent_client.HELLO:
+            events.append("hello")
+        return dispatch(self, kind, rid, payload)
+
+    monkeypatch.setattr(agent_client.AgentClient, "_dispatch", seen)
+    write = agent_client.AgentClient._write_frame
+    monkeypatch.setattr(
+        agent_client.AgentClient,
+        "_write_frame",
+        lambda self, frame: (events.append(frame[8]), write(self, frame))[1],
+    )
+    host = ssh_host(sshd_server, tmp_path)
+    (Path(host.root) / "a.py").write_text("a")
+    with SSHTransport(host) as t:
+        files, _ = t.hash_files(host.root, ["*.py"])
+        assert [f.path for f in files] == ["a.py"] and t.agent_unavailable is None
+    assert events[:2] == [agent_client.OPEN, "hello"], events
+
+
+def test_a_first_request_sent_into_a_shell_without_python3_runs_once_without_the_agent(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """The first request goes out before the agent's HELLO. On a host where the agent cannot
+    start (no python3 for it), that request was never run by anyone: the step is done the way
+    without the agent, exactly once - a command with a side effect, and a push whose first
+    request takes the host lock (were it run twice, the second would find the lock busy)."""
+    from kerneldev.hosts.transport import ssh
+    from kerneldev.loop import lock as host_lock
+    from kerneldev.loop import sync
+
+    monkeypatch.setattr(
+        ssh, "agent_command", lambda _: "echo 'kerneldev: no python3 on the host' >&2; exit 127"
+    )
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    with SSHTransport(host) as t:
+        assert t.run(f"echo once >> {root}/ran").ok
+        assert t.agent_unavailable == "no python3 on the host"
+    assert (root / "ran").read_text() == "once\n"
+
+    (root / "a.py").write_text("v1\n")
+    with SSHTransport(host) as t:
+        sync.pull(t, host)
+    (Path(host.workspace) / "a.py").write_text("v2\n")
+    with SSHTransport(host) as t:
+        lock = host_lock.HostLock(t, host.root, "push", wait=0)
+        try:
+            result = sync.push(t, host, lock=lock, release_lock=True)
+        finally:
+            lock.release()
+        assert t.agent_unavailable == "no python3 on the host"
+    assert result.deployed == ["a.py"] and (root / "a.py").read_text() == "v2\n"
+    assert not (root / ".kerneldev" / "lock").exists()
+    assert '"a.py"' in (root / ".kerneldev" / "history.jsonl").read_text()
+
+
 def test_ssh_uses_one_connection_for_everything(sshd_server, tmp_path, isolated_home, http_server):
     host = ssh_host(sshd_server, tmp_path)
     root = Path(host.root)
@@ -483,3 +554,53 @@ def test_ssh_without_python3_for_the_agent_falls_back_with_the_reason(
     with SSHTransport(host) as t:
         with pytest.raises(TransferError, match="cannot start the host agent.*no python3"):
             t.run("true")
+
+
+def test_each_chained_step_acts_only_while_the_lock_holds_its_token(
+    sshd_server, tmp_path, isolated_home
+):
+    """A push's chain holds its lock (`AgentChain.hold`): each step - the marker's write, the
+    backups, the upload, the record's append - checks on the host that the lock file still
+    holds the push's token before it acts. With another command's token there (the lock taken
+    over, as after a cut connection), none of them touches anything and each says why; with
+    its own token, each acts."""
+    from kerneldev.errors import LockLostError
+    from kerneldev.hosts.transport.base import PutFilesCallbacks, PutItem
+
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    lock_file, live = root / "lock", root / "live.py"
+    live.write_bytes(b"old\n")
+    old_sha = hashlib.sha256(b"old\n").hexdigest()
+    mine = {"path": str(lock_file), "token": "0123456789abcdef"}
+    marker, backup, history_file = root / "b" / "marker", root / "b" / "live.py", root / "history"
+
+    def steps(chain):
+        yield lambda: chain.write_atomic(str(marker), b"planned\n").result()
+        yield lambda: chain.copy_on_host([(str(live), str(backup))], [old_sha]).result()
+        item = PutItem(str(live), lambda: io.BytesIO(b"new\n"), None, old_sha)
+        callbacks = PutFilesCallbacks(lambda i, sha, size: None)
+        yield lambda: chain.put_files([item], callbacks, 4).result()
+        yield lambda: chain.append_text(str(history_file), "record\n").result()
+
+    lock_file.write_text('{"token": "fedcba9876543210", "user": "someone else"}\n')
+    with open_transport(host) as t:
+        for i in range(4):
+            chain = t.chain()
+            assert chain is not None
+            chain.hold(mine)
+            with pytest.raises(LockLostError, match="taken over") as caught, chain:
+                list(steps(chain))[i]()
+            assert "no longer holds this command's token" in caught.value.message
+        assert live.read_bytes() == b"old\n"
+        assert not (root / "b").exists() and not history_file.exists()
+        assert sorted(p.name for p in root.iterdir()) == ["live.py", "lock"]  # no temp file
+
+        lock_file.write_text(json.dumps({"token": mine["token"]}) + "\n")
+        chain = t.chain()
+        chain.hold(mine)
+        with chain:
+            for step in steps(chain):
+                step()
+    assert marker.read_bytes() == b"planned\n" and backup.read_bytes() == b"old\n"
+    assert live.read_bytes() == b"new\n" and history_file.read_text() == "record\n"

@@ -8,6 +8,17 @@ pumped by threads as frames of that request's id; EXIT carries the status. When 
 reaches EOF (the connection is gone) it ends every process it still runs (TERM, then KILL
 after 2 s) and exits, so a dropped connection leaves nothing behind.
 
+An OPEN may name an earlier request of the same stream (`"after": id`): it then starts only
+when that one has exited with status 0 (its stdin frames wait here meanwhile), and is not
+started at all (EXIT `{"error": ..., "skipped": true}`) when that one failed, could not start,
+was skipped, is unknown, or when a SIGNAL "CANCEL" came for it first. So a client can send
+the steps of a pipeline without waiting for each answer, and a failure stops the rest on the
+host, in order. CANCEL never touches a request that runs; the connection's end starts
+nothing more: its stdin's EOF, or already a write to the client that failed (the client is
+gone; the EOF may come later). The chain's steps also check the host lock themselves before
+they act (`receivefiles.py`, `copyfiles.py`), since a step may be running when the client
+goes.
+
 Frame: a 9-byte header (struct ">IIB": payload length, request id, type) and the payload.
 Before the first frame the agent writes MAGIC, so a client can skip whatever a login shell's
 rc files printed. Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
@@ -24,7 +35,7 @@ import threading
 import time
 import warnings
 
-VERSION = "1.0.0"
+VERSION = "1.1.0"
 MAGIC = b"\x00KDAGENT1\n"
 HEADER = struct.Struct(">IIB")
 MAX_PAYLOAD = 1 << 20
@@ -34,6 +45,8 @@ CONTROL = 0
 HELLO, OPEN, STDIN, SIGNAL, STDOUT, STDERR, EXIT, PING, PONG = range(9)
 
 SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT}
+CANCEL = "CANCEL"  # a SIGNAL for a request that waits for another: never start it
+MAX_STATUSES = 4096  # exit statuses kept for later OPENs' "after" (oldest forgotten first)
 END_GRACE = 2.0  # seconds between TERM and KILL when the connection is gone
 # Seconds to keep reading a command's output after it exited: a daemon it started may hold
 # the pipes open (a restart command), and must not keep the request open (as over ssh).
@@ -79,14 +92,18 @@ class Output:
 class Request:
     """One OPEN: the process, its stdin feeder and output pumps, and the EXIT when done."""
 
-    def __init__(self, rid, out):
+    def __init__(self, rid, out, on_settled):
         self.rid = rid
         self.out = out
+        self.on_settled = on_settled  # called with the status (None: did not run) at the end
+        self.followers = []  # requests opened "after" this one, waiting for its status
         self.pid = None  # the process, leader of its own process group
         self.wait = None  # callable: reaps the process, returns its status (negative: signal)
         self.stdin = queue.Queue()  # bytes; None = close stdin
         self.exited = threading.Event()  # the process was reaped (by `finish` alone)
         self.done = threading.Event()  # EXIT sent: output after it is dropped
+        self.spec = None  # the OPEN of a request that waits for another ("after")
+        self.before = None  # the request it waits for (None once started or refused)
 
     def start(self, spec):
         command = spec["command"]
@@ -182,6 +199,7 @@ class Request:
             pump.join(max(0.0, until - time.monotonic()))
         self.done.set()
         self.out.send_json(EXIT, self.rid, {"status": status})
+        self.on_settled(self, status)
 
     def signal(self, name):
         if self.pid is None or self.exited.is_set():
@@ -197,6 +215,11 @@ class Agent:
         self.inp = inp
         self.out = out
         self.requests = {}
+        # requests, statuses, followers, closing; reentrant: a refused request settles its
+        # followers under it
+        self.lock = threading.RLock()
+        self.statuses = {}  # rid -> exit status of a finished request (None: did not run)
+        self.closing = False  # the connection is gone: nothing more starts
 
     def serve(self):
         self.out.send_json(
@@ -207,6 +230,7 @@ class Agent:
                 "pid": os.getpid(),
                 "python": sys.executable,
                 "version": VERSION,
+                "pipeline": 1,  # OPEN's "after" and SIGNAL "CANCEL" are understood
             },
         )
         # Before the first request is read (it waits in the pipe), never while one runs: a
@@ -229,18 +253,10 @@ class Agent:
             self.out.send(PONG, CONTROL)
             return
         if kind == OPEN:
-            self.forget_finished()
-            request = Request(rid, self.out)
-            self.requests[rid] = request
-            try:
-                request.start(json.loads(payload.decode("utf-8")))
-            except (OSError, ValueError, KeyError, TypeError, SyntaxError) as err:
-                del self.requests[rid]
-                self.out.send_json(
-                    EXIT, rid, {"error": "cannot start: %s: %s" % (type(err).__name__, err)}
-                )
+            self.open(rid, payload)
             return
-        request = self.requests.get(rid)
+        with self.lock:
+            request = self.requests.get(rid)
         if request is None:
             return  # a request that ended: late input or signals are moot
         if kind == STDIN:
@@ -250,16 +266,96 @@ class Agent:
                 name = json.loads(payload.decode("utf-8"))["signal"]
             except (ValueError, KeyError, TypeError):
                 return
-            if name in SIGNALS:
+            if name == CANCEL:
+                self.cancel(request)
+            elif name in SIGNALS:
                 request.signal(name)
 
+    def open(self, rid, payload):
+        request = Request(rid, self.out, self.settled)
+        try:
+            spec = json.loads(payload.decode("utf-8"))
+            after = spec.get("after")
+        except (ValueError, AttributeError) as err:
+            self.refuse(request, "cannot start: %s: %s" % (type(err).__name__, err))
+            return
+        with self.lock:
+            self.forget_finished()
+            self.requests[rid] = request
+            self.statuses.pop(rid, None)  # an id used again: its old status is not this one's
+            if after is None:
+                self.start(request, spec)
+                return
+            before = self.requests.get(after)
+            if before is not None and before is not request and after not in self.statuses:
+                request.spec, request.before = spec, before  # started by `settled`
+                before.followers.append(request)
+            elif self.statuses.get(after, "unknown") == 0:
+                self.start(request, spec)
+            else:
+                self.refuse(request, "not started: request %s did not succeed" % after, True)
+
+    def start(self, request, spec):
+        """Under the lock (so that `end_all` sees every process started)."""
+        if self.closing or self.out.broken:
+            self.refuse(request, "not started: the connection is gone", True)
+            return
+        try:
+            request.start(spec)
+        except (OSError, ValueError, KeyError, TypeError, SyntaxError) as err:
+            self.refuse(request, "cannot start: %s: %s" % (type(err).__name__, err))
+
+    def refuse(self, request, why, skipped=False):
+        """EXIT with an error for a request that never ran, and settle it (its followers)."""
+        request.done.set()
+        answer = {"error": why}
+        if skipped:
+            answer["skipped"] = True
+        self.out.send_json(EXIT, request.rid, answer)
+        self.settled(request, None)
+
+    def settled(self, request, status):
+        """A request ended (status None: it never ran): its followers start when it exited 0,
+        else they are skipped, in the order they were opened."""
+        with self.lock:
+            self.statuses[request.rid] = status
+            while len(self.statuses) > MAX_STATUSES:
+                del self.statuses[next(iter(self.statuses))]
+            followers, request.followers = request.followers, []
+            for follower in followers:
+                follower.before = None
+                if status == 0:
+                    self.start(follower, follower.spec)
+                else:
+                    why = "not started: request %s did not succeed" % request.rid
+                    self.refuse(follower, why, True)
+
+    def cancel(self, request):
+        """SIGNAL CANCEL: a request still waiting for another is never started; one that runs
+        (or ended) is left alone."""
+        with self.lock:
+            before = request.before
+            if before is None or request not in before.followers:
+                return
+            before.followers.remove(request)
+            request.before = None
+            self.refuse(request, "not started: cancelled", True)
+
     def forget_finished(self):
-        for rid in [r for r, req in self.requests.items() if req.done.is_set()]:
+        """Under the lock: drop the requests that ended and were settled (their status is
+        kept for a later "after"; one not settled yet is still what a follower waits on)."""
+        for rid in [
+            r for r, req in self.requests.items() if req.done.is_set() and r in self.statuses
+        ]:
             del self.requests[rid]
 
     def end_all(self):
-        """The connection is gone: every process still running ends (TERM, KILL after 2 s)."""
-        running = [r for r in list(self.requests.values()) if r.pid and not r.exited.is_set()]
+        """The connection is gone: nothing more starts; every process still running ends
+        (TERM, KILL after 2 s)."""
+        with self.lock:
+            self.closing = True
+            requests = list(self.requests.values())
+        running = [r for r in requests if r.pid and not r.exited.is_set()]
         for request in running:
             request.stdin.put(None)
             request.signal("TERM")

@@ -23,7 +23,10 @@ is taken first, in the same command (an exclusive create, as the shell's `set -C
 the files are hashed only when it was taken; when the caller's workspace files
 (`release_if_same`: path -> sha256) are all live already and nothing was left over, nothing can
 change, so the lock is released again before answering. A push with nothing to do is then one
-remote command.
+remote command. When the lock is kept (the push has work), the request's `lock["history"]`
+file (the host's deploy history) is read under it and returned as `lock["history"]` (its text;
+None when there is none; left out when it cannot be read): the deploy's pruning needs no
+request of its own to read it.
 """
 
 import fnmatch
@@ -167,6 +170,15 @@ def release_lock(lock):
     return mine
 
 
+def read_text(path):
+    """A text file's content (undecodable bytes replaced), None when it is not there."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
 def answer(request):
     """The reply to one request (a dict), as `main` prints it."""
     lock = request.get("lock")
@@ -190,6 +202,11 @@ def answer(request):
             and all(live.get(p) == sha for p, sha in same.items())
         )
         outcome["released"] = bool(idle and release_lock(lock))
+        if lock.get("history") and not outcome["released"]:
+            try:
+                outcome["history"] = read_text(lock["history"])
+            except OSError:
+                pass  # unreadable: the client reads it itself, and says why
         result["lock"] = outcome
     return result
 

@@ -13,14 +13,27 @@ allowed); then, when `check` is set, the live file is hashed again and must stil
 (None: absent) - the compare-and-swap - and only then is the temporary file renamed over the
 target. A temporary file never outlives a failure or an abort.
 
+With `"lock": {"path", "token"}` in the request (a push's steps through the host agent), the
+host lock file must still hold that token before each file is begun and again right before its
+rename: a chain the client left (a cut connection) must not act once its lock was taken over
+by another command. Else the file is dropped and reported with `"reason": "lock"`.
+
 One JSON line per file on stdout: `{"i": n, "ok": true, "sha256", "size"}` once it is renamed,
-or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"error", "error": text}`; after the
-first failure nothing more is written or read. Standard library only, Python 3.6 compatible.
+or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"lock"|"error", "error": text}`;
+after the first failure nothing more is written or read, and the exit status is 1 (0: every
+file landed), so a request the host agent runs `after` this one starts only when all did.
+
+SIGINT (the client's Ctrl-C, when every record is already on its way) stops it at the next
+safe point - between two reads of a file's bytes, or right before a rename - as an `A` record
+would: the file being written is dropped and reported aborted. So a file is renamed if and
+only if its report line says so.
+Standard library only, Python 3.6 compatible.
 """
 
 import hashlib
 import json
 import os
+import signal
 import stat
 import struct
 import sys
@@ -33,8 +46,38 @@ class Aborted(Exception):
     pass
 
 
+STOPPED = []  # the SIGINT that asked us to stop (acted on at the safe points: `check_stop`)
+
+
+def _stop(signum, frame):
+    STOPPED.append(signum)
+
+
+def check_stop():
+    if STOPPED:
+        raise Aborted("interrupted by the client")
+
+
 class Changed(Exception):
     pass
+
+
+class LockLost(Exception):
+    pass
+
+
+def check_lock(lock):
+    """The host lock (`{"path", "token"}`, None: none to check) still holds our token: no other
+    command took it over since. Also `copyfiles.py`'s, which cannot import this."""
+    if lock is None:
+        return
+    try:
+        with open(lock["path"], "rb") as f:
+            held = lock["token"].encode("ascii") in f.read(1 << 16)
+    except OSError:
+        held = False
+    if not held:
+        raise LockLost("the lock %s no longer holds this command's token" % lock["path"])
 
 
 def discard(path):
@@ -49,6 +92,7 @@ def discard(path):
 def read_exact(inp, n):
     parts = []
     while n:
+        check_stop()
         block = inp.read(min(n, CHUNK))
         if not block:
             raise Aborted("the stream ended early")
@@ -80,16 +124,22 @@ def replaced(stat_of, path, mode):
     return (st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode) if mode is None else mode
 
 
-def receive(inp, item, mark, out=None):
+def receive(inp, item, mark, out=None, made=None, lock=None):
     """Land one file; returns (sha256, size) of what was written, raises on failure. With
     `confirm` set, once the bytes are written a `{"i": n, "written": true}` line goes to `out`
     and one `R` record (rename) must follow, else the file is dropped: the client's own
-    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`)."""
+    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`).
+    `made`: the folders this run created (or found) already, one makedirs each. `lock`: checked
+    before anything is written and right before the rename (`check_lock`)."""
+    check_lock(lock)
     path = item["path"]
     if os.path.islink(path):
         path = os.path.realpath(path)
     folder, name = os.path.split(path)
-    os.makedirs(folder, exist_ok=True)
+    if made is None or folder not in made:
+        os.makedirs(folder, exist_ok=True)
+        if made is not None:
+            made.add(folder)
     owner, mode = replaced(os.stat, path, item["mode"])
     # At most 200 bytes of the name: the temporary one must stay within 255 (NAME_MAX).
     stem = name.encode("utf-8", "surrogateescape")[:200].decode("utf-8", "ignore")
@@ -124,6 +174,8 @@ def receive(inp, item, mark, out=None):
                 raise Aborted("aborted by the client")
         if item["check"] and sha256_of(path) != item["expect"]:
             raise Changed()
+        check_stop()
+        check_lock(lock)
         os.rename(tmp, path)
     except BaseException:
         discard(tmp)
@@ -132,27 +184,34 @@ def receive(inp, item, mark, out=None):
 
 
 def main():
+    signal.signal(signal.SIGINT, _stop)
     inp, out = sys.stdin.buffer, sys.stdout
     (length,) = struct.unpack(">Q", read_exact(inp, 8))
     request = json.loads(read_exact(inp, length).decode("utf-8"))
+    made = set()
     for i, item in enumerate(request["files"]):
         try:
-            sha, size = receive(inp, dict(item, i=i), request["mark"], out)
+            item = dict(item, i=i)
+            sha, size = receive(inp, item, request["mark"], out, made, request.get("lock"))
             line = {"i": i, "ok": True, "sha256": sha, "size": size}
         except Changed:
             line = {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}
         except Aborted as err:
             line = {"i": i, "ok": False, "reason": "aborted", "error": str(err)}
+        except LockLost as err:
+            line = {"i": i, "ok": False, "reason": "lock", "error": str(err)}
         except OSError as err:
             line = {"i": i, "ok": False, "reason": "error", "error": err.strerror or str(err)}
         out.write(json.dumps(line) + "\n")
         out.flush()
         if not line["ok"]:
-            return
+            return False
+    return True
 
 
 if __name__ == "__main__":
     try:
-        main()
+        landed = main()
     except (BrokenPipeError, Aborted):
-        pass  # the client went away: every temporary file is already removed
+        landed = False  # the client went away: every temporary file is already removed
+    sys.exit(0 if landed else 1)

@@ -36,13 +36,14 @@ from kerneldev.errors import RefusedError, TransferError
 from kerneldev.hosts.transport.base import Transport
 from kerneldev.local_user import local_user
 from kerneldev.loop.state import now_iso
-from kerneldev.paths import HOST_LOCK, KERNELDEV_DIR
+from kerneldev.paths import HOST_HISTORY, HOST_LOCK, KERNELDEV_DIR
 
 LOCK_FILE = HOST_LOCK  # under the host's root
 DEFAULT_WAIT = 60.0  # seconds a command waits for another's lock
 POLL = 0.25  # seconds between attempts
 
 _held_tokens: set[str] = set()  # locks this process holds now (for `is_stale`)
+_held_locks: list[HostLock] = []  # the same locks, for `holding`
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,15 @@ def is_stale(holder: LockHolder) -> bool:
     if holder.pid == os.getpid():
         return holder.token not in _held_tokens
     return not process_alive(holder.pid)
+
+
+def holding(transport: Transport, root: str) -> HostLock | None:
+    """The lock this process holds on `root` through `transport` (taken by a caller before it
+    calls `sync.push`), so that the push's steps can check on the host that it is still theirs."""
+    for lock in reversed(_held_locks):
+        if lock.transport is transport and lock.root == root and lock.held:
+            return lock
+    return None
 
 
 def parse_holder(text: str) -> LockHolder | None:
@@ -180,14 +190,15 @@ class HostLock:
         command when live already has all of those bytes and nothing was left over.
         Until the answer is known this lock counts as held, so an error on the way still
         releases it (`release` removes the file only if it holds our token)."""
-        self.held = True
-        _held_tokens.add(self.me.token)
+        self._own()
         return {
             "path": self.path,
             "line": json.dumps(asdict(self.me), sort_keys=True),
             "token": self.me.token,
             "root_must_exist": not self.create_root,
             "release_if_same": release_if_same,
+            # read under the lock when it is kept: the deploy's pruning needs it
+            "history": posixpath.join(self.root, HOST_HISTORY),
         }
 
     def took(self, answer: dict | None) -> bool:
@@ -219,9 +230,22 @@ class HostLock:
         """`release_command` ran on the host: the lock is no longer ours."""
         self._forget()
 
+    def guard(self) -> dict:
+        """What a host step checks before it acts: the lock file still holds our token
+        (`AgentChain.hold`)."""
+        return {"path": self.path, "token": self.me.token}
+
+    def _own(self) -> None:
+        self.held = True
+        _held_tokens.add(self.me.token)
+        if self not in _held_locks:
+            _held_locks.append(self)
+
     def _forget(self) -> None:
         self.held = False
         _held_tokens.discard(self.me.token)
+        if self in _held_locks:
+            _held_locks.remove(self)
 
     def _no_root(self) -> RefusedError:
         host = self.transport.host_name
@@ -246,7 +270,7 @@ class HostLock:
                 _held_tokens.discard(self.me.token)  # its file, if made, is stale from now on
                 raise
             if created:
-                self.held = True
+                self._own()
                 return
             _held_tokens.discard(self.me.token)
             holder = parse_holder(content)
@@ -284,8 +308,7 @@ class HostLock:
         if not self.held:
             return
         with interrupt.shield():
-            self.held = False
-            _held_tokens.discard(self.me.token)  # from now on a leftover lock file is stale
+            self._forget()  # from now on a leftover lock file is stale
             try:
                 self._remove_if(self.me.token)
             except Exception:  # noqa: BLE001, S110 - a cut connection: the lock goes stale

@@ -23,6 +23,7 @@ unhealthy) sit around them.
 from __future__ import annotations
 
 import posixpath
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,13 +35,16 @@ from kerneldev.errors import (
     ConnectionLostError,
     DeployTally,
     KerneldevError,
+    LockLostError,
     PartialDeployError,
     RefusedError,
     TransferError,
 )
+from kerneldev.hosts.transport.agent_chain import AgentChain
 from kerneldev.hosts.transport.base import (
     ByteCallback,
     LiveChangedError,
+    PutFilesCallbacks,
     PutItem,
     RemoteFile,
     Transport,
@@ -131,11 +135,24 @@ def back_up(transport: Transport, deploy: Deploy) -> None:
     """Copy every live file the deploy replaces into its backup folder, on the host, before
     any of them is replaced; then check each copy against the planned sha256. The folder's
     marker holds the planned record, so an interrupted deploy can be settled later."""
+    host = deploy.host
+    planned, pairs = _backup_plan(deploy)
+    history.mark_incomplete(transport, host.root, planned)
+    got = _backup_sums(deploy, transport.copy_on_host(pairs))
+    if None in got.values():  # the host has no sha256sum: hash there with python
+        folder = history.backup_folder(host.root, deploy.record.id)
+        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
+        got = {f.path: f.sha256 for f in copied}
+    _check_backups(deploy, got)
+
+
+def _backup_plan(deploy: Deploy) -> tuple[DeployRecord, list[tuple[str, str]]]:
+    """Name each replaced file's backup; returns the planned record (the marker's content)
+    and the (live, backup) pairs to copy on the host."""
     host, record, steps = deploy.host, deploy.record, deploy.steps
-    deploy_id = record.id
     for step in steps:
         if step.old_sha256 is not None:
-            step.backup = posixpath.join(BACKUP_DIR, deploy_id, step.path)
+            step.backup = posixpath.join(BACKUP_DIR, record.id, step.path)
     planned = replace(
         record,
         files=[
@@ -150,19 +167,17 @@ def back_up(transport: Transport, deploy: Deploy) -> None:
             for s in steps
         ],
     )
-    history.mark_incomplete(transport, host.root, planned)
-    pairs = []
-    for step in steps:
-        if step.backup is None:
-            continue
-        pairs.append((posixpath.join(host.root, step.path), posixpath.join(host.root, step.backup)))
-    sums = transport.copy_on_host(pairs)
-    got = {s.path: sums.get(posixpath.join(host.root, s.backup)) for s in steps if s.backup}
-    if None in got.values():  # the host has no sha256sum: hash there with python
-        folder = history.backup_folder(host.root, deploy_id)
-        copied, _ = transport.hash_files(folder, [glob_escape(p) for p in got])
-        got = {f.path: f.sha256 for f in copied}
-    for step in steps:
+    pairs = [
+        (posixpath.join(host.root, s.path), posixpath.join(host.root, s.backup))
+        for s in steps
+        if s.backup is not None
+    ]
+    return planned, pairs
+
+
+def _check_backups(deploy: Deploy, got: dict[str, str | None]) -> None:
+    """Each backup (path -> sha256 of the copy) must be the planned bytes."""
+    for step in deploy.steps:
         if step.backup is not None and got.get(step.path) != step.old_sha256:
             raise RefusedError(
                 f"{printable(step.path)} changed on the host while deploying (its backup does "
@@ -181,15 +196,23 @@ def changed_while_deploying(path: str) -> RefusedError:
     )
 
 
-def upload_from_workspace(
-    transport: Transport,
-    on_progress: ProgressCallback | None = None,
-    on_bytes: ByteCallback | None = None,
-) -> Lander:
+class WorkspaceUpload:
     """A push's lander: every file in one transfer (one stream over SSH) from the workspace;
-    each lands as `put_file` does, after the compare-and-swap check."""
+    each lands as `put_file` does, after the compare-and-swap check. Through the host agent
+    `run_deploy` sends it in one chain with the backups and the record (`AgentChain`)."""
 
-    def land(deploy: Deploy, landed: Landed) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        on_progress: ProgressCallback | None = None,
+        on_bytes: ByteCallback | None = None,
+    ) -> None:
+        self.transport = transport
+        self.on_progress = on_progress
+        self.on_bytes = on_bytes
+
+    def items(self, deploy: Deploy, landed: Landed) -> tuple[list[PutItem], PutFilesCallbacks]:
+        """The files to put and the callbacks that report each as it lands."""
         host, todo = deploy.host, deploy.steps
         items = [
             PutItem(
@@ -203,24 +226,44 @@ def upload_from_workspace(
         ]
 
         def started(i: int) -> None:
-            if on_progress:
-                on_progress(todo[i].path)
+            if self.on_progress:
+                self.on_progress(todo[i].path)
             interrupt.check()
 
         def done(i: int, sha: str, size: int) -> None:
-            step = todo[i]
-            new_mode = step.new_mode if step.new_mode is not None else step.old_mode
-            landed(
-                DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
-                BaseUpdate(step.path, sha, size, new_mode or 0o644),
-            )
+            landed(*landed_file(todo[i], sha, size))
 
+        return items, PutFilesCallbacks(done, started, self.on_bytes)
+
+    def __call__(self, deploy: Deploy, landed: Landed) -> None:
+        items, callbacks = self.items(deploy, landed)
         try:
-            transport.put_files(items, on_landed=done, on_start=started, on_bytes=on_bytes)
+            self.transport.put_files(
+                items,
+                on_landed=callbacks.on_landed,
+                on_start=callbacks.on_start,
+                on_bytes=callbacks.on_bytes,
+            )
         except LiveChangedError as err:
-            raise changed_while_deploying(todo[err.index].path) from None
+            raise changed_while_deploying(deploy.steps[err.index].path) from None
 
-    return land
+
+def upload_from_workspace(
+    transport: Transport,
+    on_progress: ProgressCallback | None = None,
+    on_bytes: ByteCallback | None = None,
+) -> WorkspaceUpload:
+    """A push's lander (`WorkspaceUpload`)."""
+    return WorkspaceUpload(transport, on_progress, on_bytes)
+
+
+def landed_file(step: DeployStep, sha: str, size: int) -> tuple[DeployedFile, BaseUpdate]:
+    """A pushed file as its record and base say once it landed with `sha`."""
+    new_mode = step.new_mode if step.new_mode is not None else step.old_mode
+    return (
+        DeployedFile(step.path, step.old_sha256, sha, step.old_mode, new_mode, step.backup),
+        BaseUpdate(step.path, sha, size, new_mode or 0o644),
+    )
 
 
 def _opener(source: Path) -> Callable[[], BinaryIO]:
@@ -301,23 +344,46 @@ def _compare_and_swap(transport: Transport, deploy: Deploy, step: DeployStep) ->
 
 
 def run_deploy(
-    transport: Transport, deploy: Deploy, land: Lander, release: HostLock | None = None
+    transport: Transport,
+    deploy: Deploy,
+    land: Lander,
+    release: HostLock | None = None,
+    past: history.History | None = None,
+    lock: HostLock | None = None,
 ) -> None:
     """Back up, then land every step, recording each landed file. Whatever stops it (an error,
     Ctrl-C, SIGTERM, a cut connection), the record lists exactly the files that landed, the
     local state and (when the host is still reachable) the host's history are written, and
     the error carries what was deployed and what was not (`tally`, and its summary in the
     message). `release`: a held lock to release in the same command as the record's append
-    (pruning goes first, so all of it stays under the lock)."""
+    (pruning goes first, so all of it stays under the lock). `past`: the host's history as
+    read under this lock (the push's scan), so pruning needs no request to read it.
+
+    A push through the host agent sends the marker, the backups, the upload and the record
+    in one chain (`_deploy_chained`): one round trip, each step still after the one before.
+    `lock`: the host lock the deploy runs under (else `release`'s): each chained
+    step checks on the host that it is still ours before it acts, since the host may still run
+    the chain after its client is gone (a cut connection) and the lock is taken over. A step
+    that finds it taken over stops the chain (`LockLostError`); then this command writes
+    nothing more on the host (what landed is recorded here; the new holder's next push settles
+    the deploy's marker on the host)."""
     record = deploy.record
 
     def landed(file: DeployedFile, base: BaseUpdate) -> None:
         deploy.bases.append(base)
         record.files.append(file)
 
+    chain = transport.chain() if isinstance(land, WorkspaceUpload) else None
+    recorded = False
     try:
-        back_up(transport, deploy)
-        land(deploy, landed)
+        if chain is not None:
+            guard = lock if lock is not None else release
+            if guard is not None and guard.held:
+                chain.hold(guard.guard())
+            recorded = _deploy_chained(chain, deploy, land, landed, release, past)
+        else:
+            back_up(transport, deploy)
+            land(deploy, landed)
     except BaseException as err:
         with interrupt.shield():
             stopped_by_signal = isinstance(err, interrupt.Interrupted)
@@ -327,7 +393,8 @@ def run_deploy(
                 if stopped_by_signal or isinstance(err, ConnectionLostError)
                 else "partial"
             )
-            record_stopped(transport, deploy)
+            # The lock is another command's now: nothing more is written on the host.
+            record_stopped(transport, deploy, on_host=not isinstance(err, LockLostError))
             done, left = deploy.landed, deploy.not_landed
             tally = DeployTally(tuple(done), tuple(left))
             if stopped_by_signal:
@@ -354,25 +421,125 @@ def run_deploy(
             )
             raise deploy_tally.attach(partial, tally) from None
     with interrupt.shield():
-        record_deploy(transport, deploy, release if release and release.held else None)
+        if recorded:  # the chain appended the record (and released the lock when it could)
+            save_bases(deploy.host, deploy.bases, record)
+            if release is None or release.held:
+                prune(transport, deploy.host, record, past)
+        else:
+            record_deploy(transport, deploy, release if release and release.held else None, past)
+
+
+def _deploy_chained(
+    chain: AgentChain,
+    deploy: Deploy,
+    land: WorkspaceUpload,
+    landed: Landed,
+    release: HostLock | None,
+    past: history.History | None,
+) -> bool:
+    """The stages as one chain of host requests (see `AgentChain`): the marker, the backups
+    (checked on the host against the planned sha256), the upload, and - once every file's
+    bytes are sent - the record as it will be when all of them land, with the marker's
+    removal and, when no pruning can be needed (`past` known), the lock's release. The
+    answers are read in order and raise what the stages would; leaving the chain early
+    settles it (nothing more starts, what landed is reported). True when the record was
+    appended by the chain (the lock released too when `release` is no longer held)."""
+    host, record = deploy.host, deploy.record
+    planned, pairs = _backup_plan(deploy)
+    marker_path = posixpath.join(history.backup_folder(host.root, record.id), history.INCOMPLETE)
+    finish = None
+    releasing = False
+    try:
+        with chain:
+            marker = chain.write_atomic(marker_path, history.record_line(planned).encode("utf-8"))
+            expect = [s.old_sha256 for s in deploy.steps if s.backup is not None]
+            copy = chain.copy_on_host(pairs, expect) if pairs else None
+            items, callbacks = land.items(deploy, landed)
+            upload = chain.put_files(items, callbacks, _workspace_bytes(deploy))
+            releasing = release is not None and release.held and not _may_prune(host, record, past)
+            if upload.all_sent:
+                sent = upload.sent
+                files = [landed_file(s, sent[i][0], 0)[0] for i, s in enumerate(deploy.steps)]
+                then = f"rm -f -- {shlex.quote(marker_path)}"
+                if releasing:
+                    then += f" && {release.release_command()}"
+                line = history.record_line(replace(record, files=files))
+                finish = chain.append_text(history.history_path(host.root), line, then)
+            marker.result()
+            if copy is not None:
+                _check_backups(deploy, _backup_sums(deploy, copy.result()))
+            try:
+                upload.result()
+            except LiveChangedError as err:
+                raise changed_while_deploying(deploy.steps[err.index].path) from None
+            if finish is None:
+                return False
+            with interrupt.shield():
+                try:
+                    finish.result()
+                except LockLostError:
+                    raise  # every file landed, the record is not appended: the marker stays
+                except KerneldevError:
+                    return False  # not appended: the caller appends (or the next push does)
+    except interrupt.Interrupted:
+        # Ctrl-C as the last file landed: when the chain's record made it to the host (its
+        # append ran before the cancel came), the deploy is complete and recorded; the signal
+        # stays pending and ends the command after the bookkeeping, as it would have then.
+        if finish is None or not finish.succeeded or len(record.files) != len(deploy.steps):
+            raise
+    if releasing:
+        release.released_on_host()
+    return True
+
+
+def _backup_sums(deploy: Deploy, sums: dict[str, str | None]) -> dict[str, str | None]:
+    """Each backed-up step's path -> the sum of its copy (from `copy_on_host`'s answer)."""
+    root = deploy.host.root
+    return {s.path: sums.get(posixpath.join(root, s.backup)) for s in deploy.steps if s.backup}
+
+
+def _workspace_bytes(deploy: Deploy) -> int:
+    """The bytes of the files to push, as the workspace has them now (0 for one gone)."""
+    total = 0
+    for step in deploy.steps:
+        try:
+            total += (Path(deploy.host.workspace) / step.path).stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _may_prune(host: HostConfig, pending: DeployRecord, past: history.History | None) -> bool:
+    """Whether pruning after `pending` is appended can have work: unknown history, or more
+    records than the backups kept."""
+    if past is None:
+        return True
+    return len(past.records) + (pending.id not in past.ids) > host.keep_backups
 
 
 # --- stage: record ----------------------------------------------------------------------------
 
 
-def record_deploy(transport: Transport, deploy: Deploy, release: HostLock | None = None) -> None:
+def record_deploy(
+    transport: Transport,
+    deploy: Deploy,
+    release: HostLock | None = None,
+    past: history.History | None = None,
+) -> None:
     """A deploy that ran to its end: the workspace state, pruning, the host's history (with
     `release`: and the lock's release, in the same command)."""
     save_bases(deploy.host, deploy.bases, deploy.record)
-    prune(transport, deploy.host, deploy.record)
+    prune(transport, deploy.host, deploy.record, past)
     append_history(transport, deploy.host, deploy.record, release)
 
 
-def record_stopped(transport: Transport, deploy: Deploy) -> None:
+def record_stopped(transport: Transport, deploy: Deploy, on_host: bool = True) -> None:
     """A deploy that stopped midway: what landed is recorded (state, history); nothing landed,
-    its backups are dropped."""
+    its backups are dropped. Not `on_host` (its lock was taken over): the state alone."""
     record = deploy.record
     save_bases(deploy.host, deploy.bases, record if record.files else None)
+    if not on_host:
+        return
     if record.files:
         append_history(transport, deploy.host, record)
     else:
@@ -420,11 +587,19 @@ def drop_backups(transport: Transport, host: HostConfig, deploy_id: str) -> None
         pass  # cleaned by the next push as an incomplete backup
 
 
-def prune(transport: Transport, host: HostConfig, pending: DeployRecord | None = None) -> None:
+def prune(
+    transport: Transport,
+    host: HostConfig,
+    pending: DeployRecord | None = None,
+    past: history.History | None = None,
+) -> None:
     """Prune old backups; `pending`: a record about to be appended, counted as in the history
-    already (so pruning can run before the append that releases the lock)."""
+    already (so pruning can run before the append that releases the lock); `past`: the
+    history as read under this lock, else it is read here."""
     try:
-        past = history.load_history(transport, host.root)
+        if past is None:
+            past = history.load_history(transport, host.root)
+        past = history.History(list(past.records), past.unreadable_lines)
         if pending is not None and pending.id not in past.ids:
             past.records.append(pending)
         if len(past.records) <= host.keep_backups:

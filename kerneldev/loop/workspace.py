@@ -236,23 +236,26 @@ def snapshot(
     the scan request's `lock` part (`HostLock.scan_request`), given every workspace file that
     can be in the snapshot (path -> sha256), so the host can tell whether anything can change.
     `remember`: keep what was hashed in the workspace's sums cache (off: nothing is written)."""
+    # The host starts (a one-shot connection's login shell and agent: 0.2-0.5 s) while the
+    # workspace is hashed below, instead of after it.
+    transport.begin()
     state = load_state(host.workspace, host.name)
     check_state_owner(state, host)
     patterns = hash_patterns(host, selected)
     sums = SumCache.load(host.workspace, writable=remember)
     found, root_exists, held = None, None, None
-    hashed: dict[str, LocalFile | None] = {}
+    # Every workspace file the snapshot can hold (for a lock: more only keeps it longer); the
+    # files only the host has are hashed after its answer.
+    if selected is not None:
+        candidates = set(selected)
+    else:
+        candidates = {p for p in state.files if is_configured(host, p)}
+        candidates |= workspace_matches(host.workspace, host.files)
+        candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
+    hashed = {p: local_file(host.workspace, p, sums) for p in sorted(candidates)}
     if leftovers:
         request = None
         if lock is not None:
-            # Every workspace file the snapshot can hold (more only keeps the lock longer).
-            if selected is not None:
-                candidates = set(selected)
-            else:
-                candidates = {p for p in state.files if is_configured(host, p)}
-                candidates |= workspace_matches(host.workspace, host.files)
-                candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
-            hashed = {p: local_file(host.workspace, p, sums) for p in sorted(candidates)}
             request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
         scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
         live_files, root_exists, held = scan.files, scan.root_exists, scan.lock

@@ -50,6 +50,7 @@ class AgentProcess:
         self._stderr = bytearray()
         self._status: int | None = None
         self.start_error: str | None = None  # the agent could not start the process
+        self.skip_reason: str | None = None  # not started: see `skipped`
         self._lost: str | None = None  # the stream ended before EXIT
         self._discard = False  # output no longer wanted (an early stop)
 
@@ -65,7 +66,8 @@ class AgentProcess:
         self.client._send(STDIN, self.rid, b"")
 
     def signal(self, name: str) -> None:
-        """Send "TERM", "KILL" or "INT" to the process group (ignored once it has exited)."""
+        """Send "TERM", "KILL" or "INT" to the process group (ignored once it has exited), or
+        "CANCEL": a request opened `after` another that has not started yet never will."""
         if not self.exited:
             self.client._send(SIGNAL, self.rid, json.dumps({"signal": name}).encode())
 
@@ -73,6 +75,12 @@ class AgentProcess:
     @property
     def exited(self) -> bool:
         return self._status is not None
+
+    @property
+    def skipped(self) -> bool:
+        """It never ran: the request it was opened `after` did not succeed, or it was
+        cancelled, or the connection went first."""
+        return self.skip_reason is not None
 
     @property
     def status(self) -> int | None:
@@ -170,6 +178,8 @@ class AgentProcess:
         with self._cond:
             if "error" in info:
                 self.start_error = str(info["error"])
+                if info.get("skipped"):
+                    self.skip_reason = self.start_error
                 self._stderr += self.start_error.encode("utf-8", "replace") + b"\n"
                 self._status = 127
             else:
@@ -223,6 +233,24 @@ class AgentClient:
         return self.wait_hello()
 
     @property
+    def started(self) -> bool:
+        """The agent's HELLO came. The agent reads no request before it has sent it, so a
+        stream that ended before that ran none of the requests sent into it."""
+        return self._hello is not None
+
+    def expect_hello_within(self, seconds: float) -> None:
+        """End the stream (every request fails as lost) when no HELLO has come within
+        `seconds`: requests may be sent before it, and must not wait on a host that never
+        starts the agent for longer than `wait_hello(seconds)` would."""
+        timer = threading.Timer(seconds, self._no_hello, args=(seconds,))
+        timer.daemon = True
+        timer.start()
+
+    def _no_hello(self, seconds: float) -> None:
+        if self._hello is None:
+            self._stream_ended(f"no answer from the host agent within {seconds:g}s")
+
+    @property
     def lost(self) -> str | None:
         """Why the stream ended (None while it is up)."""
         return self._lost
@@ -244,7 +272,9 @@ class AgentClient:
         if self._shutdown is not None:
             try:
                 self._shutdown()
-            except OSError:
+            except (OSError, EOFError):
+                # EOFError: paramiko's `shutdown_write` on a connection already cut (its
+                # socket refuses the write); the agent sees that end as EOF all the same.
                 pass
 
     # --- requests -----------------------------------------------------------------------
@@ -267,10 +297,23 @@ class AgentClient:
         if frames:
             self._write_frame(b"".join(frames))
 
-    def open(self, command: str, python: bool = False, fresh: bool = False) -> AgentProcess:
+    @property
+    def pipelines(self) -> bool:
+        """The agent runs a request `after` another (HELLO's "pipeline"; waits for HELLO)."""
+        return bool(self.hello.get("pipeline"))
+
+    def open(
+        self,
+        command: str,
+        python: bool = False,
+        fresh: bool = False,
+        after: AgentProcess | None = None,
+    ) -> AgentProcess:
         """Start `command` on the host (`/bin/sh -c`, or with `python` a hostside script's
         source run by the agent's interpreter: in a fork of the agent, or with `fresh` in a new
-        `python -S -c`) and return it at once."""
+        `python -S -c`) and return it at once. `after` (where `pipelines`): the host starts it
+        only once that request has exited with status 0, else it is `skipped`; its stdin may
+        be sent meanwhile."""
         with self._lock:
             if self._lost is not None:
                 raise self._lost_error(f"starting `{_short(command)}`")
@@ -283,6 +326,8 @@ class AgentClient:
             spec["python"] = True
         if fresh:
             spec["fresh"] = True
+        if after is not None:
+            spec["after"] = after.rid
         self._send(OPEN, rid, json.dumps(spec).encode("utf-8"))
         return process
 

@@ -29,7 +29,7 @@ from typing import BinaryIO
 
 from kerneldev import interrupt
 from kerneldev.atomic_file import temp_stem
-from kerneldev.errors import HostConnectionError, TransferError
+from kerneldev.errors import HostConnectionError, LockLostError, TransferError
 from kerneldev.errors import (
     LiveChangedError as LiveChangedError,  # re-exported: it was defined here
 )
@@ -50,8 +50,10 @@ def copy_sums(
     host_name: str, pairs: list[tuple[str, str]], result: CommandResult
 ) -> dict[str, str | None]:
     """{destination: sha256} from a copy's `<index> <sha256>` lines (None where none came);
-    a failed copy raises `TransferError` with the host's words."""
-    if not result.ok:
+    a failed copy raises `TransferError` with the host's words, except a copy that stopped
+    on a sum other than the one expected (`copyfiles.py`'s `expect`): its sums are returned
+    for the caller's own check, which refuses the deploy."""
+    if not result.ok and "copyfiles: mismatch" not in result.stderr:
         raise TransferError(
             f"copying on {host_name} failed: {result.stderr.strip() or f'exit {result.exited}'}"
         )
@@ -343,16 +345,21 @@ class Transport(abc.ABC):
         """Append `text` to a file on the host (created with its folder when missing); one
         O_APPEND write, so concurrent appends do not interleave within a line. `then`: a
         shell command run after a successful append, in the same round trip."""
-        folder = posixpath.dirname(path)
-        result = self.run(
-            f"mkdir -p -- {shlex.quote(folder)} && cat >> {shlex.quote(path)}"
-            + (f" && {then}" if then else ""),
-            stdin=text.encode("utf-8"),
-        )
+        result = self.run(append_command(path, then), stdin=text.encode("utf-8"))
         if not result.ok:
             raise TransferError(
                 f"cannot append to {path} on {self.host_name}: {result.stderr.strip()}"
             )
+
+    def begin(self) -> None:  # noqa: B027 - optional: only what starts a host has work here
+        """Start reaching the host (connection, login, agent) without waiting for it, so that
+        local work overlaps the host's start; a no-op where nothing needs starting."""
+
+    def chain(self):  # -> agent_chain.AgentChain | None (not imported here: it imports this)
+        """Where the host runs a pipeline of requests (the host agent): an `AgentChain` that
+        sends a deploy's steps at once, each run only after the one before succeeded; None
+        where each step must wait for the answer of the one before."""
+        return None
 
     # --- network --------------------------------------------------------------------------
     @abc.abstractmethod
@@ -407,6 +414,22 @@ class _HashingReader:
 # --- shared by the transports that stream files through a host-side helper ------------------
 
 
+def append_command(path: str, then: str = "") -> str:
+    """`append_text`'s shell command: stdin appended to `path` (its folder made first), then
+    `then` when that worked."""
+    folder = posixpath.dirname(path)
+    return f"mkdir -p -- {shlex.quote(folder)} && cat >> {shlex.quote(path)}" + (
+        f" && {then}" if then else ""
+    )
+
+
+def receive_items(items: list[PutItem]) -> list[dict]:
+    """`receivefiles.py`'s description of each file to land."""
+    return [
+        {"path": f.path, "mode": f.mode, "expect": f.expect_sha256, "check": f.check} for f in items
+    ]
+
+
 def settle_put_reports(
     items: list[PutItem],
     sent: dict[int, tuple[str, int]],
@@ -436,9 +459,23 @@ def raise_put_failure(items: list[PutItem], reports: list[dict], host_name: str)
             i = report.get("i", 0)
             if report.get("reason") == "changed":
                 raise LiveChangedError(i, items[i].path)
+            if report.get("reason") == "lock":
+                raise lock_lost(host_name, f"before writing {items[i].path}", report.get("error"))
             raise TransferError(
                 f"cannot write {items[i].path} on {host_name}: {report.get('error')}"
             )
+
+
+def lock_lost(host_name: str, when: str, why: object) -> LockLostError:
+    """A host step refused because this command's host lock was taken over (`receivefiles.py`'s
+    and `copyfiles.py`'s `check_lock`, the chain's record guard)."""
+    return LockLostError(
+        f"the lock on host '{host_name}' was taken over by another command {when} ({why}); "
+        "nothing more of this command changed the host",
+        hint="another command took the lock (a stale lock after a cut connection, or "
+        "`--break-lock`); run `kerneldev status` and push again: the next push settles what "
+        "this one left",
+    )
 
 
 def scan_request(root: str, patterns: list[str], markers: str | None, lock: dict | None) -> dict:

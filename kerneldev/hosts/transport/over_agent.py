@@ -30,6 +30,7 @@ from kerneldev.errors import (
     RemoteCommandError,
     TransferError,
 )
+from kerneldev.hosts.transport.agent_chain import AgentChain
 from kerneldev.hosts.transport.agent_client import AgentClient, AgentProcess
 from kerneldev.hosts.transport.base import (
     TEMP_MARK,
@@ -49,6 +50,7 @@ from kerneldev.hosts.transport.base import (
     http_status,
     parse_reports,
     raise_put_failure,
+    receive_items,
     scan_request,
     send_file_records,
     sendfiles_chunks,
@@ -80,6 +82,13 @@ class AgentTransport(Transport):
     def close(self) -> None:
         self.client.close()
 
+    def chain(self) -> AgentChain | None:
+        try:
+            pipelines = self.client.pipelines
+        except ConnectionLostError:
+            return None  # the next request says so in its own words
+        return AgentChain(self) if pipelines else None
+
     def _lost(self, doing: str) -> ConnectionLostError:
         why = self.client.lost or "the stream ended"
         return ConnectionLostError(
@@ -88,13 +97,19 @@ class AgentTransport(Transport):
         )
 
     def _open(
-        self, command: str, doing: str, python: bool = False, stdin: bytes | None = None
+        self,
+        command: str,
+        doing: str,
+        python: bool = False,
+        stdin: bytes | None = None,
+        after: AgentProcess | None = None,
     ) -> AgentProcess:
-        """Start `command`; with `stdin` (b"" for none) also send that and its end, in the
-        same write as the request (`AgentClient.batch`)."""
+        """Start `command` (`after`: once that request succeeded, see `AgentClient.open`);
+        with `stdin` (b"" for none) also send that and its end, in the same write as the
+        request (`AgentClient.batch`)."""
         try:
             with self.client.batch():
-                process = self.client.open(command, python=python)
+                process = self.client.open(command, python=python, after=after)
                 if stdin is not None:
                     if stdin:
                         process.write(stdin)
@@ -246,44 +261,72 @@ class AgentTransport(Transport):
     def _put_files(self, items: list[PutItem], callbacks: PutFilesCallbacks) -> None:
         # One stream for all: `receivefiles.py` lands each file as put_file does (temporary
         # file, compare-and-swap, rename) and reports it by one line.
-        on_landed, on_start, on_bytes = callbacks.on_landed, callbacks.on_start, callbacks.on_bytes
-        process = self._start_receiving(
-            [
-                {"path": f.path, "mode": f.mode, "expect": f.expect_sha256, "check": f.check}
-                for f in items
-            ]
-        )
+        process = self._start_receiving(receive_items(items))
+        sent, stopped = self._send_files(process, items, callbacks)
+        self._settle_files(process, items, sent, stopped, callbacks)
+
+    def _send_files(
+        self, process: AgentProcess, items: list[PutItem], callbacks: PutFilesCallbacks
+    ) -> tuple[dict[int, tuple[str, int]], BaseException | None]:
+        """Every file's records to the receiving request: (sha256 and size of each file sent,
+        the interrupt or read error that stopped the sending, after which the host was told
+        to abort)."""
+        on_start, on_bytes = callbacks.on_start, callbacks.on_bytes
         sent: dict[int, tuple[str, int]] = {}
-        stopped: BaseException | None = None
+        out = _Coalesced(process.write)
         try:
-            for i, item in enumerate(items):
-                if on_start is not None:
-                    on_start(i)
-                interrupt.check()
-                if process.exited:
-                    break  # the host stopped reading (a failed check or write): it says why
-                sent[i] = send_file_records(process.write, item.open, item.path, on_bytes)
+            try:
+                for i, item in enumerate(items):
+                    if on_start is not None:
+                        on_start(i)
+                    interrupt.check()
+                    if process.exited:
+                        break  # the host stopped reading (a failed check or write): it says why
+                    sent[i] = send_file_records(out.write, item.open, item.path, on_bytes)
+            finally:
+                with interrupt.shield():
+                    out.flush()  # whole records only: an abort after them is read as one
         except ConnectionLostError:
             raise self._lost("uploading files") from None
         except BaseException as err:  # Ctrl-C, or the workspace file could not be read
-            stopped = err
             self._abort(process)
+            return sent, err
+        return sent, None
+
+    def _settle_files(
+        self,
+        process: AgentProcess,
+        items: list[PutItem],
+        sent: dict[int, tuple[str, int]],
+        stopped: BaseException | None,
+        callbacks: PutFilesCallbacks,
+    ) -> None:
         # What landed is known only from the host's report: read it to the end even after
         # Ctrl-C (shielded; bounded by IO_TIMEOUT).
         reports = self._reports(process, "uploading files")
-        settle_put_reports(items, sent, reports, self.host_name, on_landed)
+        settle_put_reports(items, sent, reports, self.host_name, callbacks.on_landed)
         if stopped is not None:
             raise stopped
         raise_put_failure(items, reports, self.host_name)
         if len(reports) < len(items):
+            why = process.skip_reason or process.stderr_text().strip()[-200:]
             raise TransferError(
                 f"uploading to {self.host_name} ended after {len(reports)} of {len(items)} "
-                f"files without a reason: {process.stderr_text().strip()[-200:]}"
+                f"files without a reason: {why}"
             )
 
-    def _start_receiving(self, files: list[dict]) -> AgentProcess:
-        request = json.dumps({"mark": TEMP_MARK, "files": files}).encode("utf-8")
-        process = self._open(script(_receivefiles), "starting a file transfer", python=True)
+    def _start_receiving(
+        self, files: list[dict], after: AgentProcess | None = None, lock: dict | None = None
+    ) -> AgentProcess:
+        """`receivefiles.py` started (`after`: see `_open`); `lock`: the host lock that must
+        still be ours before each file is begun and renamed (`AgentChain.hold`)."""
+        fields: dict = {"mark": TEMP_MARK, "files": files}
+        if lock is not None:
+            fields["lock"] = lock
+        request = json.dumps(fields).encode("utf-8")
+        process = self._open(
+            script(_receivefiles), "starting a file transfer", python=True, after=after
+        )
         try:
             process.write(len(request).to_bytes(8, "big") + request)
         except ConnectionLostError:
@@ -375,6 +418,30 @@ class AgentTransport(Transport):
                 raise HostConnectionError(f"GET {url}: no answer within {timeout:g}s")
             raise HostConnectionError(f"GET {url}: {answer.get('error')}")
         return http_status(url, answer.get("head", ""))
+
+
+class _Coalesced:
+    """Writes gathered into blocks of `BLOCK` bytes: an upload of many small files is a few
+    frames and SSH packets, not two per file. Callers write whole records, so a block always
+    ends on a record's end."""
+
+    BLOCK = 256 << 10
+
+    def __init__(self, write) -> None:
+        self._write = write
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes) -> None:
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self.BLOCK:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._parts:
+            data, self._parts, self._size = b"".join(self._parts), [], 0
+            self._write(data)
 
 
 class _StreamReader(ExactReader):

@@ -43,6 +43,7 @@ from kerneldev.errors import (
     UsageError,
 )
 from kerneldev.hosts.sshlib import paramiko
+from kerneldev.hosts.transport.agent_chain import AgentChain
 from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.base import (
     CHUNK,
@@ -132,6 +133,7 @@ SFTP_REQUESTS_READ = 4  # open, fstat, the pipelined reads, close
 SFTP_REQUESTS_WRITE = 12  # lstat, stat, open, chmod, writes, close, the check's 4, rename
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
 _PID_MARK = "kerneldev-pid="
+NO_AGENT = object()  # `_agent_call`'s answer where the step is to be done without the agent
 # Runs `sh -c <command>` after naming its pid on stderr; the command keeps that pid (exec).
 _PID_PREAMBLE = f"printf '{_PID_MARK}%s\\n' $$ >&2; exec sh -c "
 
@@ -168,6 +170,7 @@ class SSHTransport(Transport):
         self._sftp_seconds: float | None = None  # one SFTP request's round trip
         self.transfer_mode = transfer_mode()
         self._agent: AgentTransport | None = None
+        self._agent_chan: paramiko.Channel | None = None  # until the agent's HELLO came
         self._agent_tried = False
         # Why the steps do not go through the host agent (None: they do, or not tried yet).
         self.agent_unavailable: str | None = None
@@ -179,25 +182,42 @@ class SSHTransport(Transport):
         self.connection.close()
 
     # --- the host agent -------------------------------------------------------------------
-    def _via_agent(self) -> AgentTransport | None:
+    def _via_agent(self, wait: bool = True) -> AgentTransport | None:
         """The host agent's transport, started on first use (one exec channel: the only login
-        shell of this connection); None where it cannot run (no python3) or is pinned off."""
-        if self._agent is not None or self._agent_tried:
-            return self._agent
-        self._agent_tried = True
-        if self.transfer_mode in ("stream", "sftp"):
-            self.agent_unavailable = f"${TRANSFER_ENV} is {self.transfer_mode}"
-            return None
-        client, chan = start_agent(self.connection, ["python3", self.host_config.python])
-        if self.while_agent_starts is not None:
-            self.while_agent_starts()
+        shell of this connection); None where it cannot run (no python3) or is pinned off.
+        `wait=False` returns it before its HELLO came, so that a first request follows the
+        agent's source without a round trip (see `_agent_call`)."""
+        if not self._agent_tried:
+            self._agent_tried = True
+            if self.transfer_mode in ("stream", "sftp"):
+                self.agent_unavailable = f"${TRANSFER_ENV} is {self.transfer_mode}"
+                return None
+            client, self._agent_chan = start_agent(
+                self.connection, ["python3", self.host_config.python]
+            )
+            # A first request sent before the HELLO waits no longer for it than this did.
+            client.expect_hello_within(3 * self.connection.connect_timeout)
+            if self.while_agent_starts is not None:
+                self.while_agent_starts()
+            self._agent = AgentTransport(client, self.host_config, self.host_name)
+        if wait:
+            return self._confirm_agent()
+        return self._agent
+
+    def _confirm_agent(self) -> AgentTransport | None:
+        """The agent once its HELLO came; where it never started, the way without it is set
+        up (None), or `TransferError` when the agent is required."""
+        agent, chan = self._agent, self._agent_chan
+        if agent is None or chan is None:
+            return agent
         try:
-            client.wait_hello(timeout=3 * self.connection.connect_timeout)
-        except (ConnectionLostError, TimeoutError) as err:
+            agent.client.wait_hello()
+        except ConnectionLostError as err:
             if not self.connection.is_active():
                 raise self._dropped(err, "starting the host agent") from None
             reason = agent_failure(chan)
             chan.close()
+            self._agent = self._agent_chan = None
             if self.transfer_mode == "agent":
                 raise TransferError(
                     f"cannot start the host agent on {self.host_name}: {reason}",
@@ -205,8 +225,34 @@ class SSHTransport(Transport):
                 ) from None
             self.agent_unavailable = reason
             return None
-        self._agent = AgentTransport(client, self.host_config, self.host_name)
-        return self._agent
+        self._agent_chan = None  # confirmed: nothing more to check
+        return agent
+
+    def _agent_call(self, name: str, *args):
+        """The agent transport's `name(*args)`, or `NO_AGENT` where the agent cannot run (the
+        caller then does the step the way without it). The connection's first request goes
+        out right behind the agent's source, without waiting for its HELLO (one round trip
+        less per command). When the agent never started (no python3: its stream ends without
+        a HELLO), nothing of that request ran - the agent reads none before its HELLO - and
+        the step is done without it; a stream lost after the HELLO is a lost connection.
+        Only for steps whose arguments are plain data: a step that consumes a stream (an
+        upload's source) waits for the HELLO first (`_via_agent()`)."""
+        agent = self._via_agent(wait=False)
+        if agent is None:
+            return NO_AGENT
+        try:
+            return getattr(agent, name)(*args)
+        except ConnectionLostError:
+            if agent.client.started or self._confirm_agent() is not None:
+                raise
+            return NO_AGENT
+
+    def begin(self) -> None:
+        self._via_agent(wait=False)  # connects, asks for the agent, sends its source
+
+    def chain(self) -> AgentChain | None:
+        agent = self._via_agent()
+        return agent.chain() if agent is not None else None
 
     # The connection's parts as this class uses them (opened on first use).
     def _connection(self) -> paramiko.Transport:
@@ -220,8 +266,8 @@ class SSHTransport(Transport):
 
     # --- commands -----------------------------------------------------------------------
     def _run(self, command: str, options: RunOptions) -> CommandResult:
-        if (agent := self._via_agent()) is not None:
-            return agent._run(command, options)
+        if (done := self._agent_call("_run", command, options)) is not NO_AGENT:
+            return done
         timeout, stdin, on_output = options.timeout, options.stdin, options.on_output
         t = self._connection()
         try:
@@ -314,16 +360,16 @@ class SSHTransport(Transport):
 
     # --- files --------------------------------------------------------------------------
     def hash_files(self, root: str, patterns: list[str]) -> tuple[list[RemoteFile], list[str]]:
-        if (agent := self._via_agent()) is not None:
-            return agent.hash_files(root, patterns)
+        if (done := self._agent_call("hash_files", root, patterns)) is not NO_AGENT:
+            return done
         data = self._hash_request({"root": root, "patterns": list(patterns)})
         return data["files"], data["unmatched"]
 
     def scan(
         self, root: str, patterns: list[str], markers: str | None = None, lock: dict | None = None
     ) -> HostScan:
-        if (agent := self._via_agent()) is not None:
-            return agent.scan(root, patterns, markers, lock)
+        if (done := self._agent_call("scan", root, patterns, markers, lock)) is not NO_AGENT:
+            return done
         # The same one remote command as hash_files, which also walks root for leftovers (and
         # takes the host lock first when asked).
         return host_scan(self._hash_request(scan_request(root, patterns, markers, lock)))
@@ -426,8 +472,8 @@ class SSHTransport(Transport):
         return TransferError(f"cannot {doing} {path} on {self.host_name}: {describe_error(err)}")
 
     def read_bytes(self, path: str) -> bytes:
-        if (agent := self._via_agent()) is not None:
-            return agent.read_bytes(path)
+        if (done := self._agent_call("read_bytes", path)) is not NO_AGENT:
+            return done
         return b"".join(self._sftp_chunks(path))
 
     def _put_file(self, path: str, source: BinaryIO, options: PutOptions) -> None:
@@ -557,13 +603,13 @@ class SSHTransport(Transport):
         return parse_reports(data)
 
     def copy_on_host(self, pairs: list[tuple[str, str]]) -> dict[str, str | None]:
-        if (agent := self._via_agent()) is not None:
-            return agent.copy_on_host(pairs)
+        if (done := self._agent_call("copy_on_host", pairs)) is not NO_AGENT:
+            return done
         return super().copy_on_host(pairs)
 
     def rename(self, src: str, dst: str) -> None:
-        if (agent := self._via_agent()) is not None:
-            return agent.rename(src, dst)
+        if self._agent_call("rename", src, dst) is not NO_AGENT:
+            return
         sftp = self._sftp_client()
         try:
             self._rename_over(sftp, src, dst)
@@ -571,8 +617,8 @@ class SSHTransport(Transport):
             raise self._file_error(err, dst, "rename onto") from None
 
     def file_sha256(self, path: str) -> str | None:
-        if (agent := self._via_agent()) is not None:
-            return agent.file_sha256(path)
+        if (done := self._agent_call("file_sha256", path)) is not NO_AGENT:
+            return done
         # Small files are read through SFTP in chunks (no process to start on the host);
         # big ones are hashed on the host, so their bytes do not cross the network again.
         sftp = self._sftp_client()
@@ -623,8 +669,8 @@ class SSHTransport(Transport):
         return path
 
     def exists(self, path: str) -> bool:
-        if (agent := self._via_agent()) is not None:
-            return agent.exists(path)
+        if (done := self._agent_call("exists", path)) is not NO_AGENT:
+            return done
         sftp = self._sftp_client()
         try:
             sftp.lstat(path)
@@ -635,8 +681,8 @@ class SSHTransport(Transport):
             raise self._file_error(err, path, "stat") from None
 
     def mkdirs(self, path: str) -> None:
-        if (agent := self._via_agent()) is not None:
-            return agent.mkdirs(path)
+        if self._agent_call("mkdirs", path) is not NO_AGENT:
+            return
         sftp = self._sftp_client()
         try:
             if stat.S_ISDIR(sftp.stat(path).st_mode or 0):

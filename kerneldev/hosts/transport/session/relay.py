@@ -6,6 +6,10 @@ own requests (a STDIN or SIGNAL for an id the client did not open goes nowhere).
 goes away (its command ended, or it was killed or interrupted), its requests still running
 are ended on the host (stdin closed, TERM, KILL after 2 s), nobody else's.
 
+An OPEN that names an earlier request of its client (`"after"`, the agent's pipelines) is
+passed on with that request's id towards the agent; one the client never opened becomes 0,
+which the agent refuses, so a client can never chain onto another client's request.
+
 Output to a client goes through a queue drained by that client's own writer thread, so a slow
 or stopped client (Ctrl-Z) never holds up the agent's other requests; a client that leaves more
 than `MAX_BACKLOG` bytes unread is dropped. What goes to the agent is written whole frame by
@@ -41,6 +45,7 @@ log = logging.getLogger("kerneldev.session")
 
 MAX_BACKLOG = 64 << 20  # bytes queued for one client before it counts as gone
 MAX_ID = 0xFFFFFFFF
+MAX_OPENED = 4096  # a client's past request ids remembered for "after" (oldest dropped)
 
 
 class AgentLink:
@@ -82,6 +87,7 @@ class Client:
         self.sock = sock
         self.pid = pid
         self.owned: dict[int, int] = {}
+        self.opened: dict[int, int] = {}  # every request it opened, ended ones too (for "after")
         self.attached = False  # has opened a request (a status probe never does)
         self.alive = True
         self._queue: queue.Queue[bytes | None] = queue.Queue()
@@ -275,6 +281,11 @@ class Relay:
             rid = self._new_id()
             self._routes[rid] = (client, cid)
             client.owned[cid] = rid
+            client.opened[cid] = rid
+            while len(client.opened) > MAX_OPENED:
+                del client.opened[next(iter(client.opened))]
+            if b'"after"' in payload:
+                payload = _chained(payload, client.opened)
             client.attached = True
             self.last_active = time.monotonic()
         self._to_agent(OPEN, rid, payload)
@@ -318,6 +329,7 @@ class Relay:
             return
         log.info("client pid %s left %d request(s) running: ending them", client.pid, len(left))
         for rid in left:
+            self._to_agent(SIGNAL, rid, b'{"signal": "CANCEL"}')  # one waiting never starts
             self._to_agent(STDIN, rid, b"")
             self._to_agent(SIGNAL, rid, b'{"signal": "TERM"}')
         timer = threading.Timer(END_GRACE, self._kill_leftovers, args=(left,))
@@ -344,3 +356,17 @@ class Relay:
     def drop_all(self) -> None:
         for client in list(self.clients):
             client.drop()
+
+
+def _chained(payload: bytes, opened: dict[int, int]) -> bytes:
+    """The OPEN with its "after" (the client's id) turned into the agent's id of that request;
+    0 (refused by the agent) when the client did not open it."""
+    try:
+        spec = json.loads(payload.decode("utf-8"))
+        after = spec.get("after")
+    except (ValueError, AttributeError):
+        return payload  # the agent answers a garbled OPEN itself
+    if after is None:
+        return payload
+    spec["after"] = opened.get(after, 0) if isinstance(after, int) else 0
+    return json.dumps(spec).encode("utf-8")
