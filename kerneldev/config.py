@@ -79,6 +79,9 @@ class HostConfig:
     python: str = "python3"  # interpreter on the host for the bench harness
     gpu: str | None = None  # CUDA_VISIBLE_DEVICES for bench on the host
     keep_backups: int = 20  # host backups are pruned to those of the last N deploys
+    # Live files' sums reused on the host while their stat is unchanged (hostside/hashfiles.py
+    # `LiveSums`); false: every live file is read on every command.
+    live_sums: bool = True
     # Other hosts of this host's groups with the same `workspace`: they share it, each with its
     # own record in its state file (state.py); filled by the loader from `groups:`.
     workspace_peers: tuple[str, ...] = ()
@@ -469,6 +472,7 @@ class _Validator:
             "python",
             "gpu",
             "keep_backups",
+            "live_sums",
             "session",
         )
         self.check_keys(node, items, kp, allowed, ("root", "files", "workspace"))
@@ -519,6 +523,12 @@ class _Validator:
                 what = f"must be an integer >= 1, got {_describe(v)}"
                 raise self.fail(n, f"{kp}.keep_backups", what)
             keep_backups = v
+        live_sums = True
+        if (n := get("live_sums")) is not None:
+            live_sums = self.value(n)
+            if not isinstance(live_sums, bool):
+                what = f"must be true or false, got {_describe(live_sums)}"
+                raise self.fail(n, f"{kp}.live_sums", what)
         return HostConfig(
             name=name,
             root=root,
@@ -535,6 +545,7 @@ class _Validator:
             python=python,
             gpu=gpu,
             keep_backups=keep_backups,
+            live_sums=live_sums,
             session=self._session(n, f"{kp}.session", self.session_defaults)
             if (n := get("session")) is not None
             else self.session_defaults,

@@ -27,6 +27,12 @@ remote command. When the lock is kept (the push has work), the request's `lock["
 file (the host's deploy history) is read under it and returned as `lock["history"]` (its text;
 None when there is none; left out when it cannot be read): the deploy's pruning needs no
 request of its own to read it.
+
+A request with `"sums": true` reuses the live files' sums of earlier requests (`LiveSums`: a
+file's sha256 is kept in the host user's cache folder, outside root, next to the `stat` fields
+that change whenever its bytes can have changed, and reused only while they match), so a file
+that did not change since the last command is not read again. Every file's `stat` is still
+taken live on every request.
 """
 
 import fnmatch
@@ -38,6 +44,105 @@ import stat
 import sys
 
 CHUNK = 1 << 20
+SUMS_FORMAT = 1
+SUMS_LIMIT = 4096  # entries kept per root: the files of a few deploys' worth of patterns
+
+
+def _stat_key(st):
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def sums_folder():
+    """Where the host user's `LiveSums` live: `$XDG_CACHE_HOME/kerneldev/live-sums`, else
+    `~/.cache/kerneldev/live-sums` (never under a live root: only pushed bytes change there)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kerneldev", "live-sums")
+
+
+class LiveSums:
+    """The sha256 of live files under one root, remembered between requests (as git's index
+    and the workspace's `sum_cache` do): an entry counts only while the file's size, mtime,
+    ctime, inode and device are what they were when it was read. ctime moves on every write
+    and rename and no user can set it back, so a rewrite with the old size and mtime is seen.
+
+    A write in the same clock tick as the one before leaves every field as it was ("racy
+    git"), so a sum is only kept for a file whose ctime is strictly before the moment this
+    request began reading, on the file system's own clock: the cache folder's times are set to
+    "now" and read back, and a file on another device than that folder is never kept. Its
+    `stat` must also be the same after the read as before. The cache file is only a cache:
+    unreadable, damaged or of another format it is ignored and rewritten (two requests at once
+    lose at most each other's new entries)."""
+
+    def __init__(self, real_root):
+        self.folder = sums_folder()
+        name = hashlib.sha256(real_root.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+        self.path = os.path.join(self.folder, name + ".json")
+        self.entries = {}
+        self.began = None  # the folder's stat once stamped; False: no clock, keep nothing
+        self.changed = False
+        try:
+            with open(self.path, "rb") as f:
+                raw = json.loads(f.read().decode("utf-8"))
+            if isinstance(raw, dict) and raw.get("format") == SUMS_FORMAT:
+                if isinstance(raw.get("files"), dict):
+                    self.entries = raw["files"]
+        except (OSError, ValueError):
+            pass
+
+    def lookup(self, real, st):
+        entry = self.entries.get(real)
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == _stat_key(st):
+            return entry[1]
+        return None
+
+    def begin(self):
+        """Before the first file is read: the file system's "now" (the stamp)."""
+        if self.began is not None:
+            return
+        try:
+            os.makedirs(self.folder, mode=0o700, exist_ok=True)
+            os.utime(self.folder)
+            self.began = os.stat(self.folder)
+        except OSError:
+            self.began = False
+
+    def remember(self, real, before, after, sha256):
+        began = self.began
+        key = _stat_key(before)
+        if not began or key != _stat_key(after) or before.st_dev != began.st_dev:
+            return  # changed while read, or no clock on its file system to judge it by
+        if before.st_ctime_ns >= began.st_ctime_ns:
+            return  # written in this request's own tick: a later write could keep the stamp
+        if self.entries.get(real) != [key, sha256]:
+            self.entries[real] = [key, sha256]
+            self.changed = True
+
+    def save(self):
+        if not self.changed:
+            return
+        entries = self.entries
+        if len(entries) > SUMS_LIMIT:
+            entries = dict(e for e in entries.items() if os.path.exists(e[0]))
+            entries = dict(list(entries.items())[-SUMS_LIMIT:])
+        temp = "%s.%d.tmp" % (self.path, os.getpid())
+        try:
+            with open(temp, "w") as f:
+                f.write(json.dumps({"format": SUMS_FORMAT, "files": entries}))
+            os.rename(temp, self.path)
+        except OSError:
+            try:
+                os.remove(temp)
+            except OSError:
+                pass
+
+
+def file_sha256(path):
+    """The sha256 of `path`'s bytes, read in CHUNK blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _inside(path, root):
@@ -65,10 +170,12 @@ def real_path(path, real_parents, lst=None):
     return os.path.join(real_parent, name), True
 
 
-def hash_tree(root, patterns):
-    """Return {"files": [{"path", "sha256", "size", "mode"}...], "unmatched": [pattern...]}."""
+def hash_tree(root, patterns, sums=False):
+    """Return {"files": [{"path", "sha256", "size", "mode"}...], "unmatched": [pattern...]}.
+    `sums`: reuse (and keep) the sums of files unchanged since an earlier request."""
     root = os.path.normpath(root)
     real_root = os.path.realpath(root)
+    live_sums = LiveSums(real_root) if sums else None
     found = {}
     unmatched = []
     real_parents = {}
@@ -100,18 +207,26 @@ def hash_tree(root, patterns):
             rel = rel.replace(os.sep, "/")
             if rel in found:
                 continue
-            digest = hashlib.sha256()
-            with open(real, "rb") as f:
-                for block in iter(lambda: f.read(CHUNK), b""):  # noqa: B023
-                    digest.update(block)
+            sha256 = live_sums.lookup(real, st) if live_sums else None
+            if sha256 is None:
+                if live_sums:
+                    live_sums.begin()
+                sha256 = file_sha256(real)
+                if live_sums:
+                    try:
+                        live_sums.remember(real, st, os.stat(real), sha256)
+                    except OSError:
+                        pass
             found[rel] = {
                 "path": rel,
-                "sha256": digest.hexdigest(),
+                "sha256": sha256,
                 "size": st.st_size,
                 "mode": stat.S_IMODE(st.st_mode),
             }
         if not hits:
             unmatched.append(pattern)
+    if live_sums:
+        live_sums.save()
     return {"files": [found[k] for k in sorted(found)], "unmatched": unmatched}
 
 
@@ -189,7 +304,7 @@ def answer(request):
             if request.get("find") is not None:
                 result["found"], result["root_exists"] = [], os.path.lexists(request["root"])
             return result
-    result = hash_tree(request["root"], request["patterns"])
+    result = hash_tree(request["root"], request["patterns"], bool(request.get("sums")))
     if request.get("find") is not None:
         result["found"] = find_named(request["root"], request["find"])
         result["root_exists"] = os.path.lexists(request["root"])

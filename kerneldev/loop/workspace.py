@@ -21,6 +21,7 @@ import hashlib
 import os
 import posixpath
 import stat
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,20 +253,34 @@ def snapshot(
         candidates = {p for p in state.files if is_configured(host, p)}
         candidates |= workspace_matches(host.workspace, host.files)
         candidates |= {lit for p in host.files if (lit := literal_path(p)) is not None}
-    hashed = {p: local_file(host.workspace, p, sums) for p in sorted(candidates)}
-    if leftovers:
-        request = None
-        if lock is not None:
-            request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
-        scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
-        live_files, root_exists, held = scan.files, scan.root_exists, scan.lock
-        found = leftovers_in(scan.found, host.root)
-        if lock is not None and (held or {}).get("state") != "taken":
-            # Not scanned under the lock (busy, or the transport cannot take it): the caller
-            # takes it the usual way and scans again.
-            return Snapshot([], {}, {}, state, found, root_exists, held)
-    else:
-        live_files, _ = transport.hash_files(host.root, patterns)
+
+    def hash_workspace() -> dict[str, LocalFile | None]:
+        return {p: local_file(host.workspace, p, sums) for p in sorted(candidates)}
+
+    # Without a lock the host's request needs no workspace sums: they are taken on a thread
+    # while the host answers (reads and sha256 release the GIL), not before it is asked.
+    pending = _Background(hash_workspace) if lock is None else None
+    hashed = hash_workspace() if pending is None else {}
+    try:
+        if leftovers:
+            request = None
+            if lock is not None:
+                request = lock({p: f.sha256 for p, f in hashed.items() if f is not None})
+            scan = transport.scan(host.root, patterns, markers=INCOMPLETE, lock=request)
+            live_files, root_exists, held = scan.files, scan.root_exists, scan.lock
+            found = leftovers_in(scan.found, host.root)
+            if lock is not None and (held or {}).get("state") != "taken":
+                # Not scanned under the lock (busy, or the transport cannot take it): the
+                # caller takes it the usual way and scans again.
+                return Snapshot([], {}, {}, state, found, root_exists, held)
+        else:
+            live_files, _ = transport.hash_files(host.root, patterns)
+    except BaseException:
+        if pending is not None:
+            pending.wait()  # the host's error is the one to report; the thread ends first
+        raise
+    if pending is not None:
+        hashed = pending.result()
     live = {f.path: f for f in live_files}
     if selected is not None:
         paths = set(selected)  # a named file that is missing live shows up as missing-live
@@ -284,6 +299,32 @@ def snapshot(
     local = {p: hashed[p] if p in hashed else local_file(host.workspace, p, sums) for p in ordered}
     sums.save()
     return Snapshot(ordered, live, local, state, found, root_exists, held)
+
+
+class _Background:
+    """`work()` on a thread of its own: `result()` waits for it, then returns what it returned
+    or raises what it raised."""
+
+    def __init__(self, work: Callable[[], dict]) -> None:
+        self._result: dict = {}
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(work,), daemon=True)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], dict]) -> None:
+        try:
+            self._result = work()
+        except BaseException as err:  # noqa: BLE001 - raised again by result(), in the caller
+            self._error = err
+
+    def wait(self) -> None:
+        self._thread.join()
+
+    def result(self) -> dict:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 def _root_exists(transport: Transport, host: HostConfig, known: bool | None) -> bool:

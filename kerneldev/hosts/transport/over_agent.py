@@ -206,6 +206,7 @@ class AgentTransport(Transport):
         return host_scan(self._hash_request(scan_request(root, patterns, markers, lock)))
 
     def _hash_request(self, request: dict) -> dict:
+        request = {**request, "sums": self.host_config is None or self.host_config.live_sums}
         root = request["root"]
         result = self._python(_hashfiles, request, f"hashing files under {root}")
         return hash_answer(result, request, self.host_name)

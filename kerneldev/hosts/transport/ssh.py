@@ -375,6 +375,7 @@ class SSHTransport(Transport):
         return host_scan(self._hash_request(scan_request(root, patterns, markers, lock)))
 
     def _hash_request(self, request: dict) -> dict:
+        request = {**request, "sums": self.host_config.live_sums}
         command = hash_command(["python3", self.host_config.python])
         self._connection()  # connected first: the timing below is one command, not the login
         started = time.monotonic()
