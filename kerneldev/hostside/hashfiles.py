@@ -48,8 +48,24 @@ SUMS_FORMAT = 1
 SUMS_LIMIT = 4096  # entries kept per root: the files of a few deploys' worth of patterns
 
 
-def _stat_key(st):
+def stat_key(st):
+    """The `stat` fields that move whenever a file's bytes can have changed."""
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def settled(before, after, began):
+    """Whether a sum read between the `stat`s `before` and `after` may be remembered, given
+    `began`, the stat of a folder stamped "now" when the reading command began (falsy: no
+    clock): the file did not change while read, is on that folder's device, and its last change
+    (ctime: every write sets it, no user can set it back) is stamped in an earlier clock tick,
+    so any later write gets a later stamp. The one rule of `LiveSums` and the workspace's
+    `SumCache` (loop/sum_cache.py)."""
+    return (
+        bool(began)
+        and stat_key(before) == stat_key(after)
+        and before.st_dev == began.st_dev
+        and before.st_ctime_ns < began.st_ctime_ns
+    )
 
 
 def sums_folder():
@@ -91,7 +107,7 @@ class LiveSums:
 
     def lookup(self, real, st):
         entry = self.entries.get(real)
-        if isinstance(entry, list) and len(entry) == 2 and entry[0] == _stat_key(st):
+        if isinstance(entry, list) and len(entry) == 2 and entry[0] == stat_key(st):
             return entry[1]
         return None
 
@@ -107,12 +123,9 @@ class LiveSums:
             self.began = False
 
     def remember(self, real, before, after, sha256):
-        began = self.began
-        key = _stat_key(before)
-        if not began or key != _stat_key(after) or before.st_dev != began.st_dev:
-            return  # changed while read, or no clock on its file system to judge it by
-        if before.st_ctime_ns >= began.st_ctime_ns:
-            return  # written in this request's own tick: a later write could keep the stamp
+        if not settled(before, after, self.began):
+            return
+        key = stat_key(before)
         if self.entries.get(real) != [key, sha256]:
             self.entries[real] = [key, sha256]
             self.changed = True

@@ -15,7 +15,8 @@ therefore only remembered for a file whose ctime (which every write sets to "now
 set to anything) is strictly before the moment the command began, read on the same file
 system's clock (the command stamps the `.kerneldev` folder's times first and reads them back):
 any later write gets a later stamp. Its `stat` must also be the same after the read as before.
-Only the workspace is cached: the host's live files are always read and hashed afresh.
+The rule is `hostside/hashfiles.py`'s `settled`, which the host's own cache of live files'
+sums (`LiveSums`) follows too.
 
 The file is a cache: unreadable, malformed or from another format it is ignored and rewritten;
 two commands writing it at once lose at most each other's new entries (a later command hashes
@@ -28,14 +29,11 @@ import json
 import os
 from pathlib import Path
 
+from kerneldev.hostside.hashfiles import settled, stat_key
 from kerneldev.paths import KERNELDEV_DIR
 
 SUMS_FILE = "sums.json"
 FORMAT = 1
-
-
-def _key(st: os.stat_result) -> list[int]:
-    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
 class SumCache:
@@ -81,7 +79,7 @@ class SumCache:
         if (
             isinstance(entry, list)
             and len(entry) == 2
-            and entry[0] == _key(st)
+            and entry[0] == stat_key(st)
             and isinstance(entry[1], str)
         ):
             return entry[1]
@@ -91,15 +89,9 @@ class SumCache:
         self, path: str, before: os.stat_result, after: os.stat_result, sha256: str
     ) -> None:
         """Keep `sha256` for `path`, whose bytes were read between the two `stat`s."""
-        began = self._began
-        key = _key(before)
-        if began is None or key != _key(after) or before.st_dev != began.st_dev:
-            return  # changed while it was read, or no clock to judge it by
-        # Every write moves ctime to "now" (mtime is the user's to set: `touch -d`, rsync -t),
-        # so a file changed before the command began, in an earlier tick, is told apart from
-        # any later change.
-        if before.st_ctime_ns >= began.st_ctime_ns:
-            return  # stamped in the command's own tick: a later write could keep the stamp
+        if not settled(before, after, self._began):
+            return  # changed while read, no clock, or stamped in the command's own tick
+        key = stat_key(before)
         if self._entries.get(path) != [key, sha256]:
             self._entries[path] = [key, sha256]
             self._changed = True
