@@ -315,35 +315,6 @@ def _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.conste
 
 
 @triton.jit
-def _tile_k_v4_as(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr,
-                  DTYPE: tl.constexpr):  # fmt: skip
-    """`_tile_k_v4` dequantized in DTYPE (the products' operand dtype) rather than float32: a
-    float8_e4m3fn code is exact in bf16 and its UE8M0 scale is a power of two, so code x scale
-    rounds nowhere (bf16 has float32's exponent range). Half the registers of the float32 tile
-    and one multiply per two values (bf16x2) instead of one per value (v17)."""
-    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 0)
-    g = tl.arange(0, NUM_GROUPS_POW2)
-    c = tl.arange(0, GROUP)
-    is_nope = g < NUM_GROUPS_POW2 - 1
-    raw = tl.load(
-        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * GROUP + c[None, None, :])),
-        mask=valid[:, None, None] & is_nope[None, :, None],
-        other=0,
-    )
-    exps = tl.load(
-        KV_ptr + (scale_off[:, None] + g[None, :]),
-        mask=valid[:, None] & is_nope[None, :],
-        other=0,
-    )
-    mult = _ue8m0(exps).to(DTYPE)
-    nope = raw.to(tl.float8e4nv, bitcast=True).to(DTYPE) * mult[:, :, None]
-    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
-    rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
-    k = tl.where(is_nope[None, :, None], nope, rope.to(DTYPE)[:, None, :])
-    return tl.reshape(k, (BLOCK_N, D_QK))
-
-
-@triton.jit
 def _attend_cache(
     acc, m_i, l_i, q,
     KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, end,
@@ -803,9 +774,7 @@ def _split_heads_tm(
                 e_idx_row, stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
             )  # fmt: skip
             next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
-        if FMT == 0 and E_FMT == 0:
-            k = _tile_k_v4_as(kv, kv_stride, psize, idx, valid, BLOCK_N, DOT_DTYPE)
-        elif FMT == E_FMT:
+        if FMT == E_FMT:
             k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
         elif i < n_main:
             k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
