@@ -114,10 +114,10 @@ def newest_change(root, paths):
 
 
 def detach(work):
-    """Run `work()` in a process nobody waits for (its own session, no inherited descriptor
-    but /dev/null as stdin, stdout and stderr, so no pipe or socket of the caller's stays open
-    through it), and return at once: True when it was started. A grandchild, so the caller
-    reaps the one child at once and no zombie is left behind."""
+    """Run `work()` in a process nobody waits for (its own session, the lowest CPU priority, no
+    inherited descriptor but /dev/null as stdin, stdout and stderr, so no pipe or socket of the
+    caller's stays open through it), and return at once: True when it was started. A
+    grandchild, so the caller reaps the one child at once and no zombie is left behind."""
     try:
         pid = os.fork()
     except OSError:
@@ -134,6 +134,10 @@ def detach(work):
             import gc
 
             gc.disable()  # no finalizer of the caller's objects closes a descriptor reused here
+            try:  # work nobody waits for: never take a CPU from a command (or the host's server)
+                os.nice(19)
+            except OSError:
+                pass
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)
