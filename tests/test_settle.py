@@ -119,7 +119,8 @@ def live_cache(tmp_path, monkeypatch) -> Path:
 
 
 def _live_entries(cache: Path) -> dict:
-    found = list(cache.iterdir()) if cache.exists() else []
+    # Not a settle's temporary file (renamed over the cache file once complete).
+    found = list(cache.glob("*.json")) if cache.exists() else []
     return json.loads(found[0].read_text())["files"] if found else {}
 
 
