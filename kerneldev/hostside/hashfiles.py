@@ -47,6 +47,7 @@ import glob
 import hashlib
 import json
 import os
+import signal
 import stat
 import sys
 import time
@@ -59,6 +60,9 @@ SUMS_LIMIT = 4096  # entries kept per root: the files of a few deploys' worth of
 SETTLE_WAIT = 2.5
 SETTLE_POLL = 0.002
 MAX_FD = 1 << 16
+# Seconds a detached settle may live at most: it is only a cache's work, and a fork beside a
+# caller's threads could, however unlikely, inherit a lock that one of them held.
+SETTLE_LIFE = 120
 
 
 def stat_key(st):
@@ -134,6 +138,7 @@ def detach(work):
             import gc
 
             gc.disable()  # no finalizer of the caller's objects closes a descriptor reused here
+            signal.alarm(SETTLE_LIFE)  # its default action ends the process
             try:  # work nobody waits for: never take a CPU from a command (or the host's server)
                 os.nice(19)
             except OSError:
