@@ -33,6 +33,13 @@ file's sha256 is kept in the host user's cache folder, outside root, next to the
 that change whenever its bytes can have changed, and reused only while they match), so a file
 that did not change since the last command is not read again. Every file's `stat` is still
 taken live on every request.
+
+A request `{"root", "settle": [path...]}` (a kept session's push, after its files landed)
+answers at once and leaves a detached process (`detach`) that waits until the file system's
+clock has moved past those files' last change, then hashes them as a `"sums"` request would:
+the next command finds their sums remembered instead of reading them again. Nothing is
+answered from it; a file changed meanwhile is either read afresh or not remembered, by the
+same rule (`settled`).
 """
 
 import fnmatch
@@ -40,12 +47,22 @@ import glob
 import hashlib
 import json
 import os
+import signal
 import stat
 import sys
+import time
 
 CHUNK = 1 << 20
 SUMS_FORMAT = 1
 SUMS_LIMIT = 4096  # entries kept per root: the files of a few deploys' worth of patterns
+# Seconds a settle waits at most for the file system's clock to pass the files' ctime (a tick
+# is a few ms on Linux; whole seconds on some file systems), and between two looks.
+SETTLE_WAIT = 2.5
+SETTLE_POLL = 0.002
+MAX_FD = 1 << 16
+# Seconds a detached settle may live at most: it is only a cache's work, and a fork beside a
+# caller's threads could, however unlikely, inherit a lock that one of them held.
+SETTLE_LIFE = 120
 
 
 def stat_key(st):
@@ -73,6 +90,82 @@ def sums_folder():
     `~/.cache/kerneldev/live-sums` (never under a live root: only pushed bytes change there)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "kerneldev", "live-sums")
+
+
+def clock_past(folder, ctime_ns, limit=SETTLE_WAIT):
+    """Stamp `folder` "now" until its ctime is after `ctime_ns` on the file system's own clock;
+    its stat then (what `settled` takes as `began`), or None after `limit` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        os.utime(folder)
+        st = os.stat(folder)
+        if st.st_ctime_ns > ctime_ns:
+            return st
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(SETTLE_POLL)
+
+
+def newest_change(root, paths):
+    """The latest ctime (ns) among the files `paths` under `root` (missing ones skipped)."""
+    newest = 0
+    for path in paths:
+        try:
+            newest = max(newest, os.stat(os.path.join(root, path)).st_ctime_ns)
+        except OSError:
+            continue
+    return newest
+
+
+def detach(work):
+    """Run `work()` in a process nobody waits for (its own session, the lowest CPU priority, no
+    inherited descriptor but /dev/null as stdin, stdout and stderr, so no pipe or socket of the
+    caller's stays open through it), and return at once: True when it was started. A
+    grandchild, so the caller reaps the one child at once and no zombie is left behind."""
+    try:
+        pid = os.fork()
+    except OSError:
+        return False
+    if pid:
+        try:
+            os.waitpid(pid, 0)
+        except OSError:
+            pass
+        return True
+    try:
+        os.setsid()
+        if os.fork() == 0:
+            import gc
+
+            gc.disable()  # no finalizer of the caller's objects closes a descriptor reused here
+            signal.alarm(SETTLE_LIFE)  # its default action ends the process
+            try:  # work nobody waits for: never take a CPU from a command (or the host's server)
+                os.nice(19)
+            except OSError:
+                pass
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, MAX_FD)
+            work()
+    finally:
+        os._exit(0)
+
+
+def settle_live(root, paths):
+    """Remember the sums of `paths` under `root` once the clock moved past their last change
+    (see the module's docstring); in a detached process."""
+    if not clock_past_sums(newest_change(root, paths)):
+        return
+    hash_tree(root, [glob.escape(p) for p in paths], sums=True)
+
+
+def clock_past_sums(ctime_ns):
+    try:
+        os.makedirs(sums_folder(), mode=0o700, exist_ok=True)
+        return clock_past(sums_folder(), ctime_ns) is not None
+    except OSError:
+        return False
 
 
 class LiveSums:
@@ -309,6 +402,9 @@ def read_text(path):
 
 def answer(request):
     """The reply to one request (a dict), as `main` prints it."""
+    if request.get("settle") is not None:
+        root, paths = request["root"], list(request["settle"])
+        return {"settling": detach(lambda: settle_live(root, paths))}
     lock = request.get("lock")
     if lock is not None:
         outcome = take_lock(request["root"], lock)

@@ -18,6 +18,9 @@ any later write gets a later stamp. Its `stat` must also be the same after the r
 The rule is `hostside/hashfiles.py`'s `settled`, which the host's own cache of live files'
 sums (`LiveSums`) follows too.
 
+After a kept pull, the files it wrote are hashed and remembered by a detached process once the
+clock has passed their writes (`loop/settle.py`), under this same rule.
+
 The file is a cache: unreadable, malformed or from another format it is ignored and rewritten;
 two commands writing it at once lose at most each other's new entries (a later command hashes
 those files again). It is written without fsync, for the same reason.

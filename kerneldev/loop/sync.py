@@ -64,6 +64,7 @@ from kerneldev.loop.drift import (
 from kerneldev.loop.import_check import ImportCheckReport, check_deploy
 from kerneldev.loop.lock import HostLock, holding
 from kerneldev.loop.push_pipeline import BaseUpdate, Deploy, DeployStep, ProgressCallback
+from kerneldev.loop.settle import settle_workspace_later
 from kerneldev.loop.state import (
     STATE_DIR,
     DeployedFile,
@@ -147,6 +148,7 @@ def pull(
         )
 
     bases: list[BaseUpdate] = []
+    touched: list[str] = []  # workspace files written or chmodded: settled after a kept pull
     # Gone from the host and from the workspace: both sides agree, so the base is forgotten
     # (else the file stays `missing-live`, exit 1, for ever after it was deleted everywhere).
     gone = [p for p in snap.paths if p not in snap.live and snap.local[p] is None]
@@ -179,6 +181,7 @@ def pull(
                         os.chmod(target, live.mode)
                     except OSError as err:
                         raise TransferError(f"cannot set the mode of {target}: {err}") from None
+                    touched.append(path)
                 bases.append(BaseUpdate(path, live.sha256, live.size, live.mode))
                 result.files.append(
                     PulledFile(path, "unchanged", live.sha256, live.size, live.mode)
@@ -197,6 +200,7 @@ def pull(
             # between chunks), renamed over the workspace file only when complete.
             reader = _ChunkReader(chunks)
             _write_local_stream(target, reader, live.mode, folders)
+            touched.append(path)
             sha = reader.hexdigest()  # what we got, even if live changed since the hash
             bases.append(BaseUpdate(path, sha, reader.size, live.mode))
             action = "overwritten" if discarded else "pulled"
@@ -216,6 +220,8 @@ def pull(
         with interrupt.shield():
             sync_folders(folders)
             update_state(workspace, change, host.name)
+            if transport.settles_writes:
+                settle_workspace_later(workspace, touched)
     if outside:
         pulled = sum(1 for f in result.files if f.action != "unchanged")
         raise RefusedError(
@@ -546,6 +552,7 @@ def push(
             push_pipeline.run_deploy(transport, deploy, land, release=release, past=past, lock=held)
         finally:
             plan.deployed = deploy.landed
+    transport.settle_live(host.root, deploy.landed)
     return plan
 
 

@@ -361,6 +361,17 @@ class Transport(abc.ABC):
         where each step must wait for the answer of the one before."""
         return None
 
+    # A kept session's transport: its host agent outlives the command, so what the command
+    # wrote there is hashed after it, in the background (`settle_live`; docs/sessions.md),
+    # and the workspace files it wrote likewise (`loop/settle.py`).
+    settles_writes = False
+
+    def settle_live(self, root: str, paths: list[str]) -> None:  # noqa: B027 - optional
+        """Have the host remember the sums of `paths` (relative to `root`), just written by
+        this command, once its clock has moved past their writes, in a process of its own
+        (`hashfiles.py`'s `settle`): the next command finds them unchanged instead of reading
+        them again. Nothing waits for it; only where `settles_writes`."""
+
     # --- network --------------------------------------------------------------------------
     @abc.abstractmethod
     def http_get(self, url: str, timeout: float = 5.0) -> int:

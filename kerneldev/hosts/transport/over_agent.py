@@ -27,6 +27,7 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import (
     ConnectionLostError,
     HostConnectionError,
+    KerneldevError,
     RemoteCommandError,
     TransferError,
 )
@@ -74,10 +75,17 @@ LOST_HINT = (
 
 
 class AgentTransport(Transport):
-    def __init__(self, client: AgentClient, host_config: HostConfig | None, host_name: str) -> None:
+    def __init__(
+        self,
+        client: AgentClient,
+        host_config: HostConfig | None,
+        host_name: str,
+        settles_writes: bool = False,
+    ) -> None:
         self.client = client
         self.host_config = host_config
         self.host_name = host_name
+        self.settles_writes = settles_writes
 
     def close(self) -> None:
         self.client.close()
@@ -210,6 +218,16 @@ class AgentTransport(Transport):
         root = request["root"]
         result = self._python(_hashfiles, request, f"hashing files under {root}")
         return hash_answer(result, request, self.host_name)
+
+    def settle_live(self, root: str, paths: list[str]) -> None:
+        if not (self.settles_writes and paths):
+            return
+        if self.host_config is not None and not self.host_config.live_sums:
+            return
+        try:  # the answer comes once the settling process is forked: no wait for its work
+            self._answer(_hashfiles, {"root": root, "settle": list(paths)}, "settling sums")
+        except KerneldevError:
+            pass  # only a cache: the next command hashes those files itself
 
     # --- files down -----------------------------------------------------------------------
     def stream_files(self, paths: list[str]) -> Iterator[tuple[str, Iterator[bytes]]]:

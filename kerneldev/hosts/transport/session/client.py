@@ -116,7 +116,7 @@ def _transport(host: HostConfig, attached: tuple[socket.socket, bytes]) -> Trans
     sock, head = attached
     reader = wire.Prefixed(head, sock.recv)
     client = AgentClient(reader.read, sock.sendall, shutdown=lambda: _shutdown(sock))
-    return AgentTransport(client, host, host.name)
+    return AgentTransport(client, host, host.name, settles_writes=True)
 
 
 # --- reaching a holder ------------------------------------------------------------------
