@@ -1055,9 +1055,10 @@ def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.co
     """Which of the keys `find` ([PACK_G, TOPK_POW2]: token, position) the sorted row `base`
     holds (`match`), and per entry of `base` its tokens' counts as a word of 32 / PACK_G-bit
     counts (token g's at bits (32 / PACK_G) g; nonzero only at an index's first occurrence:
-    `first`), with the largest count (a count past the field carries into the next token's). Every key's lower
-    bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads, L1), one relaxed
-    atomic add per found key into its own token's count row (no two tokens on one address).
+    `first`), with the largest count (a count past the field carries into the next token's).
+    Every key's lower bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads,
+    L1), one relaxed atomic add per found key into its own token's count row (no two tokens on
+    one address).
     SC_ptr: (PACK_G + 1) x TOPK_POW2 int32 of scratch (the row, then the count rows)."""
     g = tl.arange(0, PACK_G)
     j = tl.arange(0, TOPK_POW2)
@@ -1083,8 +1084,8 @@ def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.co
 
 @triton.jit
 def _singles(idx, keep, at, UI_ptr, UW_ptr, PACK_G: tl.constexpr):
-    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << (32 / PACK_G) g), token by token
-    from entry `at` on; returns how many."""
+    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << (32 / PACK_G) g), token
+    by token from entry `at` on; returns how many."""
     g = tl.arange(0, PACK_G)
     per_token = tl.sum(keep.to(tl.int32), axis=1)
     row_at = at + tl.cumsum(per_token, 0) - per_token
@@ -1100,10 +1101,10 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
                 TOPK_LOG2: tl.constexpr):  # fmt: skip
     """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its entries at
     UI_ptr[0, U) and, per entry, an int32 word of counts (token g's count at bits b g, b = 32 /
-    PACK_G: 4 bits for 8 tokens, 2 for 16) at UW_ptr[0, U). Up to two sorted base rows: token t0's row (its distinct indices first,
-    ascending, with every token's counts), then, where the other tokens select more than
-    TOPK_POW2 / 4 indices that it does not hold, the first TOPK_POW2 of those (their distinct
-    indices next, likewise); any index left (fewer than that outside the first base, or more
+    PACK_G: 4 bits for 8 tokens, 2 for 16) at UW_ptr[0, U). Up to two sorted base rows: token
+    t0's row (its distinct indices first, ascending, with every token's counts), then, where
+    the other tokens select more than TOPK_POW2 / 4 indices that it does not hold, the first
+    TOPK_POW2 of those (their distinct indices next, likewise); any index left (fewer than that outside the first base, or more
     than TOPK_POW2) gets one entry per selection (word 1 << b g). An index may thus have
     several entries, which the packed launch weighs as one with their counts summed (count x
     exp(s) is additive): the union is exact for any indices, the smallest one unless indices

@@ -856,11 +856,11 @@ def _valid_counts(inputs, key, len_key, cache_key, t):
 def test_pack_plan_union_counts_every_selection(monkeypatch, G):
     """The plan's union of a group, read back: per cache, every token's count of every index
     summed over the union's entries equals how often the token selects it, and the first
-    token's indices come first, once each, in ascending order. Group 0 (coinciding rows,
-    packed) has each index once; in group 1 six tokens select rows of their own, more than a
-    second base row holds, so some indices get one entry per selection, and the group is
-    not packed (its union is too large) but its union is still exact. Counts are 32 / G bits
-    wide (4 for 8 tokens, 2 for 16)."""
+    token's indices come first, once each, in ascending order (at 8 tokens: group 0,
+    coinciding rows, packed, has each index once). In group 1 six tokens of 8 (twelve of 16)
+    select rows of their own, more than a second base row holds, so some indices get one
+    entry per selection, and the group is not packed (its union is too large) but its union
+    is still exact. Counts are 32 / G bits wide (4 for 8 tokens, 2 for 16)."""
     kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
     T, H = 2 * G, 8
     bits = 32 // G
@@ -874,9 +874,10 @@ def test_pack_plan_union_counts_every_selection(monkeypatch, G):
         rows[5, 7] = outside
         rows[0, 1:3] = rows[0, 0]  # token 0 selects one index three times
         n = cache.shape[0] * cache.shape[1]
-        for t in range(G + 1, G + 7):  # rows of their own: far from the others' (mod the cache)
-            rows[t] = (rows[G] + (t - G) * (n // 7)) % n
-        rows[G + 6] = rows[G + 5]  # selections past the second base shared by two tokens
+        own = 6 * G // 8  # rows of their own (6 of 8, 12 of 16): far from the others' (mod n)
+        for t in range(G + 1, G + 1 + own):
+            rows[t] = (rows[G] + (t - G) * (n // (own + 1))) % n
+        rows[G + own] = rows[G + own - 1]  # selections past the second base shared by two
     plans = []
     orig = fl._launch_packed
 
