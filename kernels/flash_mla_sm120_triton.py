@@ -1106,10 +1106,11 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
     the other tokens select more than TOPK_POW2 / 4 indices that it does not hold, the first
     TOPK_POW2 of those (their distinct indices next, likewise); any index left (fewer than
     that outside the first base, or more than TOPK_POW2) gets one entry per selection (word
-    1 << b g). An index may thus have several entries, which the packed launch weighs as one with their counts summed (count x
-    exp(s) is additive): the union is exact for any indices, the smallest one unless indices
-    are left. Costs one or two sorts of TOPK_POW2 int32 keys and binary searches
-    (`_base_counts`), not a sort or a hash table of all the group's keys.
+    1 << b g). An index may thus have several entries, which the packed launch weighs as one
+    with their counts summed (count x exp(s) is additive): the union is exact for any
+    indices, the smallest one unless indices are left. Costs one or two sorts of TOPK_POW2
+    int32 keys and binary searches (`_base_counts`), not a sort or a hash table of all the
+    group's keys.
     Returns (U, each token's valid count, ok): not ok when a count passed 2^b - 1 (its field
     would carry)."""
     g = tl.arange(0, PACK_G)
