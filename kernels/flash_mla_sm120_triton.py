@@ -542,10 +542,9 @@ def _attend_split_mma(
     arrive while this tile's products run (`_prefetch_rows`). FMT / E_FMT: the two caches'
     formats; when they differ (a V4.1 FP4 extra cache), the tile's gather branches on its cache
     (one launch per cache instead measured 11% slower at B64 dual, run P3).
-    PACKED (0: not packed): the rows are several query tokens' heads over the union of their
-    selections (`_mma_packed_kernel`); each key's per-token counts are the int32 word w_off
-    (e_w_off in the extra cache) entries after its index, PACKED bits per token (32 / tokens
-    per group), the row's at `row_shift`.
+    PACKED: the rows are several query tokens' heads over the union of their selections
+    (`_mma_packed_kernel`); each key's per-token counts are the int32 word w_off (e_w_off in
+    the extra cache) entries after its index, 4 bits per token, the row's at `row_shift`.
     """
     offs_n = tl.arange(0, BLOCK_N)
     n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
@@ -591,7 +590,7 @@ def _attend_split_mma(
             if HAS_EXTRA:
                 woff = tl.where(i < n_main, w_off, e_w_off)
             w = tl.load(irow + woff + (n0 + offs_n), mask=valid, other=0)
-            cnt = (w[None, :] >> row_shift[:, None]) & ((1 << PACKED) - 1)
+            cnt = (w[None, :] >> row_shift[:, None]) & 15
             p, alpha, m_new, l_i = _online_softmax_counts(s, cnt, m_i, l_i, qk_scale_log2)
         else:
             p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
@@ -678,12 +677,12 @@ def _split_heads(
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
     store the result (final bf16 out and lse with one split, else the fp32 partial).
-    PACKED (count bits per token, 0: not packed): `heads` are rows of a block of several query
-    tokens' h_real heads each (row r: token r // h_real, head r % h_real)."""
+    PACKED: `heads` are rows of a block of several query tokens' h_real heads each (row r:
+    token r // h_real, head r % h_real)."""
     head_mask = heads < H
     if PACKED:
         sink_heads = heads % h_real
-        row_shift = (heads // h_real) * PACKED
+        row_shift = (heads // h_real) * 4
     else:
         sink_heads = heads
         row_shift = heads
@@ -1053,12 +1052,11 @@ _INT32_MAX = tl.constexpr(0x7FFFFFFF)  # an empty slot of a sorted base row: aft
 def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
                  TOPK_LOG2: tl.constexpr):  # fmt: skip
     """Which of the keys `find` ([PACK_G, TOPK_POW2]: token, position) the sorted row `base`
-    holds (`match`), and per entry of `base` its tokens' counts as a word of 32 / PACK_G-bit
-    counts (token g's at bits (32 / PACK_G) g; nonzero only at an index's first occurrence:
-    `first`), with the largest count (a count past the field carries into the next token's).
-    Every key's lower bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads,
-    L1), one relaxed atomic add per found key into its own token's count row (no two tokens on
-    one address).
+    holds (`match`), and per entry of `base` its tokens' counts as a word of 4-bit counts
+    (token g's at bits 4g; nonzero only at an index's first occurrence: `first`), with the
+    largest count (a count past 15 carries into the next token's nibble). Every key's lower
+    bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads, L1), one relaxed
+    atomic add per found key into its own token's count row (no two tokens on one address).
     SC_ptr: (PACK_G + 1) x TOPK_POW2 int32 of scratch (the row, then the count rows)."""
     g = tl.arange(0, PACK_G)
     j = tl.arange(0, TOPK_POW2)
@@ -1077,21 +1075,21 @@ def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.co
     prev = tl.load(SC_ptr + j - 1, mask=j > 0, other=-1)
     tl.debug_barrier()
     cnt = tl.load(cnt_ptr + cnt_off, cache_modifier=".cg")  # the atomics' results, from L2
-    word = tl.sum(cnt << ((32 // PACK_G) * g)[:, None], axis=0)
+    word = tl.sum(cnt << (4 * g)[:, None], axis=0)
     first = (base != prev) & (base != _INT32_MAX)
     return match, word, first, tl.max(tl.max(cnt, axis=1))
 
 
 @triton.jit
 def _singles(idx, keep, at, UI_ptr, UW_ptr, PACK_G: tl.constexpr):
-    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << (32 / PACK_G) g), token
-    by token from entry `at` on; returns how many."""
+    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << 4g), token by token
+    from entry `at` on; returns how many."""
     g = tl.arange(0, PACK_G)
     per_token = tl.sum(keep.to(tl.int32), axis=1)
     row_at = at + tl.cumsum(per_token, 0) - per_token
     slot = row_at[:, None] + tl.cumsum(keep.to(tl.int32), 1) - 1
     tl.store(UI_ptr + slot, idx, mask=keep)
-    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << ((32 // PACK_G) * g))[:, None], mask=keep)
+    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << (4 * g))[:, None], mask=keep)
     return tl.sum(per_token)
 
 
@@ -1100,19 +1098,18 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
                 t0, SC_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
                 TOPK_LOG2: tl.constexpr):  # fmt: skip
     """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its entries at
-    UI_ptr[0, U) and, per entry, an int32 word of counts (token g's count at bits b g, b = 32 /
-    PACK_G: 4 bits for 8 tokens, 2 for 16) at UW_ptr[0, U). Up to two sorted base rows: token
-    t0's row (its distinct indices first, ascending, with every token's counts), then, where
-    the other tokens select more than TOPK_POW2 / 4 indices that it does not hold, the first
-    TOPK_POW2 of those (their distinct indices next, likewise); any index left (fewer than
-    that outside the first base, or more than TOPK_POW2) gets one entry per selection (word
-    1 << b g). An index may thus have several entries, which the packed launch weighs as one
-    with their counts summed (count x exp(s) is additive): the union is exact for any
-    indices, the smallest one unless indices are left. Costs one or two sorts of TOPK_POW2
-    int32 keys and binary searches (`_base_counts`), not a sort or a hash table of all the
-    group's keys.
-    Returns (U, each token's valid count, ok): not ok when a count passed 2^b - 1 (its field
-    would carry)."""
+    UI_ptr[0, U) and, per entry, an int32 word of 4-bit counts (token g's count at bits 4g)
+    at UW_ptr[0, U). Up to two sorted base rows: token t0's row (its distinct indices first,
+    ascending, with every token's counts), then, where the other tokens select more than
+    TOPK_POW2 / 4 indices that it does not hold, the first TOPK_POW2 of those (their distinct
+    indices next, likewise); any index left (fewer than that outside the first base, or more
+    than TOPK_POW2) gets one entry per selection (word 1 << 4g). An index may thus have
+    several entries, which the packed launch weighs as one with their counts summed (count x
+    exp(s) is additive): the union is exact for any indices, the smallest one unless indices
+    are left. Costs one or two sorts of TOPK_POW2 int32 keys and binary searches
+    (`_base_counts`), not a sort or a hash table of all the group's keys.
+    Returns (U, each token's valid count, ok): not ok when a count passed 15 (its nibble would
+    carry)."""
     g = tl.arange(0, PACK_G)
     j = tl.arange(0, TOPK_POW2)
     t = t0 + g
@@ -1152,7 +1149,7 @@ def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_le
         tl.store(UI_ptr + run2, base2, mask=first2)
         tl.store(UW_ptr + run2, word2, mask=first2)
         n_left = _singles(idx, rest & (match2 == 0), n_base + n_base2, UI_ptr, UW_ptr, PACK_G)
-    return n_base + n_base2 + n_left, n_valid, tl.maximum(top, top2) < (1 << (32 // PACK_G))
+    return n_base + n_base2 + n_left, n_valid, tl.maximum(top, top2) <= 15
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -1171,8 +1168,7 @@ def _pack_plan_kernel(
 ):  # fmt: skip
     """Plan of group `program_id` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens are
     attended packed (every token of it present, the probe finds a shared selection, every token
-    has more than exact_below valid tokens, the union at most max_keys rows, no count past its
-    field: 15 for 8 tokens, 3 for 16),
+    has more than exact_below valid tokens, the union at most max_keys rows, no count past 15),
     the unions and their lengths (ULEN [2]: main, extra) for `_mma_packed_kernel`, and each
     token's lengths for the per-token launch (0 where packed, else its own)."""
     grp = tl.program_id(0)
@@ -1247,7 +1243,6 @@ def _mma_packed_kernel(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
-    COUNT_BITS: tl.constexpr = 4,
 ):  # fmt: skip
     """One packed group (a "request" of H = PACK_G x h_real rows, q / out / lse rows of
     consecutive tokens being consecutive) and block of rows over the group's unions, one
@@ -1270,7 +1265,7 @@ def _mma_packed_kernel(
             SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
             O_ptr, LSE_ptr, qk_scale_log2, h_real, w_off, e_w_off,
             True, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, False, RNE_BY_HAND, S_BY_GROUP, 1,
-            PREFETCH, FMT, E_FMT, COUNT_BITS,
+            PREFETCH, FMT, E_FMT, True,
         )  # fmt: skip
 
 
@@ -1310,10 +1305,9 @@ class MMARow(NamedTuple):
     # so its time passes under the bf16-P launch's longest split instead of adding to it.
     exact_concurrent: bool = False
     # Prefill-sized calls with few heads: consecutive query tokens whose selections mostly
-    # coincide are attended as one group of up to this many rows (PACK_MAX_TOKENS tokens'
-    # heads) over the union of their selections (`_pack_plan_kernel`), in blocks of at most
-    # block_h rows, each over the whole union; 0: never. Those blocks' tokens per tile and
-    # warps (the row's decode block of as many rows).
+    # coincide are attended as one block of up to this many rows (PACK_MAX_TOKENS tokens'
+    # heads) over the union of their selections (`_pack_plan_kernel`); 0: never. That
+    # block's tokens per tile and warps (the row's decode block of as many rows).
     pack_rows: int = 0
     pack_block_n: int = 0
     pack_num_warps: int = 0
@@ -1341,15 +1335,15 @@ MMA_ROWS: dict[str, MMARow] = {
     # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
     # The exact launch beside the bf16-P one (side stream): edge rows' ~40 µs exact pass under
     # the longest split (issue 20, session 4: docs/benchmarks.md).
-    # Prefill tokens whose selections coincide: 16 tokens' 8 heads as one group of 128 rows,
-    # two 64-row blocks over its union (issue 20, session 7; v18: 16 tokens).
+    # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
+    # (issue 20, session 7).
     # Prefill-sized calls with up to 16 heads (V4 caches): the bf16-P launch token-major, 8
     # heads x 16 tokens x 2 warps (40,960 B, 168 registers: five per SM) at H <= 8, 16 x 32 x
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 128, 64, 8, 16, 2, 32, 4
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1357,7 +1351,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 64, 32, 4),
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
 }
@@ -1420,9 +1414,8 @@ COUNT_BLOCK_MAX = 4096
 # and with one or two the serial launch costs less than the fork, join and count (run S1:
 # B1 and B16 rows 1-2 µs slower side by side in the one-call-per-graph peers harness).
 EXACT_CONCURRENT_MIN_TILES = 3
-# At most this many query tokens per packed group (each key's int32 word holds 32 / G-bit counts
-# of its G tokens: 4 bits for 8, 2 for 16; a larger count leaves the group per token).
-PACK_MAX_TOKENS = 16
+# At most this many query tokens per packed block (each key's word holds 4-bit counts of 8).
+PACK_MAX_TOKENS = 8
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
 # PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
 # H8 dual, 464 against 383 µs), so the margin is wide.
@@ -1493,8 +1486,7 @@ def mma_config(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
-        min(row.pack_rows, row.block_h), row.pack_block_n, row.pack_num_warps, token_major,
-        exact_block_n,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps,
     )  # fmt: skip
 
@@ -1642,8 +1634,7 @@ def _launch_packed(q, main, extra, common, flags, plan):
         HAS_SINK=flags["HAS_SINK"],
         DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32, RNE_BY_HAND=flags["RNE_BY_HAND"],
         S_BY_GROUP=cfg.s_by_group, PREFETCH=cfg.prefetch_next and q.is_cuda,
-        FMT=flags["FMT"], E_FMT=flags["E_FMT"], COUNT_BITS=32 // G, num_warps=cfg.pack_num_warps,
-        num_stages=1,
+        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.pack_num_warps, num_stages=1,
     )  # fmt: skip
 
 

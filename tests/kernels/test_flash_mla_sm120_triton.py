@@ -796,10 +796,6 @@ PACK_CASES = [
     ("single-cache", 24, 8, 8, {}, 12),
     ("h16-by-4", 16, 16, 4, dict(extra_topk=48, extra_page_size=16), None),
     ("h3-by-8", 16, 3, 8, dict(extra_topk=48, extra_page_size=16, with_sink=True), None),
-    # 16 tokens per group (2-bit counts, two 64-row blocks over one union), a partial last group
-    ("g16-partial-tail", 40, 8, 16,
-     dict(extra_topk=48, extra_page_size=16, with_sink=True), 40),
-    ("h16-by-8", 16, 16, 8, dict(extra_topk=48, extra_page_size=16), None),
 ]  # fmt: skip
 
 
@@ -852,18 +848,15 @@ def _valid_counts(inputs, key, len_key, cache_key, t):
     return collections.Counter(i for i in row[:n] if 0 <= i < num_tokens)
 
 
-@pytest.mark.parametrize("G", [8, 16])
-def test_pack_plan_union_counts_every_selection(monkeypatch, G):
+def test_pack_plan_union_counts_every_selection(monkeypatch):
     """The plan's union of a group, read back: per cache, every token's count of every index
     summed over the union's entries equals how often the token selects it, and the first
-    token's indices come first, once each, in ascending order (at 8 tokens: group 0,
-    coinciding rows, packed, has each index once). In group 1 six tokens of 8 (twelve of 16)
-    select rows of their own, more than a second base row holds, so some indices get one
-    entry per selection, and the group is not packed (its union is too large) but its union
-    is still exact. Counts are 32 / G bits wide (4 for 8 tokens, 2 for 16)."""
+    token's indices come first, once each, in ascending order. Group 0 (coinciding rows,
+    packed) has each index once; in group 1 six tokens select rows of their own, more than a
+    second base row holds, so some indices get one entry per selection, and the group is
+    not packed (its union is too large) but its union is still exact."""
     kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
-    T, H = 2 * G, 8
-    bits = 32 // G
+    T, H, G = 16, 8, 8
     inputs = _share_inputs(T, H, _seed("pack-union"), **kw)
     for key in ("indices", "extra_indices"):
         rows = inputs[key].view(T, -1)
@@ -874,10 +867,9 @@ def test_pack_plan_union_counts_every_selection(monkeypatch, G):
         rows[5, 7] = outside
         rows[0, 1:3] = rows[0, 0]  # token 0 selects one index three times
         n = cache.shape[0] * cache.shape[1]
-        own = 6 * G // 8  # rows of their own (6 of 8, 12 of 16): far from the others' (mod n)
-        for t in range(G + 1, G + 1 + own):
-            rows[t] = (rows[G] + (t - G) * (n // (own + 1))) % n
-        rows[G + own] = rows[G + own - 1]  # selections past the second base shared by two
+        for t in range(9, 15):  # rows of their own: far from the others' (mod the cache)
+            rows[t] = (rows[8] + (t - 8) * (n // 7)) % n
+        rows[14] = rows[13]  # selections past the second base shared by two tokens
     plans = []
     orig = fl._launch_packed
 
@@ -900,14 +892,14 @@ def test_pack_plan_union_counts_every_selection(monkeypatch, G):
             words = plan["union"][grp, off + cap : off + cap + n].tolist()
             base = sorted(_valid_counts(inputs, key, len_key, cache_key, grp * G))
             assert keys[: len(base)] == base, (grp, key)
-            if grp == 1:
-                assert len(set(keys)) < len(keys), (grp, key)
-            elif G == 8:  # (at 16 tokens more than a row may lie outside the first base: singles)
+            if grp == 0:
                 assert len(set(keys)) == len(keys), (grp, key)
+            else:
+                assert len(set(keys)) < len(keys), (grp, key)
             for g in range(G):
                 got = collections.Counter()
                 for i, w in zip(keys, words, strict=True):
-                    got[i] += (w >> (bits * g)) & ((1 << bits) - 1)
+                    got[i] += (w >> (4 * g)) & 15
                 want = _valid_counts(inputs, key, len_key, cache_key, grp * G + g)
                 assert +got == want, (grp, key, g)
 
@@ -938,14 +930,12 @@ def test_packed_tokens_in_cuda_graph():
 
 
 def test_pack_rule_only_for_prefill_sized_calls_of_few_heads():
-    """Packing is planned for prefill-sized calls of up to 16 heads (sm_90: groups of 128 rows,
-    16 tokens x 8 heads or 8 x 16, in 64-row blocks; sm_120: 64 rows, 8 x 8, in 32-row blocks),
-    never for decode-sized calls, 64 heads or the whole-call exact PV."""
-    cfg = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
-    assert (cfg.pack_tokens, cfg.pack_block_h) == (16, 64)
-    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0).pack_tokens == 8
-    cfg = fl.mma_config((12, 0), 188, 2048, 8, 128, 512)  # 4 x 376 slots
-    assert (cfg.pack_tokens, cfg.pack_block_h) == (8, 32)
+    """Packing is planned for prefill-sized calls of up to 32 heads (8 tokens x 8 heads, 4 x
+    16 on sm_90's 64-row blocks; sm_120's 32-row blocks: 4 x 8), never for decode-sized calls,
+    64 heads or the whole-call exact PV."""
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).pack_tokens == 8
+    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0).pack_tokens == 4
+    assert fl.mma_config((12, 0), 188, 2048, 8, 128, 512).pack_tokens == 4  # 4 x 376 slots
     assert fl.mma_config((9, 0), 132, 1024, 64, 128, 512).pack_tokens == 0
     assert fl.mma_config((9, 0), 132, 64, 8, 128, 512).pack_tokens == 0
     assert fl.mma_config((9, 0), 132, 1024, 8, 64, 64).pack_tokens == 0  # exact PV
