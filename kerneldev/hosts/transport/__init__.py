@@ -27,7 +27,9 @@ def open_transport(
     $KERNELDEV_SSH_CONFIG / ~/.ssh/config (`"none"` reads none); `connect_timeout` is in
     seconds, None for the default. An SSH host goes through its kept session (started now if
     none runs: `session/`) unless `keep` is False, $KERNELDEV_NO_KEEP is set or the config's
-    `session.keep` is false; then, or where no session can be kept, it connects one-shot."""
+    `session.keep` is false; then, or where no session can be kept, it connects one-shot: over
+    the system's OpenSSH client where it can, else paramiko (`one_shot`, the host's
+    `ssh_client`)."""
     if host.transport == "local":
         from kerneldev.hosts.transport.local import LocalTransport
 
@@ -38,7 +40,19 @@ def open_transport(
         kept = open_kept(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
         if kept is not None:
             return kept
-    # Imported here so that commands that never connect do not load paramiko.
-    from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
+    from kerneldev.hosts.transport.one_shot import OneShotTransport
+    from kerneldev.hosts.transport.openssh import ssh_client
 
-    return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))
+    def over_paramiko() -> Transport:
+        # Imported here so that commands that never connect, and one-shot commands that go
+        # through the system's ssh, do not load paramiko.
+        from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
+
+        connection = SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
+        return SSHTransport(connection)
+
+    if ssh_client(host) == "paramiko":
+        return over_paramiko()
+    return OneShotTransport(
+        host, over_paramiko, ssh_config=ssh_config, connect_timeout=connect_timeout
+    )
