@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kerneldev.errors import ConnectionLostError, HostConnectionError
+from kerneldev.errors import ConnectionLostError, HostConnectionError, UsageError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.one_shot import OneShotTransport
 from kerneldev.hosts.transport.openssh import ssh_command
@@ -237,6 +237,7 @@ def test_the_strict_options_are_on_the_command_line(sshd_server, tmp_path, isola
         "ControlMaster=no",
         "ControlPath=none",
         "ConnectTimeout=3",
+        "KexAlgorithms=-sntrup761x25519-sha512,sntrup761x25519-sha512@openssh.com",
     ):
         assert wanted in options
     assert argv[argv.index("-F") + 1] == "none"
@@ -271,3 +272,11 @@ def test_a_cut_connection_is_lost_as_over_paramiko_and_ssh_is_gone(
         assert message.startswith(
             "the connection to host 'testhost' was lost while running `sleep 60`"
         ), errors
+
+
+def test_a_bad_ssh_client_in_the_environment_is_a_usage_error(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "libssh")
+    with pytest.raises(UsageError, match="KERNELDEV_SSH_CLIENT is 'libssh'"):
+        open_transport(ssh_host(sshd_server, tmp_path), keep=False)

@@ -59,6 +59,8 @@ _CONFIG_USER = re.compile(r"^\s*user\b", re.IGNORECASE | re.MULTILINE)
 # OpenSSH compares host names lowercased (hashed known_hosts entries too); kerneldev does not
 # lowercase before hashing: a name with capitals is left to paramiko.
 _CONFIG_HOSTNAME_CAPS = re.compile(r"^\s*hostname\s*=?\s*\S*[A-Z]", re.IGNORECASE | re.MULTILINE)
+_CONFIG_KEX = re.compile(r"^\s*kexalgorithms\b", re.IGNORECASE | re.MULTILINE)
+_NOT_PARAMIKO_KEX = ("sntrup761x25519-sha512", "sntrup761x25519-sha512@openssh.com")
 _CERT_AUTHORITY = re.compile(r"^\s*@cert-authority\b", re.MULTILINE)
 _UNQUOTABLE = ('"', "\\", "%")  # not expressible in an -o value (quotes, escapes, % tokens)
 
@@ -157,6 +159,12 @@ def ssh_command(
         "-o", "LogLevel=ERROR",
     ]  # fmt: skip
     identities = []
+    if not _CONFIG_KEX.search(config_text):
+        # The key exchanges paramiko offers, as today's connection negotiates them: OpenSSH
+        # 9.x prefers sntrup761x25519, which paramiko has not, and which cost this 2-core
+        # machine ~0.13 s of a 0.45 s `ssh host true` (docs/benchmarks.md, issue 23 round 5).
+        # An ssh_config that names KexAlgorithms is the user's policy and is left to apply.
+        argv += ["-o", f"KexAlgorithms=-{','.join(_NOT_PARAMIKO_KEX)}"]
     if host.identity_file is not None:
         identity = Path(os.path.expanduser(str(host.identity_file)))
         if not identity.exists():
