@@ -280,3 +280,44 @@ def test_a_bad_ssh_client_in_the_environment_is_a_usage_error(
     monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "libssh")
     with pytest.raises(UsageError, match="KERNELDEV_SSH_CLIENT is 'libssh'"):
         open_transport(ssh_host(sshd_server, tmp_path), keep=False)
+
+
+def test_a_one_shot_loop_command_starts_its_ssh_before_the_cli_is_imported(
+    sshd_server, tmp_path, isolated_home, monkeypatch
+):
+    """`cli/early_dial.py`: the ssh of a one-shot `diff` starts from the console script's
+    argv and config alone, and the command's transport takes it over (one ssh, not two);
+    a kept command, help, paramiko or an unknown host start none."""
+    from kerneldev.cli import early_dial
+    from kerneldev.config import load_config
+    from kerneldev.hosts.transport import openssh
+
+    host = ssh_host(sshd_server, tmp_path)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "auto")
+    for argv in (
+        ["--config", str(config), "diff", "--help"],
+        ["--config", str(config), "status"],
+        ["--config", str(config), "diff", "--host", "nobody"],
+    ):
+        early_dial.start(argv)
+        assert not openssh._EARLY, argv
+    monkeypatch.delenv("KERNELDEV_NO_KEEP")
+    early_dial.start(["--config", str(config), "diff"])  # a kept session's command
+    assert not openssh._EARLY
+    monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "paramiko")
+    early_dial.start(["--config", str(config), "diff", "--no-keep"])
+    assert not openssh._EARLY
+    monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "auto")
+    early_dial.start(["--config", str(config), "diff", "--no-keep"])
+    assert len(openssh._EARLY) == 1
+    (early,) = openssh._EARLY.values()
+    with open_transport(load_config(config).host(), keep=False) as t:
+        assert t.run("echo ok").stdout == "ok\n" and t.client == "openssh"
+        assert t._ssh is early and not openssh._EARLY
+    assert early.process.returncode is not None
+    # One not taken over is ended when the process exits (atexit).
+    early_dial.start(["--config", str(config), "pull", "--no-keep"])
+    (untaken,) = openssh._EARLY.values()
+    openssh._end_untaken()
+    assert untaken.process.returncode is not None and not openssh._EARLY

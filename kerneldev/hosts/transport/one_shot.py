@@ -16,7 +16,6 @@ rule), "openssh" (no fallback: a failure before the HELLO is an error with ssh's
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
@@ -35,10 +34,15 @@ from kerneldev.hosts.transport.base import (
     RunOptions,
     Transport,
 )
-from kerneldev.hosts.transport.openssh import OpenSSHAgent, ssh_client, ssh_command
+from kerneldev.hosts.transport.openssh import (
+    OpenSSHAgent,
+    ssh_client,
+    ssh_command,
+    take_early,
+    why_not_openssh,
+)
 from kerneldev.hosts.transport.over_agent import AgentTransport
 
-TRANSFER_ENV = "KERNELDEV_TRANSFER"  # ssh.TRANSFER_ENV (ssh.py loads paramiko)
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting for the agent's HELLO
 
 
@@ -81,7 +85,7 @@ class OneShotTransport(Transport):
         OpenSSH is not to be used or could not be run."""
         if not self._tried:
             self._tried = True
-            why = self._why_not_openssh()
+            why = why_not_openssh(self.choice)
             if why is None:
                 command = ssh_command(
                     self.host_config,
@@ -92,7 +96,8 @@ class OneShotTransport(Transport):
                 why = command.why_not
             if why is None:
                 try:
-                    self._ssh = OpenSSHAgent(command.argv)
+                    early = take_early(command.argv)
+                    self._ssh = early or OpenSSHAgent(command.argv)
                 except OSError as err:
                     why = f"cannot run ssh: {err.strerror or err}"
             if why is not None:
@@ -106,14 +111,6 @@ class OneShotTransport(Transport):
                 self.while_agent_starts()
             self._agent = AgentTransport(client, self.host_config, self.host_name)
         return self._agent
-
-    def _why_not_openssh(self) -> str | None:
-        if self.choice == "paramiko":
-            return "ssh_client is paramiko"
-        mode = os.environ.get(TRANSFER_ENV, "").strip().lower()
-        if mode in ("stream", "sftp"):
-            return f"${TRANSFER_ENV} is {mode}"  # paths without the agent: paramiko's only
-        return None
 
     def _no_openssh(self, why: str) -> None:
         if self.choice == "openssh":

@@ -24,6 +24,7 @@ terminal) and ends it on `close()`. This module never imports paramiko.
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import re
@@ -42,6 +43,7 @@ from kerneldev.hosts.transport.ssh_config_file import ssh_config_path
 from kerneldev.local_user import local_user
 
 SSH_CLIENT_ENV = "KERNELDEV_SSH_CLIENT"
+TRANSFER_ENV = "KERNELDEV_TRANSFER"  # ssh.TRANSFER_ENV (ssh.py loads paramiko)
 SSH_CLIENTS = ("auto", "openssh", "paramiko")
 CONNECT_TIMEOUT = 10.0  # ssh_connection.CONNECT_TIMEOUT (that module loads paramiko)
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")  # ssh_connection.DEFAULT_KEYS
@@ -288,3 +290,45 @@ class OpenSSHAgent:
         for pipe in (self._stdout, self.process.stderr):
             if pipe is not None:
                 pipe.close()
+
+
+# ssh processes started ahead of their transport (`start_early`), by command line.
+_EARLY: dict[tuple[str, ...], OpenSSHAgent] = {}
+
+
+def why_not_openssh(choice: str) -> str | None:
+    """Why a one-shot command is not to try OpenSSH at all (None: it is)."""
+    if choice == "paramiko":
+        return "ssh_client is paramiko"
+    mode = os.environ.get(TRANSFER_ENV, "").strip().lower()
+    if mode in ("stream", "sftp"):
+        return f"${TRANSFER_ENV} is {mode}"  # paths without the agent: paramiko's only
+    return None
+
+
+def start_early(host: HostConfig) -> None:
+    """Start `host`'s ssh and its agent now, for a one-shot command that is still importing
+    its CLI (~0.45 s of a 2-core machine's Python, which this C process overlaps): the
+    command's transport takes it over (`take_early`) when its command line is the same (same
+    host, keys, known_hosts, ssh_config, timeout); else it is ended when this process exits.
+    Where OpenSSH is not to be used, nothing is started (the command decides as always)."""
+    if why_not_openssh(ssh_client(host)) is not None:
+        return
+    from kerneldev.hosts.known_hosts_paths import known_hosts_files
+
+    command = ssh_command(host, known_hosts_files(host.known_hosts))
+    if command.argv is None or tuple(command.argv) in _EARLY:
+        return
+    if not _EARLY:
+        atexit.register(_end_untaken)
+    _EARLY[tuple(command.argv)] = OpenSSHAgent(command.argv)
+
+
+def take_early(argv: list[str]) -> OpenSSHAgent | None:
+    """The ssh `start_early` started with exactly `argv`, now the caller's to close."""
+    return _EARLY.pop(tuple(argv), None)
+
+
+def _end_untaken() -> None:
+    while _EARLY:
+        _EARLY.popitem()[1].close()
