@@ -40,19 +40,11 @@ def open_transport(
         kept = open_kept(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
         if kept is not None:
             return kept
-    from kerneldev.hosts.transport.one_shot import OneShotTransport
+    from kerneldev.hosts.transport.one_shot import OneShotTransport, paramiko_transport
     from kerneldev.hosts.transport.openssh import ssh_client
 
-    def over_paramiko() -> Transport:
-        # Imported here so that commands that never connect, and one-shot commands that go
-        # through the system's ssh, do not load paramiko.
-        from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
-
-        connection = SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
-        return SSHTransport(connection)
-
+    # paramiko is imported only where it is used: not by commands that never connect, nor by
+    # one-shot commands that go through the system's ssh.
     if ssh_client(host) == "paramiko":
-        return over_paramiko()
-    return OneShotTransport(
-        host, over_paramiko, ssh_config=ssh_config, connect_timeout=connect_timeout
-    )
+        return paramiko_transport(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
+    return OneShotTransport(host, ssh_config=ssh_config, connect_timeout=connect_timeout)

@@ -16,7 +16,7 @@ rule), "openssh" (no fallback: a failure before the HELLO is an error with ssh's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from kerneldev import interrupt
@@ -46,21 +46,27 @@ from kerneldev.hosts.transport.over_agent import AgentTransport
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting for the agent's HELLO
 
 
+def paramiko_transport(
+    host: HostConfig, *, ssh_config=None, connect_timeout: float | None = None
+) -> Transport:
+    """Today's one-shot transport: paramiko's `SSHTransport` (imported only here, when used)."""
+    from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
+
+    return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))
+
+
 class OneShotTransport(Transport):
     def __init__(
         self,
         host: HostConfig,
-        paramiko_transport: Callable[[], Transport],
         *,
         ssh_config=None,
         connect_timeout: float | None = None,
     ) -> None:
-        """`paramiko_transport()` makes today's transport (used where OpenSSH cannot start);
-        `ssh_config` and `connect_timeout` as for `open_transport`."""
+        """`ssh_config` and `connect_timeout` as for `open_transport` (for both clients)."""
         self.host_config = host
         self.host_name = host.name
         self.choice = ssh_client(host)
-        self._paramiko_transport = paramiko_transport
         self._ssh_config = ssh_config
         self._connect_timeout = 10.0 if connect_timeout is None else connect_timeout
         self._tried = False
@@ -140,7 +146,9 @@ class OneShotTransport(Transport):
                 self._settled = agent
                 return agent
         self._client = "paramiko"
-        self._settled = self._paramiko_transport()
+        self._settled = paramiko_transport(
+            self.host_config, ssh_config=self._ssh_config, connect_timeout=self._connect_timeout
+        )
         if not self._hook_ran:  # it ran when ssh started: once is enough
             self._settled.while_agent_starts = self.while_agent_starts
         return self._settled
