@@ -274,11 +274,15 @@ def test_a_cut_connection_is_lost_as_over_paramiko_and_ssh_is_gone(
         ), errors
 
 
-def test_a_bad_ssh_client_in_the_environment_is_a_usage_error(
+def test_a_bad_ssh_client_or_transfer_in_the_environment_is_a_usage_error(
     sshd_server, tmp_path, isolated_home, monkeypatch
 ):
     monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "libssh")
     with pytest.raises(UsageError, match="KERNELDEV_SSH_CLIENT is 'libssh'"):
+        open_transport(ssh_host(sshd_server, tmp_path), keep=False)
+    monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "auto")
+    monkeypatch.setenv("KERNELDEV_TRANSFER", "rsync")
+    with pytest.raises(UsageError, match="KERNELDEV_TRANSFER is 'rsync'"):
         open_transport(ssh_host(sshd_server, tmp_path), keep=False)
 
 

@@ -42,6 +42,7 @@ from kerneldev.hosts.transport.openssh import (
     why_not_openssh,
 )
 from kerneldev.hosts.transport.over_agent import AgentTransport
+from kerneldev.hosts.transport.transfer_mode import transfer_mode
 
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting for the agent's HELLO
 
@@ -67,6 +68,7 @@ class OneShotTransport(Transport):
         self.host_config = host
         self.host_name = host.name
         self.choice = ssh_client(host)
+        transfer_mode()  # a bad $KERNELDEV_TRANSFER is a usage error here, as over paramiko
         self._ssh_config = ssh_config
         self._connect_timeout = 10.0 if connect_timeout is None else connect_timeout
         self._tried = False

@@ -40,10 +40,10 @@ from kerneldev.errors import UsageError
 from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.hostscripts import agent_command, agent_source
 from kerneldev.hosts.transport.ssh_config_file import ssh_config_path
+from kerneldev.hosts.transport.transfer_mode import TRANSFER_ENV, transfer_mode
 from kerneldev.local_user import local_user
 
 SSH_CLIENT_ENV = "KERNELDEV_SSH_CLIENT"
-TRANSFER_ENV = "KERNELDEV_TRANSFER"  # ssh.TRANSFER_ENV (ssh.py loads paramiko)
 SSH_CLIENTS = ("auto", "openssh", "paramiko")
 CONNECT_TIMEOUT = 10.0  # ssh_connection.CONNECT_TIMEOUT (that module loads paramiko)
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")  # ssh_connection.DEFAULT_KEYS
@@ -297,10 +297,11 @@ _EARLY: dict[tuple[str, ...], OpenSSHAgent] = {}
 
 
 def why_not_openssh(choice: str) -> str | None:
-    """Why a one-shot command is not to try OpenSSH at all (None: it is)."""
+    """Why a one-shot command is not to try OpenSSH at all (None: it is); `UsageError` for a
+    $KERNELDEV_TRANSFER that is none of its values, as over paramiko."""
     if choice == "paramiko":
         return "ssh_client is paramiko"
-    mode = os.environ.get(TRANSFER_ENV, "").strip().lower()
+    mode = transfer_mode()
     if mode in ("stream", "sftp"):
         return f"${TRANSFER_ENV} is {mode}"  # paths without the agent: paramiko's only
     return None
