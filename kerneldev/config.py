@@ -82,6 +82,10 @@ class HostConfig:
     # Live files' sums reused on the host while their stat is unchanged (hostside/hashfiles.py
     # `LiveSums`); false: every live file is read on every command.
     live_sums: bool = True
+    # How a one-shot command reaches an SSH host: "auto" (the system's OpenSSH client where it
+    # can do exactly what kerneldev's own connection does, else paramiko), "openssh" or
+    # "paramiko" (hosts/transport/one_shot.py).
+    ssh_client: str = "auto"
     # Other hosts of this host's groups with the same `workspace`: they share it, each with its
     # own record in its state file (state.py); filled by the loader from `groups:`.
     workspace_peers: tuple[str, ...] = ()
@@ -473,6 +477,7 @@ class _Validator:
             "gpu",
             "keep_backups",
             "live_sums",
+            "ssh_client",
             "session",
         )
         self.check_keys(node, items, kp, allowed, ("root", "files", "workspace"))
@@ -529,6 +534,12 @@ class _Validator:
             if not isinstance(live_sums, bool):
                 what = f"must be true or false, got {_describe(live_sums)}"
                 raise self.fail(n, f"{kp}.live_sums", what)
+        ssh_client = "auto"
+        if (n := get("ssh_client")) is not None:
+            ssh_client = self.string(n, f"{kp}.ssh_client")
+            if ssh_client not in ("auto", "openssh", "paramiko"):
+                what = f"must be 'auto', 'openssh' or 'paramiko', got {ssh_client!r}"
+                raise self.fail(n, f"{kp}.ssh_client", what)
         return HostConfig(
             name=name,
             root=root,
@@ -546,6 +557,7 @@ class _Validator:
             gpu=gpu,
             keep_backups=keep_backups,
             live_sums=live_sums,
+            ssh_client=ssh_client,
             session=self._session(n, f"{kp}.session", self.session_defaults)
             if (n := get("session")) is not None
             else self.session_defaults,

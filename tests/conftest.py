@@ -58,6 +58,13 @@ def private_state_home(tmp_path_factory):
         # then end with their sshd, their known_hosts file or their idle time).
         if os.environ.get("KERNELDEV_TEST_SESSIONS") != "1":
             patch.setenv("KERNELDEV_NO_KEEP", "1")
+        # One-shot commands over paramiko, as every test was written for (many count its
+        # channels or cut its sockets); tests/test_one_shot_openssh.py and the transport
+        # contract's "openssh" case take the system's ssh. KERNELDEV_TEST_SSH_CLIENT=auto runs
+        # every test's one-shot commands the users' default way.
+        patch.setenv(
+            "KERNELDEV_SSH_CLIENT", os.environ.get("KERNELDEV_TEST_SSH_CLIENT", "paramiko")
+        )
         yield
 
 

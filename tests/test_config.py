@@ -161,6 +161,13 @@ MISTAKES = [
     ("empty host name", "  box:", '  "":', "hosts.", "non-empty"),
     ("default unknown", "default: dsv4", "default: dsv5", "default", "dsv5"),
     (
+        "ssh_client unknown",
+        "    gpu: 0",
+        "    ssh_client: libssh",
+        "hosts.dsv4.ssh_client",
+        "'auto', 'openssh' or 'paramiko'",
+    ),
+    (
         "duplicate key",
         "    user: root",
         "    user: root\n    user: admin",

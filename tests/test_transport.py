@@ -1,6 +1,7 @@
 """The transport contract, run identically over `LocalTransport`, `SSHTransport` (a real sshd
 on 127.0.0.1; by default every step through its host agent, and with the agent pinned off as on
-a host without python3) and a bare `AgentTransport` (as a kept session's client uses it):
+a host without python3), a bare `AgentTransport` (as a kept session's client uses it) and a
+one-shot command's agent under the system's `ssh` (`OneShotTransport`, no fallback):
 whatever pull/diff/push build on it behaves the same on all."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kerneldev import interrupt
 from kerneldev.errors import HostConnectionError, RemoteCommandError, TransferError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.local import LocalTransport
+from kerneldev.hosts.transport.one_shot import OneShotTransport
 from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hosts.transport.ssh import SSHTransport, hash_command, start_agent
 from kerneldev.hosts.transport.ssh_connection import SSHConnection
@@ -40,7 +42,7 @@ HOSTILE_NAMES = [
 ]
 
 
-@pytest.fixture(params=["local", "ssh", "ssh-no-agent", "agent"])
+@pytest.fixture(params=["local", "ssh", "ssh-no-agent", "agent", "openssh"])
 def host(request, tmp_path, isolated_home, monkeypatch):
     """(transport, live root) for each kind of host; the root is a fresh folder."""
     root = tmp_path / "live"
@@ -54,9 +56,15 @@ def host(request, tmp_path, isolated_home, monkeypatch):
         request.addfinalizer(connection.close)
         client, _ = start_agent(connection, ["python3"])
         transport = AgentTransport(client, config, config.name)
+    elif request.param == "openssh":
+        monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "openssh")  # no fallback to paramiko
+        server = request.getfixturevalue("sshd_server")
+        transport = open_transport(ssh_host(server, tmp_path), keep=False)
+        assert isinstance(transport, OneShotTransport)
     else:
         if request.param == "ssh-no-agent":
             monkeypatch.setenv("KERNELDEV_TRANSFER", "stream")  # today's paths, no agent
+        monkeypatch.setenv("KERNELDEV_SSH_CLIENT", "paramiko")
         server = request.getfixturevalue("sshd_server")
         transport = open_transport(ssh_host(server, tmp_path))
         assert isinstance(transport, SSHTransport)

@@ -75,6 +75,10 @@ def run() -> None:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 os._exit(handed)
+        # A one-shot command's ssh logs in while the CLI below is imported.
+        from kerneldev.cli import early_dial
+
+        early_dial.start(argv)
         # Here, not at the top: a command handed to the warm process starts no thread, and
         # the hand-over's client skips threading's import.
         import threading

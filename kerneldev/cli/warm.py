@@ -46,8 +46,10 @@ WARM_MODULES = (
     "kerneldev.hosts.transport.over_agent",
     "rich.console",
     "rich.table",
-    # A one-shot command (`--no-keep`) connects itself: paramiko and its cryptography, ~0.5 s
-    # of imports, done here once (importing starts no thread, so forking stays safe).
+    # A one-shot command (`--no-keep`) connects itself: over the system's ssh where it can
+    # (one_shot), else paramiko and its cryptography, ~0.5 s of imports, done here once
+    # (importing starts no thread, so forking stays safe).
+    "kerneldev.hosts.transport.one_shot",
     "kerneldev.hosts.transport.ssh",
 )
 

@@ -22,9 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kerneldev.errors import HostKeyError, TransferError, on_jump_host
+from kerneldev.hosts.known_hosts_paths import (  # re-exported: defined here before
+    USER_KNOWN_HOSTS as USER_KNOWN_HOSTS,
+)
+from kerneldev.hosts.known_hosts_paths import known_hosts_files as known_hosts_files
+from kerneldev.hosts.known_hosts_paths import trust_file as trust_file
+from kerneldev.hosts.known_hosts_paths import user_known_hosts as user_known_hosts
 from kerneldev.hosts.sshlib import paramiko
-
-USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 @dataclass(frozen=True)
@@ -60,24 +64,6 @@ def fingerprint(key: paramiko.PKey) -> str:
     """OpenSSH's fingerprint: SHA256 of the key blob, base64 without padding."""
     digest = hashlib.sha256(key.asbytes()).digest()
     return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def user_known_hosts() -> Path:
-    return Path(os.path.expanduser(USER_KNOWN_HOSTS))
-
-
-def known_hosts_files(configured: Path | None) -> list[Path]:
-    """Where keys are read from: the configured file first, then the user's own."""
-    files = [Path(os.path.expanduser(str(configured)))] if configured else []
-    user = user_known_hosts()
-    if user not in files:
-        files.append(user)
-    return files
-
-
-def trust_file(configured: Path | None) -> Path:
-    """Where `kerneldev trust` writes: the configured file, else the user's known_hosts."""
-    return Path(os.path.expanduser(str(configured))) if configured else user_known_hosts()
 
 
 def _glob_match(name: str, pattern: str) -> bool:

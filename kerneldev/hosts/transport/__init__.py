@@ -27,7 +27,9 @@ def open_transport(
     $KERNELDEV_SSH_CONFIG / ~/.ssh/config (`"none"` reads none); `connect_timeout` is in
     seconds, None for the default. An SSH host goes through its kept session (started now if
     none runs: `session/`) unless `keep` is False, $KERNELDEV_NO_KEEP is set or the config's
-    `session.keep` is false; then, or where no session can be kept, it connects one-shot."""
+    `session.keep` is false; then, or where no session can be kept, it connects one-shot: over
+    the system's OpenSSH client where it can, else paramiko (`one_shot`, the host's
+    `ssh_client`)."""
     if host.transport == "local":
         from kerneldev.hosts.transport.local import LocalTransport
 
@@ -38,7 +40,11 @@ def open_transport(
         kept = open_kept(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
         if kept is not None:
             return kept
-    # Imported here so that commands that never connect do not load paramiko.
-    from kerneldev.hosts.transport.ssh import SSHConnection, SSHTransport
+    from kerneldev.hosts.transport.one_shot import OneShotTransport, paramiko_transport
+    from kerneldev.hosts.transport.openssh import ssh_client
 
-    return SSHTransport(SSHConnection(host, ssh_config=ssh_config, connect_timeout=connect_timeout))
+    # paramiko is imported only where it is used: not by commands that never connect, nor by
+    # one-shot commands that go through the system's ssh.
+    if ssh_client(host) == "paramiko":
+        return paramiko_transport(host, ssh_config=ssh_config, connect_timeout=connect_timeout)
+    return OneShotTransport(host, ssh_config=ssh_config, connect_timeout=connect_timeout)

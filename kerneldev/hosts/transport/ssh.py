@@ -21,7 +21,6 @@ import codecs
 import errno
 import hashlib
 import json
-import os
 import posixpath
 import select
 import shlex
@@ -40,7 +39,6 @@ from kerneldev.errors import (
     HostConnectionError,
     RemoteCommandError,
     TransferError,
-    UsageError,
 )
 from kerneldev.hosts.sshlib import paramiko
 from kerneldev.hosts.transport.agent_chain import AgentChain
@@ -87,6 +85,11 @@ from kerneldev.hosts.transport.ssh_connection import (
     resolve_target,
     ssh_config_path,
 )
+from kerneldev.hosts.transport.transfer_mode import (  # re-exported: defined here before
+    TRANSFER_ENV as TRANSFER_ENV,
+)
+from kerneldev.hosts.transport.transfer_mode import TRANSFER_MODES as TRANSFER_MODES
+from kerneldev.hosts.transport.transfer_mode import transfer_mode as transfer_mode
 from kerneldev.hostside import httpprobe as _httpprobe
 from kerneldev.hostside import receivefiles as _receivefiles
 from kerneldev.hostside import sendfiles as _sendfiles
@@ -120,15 +123,7 @@ STREAM_PACKET = 1 << 18  # bytes per SSH packet the host may send on it (paramik
 # request times the first, an SFTP stat the second (see docs/benchmarks.md, "Sync speed").
 # Before either is known, BULK_MIN_FILES files or more go in one stream.
 BULK_MIN_FILES = 16
-# Both are today's paths for a host without the agent: by default ("auto") every step after
-# the login goes through one host agent (`hostside/agent.py`, started on the connection's one
-# exec channel: no later login shell, no later channel, no SFTP), and a host with no python3
-# falls back to them. $KERNELDEV_TRANSFER pins the choice: "agent" (required: an error when it
-# cannot start), or "stream" or "sftp" for every transfer without the agent; "auto" times the
-# host as above when the agent cannot run. Timings vary with load, so tests that count remote
-# commands pin it; it also helps to rule one path out when debugging a host.
-TRANSFER_ENV = "KERNELDEV_TRANSFER"
-TRANSFER_MODES = ("auto", "agent", "stream", "sftp")
+# Both are today's paths for a host without the agent ($KERNELDEV_TRANSFER: transfer_mode.py).
 SFTP_REQUESTS_READ = 4  # open, fstat, the pipelined reads, close
 SFTP_REQUESTS_WRITE = 12  # lstat, stat, open, chmod, writes, close, the check's 4, rename
 SMALL_FILE = 4 << 20  # bytes up to which file_sha256 reads through SFTP instead of hashing there
@@ -146,17 +141,6 @@ _GERUNDS = {
     "create folder": "creating the folder",
     "rename onto": "renaming onto",
 }
-
-
-def transfer_mode() -> str:
-    """$KERNELDEV_TRANSFER: how files move ("auto", "stream" or "sftp"; unset means "auto")."""
-    mode = os.environ.get(TRANSFER_ENV, "").strip().lower() or "auto"
-    if mode not in TRANSFER_MODES:
-        raise UsageError(
-            f"${TRANSFER_ENV} is {mode!r}, not one of {', '.join(TRANSFER_MODES)}",
-            hint=f"unset {TRANSFER_ENV} to let kerneldev choose per host",
-        )
-    return mode
 
 
 class SSHTransport(Transport):

@@ -14,7 +14,6 @@ a crash) leaves the command to connect one-shot. This module never imports param
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import errno
 import fcntl
 import json
@@ -47,41 +46,15 @@ from kerneldev.hosts.transport.session.identity import (
     resolved_ssh_config,
     session_key,
 )
+from kerneldev.hosts.transport.session.keep import NO_KEEP_ENV as NO_KEEP_ENV  # re-exported
+from kerneldev.hosts.transport.session.keep import keep_wanted as keep_wanted
+from kerneldev.hosts.transport.session.keep import keeping as keeping
 
-NO_KEEP_ENV = "KERNELDEV_NO_KEEP"
-TRANSFER_ENV = "KERNELDEV_TRANSFER"  # ssh.TRANSFER_ENV (ssh.py loads paramiko)
 HOLDER_MODULE = "kerneldev.hosts.transport.session.holder"
 HELLO_TIMEOUT = 60.0  # seconds for a holder's HELLO (it may be reconnecting first)
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting
 MAX_LOG = 1 << 20  # bytes of a holder's log before the next holder starts it afresh
 attached = False  # True once this process went through a kept session (cli/warm_client.py)
-
-
-# `keeping(False)` (a command's --no-keep) for the code it runs, its worker threads included
-# (they run in copies of its context).
-_KEEP: contextvars.ContextVar[bool | None] = contextvars.ContextVar("kerneldev_keep", default=None)
-
-
-@contextlib.contextmanager
-def keeping(on: bool) -> Iterator[None]:
-    token = _KEEP.set(on)
-    try:
-        yield
-    finally:
-        _KEEP.reset(token)
-
-
-def keep_wanted(host: HostConfig, keep: bool | None = None) -> bool:
-    """Whether a command to `host` goes through a kept session: not with `keep=False` or
-    inside `keeping(False)` (`--no-keep`), not with $KERNELDEV_NO_KEEP set (other than 0), not
-    when the config says `session: {keep: false}`, and only for SSH hosts."""
-    if keep is False or _KEEP.get() is False or host.transport != "ssh":
-        return False
-    if os.environ.get(NO_KEEP_ENV, "").strip() not in ("", "0"):
-        return False
-    if os.environ.get(TRANSFER_ENV, "").strip().lower() in ("stream", "sftp"):
-        return False  # the steps are pinned to paths without the agent
-    return host.session.keep
 
 
 def open_kept(
