@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from kerneldev.hosts.transport import open_transport
+from kerneldev.hosts.transport.over_agent import AgentTransport
 from kerneldev.hostside import hashfiles
 from kerneldev.hostside.hashfiles import clock_past, hash_tree, settle_live
 from kerneldev.loop import settle, workspace
@@ -21,7 +22,7 @@ from kerneldev.loop.settle import settle_workspace
 from kerneldev.loop.sum_cache import SUMS_FILE, SumCache
 from kerneldev.loop.workspace import local_file
 from kerneldev.paths import KERNELDEV_DIR
-from tests.test_session import A, Env, kept, make_env, wait_for  # noqa: F401 - kept: a fixture
+from tests.test_session import A, B, Env, kept, make_env, wait_for  # noqa: F401 - kept: a fixture
 
 
 def sha(data: bytes) -> str:
@@ -150,7 +151,9 @@ def test_a_settle_request_answers_at_once_and_the_sums_come_later(tmp_path, live
 
 
 @pytest.fixture
-def env(kept, tmp_path, sshd_server) -> Env:  # noqa: F811
+def env(kept, tmp_path, sshd_server, monkeypatch) -> Env:  # noqa: F811
+    # These files are a few bytes: settled here whatever their size (see the size rule below).
+    monkeypatch.setattr(settle, "SETTLE_MIN_BYTES", 0)
     made = make_env(tmp_path, sshd_server)
     kept.append(made)
     return made
@@ -229,3 +232,27 @@ def test_after_a_kept_push_a_live_rewrite_right_after_is_seen(env: Env):
     run = env.kd("push", "--no-import-check")
     assert run.exit_code != 0  # live changed since the push: refused, as without a session
     assert "changed" in run.stderr or "drift" in run.stderr
+
+
+def test_what_a_command_wrote_is_settled_only_when_worth_a_round_trip(env: Env, monkeypatch):
+    asked, settled = [], []
+    monkeypatch.setattr(settle, "settle_workspace_later", lambda ws, paths: asked.append(paths))
+    monkeypatch.setattr(
+        AgentTransport, "settle_live", lambda self, root, paths: settled.append(paths)
+    )
+    monkeypatch.setattr(settle, "SETTLE_MIN_BYTES", 23)  # the two files are 11 + 11 bytes
+    assert env.kd("pull").exit_code == 0
+    assert asked == []
+    for path in (A, B):
+        (env.workspace / path).unlink()
+    monkeypatch.setattr(settle, "SETTLE_MIN_BYTES", 22)
+    assert env.kd("pull").exit_code == 0
+    assert [sorted(paths) for paths in asked] == [sorted([A, B])]
+
+    monkeypatch.setattr(settle, "SETTLE_MIN_BYTES", 13)
+    (env.workspace / A).write_bytes(b"BLOCK = 128\n")  # 12 bytes land
+    assert env.kd("push", "--no-import-check").exit_code == 0
+    assert settled == []
+    (env.workspace / A).write_bytes(b"BLOCK = 1024\n")  # 13 bytes land
+    assert env.kd("push", "--no-import-check").exit_code == 0
+    assert settled == [[A]]

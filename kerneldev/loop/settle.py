@@ -10,18 +10,31 @@ and records them under the same rule, as the next command's own read would have.
 meanwhile is either read afresh or, changed during the read or in the stamp's tick, not
 remembered; nothing is answered from the cache that its `stat` does not vouch for. The cache is
 written as always (a temporary file, then a rename), so a command running beside it loses at
-most the other's new entries. One-shot commands do not settle.
+most the other's new entries. One-shot commands do not settle, nor does a command that wrote
+less than `SETTLE_MIN_BYTES` in all (see there).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterable
 from pathlib import Path
 
 from kerneldev.hostside.hashfiles import clock_past, detach, newest_change
 from kerneldev.loop.sum_cache import SumCache
 from kerneldev.loop.workspace import local_file
 from kerneldev.paths import KERNELDEV_DIR
+
+# Below this many bytes in all, the next command reads back what a command wrote in a few
+# milliseconds (sha256 here: ~1-2 ms per MB), less than settling it costs: a kept push's settle
+# is one more round trip to the host (50 ms and more on a real GPU box), a pull's a fork.
+# Kernel sources are far below it; a 50 MB file (40-90 ms to read back) is above.
+SETTLE_MIN_BYTES = 8 << 20
+
+
+def worth_settling(paths: Iterable[str], sizes: dict[str, int]) -> bool:
+    """Whether the files `paths` (their sizes in `sizes`) are worth settling."""
+    return sum(sizes.get(path, 0) for path in paths) >= SETTLE_MIN_BYTES
 
 
 def settle_workspace(workspace: Path, paths: list[str]) -> None:

@@ -51,7 +51,7 @@ from kerneldev.hosts.transport.base import (
 )
 from kerneldev.hostside.hashfiles import real_path
 from kerneldev.local_user import local_user
-from kerneldev.loop import history, push_pipeline
+from kerneldev.loop import history, push_pipeline, settle
 from kerneldev.loop.drift import (
     CONFLICT,
     DRIFTED,
@@ -64,7 +64,6 @@ from kerneldev.loop.drift import (
 from kerneldev.loop.import_check import ImportCheckReport, check_deploy
 from kerneldev.loop.lock import HostLock, holding
 from kerneldev.loop.push_pipeline import BaseUpdate, Deploy, DeployStep, ProgressCallback
-from kerneldev.loop.settle import settle_workspace_later
 from kerneldev.loop.state import (
     STATE_DIR,
     DeployedFile,
@@ -220,8 +219,9 @@ def pull(
         with interrupt.shield():
             sync_folders(folders)
             update_state(workspace, change, host.name)
-            if transport.settles_writes:
-                settle_workspace_later(workspace, touched)
+            sizes = {base.path: base.size for base in bases}
+            if transport.settles_writes and settle.worth_settling(touched, sizes):
+                settle.settle_workspace_later(workspace, touched)
     if outside:
         pulled = sum(1 for f in result.files if f.action != "unchanged")
         raise RefusedError(
@@ -552,7 +552,8 @@ def push(
             push_pipeline.run_deploy(transport, deploy, land, release=release, past=past, lock=held)
         finally:
             plan.deployed = deploy.landed
-    transport.settle_live(host.root, deploy.landed)
+    if settle.worth_settling(deploy.landed, {base.path: base.size for base in deploy.bases}):
+        transport.settle_live(host.root, deploy.landed)
     return plan
 
 
