@@ -42,6 +42,7 @@ from kerneldev.hosts.transport.openssh import (
     why_not_openssh,
 )
 from kerneldev.hosts.transport.over_agent import AgentTransport
+from kerneldev.hosts.transport.ssh_config_file import CONNECT_TIMEOUT
 from kerneldev.hosts.transport.transfer_mode import transfer_mode
 
 POLL = 0.2  # seconds between looks at Ctrl-C while waiting for the agent's HELLO
@@ -70,7 +71,7 @@ class OneShotTransport(Transport):
         self.choice = ssh_client(host)
         transfer_mode()  # a bad $KERNELDEV_TRANSFER is a usage error here, as over paramiko
         self._ssh_config = ssh_config
-        self._connect_timeout = 10.0 if connect_timeout is None else connect_timeout
+        self._connect_timeout = CONNECT_TIMEOUT if connect_timeout is None else connect_timeout
         self._tried = False
         self._hook_ran = False
         self._ssh: OpenSSHAgent | None = None

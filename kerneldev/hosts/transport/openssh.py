@@ -39,14 +39,16 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import UsageError
 from kerneldev.hosts.transport.agent_client import AgentClient
 from kerneldev.hosts.transport.hostscripts import agent_command, agent_source
-from kerneldev.hosts.transport.ssh_config_file import ssh_config_path
+from kerneldev.hosts.transport.ssh_config_file import (
+    CONNECT_TIMEOUT,
+    DEFAULT_KEYS,
+    ssh_config_path,
+)
 from kerneldev.hosts.transport.transfer_mode import TRANSFER_ENV, transfer_mode
 from kerneldev.local_user import local_user
 
 SSH_CLIENT_ENV = "KERNELDEV_SSH_CLIENT"
 SSH_CLIENTS = ("auto", "openssh", "paramiko")
-CONNECT_TIMEOUT = 10.0  # ssh_connection.CONNECT_TIMEOUT (that module loads paramiko)
-DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")  # ssh_connection.DEFAULT_KEYS
 STDERR_TAIL = 4096  # bytes of ssh's stderr kept for messages
 EXIT_GRACE = 1.0  # seconds for ssh to exit once its output ended
 # ssh_config keywords whose meaning OpenSSH and kerneldev's reading (paramiko's SSHConfig)

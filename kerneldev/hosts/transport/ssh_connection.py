@@ -29,7 +29,15 @@ from kerneldev.config import HostConfig
 from kerneldev.errors import ConnectionLostError, HostConnectionError, HostKeyError
 from kerneldev.hosts import hostkeys
 from kerneldev.hosts.sshlib import allow_match_exec, paramiko
-from kerneldev.hosts.transport.ssh_config_file import (  # re-exported: defined here before
+
+# Re-exported: defined here before (the OpenSSH path shares them without paramiko).
+from kerneldev.hosts.transport.ssh_config_file import (
+    CONNECT_TIMEOUT as CONNECT_TIMEOUT,
+)
+from kerneldev.hosts.transport.ssh_config_file import (
+    DEFAULT_KEYS as DEFAULT_KEYS,
+)
+from kerneldev.hosts.transport.ssh_config_file import (
     SSH_CONFIG_ENV as SSH_CONFIG_ENV,
 )
 from kerneldev.hosts.transport.ssh_config_file import ssh_config_path as ssh_config_path
@@ -39,9 +47,7 @@ from kerneldev.local_user import local_user
 # stderr next to our own messages, so they are dropped (the errors we raise say it better).
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
-CONNECT_TIMEOUT = 10.0  # seconds for TCP connect, banner, key exchange and each auth step
 IO_TIMEOUT = 120.0  # seconds of silence on an SFTP transfer before the host counts as gone
-DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 _MATCH_EXEC = re.compile(r"^\s*match\b.*\bexec\b", re.IGNORECASE | re.MULTILINE)
 
 
