@@ -8,9 +8,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kerneldev.kernels import dsv4_bench
 
 from kerneldev.bench import harness
+from kerneldev.kernels import dsv4_bench
 
 
 def harness_reads(args: list[str]):
