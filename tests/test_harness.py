@@ -42,7 +42,7 @@ def test_the_uploaded_files_are_the_bundled_harness_and_its_imports():
     assert harness.SCRIPT in harness.SUPPORT_FILES
     for name in harness.SUPPORT_FILES:
         assert harness.bundled_file(name).is_file()
-    assert harness.bundled_file(harness.SCRIPT) == Path(dsv4_bench.__file__).resolve()
+    assert harness.bundled_file(harness.SCRIPT).resolve() == Path(dsv4_bench.__file__).resolve()
     assert harness.SCHEMA == dsv4_bench.SCHEMA
 
 
