@@ -149,9 +149,12 @@ class Bench:
     def __init__(self, tmp: Path, kerneldev: str, base: Path | None = None) -> None:
         self.tmp = tmp
         self.kerneldev = kerneldev
-        # another kerneldev source tree, timed as the tools "kerneldev-base" (one-shot, cold)
-        # and "kerneldev-kept-base" (through its own kept session and warm process)
+        # another kerneldev, timed as the tools "kerneldev-base" (one-shot, cold) and
+        # "kerneldev-kept-base" (through its own kept session and warm process): a source tree
+        # run by this console script through PYTHONPATH, or another install's console script
         self.base = base
+        self.base_script = str(base) if base and base.is_file() else kerneldev
+        self.base_env = {"PYTHONPATH": str(base)} if base and not base.is_file() else {}
         self.own = ("kerneldev", "rsync", "scp", "kerneldev-kept", "kerneldev-warm")
         self.own += BASE_TOOLS if base else ()
         self.server = start_sshd(tmp / "sshd")
@@ -270,7 +273,8 @@ class Bench:
             letter = {"kerneldev": "c", "kerneldev-base": "b", "kerneldev-kept": "k"}
             letter["kerneldev-kept-base"] = "kb"
             name = {**letter, "kerneldev-warm": "w"}[tool] + case
-            return [self.kerneldev, verb, "--host", name, *extra]
+            script = self.base_script if tool in BASE_TOOLS else self.kerneldev
+            return [script, verb, "--host", name, *extra]
         if tool in ("rsync", "rsync-c"):
             flags = ["-a"] + (["-n"] if verb == "diff" else [])
             flags += ["-c"] if tool == "rsync-c" else []
@@ -302,11 +306,11 @@ class Bench:
     def time_command(self, argv: list[str], tool: str = "", stdin: bytes | None = None) -> float:
         env = self.env
         if tool == "kerneldev-base":
-            env = {**env, "PYTHONPATH": str(self.base)}
+            env = {**env, **self.base_env}
         if tool == "kerneldev-kept":
             env = self.kept_env
         if tool == "kerneldev-kept-base":
-            env = {**self.kept_env, "PYTHONPATH": str(self.base)}
+            env = {**self.kept_env, **self.base_env}
         if tool == "kerneldev-warm":
             env = self.warm_env
         feed = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
@@ -334,8 +338,8 @@ class Bench:
         stop = [self.kerneldev, "session", "stop", "--all"]
         subprocess.run(stop, env=self.kept_env, capture_output=True)
         if self.base:
-            base_env = {**self.kept_env, "PYTHONPATH": str(self.base)}
-            subprocess.run(stop, env=base_env, capture_output=True)
+            base_env = {**self.kept_env, **self.base_env}
+            subprocess.run([self.base_script, *stop[1:]], env=base_env, capture_output=True)
         self.proxy.close()
         self.server.stop()
 
@@ -348,14 +352,14 @@ def _wait_for_warm(bench: Bench, timeout: float = 60.0) -> None:
 
     # Each tree's own socket (another checkout's warm process may listen in the same folder).
     ask = "from kerneldev.cli import warm_client; print(warm_client.socket_path())"
-    envs = [bench.kept_env] + (
-        [{**bench.kept_env, "PYTHONPATH": str(bench.base)}] if bench.base else []
+    runs = [(bench.kerneldev, bench.kept_env)] + (
+        [(bench.base_script, {**bench.kept_env, **bench.base_env})] if bench.base else []
     )
     paths = [
         subprocess.run(
-            [sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True
+            [_interpreter(script), "-c", ask], env=env, capture_output=True, text=True, check=True
         ).stdout.strip()
-        for env in envs
+        for script, env in runs
     ]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -363,6 +367,13 @@ def _wait_for_warm(bench: Bench, timeout: float = 60.0) -> None:
             return
         time.sleep(0.5)
     print("no warm process listens: kerneldev-warm runs cold", file=sys.stderr)
+
+
+def _interpreter(script: str) -> str:
+    """The Python a console script runs under (its #! line), else this one."""
+    with open(script, "rb") as f:
+        first = f.readline()
+    return first[2:].decode().split()[0] if first.startswith(b"#!") else sys.executable
 
 
 def _alias(case: str) -> str:
@@ -478,10 +489,13 @@ def main() -> int:
         "--base",
         type=Path,
         default=None,
-        help="a folder holding another kerneldev package (e.g. `git archive main kerneldev`), "
-        "timed interleaved as the tool kerneldev-base through PYTHONPATH",
+        help="another kerneldev, timed interleaved as the tool kerneldev-base: a folder holding "
+        "its package (e.g. `git archive main kerneldev`), run through PYTHONPATH, or the "
+        "console script of another install (another venv)",
     )
     args = parser.parse_args()
+    if args.base is not None and not args.base.exists():
+        parser.error(f"--base {args.base}: no such file or folder")
     cases = [c for c in args.cases.split(",") if c]
     ops = [o for o in args.ops.split(",") if o]
 

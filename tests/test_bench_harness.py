@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from kerneldev.kernels import dsv4_bench as harness
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from kerneldev.kernels import dsv4_bench
 
 from kerneldev.bench import harness
+from kerneldev.kernels import dsv4_bench
 
 
 def harness_reads(args: list[str]):
@@ -42,7 +42,7 @@ def test_the_uploaded_files_are_the_bundled_harness_and_its_imports():
     assert harness.SCRIPT in harness.SUPPORT_FILES
     for name in harness.SUPPORT_FILES:
         assert harness.bundled_file(name).is_file()
-    assert harness.bundled_file(harness.SCRIPT) == Path(dsv4_bench.__file__).resolve()
+    assert harness.bundled_file(harness.SCRIPT).resolve() == Path(dsv4_bench.__file__).resolve()
     assert harness.SCHEMA == dsv4_bench.SCHEMA
 
 

@@ -101,3 +101,38 @@ def test_the_installed_copy_runs_help_and_imports_every_package(installed):
     )
     imported = _run_installed(target, "-c", code)
     assert imported.returncode == 0 and imported.stdout.strip() == "ok", imported.stderr
+
+
+def _editable_install_of_this_tree() -> bool:
+    """Whether the running venv has kerneldev installed in editable mode from this tree (the
+    README's install: scripts/bootstrap, or `pip install -e .`)."""
+    import json
+    from importlib import metadata
+
+    # Every kerneldev distribution on the path: a build leaves a kerneldev.egg-info in the tree,
+    # which pytest's `pythonpath = ["."]` puts first.
+    for dist in metadata.distributions(name="kerneldev"):
+        info = json.loads(dist.read_text("direct_url.json") or "{}")
+        if info.get("dir_info", {}).get("editable") and info.get("url") == REPO.resolve().as_uri():
+            return True
+    return False
+
+
+def test_the_editable_install_starts_without_an_import_hook():
+    """Every command pays the interpreter's start-up, `site` and its `.pth` files included. For a
+    layout it cannot put on `sys.path` as one folder, setuptools' editable install adds an import
+    hook instead (`__editable___kerneldev_*_finder`, which imports pathlib, re and urllib.parse:
+    ~30 ms of every command on a slow 2-core machine, a kept no-op's largest single part). The
+    tree is laid out so that it can: `package-dir` maps "" to ".", and `kerneldev/kernels` is a
+    link to `kernels/`. A new `package-dir` entry brings the hook back; this test fails then."""
+    if not _editable_install_of_this_tree():
+        pytest.skip("kerneldev is not installed in editable mode from this tree")
+    code = "import sys; print(sorted(m for m in sys.modules if m.startswith('__editable__')))"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    started = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+        cwd="/",
+    )  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == "[]", f"an import hook runs at start-up: {started.stdout}"
+    assert (REPO / "kerneldev" / "kernels").resolve() == (REPO / "kernels").resolve()
