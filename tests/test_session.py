@@ -492,6 +492,21 @@ def test_a_killed_holder_is_replaced_without_an_error(env: Env):
     assert second.alive and second.pid != first.pid
 
 
+def test_a_holder_whose_socket_file_is_removed_exits(env: Env):
+    """As when the workspace holding the socket is deleted: nobody can reach the holder, so it
+    exits (closing its connection) instead of idling out, and the next command starts anew."""
+    assert env.kd("pull").exit_code == 0
+    first = env.session()
+    os.unlink(first.socket)
+    wait_for(lambda: not alive(first.pid), what="the unreachable holder to exit")
+    assert "its socket file was removed or replaced" in env.log()
+
+    run = env.kd("diff")
+    assert (run.exit_code, run.stderr) == (0, "")
+    second = env.session()
+    assert second.alive and second.pid != first.pid
+
+
 def test_a_killed_sshd_gives_a_clear_error_then_works_again(kept, tmp_path, fresh_sshd):
     env = make_env(tmp_path, fresh_sshd)
     kept.append(env)

@@ -13,6 +13,7 @@ error a one-shot command would have raised) on the ready pipe. Then it relays (`
   changed host key) the holder retires, and the command starts a new holder, whose fresh
   connection fails (or not) exactly as a one-shot command's would;
 - it retires when idle for `idle` seconds (no request running, no client that ran one),
+  when its socket file is removed or replaced (nobody can reach it: a deleted workspace),
   when its connection is lost, on `session stop` or SIGTERM, and when the config, ssh_config
   or known_hosts change what a new command would do (`freshness.py`). Retiring unlinks the
   socket at once (the next command starts a new holder), lets running requests end (unless
@@ -194,6 +195,15 @@ class Holder:
         self._inode = os.stat(path).st_ino
         return sock
 
+    def _socket_is_ours(self) -> bool:
+        """Whether the socket's path still names the socket this holder listens on."""
+        try:
+            return os.stat(self.socket_path).st_ino == self._inode
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # cannot tell (a permission change): keep serving
+
     def _unlink_socket(self) -> None:
         """Remove the socket file if it is still ours (a new holder may have bound the name)."""
         try:
@@ -240,8 +250,14 @@ class Holder:
             return
         if verdict.session is not None:
             self.session = replace(verdict.session, keep=True)
+        unused = self.relay.running() == 0 and self.relay.attached() == 0
+        if unused and not self._socket_is_ours():
+            # Nobody can reach it any more (its workspace was deleted, or another holder took
+            # the name): exit now rather than hold a connection until the idle limit.
+            self.retire("its socket file was removed or replaced")
+            return
         idle = time.monotonic() - self.relay.last_active
-        if self.relay.running() == 0 and self.relay.attached() == 0 and idle > self.session.idle:
+        if unused and idle > self.session.idle:
             self.retire(f"idle for {idle:.0f}s (idle limit {self.session.idle:g}s)")
 
     def _accept(self, sock: socket.socket) -> None:
