@@ -8,6 +8,7 @@ $XDG_RUNTIME_DIR, so its warm process is its own and stopped at its end."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -44,14 +46,35 @@ pytestmark = [
 ]
 
 
+# test_changed_code_is_not_served edits the mtime of a file of this checkout's kerneldev, which
+# changes the code stamp of every warm process of the checkout: a warm test on another parallel
+# worker would then see its commands refused. That test holds this lock exclusively, the others
+# shared (one lock per checkout, across the workers' processes).
+_CODE_LOCK = Path(tempfile.gettempdir()) / (
+    f"kerneldev-warm-tests-{os.getuid()}-{zlib.crc32(str(REPO).encode()):08x}.lock"
+)
+
+
+def _runtime(kept, monkeypatch, exclusive: bool):  # noqa: F811
+    with open(_CODE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        folder = Path(tempfile.mkdtemp(prefix="kd-warm-", dir="/tmp"))
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+        yield folder
+        stop_warm()
+        stop_sessions(kept)  # while their sockets are still there to be asked on
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.fixture
 def runtime(kept, monkeypatch):  # noqa: F811
-    folder = Path(tempfile.mkdtemp(prefix="kd-warm-", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
-    yield folder
-    stop_warm()
-    stop_sessions(kept)  # while their sockets are still there to be asked on
-    shutil.rmtree(folder, ignore_errors=True)
+    yield from _runtime(kept, monkeypatch, exclusive=False)
+
+
+@pytest.fixture
+def runtime_alone(kept, monkeypatch):  # noqa: F811
+    """`runtime`, with no other warm test of this checkout running meanwhile."""
+    yield from _runtime(kept, monkeypatch, exclusive=True)
 
 
 def warm_socket() -> str:
@@ -143,7 +166,7 @@ def test_ctrl_c_is_forwarded(kept, runtime, tmp_path, sshd_server):  # noqa: F81
     assert warm_client.look(warm_socket())["running"] == 0
 
 
-def test_changed_code_is_not_served(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+def test_changed_code_is_not_served(kept, runtime_alone, tmp_path, sshd_server):  # noqa: F811
     env = make_env(tmp_path, sshd_server)
     kept.append(env)
     assert kd(env, "pull")[1] == 0
