@@ -1462,10 +1462,13 @@ EXACT_CONCURRENT_MIN_TILES = 3
 # At most this many query tokens per packed block (each key's word holds 4-bit counts of 8).
 PACK_MAX_TOKENS = 8
 # The plan's two unions (main and extra cache) in two programs side by side (a grid of groups
-# x caches) instead of one after the other in one program; and the plan's register cap
-# (None: ptxas's choice, 254 at 8 warps: one program per SM).
+# x caches) instead of one after the other in one program, and its 8-warp build capped at 128
+# registers (ptxas's own choice: 252-254, one program per SM; capped: 40 bytes of spill, two
+# per SM, so the two caches' programs of a group do run side by side). Run M1 (issue 20,
+# session 12): plan T1024 / T4096 H8 dual share256 40.3 / 138.5 -> 35.0 / 103.7 us; the split
+# alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
-PACK_PLAN_MAXNREG = None
+PACK_PLAN_MAXNREG = 128
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
 # PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
 # H8 dual, 464 against 383 µs), so the margin is wide.
