@@ -56,8 +56,8 @@ Kernels:
   * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
     query tokens, whether their selections coincide (from the indices, on the device) and
     their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
-    union, each row masked to its own token's keys, after the per-token launch, which sees
-    length 0 for the packed tokens.
+    union, each row masked to its own token's keys, after the per-token launch, whose
+    programs for the packed tokens exit at once (the plan gives them length -1).
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
@@ -1028,7 +1028,7 @@ def _combine_kernel(
 # the group's PACK_G x H heads as one block over the union, each row masked to its own
 # token's keys, so each shared row is gathered and dequantized once per group instead of once
 # per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
-# launch, run first, sees length 0 for the packed tokens.
+# launch, run first, gets length -1 for the packed tokens: their programs exit at once.
 
 
 @triton.jit
@@ -1720,8 +1720,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
     if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
-        # Packed groups first planned; the per-token launch then sees length 0 for their
-        # tokens (writes nothing that counts), and the packed launch after it writes them.
+        # Packed groups first planned; the per-token launch's programs then exit at once for
+        # their tokens (length -1), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
