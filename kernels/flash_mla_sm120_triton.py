@@ -56,8 +56,8 @@ Kernels:
   * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
     query tokens, whether their selections coincide (from the indices, on the device) and
     their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
-    union, each row masked to its own token's keys, after the per-token launch, which sees
-    length 0 for the packed tokens.
+    union, each row masked to its own token's keys, after the per-token launch, whose
+    programs for the packed tokens exit at once (the plan gives them length -1).
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
@@ -876,6 +876,7 @@ def _mma_split_kernel(
     E_FMT: tl.constexpr = 0,
     RUN_EXACT: tl.constexpr = True,
     TOKEN_MAJOR: tl.constexpr = False,
+    SKIP_PACKED: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -891,6 +892,11 @@ def _mma_split_kernel(
     h0 = (pid_bh % num_head_blocks) * BLOCK_H
 
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
+    if SKIP_PACKED:
+        # Lengths from `_pack_plan_kernel`: -1 marks a token of a packed group, which
+        # `_mma_packed_kernel` writes; its program exits here (no count, no q, no store).
+        if length < 0:
+            return
     # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
     # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
     # over 10 splits, one tile each).
@@ -1022,7 +1028,7 @@ def _combine_kernel(
 # the group's PACK_G x H heads as one block over the union, each row masked to its own
 # token's keys, so each shared row is gathered and dequantized once per group instead of once
 # per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
-# launch, run first, sees length 0 for the packed tokens.
+# launch, run first, gets length -1 for the packed tokens: their programs exit at once.
 
 
 @triton.jit
@@ -1157,7 +1163,7 @@ def _pack_plan_kernel(
     IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, num_tokens,
     EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, e_num_tokens,
     U_ptr, stride_u, e_u_off, w_off, e_w_off, ULEN_ptr, FLAG_ptr, LEN2_ptr, ELEN2_ptr, HT_ptr,
-    stride_ht, e_ht_off, B, has_len, has_elen, exact_below, max_keys,
+    stride_ht, e_ht_off, SYNC_ptr, B, has_len, has_elen, exact_below, max_keys,
     PACK_G: tl.constexpr,
     TOPK_POW2: tl.constexpr,
     E_TOPK_POW2: tl.constexpr,
@@ -1165,13 +1171,22 @@ def _pack_plan_kernel(
     E_TOPK_LOG2: tl.constexpr,
     HAS_EXTRA: tl.constexpr,
     PROBE_CHUNK: tl.constexpr,
+    SPLIT_CACHES: tl.constexpr = False,
 ):  # fmt: skip
-    """Plan of group `program_id` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens are
-    attended packed (every token of it present, the probe finds a shared selection, every token
-    has more than exact_below valid tokens, the union at most max_keys rows, no count past 15),
-    the unions and their lengths (ULEN [2]: main, extra) for `_mma_packed_kernel`, and each
-    token's lengths for the per-token launch (0 where packed, else its own)."""
+    """Plan of group `program_id(0)` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens
+    are attended packed (every token of it present, the probe finds a shared selection, every
+    token has more than exact_below valid tokens, the union at most max_keys rows, no count
+    past 15), the unions and their lengths (ULEN [2]: main, extra) for `_mma_packed_kernel`,
+    and each token's lengths for the per-token launch (-1 where packed: its program exits at
+    once, `SKIP_PACKED`; else its own, at least 0).
+    SPLIT_CACHES (with the extra cache): the two caches' unions in two programs side by side
+    (`program_id(1)` 0: the extra cache's, 1: the main cache's) instead of one after the
+    other. Each stores its union's length, its tokens' valid counts and its count check in
+    SYNC_ptr's row of the group ([counter, then per cache: PACK_G counts and the check], the
+    counter zeroed by the launcher), then counts itself in with an acq_rel atomic; the one
+    that arrives second reads the other's and decides (no program waits on another)."""
     grp = tl.program_id(0)
+    cache = tl.program_id(1)
     t0 = grp * PACK_G
     g = tl.arange(0, PACK_G)
     t = t0 + g
@@ -1182,6 +1197,7 @@ def _pack_plan_kernel(
     if HAS_EXTRA:
         e_length = _lengths(ELEN_ptr, stride_elen, has_elen, t_in, e_topk)
     packed = tl.zeros([], dtype=tl.int32)
+    decide = cache == 0  # the program that writes the flag and the lengths
     if t0 + PACK_G <= B:
         l0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
         l1 = _length(LEN_ptr, stride_len, has_len, t0 + PACK_G - 1, topk)
@@ -1201,28 +1217,57 @@ def _pack_plan_kernel(
             u_row = U_ptr + grp.to(tl.int64) * stride_u
             # Per cache: the sorted base row, then PACK_G count rows (`_union_rows`).
             ht = HT_ptr + grp.to(tl.int64) * stride_ht
-            n_u, n_valid, ok = _union_rows(
-                IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
-                t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
-            )  # fmt: skip
-            e_n_u = 0
-            if HAS_EXTRA:
-                eht = ht + e_ht_off
-                e_n_u, e_n_valid, e_ok = _union_rows(
-                    EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
-                    e_num_tokens, t0, eht, u_row + e_u_off, u_row + e_u_off + e_w_off, PACK_G,
-                    E_TOPK_POW2, E_TOPK_LOG2,
+            if SPLIT_CACHES and HAS_EXTRA:
+                sync = SYNC_ptr + grp * (3 + 2 * PACK_G)
+                if cache == 0:
+                    n_u, n_valid, ok = _union_rows(
+                        EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen,
+                        has_elen, e_num_tokens, t0, ht + e_ht_off, u_row + e_u_off,
+                        u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2, E_TOPK_LOG2,
+                    )  # fmt: skip
+                else:
+                    n_u, n_valid, ok = _union_rows(
+                        IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len,
+                        num_tokens, t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
+                    )  # fmt: skip
+                mine = sync + 1 + cache * (PACK_G + 1)
+                tl.store(mine + g, n_valid)
+                tl.store(mine + PACK_G, ok.to(tl.int32))
+                tl.store(ULEN_ptr + grp * 2 + 1 - cache, n_u)
+                tl.debug_barrier()  # every thread's stores before the release below
+                arrived = tl.atomic_add(sync, 1, sem="acq_rel")
+                decide = arrived == 1
+                if decide:
+                    other = sync + 1 + (1 - cache) * (PACK_G + 1)
+                    n_valid += tl.load(other + g, cache_modifier=".cg")
+                    ok = ok & (tl.load(other + PACK_G, cache_modifier=".cg") != 0)
+                    n_all = n_u + tl.load(ULEN_ptr + grp * 2 + cache, cache_modifier=".cg")
+                    fits = (tl.min(n_valid) > exact_below) & (n_all <= max_keys) & ok
+                    packed = fits.to(tl.int32)
+            else:
+                n_u, n_valid, ok = _union_rows(
+                    IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len,
+                    num_tokens, t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
                 )  # fmt: skip
-                n_valid += e_n_valid
-                ok = ok & e_ok
-            fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & ok
-            packed = fits.to(tl.int32)
-            tl.store(ULEN_ptr + grp * 2, n_u)
-            tl.store(ULEN_ptr + grp * 2 + 1, e_n_u)
-    tl.store(FLAG_ptr + grp, packed)
-    tl.store(LEN2_ptr + t, tl.where(packed != 0, 0, length), mask=present)
-    if HAS_EXTRA:
-        tl.store(ELEN2_ptr + t, tl.where(packed != 0, 0, e_length), mask=present)
+                e_n_u = 0
+                if HAS_EXTRA:
+                    e_n_u, e_n_valid, e_ok = _union_rows(
+                        EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen,
+                        has_elen, e_num_tokens, t0, ht + e_ht_off, u_row + e_u_off,
+                        u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2, E_TOPK_LOG2,
+                    )  # fmt: skip
+                    n_valid += e_n_valid
+                    ok = ok & e_ok
+                fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & ok
+                packed = fits.to(tl.int32)
+                tl.store(ULEN_ptr + grp * 2, n_u)
+                tl.store(ULEN_ptr + grp * 2 + 1, e_n_u)
+    if decide:
+        tl.store(FLAG_ptr + grp, packed)
+        tl.store(LEN2_ptr + t, tl.where(packed != 0, -1, tl.maximum(length, 0)), mask=present)
+        if HAS_EXTRA:
+            e_len2 = tl.where(packed != 0, -1, tl.maximum(e_length, 0))
+            tl.store(ELEN2_ptr + t, e_len2, mask=present)
 
 
 @triton.jit
@@ -1416,6 +1461,14 @@ COUNT_BLOCK_MAX = 4096
 EXACT_CONCURRENT_MIN_TILES = 3
 # At most this many query tokens per packed block (each key's word holds 4-bit counts of 8).
 PACK_MAX_TOKENS = 8
+# The plan's two unions (main and extra cache) in two programs side by side (a grid of groups
+# x caches) instead of one after the other in one program, and its 8-warp build capped at 128
+# registers (ptxas's own choice: 252-254, one program per SM; capped: 40 bytes of spill, two
+# per SM, so the two caches' programs of a group do run side by side). Run M1 (issue 20,
+# session 12): plan T1024 / T4096 H8 dual share256 40.3 / 138.5 -> 35.0 / 103.7 us; the split
+# alone 37.4 / 141.9.
+PACK_PLAN_SPLIT_CACHES = True
+PACK_PLAN_MAXNREG = 128
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
 # PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
 # H8 dual, 464 against 383 µs), so the margin is wide.
@@ -1590,23 +1643,30 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     scratch = torch.empty(groups, e_ht_off + (G + 1) * e_topk_pow2, dtype=torch.int32, device=dev)
     max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
     table_slots = G * max(topk_pow2, e_topk_pow2)
-    _pack_plan_kernel[(groups,)](
+    split = PACK_PLAN_SPLIT_CACHES and has_extra
+    # With the unions in two programs: per group a counter, then per cache G valid counts and
+    # a count check (the counter must start at 0: one memset node, also in a CUDA graph).
+    sync = torch.zeros(groups * (3 + 2 * G) if split else 1, dtype=torch.int32, device=dev)
+    warps = 16 if table_slots > 4096 else 8
+    options = {"maxnreg": PACK_PLAN_MAXNREG} if PACK_PLAN_MAXNREG and warps == 8 else {}
+    _pack_plan_kernel[(groups, 2 if split else 1)](
         main["IDX_ptr"], main["stride_ib"], main["stride_it"], topk, main["LEN_ptr"],
         main["stride_len"], main["num_tokens"],
         extra["EIDX_ptr"], extra["stride_eib"], extra["stride_eit"], extra["e_topk"],
         extra["ELEN_ptr"], extra["stride_elen"], extra["e_num_tokens"],
         union, union.stride(0), 2 * cap, cap, e_cap, union_len, flag, len2, e_len2, scratch,
-        scratch.stride(0), e_ht_off, B, flags["has_len"], flags["has_elen"], exact_below,
+        scratch.stride(0), e_ht_off, sync, B, flags["has_len"], flags["has_elen"], exact_below,
         max_keys,
         PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2,
         TOPK_LOG2=topk_pow2.bit_length() - 1, E_TOPK_LOG2=e_topk_pow2.bit_length() - 1,
-        HAS_EXTRA=has_extra,
-        PROBE_CHUNK=256, num_warps=16 if table_slots > 4096 else 8,
+        HAS_EXTRA=has_extra, PROBE_CHUNK=256, SPLIT_CACHES=split, num_warps=warps, **options,
     )  # fmt: skip
+    # The per-token launch reads the plan's lengths: -1 (a packed token: its programs exit at
+    # once, SKIP_PACKED) or the token's own.
     main = {**main, "LEN_ptr": len2, "stride_len": 1}
     if has_extra:
         extra = {**extra, "ELEN_ptr": e_len2, "stride_elen": 1}
-    flags = {**flags, "has_len": 1, "has_elen": int(has_extra)}
+    flags = {**flags, "has_len": 1, "has_elen": int(has_extra), "SKIP_PACKED": True}
     plan = dict(union=union, union_len=union_len, flag=flag, cap=cap, e_cap=e_cap, G=G, cfg=cfg)
     return plan, main, extra, flags
 
@@ -1660,8 +1720,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
     if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
-        # Packed groups first planned; the per-token launch then sees length 0 for their
-        # tokens (writes nothing that counts), and the packed launch after it writes them.
+        # Packed groups first planned; the per-token launch's programs then exit at once for
+        # their tokens (length -1), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits

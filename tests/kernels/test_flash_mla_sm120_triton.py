@@ -904,6 +904,107 @@ def test_pack_plan_union_counts_every_selection(monkeypatch):
                 assert +got == want, (grp, key, g)
 
 
+def _lengths_with(inputs, T, zero=(), negative=(), main_zero=()):
+    """Full topk_length / extra_topk_length tensors with some tokens' lengths 0 or negative
+    (in both caches; `main_zero`: in the main cache only)."""
+    for key, len_key in (("indices", "topk_length"), ("extra_indices", "extra_topk_length")):
+        lens = torch.full((T,), inputs[key].view(T, -1).shape[1], dtype=torch.int32,
+                          device=DEVICE)  # fmt: skip
+        lens[list(zero)] = 0
+        lens[list(negative)] = -5
+        if key == "indices":
+            lens[list(main_zero)] = 0
+        inputs[len_key] = lens
+
+
+def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
+    """The plan gives the per-token launch length -1 for a packed group's tokens, whose
+    programs then exit at once (`SKIP_PACKED`): with the packed launch left out their outputs
+    stay unwritten, while the per-token launch writes every other token (a partial last group
+    with a token of length 0 and one of negative length), accurately; with the packed launch
+    every output is written and accurate."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 20, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-skip"), with_sink=True, **kw)
+    _lengths_with(inputs, T, zero=[17], negative=[18])
+    # One split, as every prefill-sized call the table packs has (with several, the combine
+    # kernel writes every row from the partials, and the packed launch overwrites its rows).
+    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)._replace(num_splits=1)
+    plans = []
+
+    def no_packed_launch(q, main, extra, common, flags, plan):
+        plans.append((plan["flag"].tolist(), main["LEN_ptr"].tolist(), extra["ELEN_ptr"].tolist()))
+
+    monkeypatch.setattr(fl, "_launch_packed", no_packed_launch)
+    out = torch.full((T, 1, H, 512), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    lse = torch.full((T, H, 1), float("nan"), dtype=torch.float32, device=DEVICE)
+    decode(**inputs, variant="mma", out=out, lse=lse, _config=cfg)
+    ((flag, len2, e_len2),) = plans
+    assert flag == [1, 1, 0], flag
+    assert len2[:16] == [-1] * 16 and e_len2[:16] == [-1] * 16, (len2, e_len2)
+    assert len2[16:] == [kw["topk"], 0, 0, kw["topk"]], len2  # -5 -> 0: written, never skipped
+    assert torch.isnan(out[:16]).all() and torch.isnan(lse[:16]).all()
+    assert not torch.isnan(out[16:]).any() and not torch.isnan(lse[16:]).any()
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    acc = ref.check_accuracy(out[16:], lse[16:], r_out[16:], r_lse[16:])
+    assert acc["ok"], acc
+    monkeypatch.undo()
+    _run_and_check(inputs, "mma", cfg)
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-program", "split-caches"])
+def test_pack_plan_split_caches_same_plan(monkeypatch, split):
+    """The plan with the two caches' unions in two programs (`PACK_PLAN_SPLIT_CACHES`) decides
+    as one program does, from both programs' results: group 0 is packed though token 3 selects
+    nothing in the main cache (its valid count summed over the caches passes), group 1's
+    tokens own their rows (union too large), group 2 holds a token with no valid selection in
+    either cache (not packed). Unions, lengths and outputs agree with the one-program plan."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 24, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-split"), with_sink=True, **kw)
+    for key in ("indices", "extra_indices"):
+        rows = inputs[key].view(T, -1)
+        cache = inputs["k_cache" if key == "indices" else "extra_k_cache"]
+        n = cache.shape[0] * cache.shape[1]
+        for t in range(9, 16):
+            rows[t] = (rows[8] + (t - 8) * (n // 9)) % n
+    _lengths_with(inputs, T, zero=[20], main_zero=[3])
+    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)
+    results = {}
+    for mode in (False, split):
+        monkeypatch.setattr(fl, "PACK_PLAN_SPLIT_CACHES", mode)
+        seen = []
+        orig = fl._launch_packed
+
+        def spy(q, main, extra, common, flags, plan, seen=seen, orig=orig):
+            seen.append({
+                "flag": plan["flag"].tolist(), "len": main["LEN_ptr"].tolist(),
+                "elen": extra["ELEN_ptr"].tolist(), "union_len": plan["union_len"].tolist(),
+                "union": plan["union"].clone(),
+            })  # fmt: skip
+            return orig(q, main, extra, common, flags, plan)
+
+        monkeypatch.setattr(fl, "_launch_packed", spy)
+        results[mode] = (_run_and_check(inputs, "mma", cfg), seen[0])
+        monkeypatch.setattr(fl, "_launch_packed", orig)
+    (out0, lse0), one = results[False]
+    (out1, lse1), got = results[split]
+    assert one["flag"] == [1, 0, 0], one["flag"]
+    for key in ("flag", "len", "elen"):
+        assert got[key] == one[key], key
+    cap, e_cap = G * kw["topk"], G * kw["extra_topk"]
+    for grp in range(T // G):
+        assert got["union_len"][grp] == one["union_len"][grp] or one["flag"][grp] == 0, grp
+        n, e_n = one["union_len"][grp]
+        if one["flag"][grp]:  # the unions the packed launch reads: the same entries
+            for off, m, c in ((0, n, cap), (2 * cap, e_n, e_cap)):
+                for o in (off, off + c):
+                    assert got["union"][grp, o : o + m].tolist() == (
+                        one["union"][grp, o : o + m].tolist()
+                    ), (grp, o)
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
 def test_packed_tokens_in_cuda_graph():
     """Captured once with coinciding selections, replayed with new ones and then with rows the
