@@ -357,7 +357,12 @@ def _wait_for_warm(bench: Bench, timeout: float = 60.0) -> None:
     )
     paths = [
         subprocess.run(
-            [_interpreter(script), "-c", ask], env=env, capture_output=True, text=True, check=True
+            [_interpreter(script), "-c", ask],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd="/",  # not this checkout's folder, whose kerneldev `-c` would import first
         ).stdout.strip()
         for script, env in runs
     ]
