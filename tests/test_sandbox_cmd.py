@@ -166,7 +166,7 @@ def test_sandbox_status_of_a_folder_that_is_no_sandbox(tmp_path):
 
 
 def _sshds_of(folder: Path) -> list[int]:
-    """The sshd processes whose title names `folder`, raw or as sshd escapes it (\\ooo)."""
+    """The sshd servers whose title names `folder`, raw or as sshd escapes it (\\ooo)."""
     raw = str(folder).encode()
     octal = b"".join(b"\\%03o" % c if c > 0x7E else bytes([c]) for c in raw)
     found = []
@@ -177,7 +177,17 @@ def _sshds_of(folder: Path) -> list[int]:
             continue
         if b"sshd" in cmd.split(b"\0")[0] and (raw in cmd or octal in cmd):
             found.append(int(entry.name))
-    return found
+    # A connection's own sshd (forked, then re-executed with -R) carries the server's command
+    # line until it renames itself: count the servers, not their children.
+    return [pid for pid in found if _parent(pid) not in found]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 @pytest.mark.skipif(find_sshd() is None, reason="needs OpenSSH's sshd")
