@@ -68,3 +68,26 @@ def test_replaced_files_are_closed_and_the_swap_still_checked(tmp_path, monkeypa
     assert paths[0].read_bytes() == b"third\n" and paths[1].read_bytes() == b"someone else\n"
     assert paths[2].read_bytes() == new
     assert _open_fds() <= before
+
+
+def test_big_pipe_enlarges_a_pipe_and_ignores_what_is_not_one(tmp_path):
+    from kerneldev.hosts.transport import openssh
+    from kerneldev.hostside import agent
+
+    r, w = os.pipe()
+    try:
+        import fcntl
+
+        assert agent._big_pipe(w) is True
+        assert fcntl.fcntl(r, 1032) == agent.PIPE_SIZE  # F_GETPIPE_SZ: the same pipe
+        r2, w2 = os.pipe()
+        openssh.big_pipe(r2)
+        assert fcntl.fcntl(w2, 1032) == openssh.PIPE_SIZE
+        for fd in (r2, w2):
+            os.close(fd)
+    finally:
+        os.close(r)
+        os.close(w)
+    with open(tmp_path / "f", "wb") as f:  # not a pipe: left as it is, no error
+        assert agent._big_pipe(f.fileno()) is True
+        openssh.big_pipe(f.fileno())
