@@ -130,8 +130,9 @@ class SyncedRenames:
 
     `add(fd, tmp, path, key)` hands one over (the descriptor is closed here); `wait()` returns
     once every file handed over is renamed or dropped: the keys of those renamed, and the first
-    error (an OSError of a sync or a rename: that file's temporary file is removed). A file
-    handed over is always finished, also when the caller stops early (`wait` in its `finally`)."""
+    error as (target, OSError) of a sync or a rename (that file's temporary file is removed).
+    A file handed over is always finished, also when the caller stops early (`wait` in its
+    `finally`)."""
 
     def __init__(self, workers: int = 8) -> None:
         self.workers = max(1, workers)
@@ -139,7 +140,7 @@ class SyncedRenames:
         self.threads: list[threading.Thread] = []
         self.lock = threading.Lock()
         self.landed: list = []
-        self.errors: list[OSError] = []
+        self.errors: list[tuple[Path, OSError]] = []
 
     def add(self, fd: int, tmp: str, path: Path, key) -> None:
         if len(self.threads) < self.workers:
@@ -163,12 +164,12 @@ class SyncedRenames:
             except OSError as err:
                 discard(tmp)
                 with self.lock:
-                    self.errors.append(err)
+                    self.errors.append((path, err))
                 continue
             with self.lock:
                 self.landed.append(key)
 
-    def wait(self) -> tuple[list, OSError | None]:
+    def wait(self) -> tuple[list, tuple[Path, OSError] | None]:
         for _ in self.threads:
             self.jobs.put(None)
         for thread in self.threads:

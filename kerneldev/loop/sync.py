@@ -236,7 +236,8 @@ def pull(
             if transport.settles_writes and settle.worth_settling(touched, sizes):
                 settle.settle_workspace_later(workspace, touched)
     if failed is not None:
-        raise TransferError(f"cannot write {failed.filename}: {failed}") from None
+        target, err = failed
+        raise TransferError(f"cannot write {target}: {err.strerror or err}") from None
     if outside:
         pulled = sum(1 for f in result.files if f.action != "unchanged")
         raise RefusedError(
