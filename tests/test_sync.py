@@ -299,3 +299,55 @@ def test_a_no_op_pull_or_push_leaves_the_state_file_as_it_was(host, transport):
     state = load_state(ws)
     assert state.files["k/b.py"].synced_by == "pull"
     assert state.files["k/b.py"].sha256 == workspace.sha256_bytes(b"b.py v3\n")
+
+
+def test_pull_syncs_each_file_before_its_rename(host, transport, monkeypatch):
+    # Several files land through `SyncedRenames` (their fsyncs overlap in threads): each one's
+    # bytes must still be on disk before its name points at them.
+    import os
+    import threading
+
+    synced: set[str] = set()
+    renamed: list[str] = []
+    guard = threading.Lock()
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        real_fsync(fd)
+        with guard:
+            synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+
+    def replace(src, dst):
+        with guard:
+            assert str(src) in synced, f"{src} renamed before its fsync"
+            renamed.append(Path(dst).name)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    sync.pull(transport, host)
+    assert {"a.py", "b.py", "c.py"} <= set(renamed)
+    ws = Path(host.workspace)
+    assert (ws / "k" / "b.py").read_text() == "b.py v1\n"
+
+
+def test_pull_a_failed_rename_records_only_the_files_that_landed(host, transport, monkeypatch):
+    import os
+
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if Path(dst).name == "b.py":
+            raise OSError(28, "No space left on device", str(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(TransferError, match="b.py"):
+        sync.pull(transport, host)
+    ws = Path(host.workspace)
+    assert sorted(p.name for p in (ws / "k").iterdir()) == ["a.py", "c.py"]  # no temp file
+    state = load_state(ws)
+    assert set(state.files) == {"k/a.py", "k/c.py"}
+    monkeypatch.setattr(os, "replace", real_replace)
+    sync.pull(transport, host)  # the rest comes next time
+    assert set(load_state(ws).files) == {"k/a.py", "k/b.py", "k/c.py"}

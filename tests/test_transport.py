@@ -612,3 +612,39 @@ def test_each_chained_step_acts_only_while_the_lock_holds_its_token(
                 step()
     assert marker.read_bytes() == b"planned\n" and backup.read_bytes() == b"old\n"
     assert live.read_bytes() == b"new\n" and history_file.read_text() == "record\n"
+
+
+def test_chained_record_append_removes_the_marker_and_releases_only_its_own_lock(
+    sshd_server, tmp_path, isolated_home
+):
+    """The chain's last step (`appendrecord.py`, one helper process where the shell took seven
+    programs): the record appended (its folder made), the marker removed, the lock released
+    only while it holds the push's token; a failed append stops it before the rest."""
+    host = ssh_host(sshd_server, tmp_path)
+    root = Path(host.root)
+    lock_file, marker = root / "lock", root / "b" / ".incomplete"
+    history_file = root / "h" / "history.jsonl"
+    mine = {"path": str(lock_file), "token": "0123456789abcdef"}
+    marker.parent.mkdir()
+    with open_transport(host) as t:
+        for token, released in (("fedcba9876543210", False), (mine["token"], True)):
+            lock_file.write_text(json.dumps({"token": token}) + "\n")
+            marker.write_text("planned\n")
+            chain = t.chain()
+            with chain:
+                step = chain.append_text(
+                    str(history_file), "record\n", remove=[str(marker)], release=mine
+                )
+                assert step.result().ok
+            assert not marker.exists() and lock_file.exists() != released
+        assert history_file.read_text() == "record\n" * 2
+        # A folder where the record goes: the append fails, the marker stays.
+        marker.write_text("planned\n")
+        lock_file.write_text(json.dumps({"token": mine["token"]}) + "\n")
+        chain = t.chain()
+        with chain:
+            result = chain.append_text(
+                str(root / "b"), "record\n", remove=[str(marker)], release=mine
+            ).result()
+        assert not result.ok and "appendrecord: append to" in result.stderr
+        assert marker.exists() and lock_file.exists()

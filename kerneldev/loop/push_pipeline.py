@@ -23,7 +23,6 @@ unhealthy) sit around them.
 from __future__ import annotations
 
 import posixpath
-import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -460,11 +459,13 @@ def _deploy_chained(
             if upload.all_sent:
                 sent = upload.sent
                 files = [landed_file(s, sent[i][0], 0)[0] for i, s in enumerate(deploy.steps)]
-                then = f"rm -f -- {shlex.quote(marker_path)}"
-                if releasing:
-                    then += f" && {release.release_command()}"
                 line = history.record_line(replace(record, files=files))
-                finish = chain.append_text(history.history_path(host.root), line, then)
+                finish = chain.append_text(
+                    history.history_path(host.root),
+                    line,
+                    remove=[marker_path],
+                    release=release.guard() if releasing else None,
+                )
             marker.result()
             if copy is not None:
                 _check_backups(deploy, _backup_sums(deploy, copy.result()))

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneldev import interrupt
-from kerneldev.atomic_file import sync_folders, write_stream_atomic
+from kerneldev.atomic_file import SyncedRenames, sync_folders, write_stream_atomic, write_temp
 from kerneldev.config import HostConfig
 from kerneldev.errors import (
     FileSetError,
@@ -165,6 +165,10 @@ def pull(
     # The folders of the files landed: their renames made durable once each, at the end (each
     # file's bytes are on disk before its rename, as always; 100 small files: -15 to -25 ms).
     folders: set[Path] = set()
+    # Several files: each one's sync and rename in `renames`' threads while the next one
+    # streams in (their fsyncs overlap); its base is recorded once it is renamed.
+    renames = SyncedRenames() if len(fetch) > 1 else None
+    landing: dict[str, BaseUpdate] = {}
     try:
         for path in snap.paths:
             live, local = snap.live.get(path), snap.local[path]
@@ -198,14 +202,23 @@ def pull(
             # Streamed to a temporary file in chunks (memory stays flat, Ctrl-C is honoured
             # between chunks), renamed over the workspace file only when complete.
             reader = _ChunkReader(chunks)
-            _write_local_stream(target, reader, live.mode, folders)
+            _write_local_stream(target, reader, live.mode, folders, renames, path)
             touched.append(path)
             sha = reader.hexdigest()  # what we got, even if live changed since the hash
-            bases.append(BaseUpdate(path, sha, reader.size, live.mode))
+            base = BaseUpdate(path, sha, reader.size, live.mode)
+            if renames is None:
+                bases.append(base)
+            else:
+                landing[path] = base
             action = "overwritten" if discarded else "pulled"
             result.files.append(PulledFile(path, action, sha, reader.size, live.mode, discarded))
     finally:
         stream.close()  # an early stop (error, Ctrl-C) ends the transfer on the host too
+        failed = None
+        if renames is not None:
+            with interrupt.shield():  # every file handed over is renamed (or dropped) first
+                renamed, failed = renames.wait()
+            bases.extend(landing[path] for path in renamed)
 
         # What was pulled before a failure or Ctrl-C stays recorded; the rest is pulled next
         # time. Read-modify-write under the state lock: another terminal's records survive.
@@ -222,6 +235,9 @@ def pull(
             sizes = {base.path: base.size for base in bases}
             if transport.settles_writes and settle.worth_settling(touched, sizes):
                 settle.settle_workspace_later(workspace, touched)
+    if failed is not None:
+        target, err = failed
+        raise TransferError(f"cannot write {target}: {err.strerror or err}") from None
     if outside:
         pulled = sum(1 for f in result.files if f.action != "unchanged")
         raise RefusedError(
@@ -278,12 +294,24 @@ class _ChunkReader:
         return self.digest.hexdigest()
 
 
-def _write_local_stream(path: Path, source, mode: int, written: set[Path]) -> None:
-    """Land one pulled file; its folder joins `written`, made durable once at the end."""
+def _write_local_stream(
+    path: Path,
+    source,
+    mode: int,
+    written: set[Path],
+    renames: SyncedRenames | None = None,
+    key: str | None = None,
+) -> None:
+    """Land one pulled file; its folder joins `written`, made durable once at the end. With
+    `renames`, its bytes are written here and its sync and rename handed to it (as `key`)."""
     try:
-        write_stream_atomic(
-            path, source, mode, on_chunk=lambda _n: interrupt.check(), sync_folder=False
-        )
+        if renames is None:
+            write_stream_atomic(
+                path, source, mode, on_chunk=lambda _n: interrupt.check(), sync_folder=False
+            )
+        else:
+            fd, tmp = write_temp(path, source, mode, on_chunk=lambda _n: interrupt.check())
+            renames.add(fd, tmp, path, key)
         written.add(path.parent)
     except OSError as err:
         raise TransferError(f"cannot write {path}: {err}") from None

@@ -32,7 +32,6 @@ from __future__ import annotations
 import io
 import json
 import posixpath
-import shlex
 
 from kerneldev import interrupt
 from kerneldev.errors import ConnectionLostError, KerneldevError, TransferError
@@ -43,7 +42,6 @@ from kerneldev.hosts.transport.base import (
     PutFilesCallbacks,
     PutItem,
     RunOptions,
-    append_command,
     copy_sums,
     lock_lost,
     parse_reports,
@@ -52,6 +50,7 @@ from kerneldev.hosts.transport.base import (
     temp_path,
 )
 from kerneldev.hosts.transport.hostscripts import script
+from kerneldev.hostside import appendrecord as _appendrecord
 from kerneldev.hostside import copyfiles as _copyfiles
 from kerneldev.hostside import receivefiles as _receivefiles
 
@@ -61,17 +60,10 @@ from kerneldev.hostside import receivefiles as _receivefiles
 AHEAD_LIMIT = 64 << 20
 SETTLE_TIMEOUT = 120.0  # seconds to wait for each step's end while settling
 POLL = 0.5  # seconds between looks at Ctrl-C while waiting on the host
-# What a step's shell guard prints on stderr (exit LOCK_LOST_EXIT) when the lock is not ours.
-LOCK_LOST = "kerneldev: lock taken over:"
-LOCK_LOST_EXIT = 75
-
-
-def lock_guard(lock: dict) -> str:
-    """A shell prefix that exits LOCK_LOST_EXIT unless the lock file holds the token."""
-    path, token = shlex.quote(lock["path"]), shlex.quote(lock["token"])
-    why = shlex.quote(f"{LOCK_LOST} the lock {lock['path']} no longer holds this command's token")
-    stop = f"{{ echo {why} >&2; exit {LOCK_LOST_EXIT}; }}"
-    return f"grep -qF -- {token} {path} 2>/dev/null || {stop}; "
+# What the record's append (`appendrecord.py`) prints on stderr, with exit LOCK_LOST_EXIT,
+# when the lock is not ours.
+LOCK_LOST = _appendrecord.LOCK_LOST
+LOCK_LOST_EXIT = _appendrecord.LOCK_LOST_EXIT
 
 
 class ChainStep:
@@ -240,13 +232,21 @@ class AgentChain:
             raise t._lost("uploading files") from None
         return step
 
-    def append_text(self, path: str, text: str, then: str = "") -> RunStep:
-        """`Transport.append_text` (`then` in the same request); with `hold`, nothing is
-        appended unless the lock is still ours."""
-        command = append_command(path, then)
-        if self.lock is not None:
-            command = lock_guard(self.lock) + command
-        process = self._open(command, f"appending to {path}", False, text.encode("utf-8"))
+    def append_text(
+        self,
+        path: str,
+        text: str,
+        remove: tuple[str, ...] | list[str] = (),
+        release: dict | None = None,
+    ) -> RunStep:
+        """`Transport.append_text`, then the files of `remove` removed and, with `release`
+        (`HostLock.guard()`), that lock file removed while it holds its token: one helper
+        process (`appendrecord.py`), where the shell's `then` took seven programs. With
+        `hold`, nothing is done unless the lock is still ours (exit LOCK_LOST_EXIT)."""
+        fields = {"path": path, "lock": self.lock, "remove": list(remove), "release": release}
+        request = json.dumps(fields).encode("utf-8")
+        stdin = len(request).to_bytes(8, "big") + request + text.encode("utf-8")
+        process = self._open(script(_appendrecord), f"appending to {path}", True, stdin)
         step = RunStep(self, process, f"appending to {path}")
         self.steps.append(step)
         return step

@@ -25,6 +25,7 @@ terminal) and ends it on `close()`. This module never imports paramiko.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import math
 import os
 import re
@@ -51,6 +52,8 @@ SSH_CLIENT_ENV = "KERNELDEV_SSH_CLIENT"
 SSH_CLIENTS = ("auto", "openssh", "paramiko")
 STDERR_TAIL = 4096  # bytes of ssh's stderr kept for messages
 EXIT_GRACE = 1.0  # seconds for ssh to exit once its output ended
+PIPE_SIZE = 1 << 20  # bytes a pipe to or from ssh may hold (`big_pipe`)
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031 if os.uname().sysname == "Linux" else None)
 # ssh_config keywords whose meaning OpenSSH and kerneldev's reading (paramiko's SSHConfig)
 # could disagree on, or which OpenSSH would apply without kerneldev's options (a ProxyJump
 # hop's ssh gets only `-F`): with any of them, the connection is paramiko's.
@@ -196,6 +199,20 @@ def ssh_command(
     return SSHCommand(argv)
 
 
+def big_pipe(fd: int) -> None:
+    """Let the pipe `fd` hold 1 MiB (Linux; the default is 64 KiB) where this user may: the
+    frames of a large transfer are up to 1 MiB, and each 64 KiB more of them in a pipe costs
+    the writer a wake-up of the reader (50 MB through a pipe: 50-67 ms with 64 KiB, ~20 ms
+    with 1 MiB on the measured machine: docs/benchmarks.md, issue 23 round 6). Only the
+    buffering changes; a refusal (an older kernel, the user's pipe quota) changes nothing."""
+    if _F_SETPIPE_SZ is None:
+        return
+    try:
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, PIPE_SIZE)
+    except OSError:
+        pass
+
+
 class OpenSSHAgent:
     """The host agent behind a running `ssh` (see `ssh_command`): `client` speaks to it.
 
@@ -215,6 +232,8 @@ class OpenSSHAgent:
         )
         assert self.process.stdin and self.process.stdout and self.process.stderr
         self._stdin = self.process.stdin.fileno()
+        for fd in (self._stdin, self.process.stdout.fileno()):
+            big_pipe(fd)
         self._stdout = self.process.stdout
         self._stderr = bytearray()
         self._closed = False
