@@ -1365,6 +1365,12 @@ class MMARow(NamedTuple):
     prefill_tm_num_warps: int = 0
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
+    # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: no tail
+    # split). With them the rule sees a partial last wave: the tokens past the last full wave
+    # (SMs x these programs) are run by a second launch with several splits each (the
+    # combine after), so that they fill the last wave's slots (TM_TAIL_*).
+    prefill_tm_programs_per_sm: int = 0
+    prefill_tm16_programs_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1387,8 +1393,10 @@ MMA_ROWS: dict[str, MMARow] = {
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
+    # Their partial last wave (T1024 H8: 1,024 programs on 660 slots, the second wave 55%
+    # full) split: the tokens past the full waves run with TM_TAIL splits each (v20).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1440,6 +1448,11 @@ class MMAConfig(NamedTuple):
     token_major: bool = False
     exact_block_n: int = 0
     exact_num_warps: int = 0
+    # Token-major calls with a partial last wave: the last tail_tokens query tokens run in a
+    # second per-token launch with tail_splits splits each (and the combine over them); the
+    # others with num_splits (0 / 1: no tail launch).
+    tail_tokens: int = 0
+    tail_splits: int = 0
 
 
 MAX_SPLITS = 64
@@ -1469,6 +1482,13 @@ PACK_MAX_TOKENS = 8
 # alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
 PACK_PLAN_MAXNREG = 128
+# The token-major launch's partial last wave (tm_tail_split): at most this many splits per
+# tail token; a tail piece costs its tiles plus TM_TAIL_PIECE_TILES (q^T load, the partial's
+# store) and the tail launch TM_TAIL_LAUNCH_TILES once (its launch, the combine), in tile-times
+# of one program; a split is taken only where it costs fewer tile-times than one more wave.
+TM_TAIL_MAX_SPLITS = 8
+TM_TAIL_PIECE_TILES = 1
+TM_TAIL_LAUNCH_TILES = 2
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
 # PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
 # H8 dual, 464 against 383 µs), so the margin is wide.
@@ -1532,6 +1552,13 @@ def mma_config(
         exact_block_n = exact_warps = 0
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
+    tail_tokens = tail_splits = 0
+    if token_major and not pv_split and splits == 1:
+        per_sm = row.prefill_tm_programs_per_sm
+        if block_h == 16:
+            per_sm = row.prefill_tm16_programs_per_sm or per_sm
+        # token-major blocks hold all of H <= 16 heads: one program per token
+        tail_tokens, tail_splits = tm_tail_split(B, sm_count * per_sm, tiles)
     pack = 0
     if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
@@ -1540,8 +1567,32 @@ def mma_config(
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
-        exact_warps,
+        exact_warps, tail_tokens, tail_splits,
     )  # fmt: skip
+
+
+def tm_tail_split(programs: int, slots: int, tiles: int) -> tuple[int, int]:
+    """(tail programs, their splits) for a one-split launch of `programs` equal programs of
+    `tiles` tiles on `slots` resident slots, or (0, 0). The programs past the last full wave
+    (a partial wave that costs a whole program's time) are cut into s pieces of ceil(tiles / s)
+    tiles each, the s that takes fewest tile-times over the slots: ceil(tail x s / slots)
+    rounds of (ceil(tiles / s) + TM_TAIL_PIECE_TILES), plus TM_TAIL_LAUNCH_TILES. Only after
+    at least one full wave (the tail launch runs after the full waves' launch), each piece at
+    least EXACT_CONCURRENT_MIN_TILES tiles. Pure: from shapes, no device read."""
+    if slots <= 0 or programs < slots:
+        return 0, 0
+    tail = programs % slots
+    if tail == 0:
+        return 0, 0
+    best_s, best = 1, tiles + TM_TAIL_PIECE_TILES
+    for s in range(2, TM_TAIL_MAX_SPLITS + 1):
+        piece = triton.cdiv(tiles, s)
+        if piece < EXACT_CONCURRENT_MIN_TILES:
+            break
+        cost = triton.cdiv(tail * s, slots) * (piece + TM_TAIL_PIECE_TILES) + TM_TAIL_LAUNCH_TILES
+        if cost < best:
+            best_s, best = s, cost
+    return (tail, best_s) if best_s > 1 else (0, 0)
 
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
@@ -1724,6 +1775,42 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # their tokens (length -1), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
+    if 1 < cfg.tail_splits and 0 < cfg.tail_tokens < B:
+        # The partial last wave (tm_tail_split): the full waves' tokens with one split, then
+        # the tail tokens in a launch of their own with tail_splits each, and its combine.
+        # Views from token n on (the same strides; no copy, no sync).
+        n = B - cfg.tail_tokens
+        head = [_token_rows(a, 0, n, B) for a in (main, extra, common)]
+        tail = [_token_rows(a, n, B, B) for a in (main, extra, common)]
+        _launch_tokens(q[:n], head[0], head[1], head[2], flags, cfg._replace(num_splits=1))
+        tail_cfg = cfg._replace(num_splits=cfg.tail_splits)
+        _launch_tokens(q[n:], tail[0], tail[1], tail[2], flags, tail_cfg)
+    else:
+        _launch_tokens(q, main, extra, common, flags, cfg)
+    if plan is not None:
+        _launch_packed(q, main, extra, common, flags, plan)
+
+
+# Per-token tensor arguments (query token on dim 0) of the per-token launch.
+_TOKEN_ROW_ARGS = ("Q_ptr", "O_ptr", "LSE_ptr", "IDX_ptr", "LEN_ptr", "EIDX_ptr", "ELEN_ptr")
+
+
+def _token_rows(args: dict, lo: int, hi: int, B: int) -> dict:
+    """`args` with its per-token tensors viewed at tokens [lo, hi) (a stand-in tensor whose
+    dim 0 is not the token count is never read and stays)."""
+    out = dict(args)
+    for key in _TOKEN_ROW_ARGS:
+        t = args.get(key)
+        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == B:
+            out[key] = t[lo:hi]
+    return out
+
+
+def _launch_tokens(q, main, extra, common, flags, cfg):
+    """The per-token launches (bf16-P, exact) over q's tokens with cfg.num_splits splits,
+    and the combine where there are several."""
+    B, _, H, _ = q.shape
+    topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     splits = cfg.num_splits
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
@@ -1800,8 +1887,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip
-    if plan is not None:
-        _launch_packed(q, main, extra, common, flags, plan)
 
 
 # ----------------------------------------------------------------------------- validation
