@@ -988,6 +988,7 @@ class _KernelRecorder:
                     "block_n": kwargs.get("BLOCK_N"),
                     "single_split": kwargs.get("SINGLE_SPLIT"),
                     "token_major": kwargs.get("TOKEN_MAJOR"),
+                    "tail": kwargs.get("TAIL"),
                     "n_regs": getattr(compiled, "n_regs", None),
                     "n_spills": getattr(compiled, "n_spills", None),
                     "shared": getattr(getattr(compiled, "metadata", None), "shared", None),

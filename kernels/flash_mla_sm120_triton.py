@@ -674,6 +674,9 @@ def _split_heads(
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
     PACKED: tl.constexpr,
+    single=0,
+    b_part=0,
+    TAIL: tl.constexpr = False,
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
     store the result (final bf16 out and lse with one split, else the fp32 partial).
@@ -703,22 +706,43 @@ def _split_heads(
         S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, PACKED,
     )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if SINGLE_SPLIT:
-        coef, total2 = _final_coef(
-            l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
-        )
-        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    if TAIL:
+        # One launch for the full waves' tokens (`single`: the final store) and the tail
+        # tokens' splits (partials [tail, H, num_splits, 512] at b_part, the combine after).
+        if single:
+            coef, total2 = _final_coef(
+                l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
+            )
+            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+            tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+        else:
+            row = (b_part.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+            tl.store(
+                PO_ptr + row[:, None] * D_QK + d[None, :], acc * inv_l[:, None],
+                mask=head_mask[:, None],
+            )  # fmt: skip
     else:
-        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-        o_row = PO_ptr + row[:, None] * D_QK
-        out = acc * inv_l[:, None]
-        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+        if SINGLE_SPLIT:
+            coef, total2 = _final_coef(
+                l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
+            )
+            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+        else:
+            # Partials [B, H, num_splits, 512] fp32 (normalised), [B, H, num_splits] base-2 LSE.
+            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            o_row = PO_ptr + row[:, None] * D_QK
+            out = acc * inv_l[:, None]
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+        tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
 @triton.jit
@@ -738,6 +762,9 @@ def _split_heads_tm(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
+    single=0,
+    b_part=0,
+    TAIL: tl.constexpr = False,
 ):  # fmt: skip
     """`_split_heads` token-major (the bf16-P loop only): S^T = K q^T [BLOCK_N, heads] with the
     dequantized tile as the first operand, softmax over axis 0, O^T += K^T P^T [512, heads].
@@ -799,19 +826,36 @@ def _split_heads_tm(
         acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
         m_i = m_new
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if SINGLE_SPLIT:
-        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-        o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
-        out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
-        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    if TAIL:  # as in `_split_heads`
+        if single:
+            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+            o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+            tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
+        else:
+            row = (b_part.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+            tl.store(
+                PO_ptr + row[None, :] * D_QK + d[:, None], acc * inv_l[None, :],
+                mask=head_mask[None, :],
+            )  # fmt: skip
     else:
-        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-        o_col = PO_ptr + row[None, :] * D_QK
-        out = acc * inv_l[None, :]
-        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-    tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
+        if SINGLE_SPLIT:
+            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+            o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
+            out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
+            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+        else:
+            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+            o_col = PO_ptr + row[None, :] * D_QK
+            out = acc * inv_l[None, :]
+            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+        tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -856,6 +900,8 @@ def _mma_split_kernel(
     num_splits,
     has_len,
     has_elen,
+    n_full,
+    tail_tiles,
     SINGLE_SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -877,6 +923,7 @@ def _mma_split_kernel(
     RUN_EXACT: tl.constexpr = True,
     TOKEN_MAJOR: tl.constexpr = False,
     SKIP_PACKED: tl.constexpr = False,
+    TAIL: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -890,6 +937,19 @@ def _mma_split_kernel(
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
     h0 = (pid_bh % num_head_blocks) * BLOCK_H
+    single = 0
+    b_part = b
+    if TAIL:
+        # The partial last wave (tm_tail_split), one head block (H <= BLOCK_H): programs
+        # below n_full are the full waves' tokens, whole (tiles_per_split: all tiles); the rest
+        # num_splits pieces of tail_tiles tiles of each later token, in token order.
+        r = tl.maximum(pid_bh - n_full, 0)
+        single = pid_bh < n_full
+        b_part = r // num_splits
+        b = tl.where(single, pid_bh, n_full + b_part)
+        split = tl.where(single, 0, r % num_splits)
+        tiles_per_split = tl.where(single, tiles_per_split, tail_tiles)
+        h0 = 0
 
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
     if SKIP_PACKED:
@@ -943,7 +1003,7 @@ def _mma_split_kernel(
                     SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                     stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                     SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False,
+                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False, single, b_part, TAIL,
                 )  # fmt: skip
     else:
         if RUN_BF16_P and TOKEN_MAJOR:
@@ -956,7 +1016,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
-                FMT, E_FMT,
+                FMT, E_FMT, single, b_part, TAIL,
             )  # fmt: skip
         elif RUN_BF16_P:
             _split_heads(
@@ -968,7 +1028,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
-                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False, single, b_part, TAIL,
             )  # fmt: skip
 
 
@@ -1775,46 +1835,19 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # their tokens (length -1), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
-    if 1 < cfg.tail_splits and 0 < cfg.tail_tokens < B:
-        # The partial last wave (tm_tail_split): the full waves' tokens with one split, then
-        # the tail tokens in a launch of their own with tail_splits each, and its combine.
-        # Views from token n on (the same strides; no copy, no sync).
-        n = B - cfg.tail_tokens
-        head = [_token_rows(a, 0, n, B) for a in (main, extra, common)]
-        tail = [_token_rows(a, n, B, B) for a in (main, extra, common)]
-        _launch_tokens(q[:n], head[0], head[1], head[2], flags, cfg._replace(num_splits=1))
-        tail_cfg = cfg._replace(num_splits=cfg.tail_splits)
-        _launch_tokens(q[n:], tail[0], tail[1], tail[2], flags, tail_cfg)
-    else:
-        _launch_tokens(q, main, extra, common, flags, cfg)
-    if plan is not None:
-        _launch_packed(q, main, extra, common, flags, plan)
-
-
-# Per-token tensor arguments (query token on dim 0) of the per-token launch.
-_TOKEN_ROW_ARGS = ("Q_ptr", "O_ptr", "LSE_ptr", "IDX_ptr", "LEN_ptr", "EIDX_ptr", "ELEN_ptr")
-
-
-def _token_rows(args: dict, lo: int, hi: int, B: int) -> dict:
-    """`args` with its per-token tensors viewed at tokens [lo, hi) (a stand-in tensor whose
-    dim 0 is not the token count is never read and stays)."""
-    out = dict(args)
-    for key in _TOKEN_ROW_ARGS:
-        t = args.get(key)
-        if isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == B:
-            out[key] = t[lo:hi]
-    return out
-
-
-def _launch_tokens(q, main, extra, common, flags, cfg):
-    """The per-token launches (bf16-P, exact) over q's tokens with cfg.num_splits splits,
-    and the combine where there are several."""
-    B, _, H, _ = q.shape
-    topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     splits = cfg.num_splits
+    # The partial last wave (tm_tail_split): one launch whose first n_full programs are the
+    # full waves' tokens (one split, final store) and whose other programs are the last
+    # tail_tokens tokens' tail_splits pieces (partials, the combine over those tokens after).
+    tail = cfg.tail_tokens if 1 < cfg.tail_splits and 0 < cfg.tail_tokens < B else 0
+    n_full = B - tail
+    if tail:
+        assert splits == 1 and cfg.block_h >= H and max(cfg.exact_block_h, 16) >= H
+        splits = cfg.tail_splits
     if splits > 1:
-        part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+        rows = tail or B
+        part_o = torch.empty(rows, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(rows, H, splits, dtype=torch.float32, device=q.device)
     else:
         part_o, part_lse = common["O_ptr"], common["LSE_ptr"]  # unused
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
@@ -1861,32 +1894,43 @@ def _launch_tokens(q, main, extra, common, flags, cfg):
             block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
         # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
+        grid = (B * triton.cdiv(H, block_h), splits)
+        tail_tiles = 0
+        if tail:  # the full tokens' programs take every tile, the tail's pieces tail_tiles
+            tail_tiles, tiles_per_split = tiles_per_split, _tiles(topk, e_topk, block_n)
+            grid = (n_full + tail * splits, 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
-            _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+            _mma_split_kernel[grid](
                 **common, **main, **extra,
                 tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
-                H=H, num_splits=splits, **flags,
+                H=H, num_splits=splits, n_full=n_full, tail_tiles=tail_tiles, **flags,
                 SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n,
                 DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
                 NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                num_warps=warps, num_stages=stages,
+                TAIL=bool(tail), num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
-        _combine_kernel[(B * H, HEAD_DIM // block_d)](
+        # with a tail: its tokens' rows only (views from token n_full on)
+        o, lse = (
+            common["O_ptr"][n_full if tail else 0 :],
+            common["LSE_ptr"][n_full if tail else 0 :],
+        )
+        _combine_kernel[((tail or B) * H, HEAD_DIM // block_d)](
             part_o, part_lse, common["SINK_ptr"], common["stride_sink"],
-            common["O_ptr"], common["stride_ob"], common["stride_oh"],
-            common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
-            H, splits,
+            o, common["stride_ob"], common["stride_oh"], lse, common["stride_lb"],
+            common["stride_lh"], H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip
+    if plan is not None:
+        _launch_packed(q, main, extra, common, flags, plan)
 
 
 # ----------------------------------------------------------------------------- validation

@@ -672,9 +672,10 @@ TM_TAIL_CASES = [
     "case_id,T,H,tail,tail_splits,kw,exact", TM_TAIL_CASES, ids=[c[0] for c in TM_TAIL_CASES]
 )
 def test_token_major_tail_launch_matches_reference(case_id, T, H, tail, tail_splits, kw, exact):
-    """The tail tokens in a launch of their own with several splits (views of q, indices,
-    lengths, out and lse from token T - tail on), the combine over them only, the exact PV
-    for few-token requests beside it: every row written and accurate."""
+    """The partial last wave (v20): one launch whose first T - tail programs are whole tokens
+    (final store) and whose others are the tail tokens' pieces (partials), the combine over
+    the tail tokens only, the exact PV for few-token requests beside it (the same program
+    map): every row written and accurate."""
     inputs = ref.make_inputs(T, H, device=DEVICE, seed=_seed(case_id), **kw)
     below, mode = exact or (0, "second")
     block_h = 8 if H <= 8 else 16
@@ -823,8 +824,8 @@ def _packed_config(T, H, topk, e_topk, G):
 
 
 def test_packed_groups_with_tail_launch(monkeypatch):
-    """Share rows with the tail launch (v20): the plan's packed tokens exit in both per-token
-    launches, the combine writes the tail's rows, the packed launch then overwrites its own."""
+    """Share rows with a tail (v20): the plan's packed tokens' programs and pieces exit, the
+    combine writes the tail's rows, the packed launch then overwrites its own."""
     T, H = 16, 8
     kw = dict(_PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16))
     inputs = _share_inputs(T, H, _seed("pack-tail"), share=8, with_sink=True, **kw)
