@@ -674,9 +674,6 @@ def _split_heads(
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
     PACKED: tl.constexpr,
-    single=0,
-    b_part=0,
-    TAIL: tl.constexpr = False,
 ):  # fmt: skip
     """One split of one request for the heads `heads`: attend over the split's tiles, then
     store the result (final bf16 out and lse with one split, else the fp32 partial).
@@ -706,43 +703,22 @@ def _split_heads(
         S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, PACKED,
     )  # fmt: skip
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if TAIL:
-        # One launch for the full waves' tokens (`single`: the final store) and the tail
-        # tokens' splits (partials [tail, H, num_splits, 512] at b_part, the combine after).
-        if single:
-            coef, total2 = _final_coef(
-                l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
-            )
-            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-            tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
-        else:
-            row = (b_part.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-            tl.store(
-                PO_ptr + row[:, None] * D_QK + d[None, :], acc * inv_l[:, None],
-                mask=head_mask[:, None],
-            )  # fmt: skip
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(
+            l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
+        )
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
-        if SINGLE_SPLIT:
-            coef, total2 = _final_coef(
-                l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
-            )
-            o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-        else:
-            # Partials [B, H, num_splits, 512] fp32 (normalised), [B, H, num_splits] base-2 LSE.
-            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            o_row = PO_ptr + row[:, None] * D_QK
-            out = acc * inv_l[:, None]
-            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-        tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
 
 
 @triton.jit
@@ -762,9 +738,6 @@ def _split_heads_tm(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr,
     E_FMT: tl.constexpr,
-    single=0,
-    b_part=0,
-    TAIL: tl.constexpr = False,
 ):  # fmt: skip
     """`_split_heads` token-major (the bf16-P loop only): S^T = K q^T [BLOCK_N, heads] with the
     dequantized tile as the first operand, softmax over axis 0, O^T += K^T P^T [512, heads].
@@ -826,36 +799,19 @@ def _split_heads_tm(
         acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
         m_i = m_new
     lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
-    if TAIL:  # as in `_split_heads`
-        if single:
-            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-            o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-            tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
-        else:
-            row = (b_part.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-            tl.store(
-                PO_ptr + row[None, :] * D_QK + d[:, None], acc * inv_l[None, :],
-                mask=head_mask[None, :],
-            )  # fmt: skip
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
     else:
-        if SINGLE_SPLIT:
-            coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
-            o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
-            out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
-            lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
-            tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
-        else:
-            row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
-            inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
-            o_col = PO_ptr + row[None, :] * D_QK
-            out = acc * inv_l[None, :]
-            tl.store(PLSE_ptr + row, lse2, mask=head_mask)
-        tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_col = PO_ptr + row[None, :] * D_QK
+        out = acc * inv_l[None, :]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
 
 
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
@@ -900,8 +856,6 @@ def _mma_split_kernel(
     num_splits,
     has_len,
     has_elen,
-    n_full,
-    tail_tiles,
     SINGLE_SPLIT: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -923,7 +877,6 @@ def _mma_split_kernel(
     RUN_EXACT: tl.constexpr = True,
     TOKEN_MAJOR: tl.constexpr = False,
     SKIP_PACKED: tl.constexpr = False,
-    TAIL: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -937,19 +890,6 @@ def _mma_split_kernel(
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
     h0 = (pid_bh % num_head_blocks) * BLOCK_H
-    single = 0
-    b_part = b
-    if TAIL:
-        # The partial last wave (tm_tail_split), one head block (H <= BLOCK_H): programs
-        # below n_full are the full waves' tokens, whole (tiles_per_split: all tiles); the rest
-        # num_splits pieces of tail_tiles tiles of each later token, in token order.
-        r = tl.maximum(pid_bh - n_full, 0)
-        single = pid_bh < n_full
-        b_part = r // num_splits
-        b = tl.where(single, pid_bh, n_full + b_part)
-        split = tl.where(single, 0, r % num_splits)
-        tiles_per_split = tl.where(single, tiles_per_split, tail_tiles)
-        h0 = 0
 
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
     if SKIP_PACKED:
@@ -1003,7 +943,7 @@ def _mma_split_kernel(
                     SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                     stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                     SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
-                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False, single, b_part, TAIL,
+                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False,
                 )  # fmt: skip
     else:
         if RUN_BF16_P and TOKEN_MAJOR:
@@ -1016,7 +956,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
-                FMT, E_FMT, single, b_part, TAIL,
+                FMT, E_FMT,
             )  # fmt: skip
         elif RUN_BF16_P:
             _split_heads(
@@ -1028,7 +968,7 @@ def _mma_split_kernel(
                 SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
                 stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
                 SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
-                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False, single, b_part, TAIL,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False,
             )  # fmt: skip
 
 
@@ -1425,12 +1365,6 @@ class MMARow(NamedTuple):
     prefill_tm_num_warps: int = 0
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
-    # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: no tail
-    # split). With them the rule sees a partial last wave: the tokens past the last full wave
-    # (SMs x these programs) are run by a second launch with several splits each (the
-    # combine after), so that they fill the last wave's slots (TM_TAIL_*).
-    prefill_tm_programs_per_sm: int = 0
-    prefill_tm16_programs_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1453,10 +1387,8 @@ MMA_ROWS: dict[str, MMARow] = {
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
-    # Their partial last wave (T1024 H8: 1,024 programs on 660 slots, the second wave 55%
-    # full) split: the tokens past the full waves run with TM_TAIL splits each (v20).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1508,11 +1440,6 @@ class MMAConfig(NamedTuple):
     token_major: bool = False
     exact_block_n: int = 0
     exact_num_warps: int = 0
-    # Token-major calls with a partial last wave: the last tail_tokens query tokens run in a
-    # second per-token launch with tail_splits splits each (and the combine over them); the
-    # others with num_splits (0 / 1: no tail launch).
-    tail_tokens: int = 0
-    tail_splits: int = 0
 
 
 MAX_SPLITS = 64
@@ -1542,13 +1469,6 @@ PACK_MAX_TOKENS = 8
 # alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
 PACK_PLAN_MAXNREG = 128
-# The token-major launch's partial last wave (tm_tail_split): at most this many splits per
-# tail token; a tail piece costs its tiles plus TM_TAIL_PIECE_TILES (q^T load, the partial's
-# store) and the tail launch TM_TAIL_LAUNCH_TILES once (its launch, the combine), in tile-times
-# of one program; a split is taken only where it costs fewer tile-times than one more wave.
-TM_TAIL_MAX_SPLITS = 8
-TM_TAIL_PIECE_TILES = 1
-TM_TAIL_LAUNCH_TILES = 2
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
 # PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
 # H8 dual, 464 against 383 µs), so the margin is wide.
@@ -1612,13 +1532,6 @@ def mma_config(
         exact_block_n = exact_warps = 0
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
-    tail_tokens = tail_splits = 0
-    if token_major and not pv_split and splits == 1:
-        per_sm = row.prefill_tm_programs_per_sm
-        if block_h == 16:
-            per_sm = row.prefill_tm16_programs_per_sm or per_sm
-        # token-major blocks hold all of H <= 16 heads: one program per token
-        tail_tokens, tail_splits = tm_tail_split(B, sm_count * per_sm, tiles)
     pack = 0
     if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
@@ -1627,32 +1540,8 @@ def mma_config(
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
-        exact_warps, tail_tokens, tail_splits,
+        exact_warps,
     )  # fmt: skip
-
-
-def tm_tail_split(programs: int, slots: int, tiles: int) -> tuple[int, int]:
-    """(tail programs, their splits) for a one-split launch of `programs` equal programs of
-    `tiles` tiles on `slots` resident slots, or (0, 0). The programs past the last full wave
-    (a partial wave that costs a whole program's time) are cut into s pieces of ceil(tiles / s)
-    tiles each, the s that takes fewest tile-times over the slots: ceil(tail x s / slots)
-    rounds of (ceil(tiles / s) + TM_TAIL_PIECE_TILES), plus TM_TAIL_LAUNCH_TILES. Only after
-    at least one full wave (the tail launch runs after the full waves' launch), each piece at
-    least EXACT_CONCURRENT_MIN_TILES tiles. Pure: from shapes, no device read."""
-    if slots <= 0 or programs < slots:
-        return 0, 0
-    tail = programs % slots
-    if tail == 0:
-        return 0, 0
-    best_s, best = 1, tiles + TM_TAIL_PIECE_TILES
-    for s in range(2, TM_TAIL_MAX_SPLITS + 1):
-        piece = triton.cdiv(tiles, s)
-        if piece < EXACT_CONCURRENT_MIN_TILES:
-            break
-        cost = triton.cdiv(tail * s, slots) * (piece + TM_TAIL_PIECE_TILES) + TM_TAIL_LAUNCH_TILES
-        if cost < best:
-            best_s, best = s, cost
-    return (tail, best_s) if best_s > 1 else (0, 0)
 
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
@@ -1836,18 +1725,9 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
-    # The partial last wave (tm_tail_split): one launch whose first n_full programs are the
-    # full waves' tokens (one split, final store) and whose other programs are the last
-    # tail_tokens tokens' tail_splits pieces (partials, the combine over those tokens after).
-    tail = cfg.tail_tokens if 1 < cfg.tail_splits and 0 < cfg.tail_tokens < B else 0
-    n_full = B - tail
-    if tail:
-        assert splits == 1 and cfg.block_h >= H and max(cfg.exact_block_h, 16) >= H
-        splits = cfg.tail_splits
     if splits > 1:
-        rows = tail or B
-        part_o = torch.empty(rows, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(rows, H, splits, dtype=torch.float32, device=q.device)
+        part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
     else:
         part_o, part_lse = common["O_ptr"], common["LSE_ptr"]  # unused
     # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
@@ -1894,38 +1774,29 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
         # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
-        grid = (B * triton.cdiv(H, block_h), splits)
-        tail_tiles = 0
-        if tail:  # the full tokens' programs take every tile, the tail's pieces tail_tiles
-            tail_tiles, tiles_per_split = tiles_per_split, _tiles(topk, e_topk, block_n)
-            grid = (n_full + tail * splits, 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
-            _mma_split_kernel[grid](
+            _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
                 tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
-                H=H, num_splits=splits, n_full=n_full, tail_tiles=tail_tiles, **flags,
+                H=H, num_splits=splits, **flags,
                 SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n,
                 DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
                 NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                TAIL=bool(tail), num_warps=warps, num_stages=stages,
+                num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)
         block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
-        # with a tail: its tokens' rows only (views from token n_full on)
-        o, lse = (
-            common["O_ptr"][n_full if tail else 0 :],
-            common["LSE_ptr"][n_full if tail else 0 :],
-        )
-        _combine_kernel[((tail or B) * H, HEAD_DIM // block_d)](
+        _combine_kernel[(B * H, HEAD_DIM // block_d)](
             part_o, part_lse, common["SINK_ptr"], common["stride_sink"],
-            o, common["stride_ob"], common["stride_oh"], lse, common["stride_lb"],
-            common["stride_lh"], H, splits,
+            common["O_ptr"], common["stride_ob"], common["stride_oh"],
+            common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
+            H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
         )  # fmt: skip

@@ -83,7 +83,6 @@ def compile_kernel(
         TOKEN_MAJOR=token_major,
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
         SKIP_PACKED=token_major,
-        TAIL=False,  # the tail launch's build: the same loop, both stores (v20)
     )  # fmt: skip
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):

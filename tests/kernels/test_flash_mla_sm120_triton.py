@@ -636,57 +636,6 @@ def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, 
     _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
 
 
-def test_tm_tail_split_rule():
-    """The token-major launch's partial last wave (v20): tokens past the last full wave split,
-    only where a split beats one more round; from shapes only."""
-    assert fl.tm_tail_split(1024, 660, 40) == (364, 5)  # 1.55 waves: 3 rounds of 9 vs 41
-    assert fl.tm_tail_split(2048, 660, 40) == (68, 8)
-    assert fl.tm_tail_split(4096, 660, 40) == (136, 4)
-    assert fl.tm_tail_split(1024, 264, 20) == (0, 0)  # last wave 88% full: no split pays
-    assert fl.tm_tail_split(500, 660, 40) == (0, 0)  # no full wave
-    assert fl.tm_tail_split(1320, 660, 40) == (0, 0)  # whole waves
-    assert fl.tm_tail_split(1024, 660, 6) == (0, 0)  # pieces would be under 3 tiles
-    pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
-    assert (pf.token_major, pf.num_splits, pf.tail_tokens, pf.tail_splits) == (True, 1, 364, 5)
-    assert fl.mma_config((9, 0), 132, 1024, 16, 128, 512).tail_splits == 0
-    assert fl.mma_config((9, 0), 132, 4096, 16, 128, 512)[-2:] == (136, 5)
-    assert fl.mma_config((9, 0), 132, 256, 8, 128, 512).tail_splits == 0  # not token-major
-    assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0).tail_splits == 0  # decode
-    assert fl.mma_config((12, 0), 188, 2048, 8, 128, 512).tail_splits == 0  # sm_120 row
-    assert fl.mma_config(None, 2, 1024, 8, 128, 512).tail_splits == 0  # interpreter
-    small = fl.mma_config((9, 0), 132, 1024, 8, 64, 64)  # pv_split: head-major, no tail
-    assert small.pv_split and small.tail_splits == 0
-
-
-# (id, T, H, tail tokens, tail splits, make_inputs kwargs, exact: (below, mode))
-TM_TAIL_CASES = [
-    ("h8-dual-sink-tail2x3", 6, 8, 2, 3, dict(_TM, with_sink=True), None),
-    ("h16-single-tail1x2", 3, 16, 1, 2, dict(topk=_TM["topk"], page_size=16), None),
-    ("h8-partial-concurrent-tail3x2", 6, 8, 3, 2,
-     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
-    ("h5-no-sink-tail5x4", 6, 5, 5, 4, dict(_TM), None),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "case_id,T,H,tail,tail_splits,kw,exact", TM_TAIL_CASES, ids=[c[0] for c in TM_TAIL_CASES]
-)
-def test_token_major_tail_launch_matches_reference(case_id, T, H, tail, tail_splits, kw, exact):
-    """The partial last wave (v20): one launch whose first T - tail programs are whole tokens
-    (final store) and whose others are the tail tokens' pieces (partials), the combine over
-    the tail tokens only, the exact PV for few-token requests beside it (the same program
-    map): every row written and accurate."""
-    inputs = ref.make_inputs(T, H, device=DEVICE, seed=_seed(case_id), **kw)
-    below, mode = exact or (0, "second")
-    block_h = 8 if H <= 8 else 16
-    cfg = MMAConfig(block_h, 16, 1, 2, 1)._replace(
-        token_major=True, pv_split_below=below, exact_block_h=16,
-        exact_concurrent=mode == "concurrent", exact_block_n=32, exact_num_warps=4,
-        tail_tokens=tail, tail_splits=tail_splits,
-    )  # fmt: skip
-    _run_and_check(inputs, "mma", cfg)
-
-
 @pytest.mark.parametrize("layouts", [("v41", None), ("v41", "v41_fp4")])
 def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts):
     """A DSv4.1 cache (either one) takes the head-major loop even under a token-major config
@@ -821,24 +770,6 @@ def _packed_config(T, H, topk, e_topk, G):
     return fl._device_mma_config(torch.device(DEVICE), T, H, topk, e_topk)._replace(
         pack_tokens=G, pv_split=False
     )
-
-
-def test_packed_groups_with_tail_launch(monkeypatch):
-    """Share rows with a tail (v20): the plan's packed tokens' programs and pieces exit, the
-    combine writes the tail's rows, the packed launch then overwrites its own."""
-    T, H = 16, 8
-    kw = dict(_PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16))
-    inputs = _share_inputs(T, H, _seed("pack-tail"), share=8, with_sink=True, **kw)
-    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], 8)._replace(
-        tail_tokens=6, tail_splits=2
-    )
-    seen = _spy_plans(monkeypatch)
-    _run_and_check(inputs, "mma", cfg)
-    assert sum(seen[0]) >= 1, seen
-    # own rows (the production own-token path): nothing packed, the two launches write all
-    own = ref.make_inputs(T, H, device=DEVICE, seed=_seed("pack-tail-own"), with_sink=True, **kw)
-    _run_and_check(own, "mma", cfg)
-    assert seen[1] == [0, 0], seen
 
 
 def _spy_plans(monkeypatch):
