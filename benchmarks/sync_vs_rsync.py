@@ -256,7 +256,12 @@ class Bench:
         if tool == "floor":
             return  # it reads rsync's folders and keeps nothing
         local = self.local(case, "rsync" if tool == "rsync-c" else tool)
-        if op == "pull_cold":
+        if op == "pull_cold" and tool in KEPT_TOOLS:
+            # Everything but the kept session's socket folder, which lives in the workspace
+            # when $XDG_RUNTIME_DIR is unusable: removing it retires the holder (by design),
+            # so the kept column would time a new session, not a cold pull through one.
+            _empty_except(local, local / ".kerneldev" / "sessions")
+        elif op == "pull_cold":
             shutil.rmtree(local)
             local.mkdir()
         elif op == "push_cold":
@@ -389,6 +394,19 @@ def _alias(case: str) -> str:
 def _copy_tree(src: Path, dst: Path) -> None:
     for p in src.iterdir():
         shutil.copy2(p, dst / p.name)
+
+
+def _empty_except(folder: Path, keep: Path) -> None:
+    """Remove everything under `folder` but `keep` (and the folders that lead to it)."""
+    for p in folder.iterdir():
+        if p == keep:
+            continue
+        if p.is_dir() and not p.is_symlink() and keep.is_relative_to(p):
+            _empty_except(p, keep)
+        elif p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
 
 
 def _tree(folder: Path) -> dict[str, str]:
