@@ -7,17 +7,19 @@ each (docs/benchmarks.md, issue 23 round 3). An `AgentChain` sends them all at o
 opened `after` the one before (`hostside/agent.py`): the host starts a step only when the
 previous one exited with status 0, so every guarantee keeps its order and its check, on the
 host - the marker is written before any backup, the backups are checked against the planned
-sha256 (`copyfiles.py`'s `expect`) before any upload starts, each file's compare-and-swap
-runs right before its rename, and the record is appended only when every file landed
+sha256 (`copyfiles.py`'s `expect`) before any file of the upload is renamed (a `copy_on_host`
+followed by `put_files` is one host process: the backups in a thread while the bytes land in
+temporary files, `receivefiles.py`'s `backups`), each file's compare-and-swap runs right
+before its rename, and the record is appended only when every file landed
 (`receivefiles.py` exits 1 otherwise). The client then reads the answers in the same order
 and raises what the single operations would have raised.
 
 The client may be gone while the host still runs the chain (a cut connection: the agent sees
 the end of its stdin only later), and another command may take its lock over meanwhile (a
 stale lock). So with `hold(lock)` every step checks, on the host, that the lock file still
-holds this command's token right before it acts - before each file is begun and again before
-its rename (marker, backups, upload: `receivefiles.py`, `copyfiles.py`), before the record's
-append (`append_text`) - and stops the chain otherwise; its answer raises `LockLostError`.
+holds this command's token right before it acts - when it begins and again before each rename
+(marker, backups, upload: `receivefiles.py`, `copyfiles.py`), before the record's append
+(`append_text`) - and stops the chain otherwise; its answer raises `LockLostError`.
 
 Whatever stops the client on the way (a failed step, Ctrl-C, a read error), leaving the
 `with` block settles the chain before the error goes on: the steps not started yet are
