@@ -24,8 +24,12 @@ import struct
 import sys
 
 SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
-if "holds" not in globals():  # run or imported here, not on the host
-    from kerneldev.hostside.hostcommon import holds
+if "holds" not in globals():  # imported or run here (on the host it is sent ahead)
+    try:
+        from kerneldev.hostside.hostcommon import holds
+    except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
+            exec(compile(f.read(), f.name, "exec"))  # noqa: S102
 
 LOCK_LOST = "kerneldev: lock taken over:"
 LOCK_LOST_EXIT = 75

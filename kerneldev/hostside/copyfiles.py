@@ -29,11 +29,16 @@ Standard library only, Python 3.6 compatible; imports nothing of kerneldev on th
 """
 
 import json
+import os
 import sys
 
 SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
-if "copy_all" not in globals():  # run or imported here, not on the host
-    from kerneldev.hostside.hostcommon import CopyFailed, copy_all
+if "copy_all" not in globals():  # imported or run here (on the host it is sent ahead)
+    try:
+        from kerneldev.hostside.hostcommon import CopyFailed, copy_all
+    except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
+            exec(compile(f.read(), f.name, "exec"))  # noqa: S102
 
 
 def main():
