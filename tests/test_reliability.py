@@ -236,9 +236,10 @@ def _host_as_before(root: Path, live: dict[str, bytes], history_before: str | No
 
 def test_a_push_through_the_agent_is_one_round_trip_after_its_scan(ssh_env, monkeypatch):
     """After the scan (which takes the lock and reads the history), every later step - the
-    marker, the backups, the upload, the record with the marker's removal and the lock's
-    release - is sent before any answer is awaited, each opened `after` the one before; no
-    other request (no history read, no separate unlock)."""
+    marker, the backups with the upload (one host process: `receivefiles.py`'s `backups`), the
+    record with the marker's removal and the lock's release - is sent before any answer is
+    awaited, each opened `after` the one before; no other request (no history read, no
+    separate unlock)."""
     from kerneldev.hosts.transport import agent_client
 
     host = ssh_env
@@ -267,9 +268,9 @@ def test_a_push_through_the_agent_is_one_round_trip_after_its_scan(ssh_env, monk
     result = _pushed_with_the_lock(host)
     assert result.deployed == list(FILES)
     opens = [e for e in events if e[0] == "open"]
-    assert len(opens) == 5, opens  # the scan, then the chain of four
-    scan, marker, copy, upload, record = (e[1] for e in opens)
-    assert [e[2] for e in opens] == [None, None, marker, copy, upload]
+    assert len(opens) == 4, opens  # the scan, then the chain of three
+    scan, marker, upload, record = (e[1] for e in opens)
+    assert [e[2] for e in opens] == [None, None, marker, upload]
     chain_sent = events.index(opens[-1])
     assert not [e for e in events[:chain_sent] if e[0] == "wait" and e[1] != scan], events
     history_lines = (root / history.HISTORY_FILE).read_text().splitlines()
@@ -293,32 +294,45 @@ def _opened_requests(monkeypatch) -> list:
     return opened
 
 
-def test_backups_failing_on_the_host_stop_the_chain_before_any_upload(ssh_env, monkeypatch):
-    """The upload's bytes are already on their way when the backups fail on the host: the
-    upload never starts, nor the record; the host is as before, the lock released."""
+def test_backups_failing_on_the_host_stop_the_chain_before_any_rename(ssh_env, monkeypatch):
+    """The upload's bytes are already on their way, and land in temporary files, while the
+    backups are made in the same host process: when a backup fails, no file is renamed (the
+    temporary files are removed), no record is appended; the host is as before, the lock
+    released, and the error is the copy's."""
     from kerneldev.hosts.transport import hostscripts
+    from kerneldev.hostside import receivefiles
 
     host = ssh_env
     root, ws = _seed_and_pull(host)
     live = {p: (root / p).read_bytes() for p in FILES}
     for path in FILES:
         (ws / path).write_bytes(b"mine " + path.encode() + b"\n")
-    failing = "import sys\nsys.stdin.buffer.read()\nsys.exit('copyfiles: copy x: No space left')\n"
-    monkeypatch.setitem(hostscripts._SOURCES, "kerneldev.hostside.copyfiles", failing)
+    # The second backup fails (a disk full, say), after the first one was made.
+    source = hostscripts.script(receivefiles)
+    failing = source.replace(
+        '            step = "rename to " + dst\n',
+        "            if i == 1:\n"
+        "                raise OSError(28, 'No space left on device')\n"
+        '            step = "rename to " + dst\n',
+        1,
+    )
+    assert failing != source
+    monkeypatch.setitem(hostscripts._SOURCES, "kerneldev.hostside.receivefiles", failing)
     opened = _opened_requests(monkeypatch)
     with pytest.raises(KerneldevError, match="No space left") as caught:
         _pushed_with_the_lock(host)
     assert "Deployed: (none)" in caught.value.message
-    scan, marker, copy, upload, record = opened[:5]
-    assert [p.skipped for p in (marker, copy, upload, record)] == [False, False, True, True]
+    scan, marker, upload, record = opened[:4]
+    assert [p.skipped for p in (marker, upload, record)] == [False, False, True]
+    assert upload.status == 1
     _host_as_before(root, live, None)
     assert not load_state(ws).deploys
 
 
 def test_a_backup_that_is_not_the_planned_bytes_stops_the_chain(ssh_env, monkeypatch):
     """Live changes between the plan and its backup (someone at work on the host, without the
-    lock): the copy's sum is checked on the host, so the upload, already sent, never starts
-    and nothing is replaced."""
+    lock): the copy's sum is checked on the host, so no file of the upload, already sent, is
+    renamed and nothing is replaced; no record is appended."""
     host = ssh_env
     root, ws = _seed_and_pull(host)
     for path in FILES:
@@ -332,8 +346,8 @@ def test_a_backup_that_is_not_the_planned_bytes_stops_the_chain(ssh_env, monkeyp
     opened = _opened_requests(monkeypatch)
     with pytest.raises(RefusedError, match="k/b.py changed on the host while deploying"):
         _pushed_with_the_lock(host, on_plan=meddle)
-    upload = opened[3]
-    assert upload.skipped, "the upload started after a backup that is not the planned bytes"
+    upload, record = opened[2:4]
+    assert upload.status == 1 and record.skipped, "a file renamed after a wrong backup"
     _host_as_before(root, live, None)
     assert not load_state(ws).deploys
 

@@ -14,7 +14,8 @@ of CPU and 30-45 ms on the measured host: docs/benchmarks.md, issue 23 round 6):
   - with `release` (`{"path", "token"}`): that lock file is removed when it holds the token
     (never another command's lock; a failure here is ignored, as the shell's `; true`).
 A failed append or removal: its error on stderr, exit 1, nothing after it done.
-Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
+Standard library only, Python 3.6 compatible; imports nothing of kerneldev on the host, where
+`hostscripts.script` sends `hostcommon.py`'s source (the lock check, `holds`) ahead of this one.
 """
 
 import json
@@ -22,17 +23,16 @@ import os
 import struct
 import sys
 
+SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
+if "holds" not in globals():  # imported or run here (on the host it is sent ahead)
+    try:
+        from kerneldev.hostside.hostcommon import holds
+    except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
+            exec(compile(f.read(), f.name, "exec"))  # noqa: S102
+
 LOCK_LOST = "kerneldev: lock taken over:"
 LOCK_LOST_EXIT = 75
-
-
-def holds(lock):
-    """The lock file holds the token (as `receivefiles.check_lock`)."""
-    try:
-        with open(lock["path"], "rb") as f:
-            return lock["token"].encode("ascii") in f.read(1 << 16)
-    except OSError:
-        return False
 
 
 def read_all(inp, n):

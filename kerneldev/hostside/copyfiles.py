@@ -17,99 +17,43 @@ exits 1; the items before it stay copied, as with the shell script. With `"expec
 request (one sha256 per item), a copy whose sum is not the expected one is printed and then
 ends the run the same way (exit 1, `copyfiles: mismatch <index>`): a push's backups are
 checked on the host, so that an upload sent `after` them never starts on a bad backup.
-With `"lock": {"path", "token"}`, the host lock file must still hold that token before each
-item is begun and again right before its rename; else that item's `tmp` is removed and the run
-ends (exit 1, `copyfiles: lock taken over: <why>`): a push's chain left by its client (a cut
-connection) creates no backup once its lock was taken over.
+With `"lock": {"path", "token"}`, the host lock file must still hold that token when the run
+begins and again right before each rename; else that item's `tmp` is removed and the run ends
+(exit 1, `copyfiles: lock taken over: <why>`): a push's chain left by its client (a cut
+connection) creates no backup once its lock was taken over. (Each item's check as it began came
+right after the previous item's check before its rename: one read of the lock file a file.)
+The work is `hostcommon.copy_all`, shared with `receivefiles.py`'s backups.
 
-Standard library only, Python 3.6 compatible; imports nothing of kerneldev.
+Standard library only, Python 3.6 compatible; imports nothing of kerneldev on the host, where
+`hostscripts.script` sends `hostcommon.py`'s source ahead of this one.
 """
 
-import errno
-import hashlib
 import json
 import os
-import stat
 import sys
 
-CHUNK = 1 << 20
-
-
-class LockLost(Exception):
-    pass
-
-
-def check_lock(lock):
-    """As `receivefiles.check_lock` (a copy: each script is sent alone)."""
-    if lock is None:
-        return
+SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
+if "copy_all" not in globals():  # imported or run here (on the host it is sent ahead)
     try:
-        with open(lock["path"], "rb") as f:
-            held = lock["token"].encode("ascii") in f.read(1 << 16)
-    except OSError:
-        held = False
-    if not held:
-        raise LockLost("the lock %s no longer holds this command's token" % lock["path"])
-
-
-def copy_item(src, tmp):
-    """Copy `src` to `tmp` as `cp -p` does; returns the sha256 of the bytes written."""
-    st = os.stat(src)
-    digest = hashlib.sha256()
-    with open(src, "rb") as source, open(tmp, "xb") as target:
-        for block in iter(lambda: source.read(CHUNK), b""):  # noqa: B023
-            target.write(block)
-            digest.update(block)
-    try:
-        os.chown(tmp, st.st_uid, st.st_gid)
-    except OSError as err:
-        if os.geteuid() == 0 or err.errno not in (errno.EPERM, errno.EINVAL):
-            raise
-    os.chmod(tmp, stat.S_IMODE(st.st_mode))
-    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
-    return digest.hexdigest()
+        from kerneldev.hostside.hostcommon import CopyFailed, copy_all
+    except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
+            exec(compile(f.read(), f.name, "exec"))  # noqa: S102
 
 
 def main():
     request = json.loads(sys.stdin.buffer.read().decode("utf-8"))
-    expect = request.get("expect")
-    lock = request.get("lock")
     out = sys.stdout
-    made = set()  # folders already created (one makedirs per folder, not per file)
-    for i, (src, tmp, dst) in enumerate(request["items"]):
-        folder = os.path.dirname(dst)
-        step = "create folder " + folder
-        try:
-            check_lock(lock)
-            if folder not in made:
-                os.makedirs(folder, exist_ok=True)
-                made.add(folder)
-            step = "copy " + src
-            sha = copy_item(src, tmp)
-            step = "rename to " + dst
-            check_lock(lock)
-            os.rename(tmp, dst)
-        except LockLost as err:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            out.flush()
-            sys.stderr.write("copyfiles: lock taken over: %s\n" % err)
-            sys.exit(1)
-        except OSError as err:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            out.flush()
-            sys.stderr.write("copyfiles: %s: %s\n" % (step, err.strerror or err))
-            sys.exit(1)
+
+    def done(i, sha):
         out.write("%d %s\n" % (i, sha))
-        if expect is not None and sha != expect[i]:
-            out.flush()
-            sys.stderr.write("copyfiles: mismatch %d\n" % i)
-            sys.exit(1)
+
+    try:
+        copy_all(request["items"], request.get("expect"), request.get("lock"), done)
+    except CopyFailed as err:
+        out.flush()
+        sys.stderr.write(err.message + "\n")
+        sys.exit(1)
     out.flush()
 
 

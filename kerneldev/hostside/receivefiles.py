@@ -14,12 +14,23 @@ allowed); then, when `check` is set, the live file is hashed again and must stil
 target. A temporary file never outlives a failure or an abort.
 
 With `"lock": {"path", "token"}` in the request (a push's steps through the host agent), the
-host lock file must still hold that token before each file is begun and again right before its
+host lock file must still hold that token when the run begins and again right before each
 rename: a chain the client left (a cut connection) must not act once its lock was taken over
 by another command. Else the file is dropped and reported with `"reason": "lock"`.
 
+With `"backups": {"items", "expect"}` (a push's backups, `AgentChain` folds its `copy_on_host`
+into the upload that follows it), `copyfiles.py`'s work (`hostcommon.copy_all`) runs in a thread
+while the files' bytes land in their temporary files, and no file is renamed before every
+backup is made and its sum is the expected one: a file written meanwhile waits, and is renamed
+(its compare-and-swap and lock check right before, as any) once they are. The backups' lines
+(`<index> <sha256>`, as `copyfiles.py` prints them, then `backups ok`) come on stdout, their
+failure on stderr as `copyfiles.py` says it; a failed backup drops every file written and
+reports the first with `"reason": "backup"`. The backups' folders and the live tree are two
+folders: their new files are created side by side (on a disk where each new inode is slow,
+half the time of one after the other: docs/benchmarks.md, issue 23 round 7).
+
 One JSON line per file on stdout: `{"i": n, "ok": true, "sha256", "size"}` once it is renamed,
-or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"lock"|"error", "error": text}`;
+or `{"i": n, "ok": false, "reason": "changed"|"aborted"|"lock"|"backup"|"error", "error": text}`;
 after the first failure nothing more is written or read, and the exit status is 1 (0: every
 file landed), so a request the host agent runs `after` this one starts only when all did.
 
@@ -27,7 +38,8 @@ SIGINT (the client's Ctrl-C, when every record is already on its way) stops it a
 safe point - between two reads of a file's bytes, or right before a rename - as an `A` record
 would: the file being written is dropped and reported aborted. So a file is renamed if and
 only if its report line says so.
-Standard library only, Python 3.6 compatible.
+Standard library only, Python 3.6 compatible; imports nothing of kerneldev on the host, where
+`hostscripts.script` sends `hostcommon.py`'s source ahead of this one.
 """
 
 import hashlib
@@ -37,6 +49,14 @@ import signal
 import stat
 import struct
 import sys
+
+SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
+if "copy_all" not in globals():  # imported or run here (on the host it is sent ahead)
+    try:
+        from kerneldev.hostside.hostcommon import CopyFailed, LockLost, check_lock, copy_all
+    except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
+            exec(compile(f.read(), f.name, "exec"))  # noqa: S102
 
 CHUNK = 1 << 20
 HEADER = struct.Struct(">cQ")
@@ -60,24 +80,6 @@ def check_stop():
 
 class Changed(Exception):
     pass
-
-
-class LockLost(Exception):
-    pass
-
-
-def check_lock(lock):
-    """The host lock (`{"path", "token"}`, None: none to check) still holds our token: no other
-    command took it over since. Also `copyfiles.py`'s, which cannot import this."""
-    if lock is None:
-        return
-    try:
-        with open(lock["path"], "rb") as f:
-            held = lock["token"].encode("ascii") in f.read(1 << 16)
-    except OSError:
-        held = False
-    if not held:
-        raise LockLost("the lock %s no longer holds this command's token" % lock["path"])
 
 
 def discard(path):
@@ -189,14 +191,20 @@ def replaced(stat_of, path, mode):
 
 
 def receive(inp, item, mark, out=None, made=None, lock=None, release=None):
-    """Land one file; returns (sha256, size) of what was written, raises on failure. With
-    `confirm` set, once the bytes are written a `{"i": n, "written": true}` line goes to `out`
-    and one `R` record (rename) must follow, else the file is dropped: the client's own
-    compare-and-swap check runs in between (`Transport.put_file`'s `before_rename`).
-    `made`: the folders this run created (or found) already, one makedirs each. `lock`: checked
-    before anything is written and right before the rename (`check_lock`). `release`: a
-    `Release` that closes the replaced file, read by the compare-and-swap, after the rename."""
-    check_lock(lock)
+    """Land one file (`write_temp`, then `swap`); returns (sha256, size) of what was written,
+    raises on failure."""
+    path, tmp, sha, size = write_temp(inp, item, mark, out, made)
+    swap(item, path, tmp, lock, release)
+    return sha, size
+
+
+def write_temp(inp, item, mark, out=None, made=None):
+    """A file's bytes, from its records, into a new temporary file next to its target; returns
+    (target, temporary file, sha256, size). With `confirm` set, once the bytes are written a
+    `{"i": n, "written": true}` line goes to `out` and one `R` record (rename) must follow, else
+    the file is dropped: the client's own compare-and-swap check runs in between
+    (`Transport.put_file`'s `before_rename`). `made`: the folders this run created (or found)
+    already, one makedirs each. The temporary file never outlives a failure here."""
     path = item["path"]
     if os.path.islink(path):
         path = os.path.realpath(path)
@@ -237,6 +245,19 @@ def receive(inp, item, mark, out=None, made=None, lock=None, release=None):
             kind, _ = HEADER.unpack(read_exact(inp, HEADER.size))
             if kind != b"R":
                 raise Aborted("aborted by the client")
+    except BaseException:
+        discard(tmp)
+        raise
+    return path, tmp, digest.hexdigest(), size
+
+
+def swap(item, path, tmp, lock=None, release=None):
+    """Rename `tmp` over `path`: when `check` is set, the live file must still be `expect` (the
+    compare-and-swap, read right before), the client must not have asked to stop, and `lock`
+    must still hold our token (`check_lock`), all right before the rename. `release`: a
+    `Release` that closes the replaced file, read by the compare-and-swap, after the rename.
+    On any failure `tmp` is removed."""
+    try:
         held = [] if release is not None else None
         try:
             if item["check"] and sha256_of(path, held) != item["expect"]:
@@ -250,42 +271,164 @@ def receive(inp, item, mark, out=None, made=None, lock=None, release=None):
     except BaseException:
         discard(tmp)
         raise
-    return digest.hexdigest(), size
+
+
+class Backups:
+    """A push's backups (`hostcommon.copy_all` of the request's `backups`) made in a thread
+    while the files land; `finish` waits for them and reports them, once. SIGINT (`STOPPED`)
+    stops them before their next item, as it stops the landing."""
+
+    def __init__(self, request, lock):
+        import threading
+
+        self.lines = []
+        self.error = None
+        self.reported = False
+        self.thread = threading.Thread(
+            target=self._run, args=(request["items"], request.get("expect"), lock)
+        )
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self, items, expect, lock):
+        try:
+            copy_all(items, expect, lock, self._done, lambda: bool(STOPPED))
+        except CopyFailed as err:
+            self.error = err.message
+        except BaseException as err:  # noqa: BLE001 - said as copyfiles.py would, on stderr
+            self.error = "copyfiles: %s" % (err,)
+
+    def _done(self, i, sha):
+        self.lines.append("%d %s\n" % (i, sha))
+
+    def finish(self, out):
+        """Wait for the backups; the first time, their lines to `out` (`backups ok` when all
+        were made as expected) or their error to stderr. True when all were."""
+        self.thread.join()
+        if not self.reported:
+            self.reported = True
+            out.write("".join(self.lines) + ("backups ok\n" if self.error is None else ""))
+            out.flush()
+            if self.error is not None:
+                sys.stderr.write(self.error + "\n")
+                sys.stderr.flush()
+        return self.error is None
 
 
 def main():
     signal.signal(signal.SIGINT, _stop)
-    inp, out = sys.stdin.buffer, sys.stdout
+    # Unbuffered: whether more bytes wait is then what select() says (`wait_for_bytes`).
+    inp, out = getattr(sys.stdin.buffer, "raw", sys.stdin.buffer), sys.stdout
     (length,) = struct.unpack(">Q", read_exact(inp, 8))
     request = json.loads(read_exact(inp, length).decode("utf-8"))
     made = set()
     release = Release()
+    backups = None
+    if request.get("backups") is not None:
+        backups = Backups(request["backups"], request.get("lock"))
     try:
-        return land_all(inp, out, request, made, release)
+        return land_all(inp, out, request, made, release, backups)
     finally:
-        release.finish()
-
-
-def land_all(inp, out, request, made, release):
-    for i, item in enumerate(request["files"]):
         try:
-            item = dict(item, i=i)
-            lock = request.get("lock")
-            sha, size = receive(inp, item, request["mark"], out, made, lock, release)
-            line = {"i": i, "ok": True, "sha256": sha, "size": size}
-        except Changed:
-            line = {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}
-        except Aborted as err:
-            line = {"i": i, "ok": False, "reason": "aborted", "error": str(err)}
-        except LockLost as err:
-            line = {"i": i, "ok": False, "reason": "lock", "error": str(err)}
-        except OSError as err:
-            line = {"i": i, "ok": False, "reason": "error", "error": err.strerror or str(err)}
+            if backups is not None:
+                backups.finish(out)  # made, or stopped (SIGINT), before the process ends
+        finally:
+            release.finish()
+
+
+def wait_for_bytes(inp, backups):
+    """Until the next bytes of the stream are there or the backups are made (or SIGINT): files
+    written meanwhile are renamed as soon as the backups allow, also when the client sends
+    the next file only once it saw this one land."""
+    try:
+        fd = inp.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a pipe (run in-process): read on
+    import select
+
+    while backups.thread.is_alive() and not STOPPED:
+        if select.select([fd], [], [], 0.005)[0]:
+            return
+
+
+def failure(i, err):
+    """The report line of a file that did not land, for the exception that stopped it."""
+    if isinstance(err, Changed):
+        return {"i": i, "ok": False, "reason": "changed", "error": "changed on the host"}
+    if isinstance(err, Aborted):
+        return {"i": i, "ok": False, "reason": "aborted", "error": str(err)}
+    if isinstance(err, LockLost):
+        return {"i": i, "ok": False, "reason": "lock", "error": str(err)}
+    return {"i": i, "ok": False, "reason": "error", "error": err.strerror or str(err)}
+
+
+def land_all(inp, out, request, made, release, backups=None):
+    """Land each file of the request in order, one report line each; False after the first
+    failure (nothing more is read or written). With `backups`, the files written while they are
+    being made wait for them (`pending`), then are renamed in order."""
+    lock = request.get("lock")
+    mark = request["mark"]
+    pending = []  # (item, target, temporary file, sha256, size), in order
+
+    def report(line):
         out.write(json.dumps(line) + "\n")
         out.flush()
-        if not line["ok"]:
+
+    def drop_pending():
+        for entry in pending:
+            discard(entry[2])
+        del pending[:]
+
+    def rename_pending():
+        """Once the backups are made (checked), each file written so far renamed in order."""
+        if pending and backups is not None and not backups.finish(out):
+            first = pending[0][0]["i"]
+            drop_pending()
+            report({"i": first, "ok": False, "reason": "backup", "error": backups.error})
             return False
-    return True
+        while pending:
+            item, path, tmp, sha, size = pending.pop(0)
+            try:
+                swap(item, path, tmp, lock, release)
+            except (Changed, Aborted, LockLost, OSError) as err:
+                drop_pending()
+                report(failure(item["i"], err))
+                return False
+            report({"i": item["i"], "ok": True, "sha256": sha, "size": size})
+        return True
+
+    try:
+        check_lock(lock)  # then right before each rename (`swap`)
+    except LockLost as err:
+        report(failure(0, err))
+        return False
+    try:
+        for i, item in enumerate(request["files"]):
+            item = dict(item, i=i)
+            if pending:
+                wait_for_bytes(inp, backups)
+                if not backups.thread.is_alive() and not rename_pending():
+                    return False
+            try:
+                pending.append((item,) + write_temp(inp, item, mark, out, made))
+            except (Aborted, LockLost) as err:
+                # Stop at once: what waits for the backups is not renamed any more.
+                first = pending[0][0]["i"] if pending else i
+                drop_pending()
+                report(failure(first, err))
+                return False
+            except OSError as err:
+                # As one by one: the files before it land first (their checks as always).
+                if not rename_pending():
+                    return False
+                report(failure(i, err))
+                return False
+            if backups is None or not backups.thread.is_alive():
+                if not rename_pending():
+                    return False
+        return rename_pending()
+    finally:
+        drop_pending()  # whatever ended it (a broken pipe too): no temporary file outlives it
 
 
 if __name__ == "__main__":

@@ -7,17 +7,19 @@ each (docs/benchmarks.md, issue 23 round 3). An `AgentChain` sends them all at o
 opened `after` the one before (`hostside/agent.py`): the host starts a step only when the
 previous one exited with status 0, so every guarantee keeps its order and its check, on the
 host - the marker is written before any backup, the backups are checked against the planned
-sha256 (`copyfiles.py`'s `expect`) before any upload starts, each file's compare-and-swap
-runs right before its rename, and the record is appended only when every file landed
+sha256 (`copyfiles.py`'s `expect`) before any file of the upload is renamed (a `copy_on_host`
+followed by `put_files` is one host process: the backups in a thread while the bytes land in
+temporary files, `receivefiles.py`'s `backups`), each file's compare-and-swap runs right
+before its rename, and the record is appended only when every file landed
 (`receivefiles.py` exits 1 otherwise). The client then reads the answers in the same order
 and raises what the single operations would have raised.
 
 The client may be gone while the host still runs the chain (a cut connection: the agent sees
 the end of its stdin only later), and another command may take its lock over meanwhile (a
 stale lock). So with `hold(lock)` every step checks, on the host, that the lock file still
-holds this command's token right before it acts - before each file is begun and again before
-its rename (marker, backups, upload: `receivefiles.py`, `copyfiles.py`), before the record's
-append (`append_text`) - and stops the chain otherwise; its answer raises `LockLostError`.
+holds this command's token right before it acts - when it begins and again before each rename
+(marker, backups, upload: `receivefiles.py`, `copyfiles.py`), before the record's append
+(`append_text`) - and stops the chain otherwise; its answer raises `LockLostError`.
 
 Whatever stops the client on the way (a failed step, Ctrl-C, a read error), leaving the
 `with` block settles the chain before the error goes on: the steps not started yet are
@@ -104,15 +106,38 @@ class WriteStep(ChainStep):
 
 
 class CopyStep(ChainStep):
-    def __init__(self, chain: AgentChain, process: AgentProcess, pairs) -> None:
-        super().__init__(chain, process, "copying files on the host")
+    """`copy_on_host`: sent when the next step is (`process` None until then), or made by the
+    upload's own process when an upload follows (`folded`: see `AgentChain.put_files`)."""
+
+    def __init__(self, chain: AgentChain, pairs, request: dict) -> None:
+        super().__init__(chain, None, "copying files on the host")
         self.pairs = pairs
+        self.request = request
+        self.folded = False
+
+    def _folded_result(self) -> CommandResult:
+        """The backups' part of the upload's process: its `<index> <sha256>` lines, `backups
+        ok` once all were made as expected (else its error, on stderr). Waits for the process
+        to end (no file is renamed before the backups are made anyway); its output stays for
+        the upload's `result()`."""
+        self.collected = True
+        self.chain._wait_for(self.process)
+        t = self.chain.transport
+        if self.process.skipped:
+            raise TransferError(
+                f"{self.doing} on {t.host_name} did not run: {self.process.skip_reason}"
+            )
+        stdout = self.process.peek_stdout().decode("utf-8", "replace")
+        made = "backups ok" in stdout.splitlines()
+        return CommandResult(self.doing, 0 if made else 1, stdout, self.process.stderr_text())
 
     def result(self) -> dict[str, str | None]:
         """{destination: sha256} as `Transport.copy_on_host`; a copy whose sum was not the
         expected one stopped the chain and is in the sums for the caller's own check."""
         host = self.chain.transport.host_name
-        result = self._command_result()
+        if self.process is None:
+            self.chain._send_copy()
+        result = self._folded_result() if self.folded else self._command_result()
         if not result.ok and "copyfiles: lock taken over:" in result.stderr:
             why = result.stderr.split("copyfiles: lock taken over:", 1)[1].strip()
             raise lock_lost(host, "before copying the backups", why)
@@ -164,6 +189,7 @@ class AgentChain:
         self.transport = transport
         self.steps: list[ChainStep] = []
         self.lock: dict | None = None  # {"path", "token"}: see `hold`
+        self.copy: CopyStep | None = None  # the backups not sent yet: see `copy_on_host`
 
     def hold(self, lock: dict | None) -> None:
         """Every step sent from now on first checks on the host that the lock file `path`
@@ -174,6 +200,8 @@ class AgentChain:
         return self
 
     def __exit__(self, kind, err, tb) -> None:
+        if err is None and self.copy is not None:
+            self._send_copy()  # asked for, never followed: it runs (and is awaited) as asked
         if err is not None or any(not s.collected for s in self.steps):
             self.settle()
 
@@ -182,7 +210,16 @@ class AgentChain:
         return self.steps[-1].process if self.steps else None
 
     def _open(self, command: str, doing: str, python: bool, stdin: bytes | None) -> AgentProcess:
+        if self.copy is not None:
+            self._send_copy()
         return self.transport._open(command, doing, python=python, stdin=stdin, after=self._last)
+
+    def _send_copy(self) -> None:
+        """The pending `copy_on_host` sent as its own step (`copyfiles.py`)."""
+        step, self.copy = self.copy, None
+        stdin = json.dumps(step.request).encode("utf-8")
+        step.process = self._open(script(_copyfiles), "copying files on the host", True, stdin)
+        self.steps.append(step)
 
     # --- the steps --------------------------------------------------------------------------
     def write_atomic(self, path: str, data: bytes) -> WriteStep:
@@ -200,25 +237,37 @@ class AgentChain:
         return step
 
     def copy_on_host(self, pairs: list[tuple[str, str]], expect: list[str | None]) -> CopyStep:
-        """`Transport.copy_on_host`, each copy's sum checked on the host against `expect`."""
+        """`Transport.copy_on_host`, each copy's sum checked on the host against `expect`.
+        Sent with the next step: an upload (`put_files`) makes the backups in its own process
+        before it renames anything; any other step (or `result()`) sends it as its own
+        (`copyfiles.py`), as before that step."""
         items = [[src, temp_path(*posixpath.split(dst)), dst] for src, dst in pairs]
         fields: dict = {"items": items, "expect": expect}
         if self.lock is not None:
             fields["lock"] = self.lock
-        stdin = json.dumps(fields).encode("utf-8")
-        process = self._open(script(_copyfiles), "copying files on the host", True, stdin)
-        step = CopyStep(self, process, pairs)
-        self.steps.append(step)
-        return step
+        if self.copy is not None:
+            self._send_copy()
+        self.copy = CopyStep(self, pairs, fields)
+        return self.copy
 
     def put_files(
         self, items: list[PutItem], callbacks: PutFilesCallbacks, size: int
     ) -> UploadStep:
         """`Transport.put_files` of `size` bytes in all: the bytes are sent here (behind the
-        steps before, which the host finishes first); `result()` reads what landed."""
+        steps before, which the host finishes first); `result()` reads what landed. Right
+        after `copy_on_host`, the backups are made by the same process (`receivefiles.py`'s
+        `backups`): in a thread while the bytes land in their temporary files, no file renamed
+        before every backup is made and checked (the backups' folder and the live tree create
+        their new files side by side: docs/benchmarks.md, issue 23 round 7)."""
         t = self.transport
+        copy, self.copy = self.copy, None
         before = self._last
-        process = t._start_receiving(receive_items(items), after=before, lock=self.lock)
+        backups = copy.request if copy is not None else None
+        process = t._start_receiving(
+            receive_items(items), after=before, lock=self.lock, backups=backups
+        )
+        if copy is not None:
+            copy.process, copy.folded = process, True
         step = UploadStep(self, process, items, callbacks)
         self.steps.append(step)
         if before is not None and size > AHEAD_LIMIT:

@@ -108,6 +108,12 @@ class AgentProcess:
             self._stdout.clear()
             return data
 
+    def peek_stdout(self) -> bytes:
+        """Whatever stdout has arrived, left for `take_stdout` (a request two steps read:
+        `AgentChain`'s backups folded into the upload)."""
+        with self._cond:
+            return bytes(self._stdout)
+
     def iter_stdout(self, chunk: int = 1 << 20) -> Iterator[bytes]:
         """stdout in chunks until the process exits."""
         while True:

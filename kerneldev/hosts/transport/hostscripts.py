@@ -16,9 +16,16 @@ _SOURCES: dict[str, str] = {}
 
 
 def script(module: ModuleType) -> str:
-    """The source of a self-contained hostside module, to run on the host with `python3 -c`."""
+    """The source of a self-contained hostside module, to run on the host with `python3 -c`:
+    the sources of the hostside modules it names in `SHARED` (`hostcommon`), then its own
+    (which imports their names only where they are not defined yet)."""
     if module.__name__ not in _SOURCES:
-        _SOURCES[module.__name__] = Path(module.__file__).read_text(encoding="utf-8")
+        parts = [
+            Path(module.__file__).with_name(f"{name}.py").read_text(encoding="utf-8")
+            for name in getattr(module, "SHARED", ())
+        ]
+        parts.append(Path(module.__file__).read_text(encoding="utf-8"))
+        _SOURCES[module.__name__] = "\n\n".join(parts)
     return _SOURCES[module.__name__]
 
 

@@ -335,13 +335,21 @@ class AgentTransport(Transport):
             )
 
     def _start_receiving(
-        self, files: list[dict], after: AgentProcess | None = None, lock: dict | None = None
+        self,
+        files: list[dict],
+        after: AgentProcess | None = None,
+        lock: dict | None = None,
+        backups: dict | None = None,
     ) -> AgentProcess:
         """`receivefiles.py` started (`after`: see `_open`); `lock`: the host lock that must
-        still be ours before each file is begun and renamed (`AgentChain.hold`)."""
+        still be ours when it begins and before each rename (`AgentChain.hold`); `backups`:
+        `copyfiles.py`'s request, made by the same process before any file is renamed
+        (`AgentChain.put_files`)."""
         fields: dict = {"mark": TEMP_MARK, "files": files}
         if lock is not None:
             fields["lock"] = lock
+        if backups is not None:
+            fields["backups"] = backups
         request = json.dumps(fields).encode("utf-8")
         process = self._open(
             script(_receivefiles), "starting a file transfer", python=True, after=after
