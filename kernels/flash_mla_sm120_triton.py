@@ -1365,6 +1365,12 @@ class MMARow(NamedTuple):
     prefill_tm_num_warps: int = 0
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
+    # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: token-
+    # major only from PREFILL_PROGRAMS_PER_SLOT on). With them a call of one head-major wave or
+    # more (programs >= SMs x programs_per_sm) whose token-major programs fit in one round
+    # of these slots takes the token-major loop too, with as many splits as fill that round.
+    prefill_tm_programs_per_sm: int = 0
+    prefill_tm16_programs_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1387,8 +1393,12 @@ MMA_ROWS: dict[str, MMARow] = {
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
+    # From one head-major wave (132 programs) to 4: the token-major loop when its programs fit
+    # in one round of its slots (five per SM at 8 heads, two at 16: run W1, v20), splits
+    # filling that round (T256 H8: 2 splits of 20 tiles on 660 slots, against two rounds of
+    # one 16-head program per SM; v21).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1501,6 +1511,14 @@ def mma_config(
     slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
+    tm_block_h = min(16, max(8, triton.next_power_of_2(H)))
+    tm_per_sm = row.prefill_tm_programs_per_sm
+    if tm_block_h == 16:
+        tm_per_sm = row.prefill_tm16_programs_per_sm or tm_per_sm
+    tm_programs, tm_slots = B * triton.cdiv(H, tm_block_h), sm_count * tm_per_sm
+    # one head-major wave or more, and the token-major programs in one round (v21)
+    one_round = block_h <= 16 and tm_per_sm > 0 and slots <= programs and tm_programs <= tm_slots
+    prefill = prefill or (one_round and row.prefill_tm_block_n > 0 and not row.exact_in_launch)
     if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
@@ -1521,6 +1539,8 @@ def mma_config(
         block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
+    if token_major and tm_per_sm > 0:  # the token-major slots (>= 4 programs a slot: 1 split)
+        splits = max(1, min(tm_slots // tm_programs, tiles, MAX_SPLITS))
     # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
     # shapes: the requests whose valid tokens are few take it (the interpreter computes in
     # fp32 and needs neither).

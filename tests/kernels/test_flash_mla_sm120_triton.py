@@ -597,6 +597,26 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     assert (hm.block_h, hm.block_n, hm.num_warps, hm.token_major) == (16, 32, 4, False)
 
 
+def test_token_major_from_one_wave_when_one_round():
+    """From one head-major wave (SMs x programs per SM) to four, the sm_90 row runs the
+    token-major loop when its programs fit in one round of its slots (five per SM at 8 heads,
+    two at 16), splits filling that round (v21); other rows and shapes as before."""
+    tm = [fl.mma_config((9, 0), 132, B, H, 128, 512) for B, H in ((256, 8), (160, 8), (512, 8))]
+    assert [(c.token_major, c.block_h, c.num_splits) for c in tm] == [
+        (True, 8, 2), (True, 8, 4), (True, 8, 1)]  # fmt: skip
+    assert all((c.exact_block_n, c.exact_num_warps) == (32, 4) for c in tm)
+    h16 = fl.mma_config((9, 0), 132, 256, 16, 128, 512)
+    assert (h16.token_major, h16.block_h, h16.block_n, h16.num_splits) == (True, 16, 32, 1)
+    # 300 tokens of 16 heads: two rounds of 264 slots, so head-major as before
+    assert not fl.mma_config((9, 0), 132, 300, 16, 128, 512).token_major
+    assert not fl.mma_config((9, 0), 132, 131, 8, 128, 512).token_major  # under one wave
+    assert fl.mma_config((9, 0), 132, 256, 8, 2048, 0).num_splits == 2
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).num_splits == 1
+    assert fl.mma_config((9, 0), 132, 256, 8, 64, 64).pv_split  # few tokens: head-major exact
+    assert not fl.mma_config((12, 0), 188, 256, 8, 128, 512).token_major  # sm_120 row
+    assert not fl.mma_config((9, 0), 132, 256, 64, 128, 512).token_major  # 64 heads
+
+
 # (id, T, H, token-major block heads, splits, make_inputs kwargs, exact pass: (below, mode))
 _TM_SMALL = dict(topk=40, page_size=16, extra_topk=24, extra_page_size=8)
 _TM_GPU = dict(topk=128, page_size=64, extra_topk=512, extra_page_size=64)
