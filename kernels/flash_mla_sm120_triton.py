@@ -1462,6 +1462,11 @@ PV_SPLIT_MAX_TOKENS = 256
 # A call is prefill-sized for the table's `prefill_*` fields from this many programs per
 # resident slot (SMs x programs per SM) on: every program then has one split.
 PREFILL_PROGRAMS_PER_SLOT = 4
+# Calls of one to four head-major waves with up to 16 heads (sm_90 row): the token-major loop
+# in one round of its slots (tm_one_round) only while each piece walks at most this many tiles
+# (~176 us on the H200; measured winning with full and partial lengths: T512 H8 dual's 40-tile
+# programs, T256's 20; the topk2048 rows' 64-tile pieces lost with partial lengths, v21).
+TM_ONE_ROUND_MAX_TILES = 40
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 # The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
@@ -1511,14 +1516,13 @@ def mma_config(
     slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
-    tm_block_h = min(16, max(8, triton.next_power_of_2(H)))
-    tm_per_sm = row.prefill_tm_programs_per_sm
-    if tm_block_h == 16:
-        tm_per_sm = row.prefill_tm16_programs_per_sm or tm_per_sm
-    tm_programs, tm_slots = B * triton.cdiv(H, tm_block_h), sm_count * tm_per_sm
-    # one head-major wave or more, and the token-major programs in one round (v21)
-    one_round = block_h <= 16 and tm_per_sm > 0 and slots <= programs and tm_programs <= tm_slots
-    prefill = prefill or (one_round and row.prefill_tm_block_n > 0 and not row.exact_in_launch)
+    one_round = None  # (token-major heads per program, splits): one round of them (v21)
+    if (
+        not prefill and block_h <= 16 and programs >= slots and row.prefill_tm_block_n
+        and not row.exact_in_launch and not (on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS)
+    ):  # fmt: skip
+        one_round = tm_one_round(row, sm_count, B, H, topk, extra_topk)
+    prefill = prefill or one_round is not None
     if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
@@ -1526,7 +1530,7 @@ def mma_config(
     exact_block_n = exact_warps = 0
     if token_major:
         exact_block_n, exact_warps = block_n, warps
-        block_h = min(16, max(8, triton.next_power_of_2(H)))
+        block_h = one_round[0] if one_round else min(16, max(8, triton.next_power_of_2(H)))
         block_n, tm_warps = row.prefill_tm_block_n, row.prefill_tm_num_warps
         if block_h == 16:
             block_n, tm_warps = (
@@ -1539,8 +1543,8 @@ def mma_config(
         block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
-    if token_major and tm_per_sm > 0:  # the token-major slots (>= 4 programs a slot: 1 split)
-        splits = max(1, min(tm_slots // tm_programs, tiles, MAX_SPLITS))
+    if one_round:
+        splits = one_round[1]
     # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
     # shapes: the requests whose valid tokens are few take it (the interpreter computes in
     # fp32 and needs neither).
@@ -1562,6 +1566,33 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps,
     )  # fmt: skip
+
+
+def tm_one_round(
+    row: MMARow, sm_count: int, B: int, H: int, topk: int, extra_topk: int
+) -> tuple[int, int] | None:
+    """(heads per program, splits) of the token-major build that runs a call of B tokens of
+    H <= 16 heads in one round of its resident slots (SMs x `prefill_tm_programs_per_sm` at 8
+    heads, `prefill_tm16_programs_per_sm` at 16), splits = floor(slots / B); of the two (8
+    heads only for H <= 8) the one whose pieces walk fewer tiles, the 16-head one on a tie (no
+    split, no combine, fewer programs for the exact launch's to displace); None when neither
+    fits one round or every piece would walk more than TM_ONE_ROUND_MAX_TILES tiles. A tile
+    costs both builds about the same time (~4.4 us on the H200: v20, v21), so the longest piece
+    is the call's critical path when lengths are partial. Pure: from shapes, no device read."""
+    best = None
+    for bh, per_sm, bn in (
+        (8, row.prefill_tm_programs_per_sm, row.prefill_tm_block_n),
+        (16, row.prefill_tm16_programs_per_sm or row.prefill_tm_programs_per_sm,
+         row.prefill_tm16_block_n or row.prefill_tm_block_n),
+    ):  # fmt: skip
+        if bh < H or per_sm <= 0 or B > sm_count * per_sm:
+            continue
+        tiles = _tiles(topk, extra_topk, bn)
+        splits = max(1, min(sm_count * per_sm // B, tiles, MAX_SPLITS))
+        piece = triton.cdiv(tiles, splits)
+        if piece <= TM_ONE_ROUND_MAX_TILES and (best is None or piece <= best[2]):
+            best = (bh, splits, piece)
+    return best[:2] if best else None
 
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:

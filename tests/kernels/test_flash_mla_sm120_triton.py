@@ -599,20 +599,30 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
 
 def test_token_major_from_one_wave_when_one_round():
     """From one head-major wave (SMs x programs per SM) to four, the sm_90 row runs the
-    token-major loop when its programs fit in one round of its slots (five per SM at 8 heads,
-    two at 16), splits filling that round (v21); other rows and shapes as before."""
-    tm = [fl.mma_config((9, 0), 132, B, H, 128, 512) for B, H in ((256, 8), (160, 8), (512, 8))]
-    assert [(c.token_major, c.block_h, c.num_splits) for c in tm] == [
-        (True, 8, 2), (True, 8, 4), (True, 8, 1)]  # fmt: skip
-    assert all((c.exact_block_n, c.exact_num_warps) == (32, 4) for c in tm)
+    token-major loop when its programs fit one round of its slots (five per SM at 8 heads,
+    two at 16), splits filling that round, the build whose pieces walk fewer tiles (16 heads
+    on a tie), pieces of at most TM_ONE_ROUND_MAX_TILES tiles (v21); else as before."""
+    assert fl.tm_one_round(fl.MMA_ROWS["sm90"], 132, 256, 8, 128, 512) == (16, 1)  # 20 = 20
+    assert fl.tm_one_round(fl.MMA_ROWS["sm90"], 132, 160, 8, 128, 512) == (8, 4)  # 10 < 20
+    assert fl.tm_one_round(fl.MMA_ROWS["sm90"], 132, 256, 8, 2048, 0) is None  # 64 tiles
+    assert fl.tm_one_round(fl.MMA_ROWS["sm90"], 132, 700, 8, 128, 512) is None  # two rounds
+    assert fl.tm_one_round(fl.MMA_ROWS["sm120"], 188, 256, 8, 128, 512) is None  # no slots
+    cfgs = {B: fl.mma_config((9, 0), 132, B, 8, 128, 512) for B in (132, 160, 256, 300, 512)}
+    assert {B: (c.token_major, c.block_h, c.num_splits) for B, c in cfgs.items()} == {
+        132: (True, 8, 5), 160: (True, 8, 4), 256: (True, 16, 1), 300: (True, 8, 2),
+        512: (True, 8, 1)}  # fmt: skip
+    assert all((c.exact_block_n, c.exact_num_warps) == (32, 4) for c in cfgs.values())
+    assert (cfgs[256].block_n, cfgs[256].num_warps, cfgs[160].block_n) == (32, 4, 16)
     h16 = fl.mma_config((9, 0), 132, 256, 16, 128, 512)
     assert (h16.token_major, h16.block_h, h16.block_n, h16.num_splits) == (True, 16, 32, 1)
     # 300 tokens of 16 heads: two rounds of 264 slots, so head-major as before
     assert not fl.mma_config((9, 0), 132, 300, 16, 128, 512).token_major
     assert not fl.mma_config((9, 0), 132, 131, 8, 128, 512).token_major  # under one wave
-    assert fl.mma_config((9, 0), 132, 256, 8, 2048, 0).num_splits == 2
+    main_like = fl.mma_config((9, 0), 132, 256, 8, 2048, 0)  # pieces of 64 tiles
+    assert (main_like.token_major, main_like.block_n, main_like.num_warps) == (False, 64, 8)
     assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).num_splits == 1
-    assert fl.mma_config((9, 0), 132, 256, 8, 64, 64).pv_split  # few tokens: head-major exact
+    few = fl.mma_config((9, 0), 132, 256, 8, 64, 64)  # few tokens: head-major exact, main's tile
+    assert (few.pv_split, few.token_major, few.block_n, few.num_warps) == (True, False, 64, 8)
     assert not fl.mma_config((12, 0), 188, 256, 8, 128, 512).token_major  # sm_120 row
     assert not fl.mma_config((9, 0), 132, 256, 64, 128, 512).token_major  # 64 heads
 
@@ -633,6 +643,10 @@ TOKEN_MAJOR_CASES = [
     ("h8-exact-second-launch", 6, 8, 8, 1,
      dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "second")),
     ("h8-exact-concurrent", 6, 8, 8, 2,
+     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
+    # fewer heads than the block (v21: H <= 8 in the 16-head build, one round of it)
+    ("h8-in-16-head-block", 5, 8, 16, 1, dict(_TM, with_sink=True), None),
+    ("h6-in-16-head-block-partial-concurrent", 6, 6, 16, 1,
      dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
 ]  # fmt: skip
 
