@@ -1366,9 +1366,9 @@ class MMARow(NamedTuple):
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
     # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: token-
-    # major only from PREFILL_PROGRAMS_PER_SLOT on). With them a call of one head-major wave or
-    # more (programs >= SMs x programs_per_sm) whose token-major programs fit in one round
-    # of these slots takes the token-major loop too, with as many splits as fill that round.
+    # major only from PREFILL_PROGRAMS_PER_SLOT on). With them a call of more than one
+    # head-major wave whose token-major programs fit in one round of these slots may take the
+    # token-major loop too, one split (tm_one_round).
     prefill_tm_programs_per_sm: int = 0
     prefill_tm16_programs_per_sm: int = 0
 
@@ -1393,10 +1393,10 @@ MMA_ROWS: dict[str, MMARow] = {
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
-    # From one head-major wave (132 programs) to 4: the token-major loop when its programs fit
-    # in one round of its slots (five per SM at 8 heads, two at 16: run W1, v20), splits
-    # filling that round (T256 H8: 2 splits of 20 tiles on 660 slots, against two rounds of
-    # one 16-head program per SM; v21).
+    # Between one head-major wave (132 programs) and four: the token-major loop when its
+    # programs fit one round of its slots (five per SM at 8 heads, two at 16: run W1, v20),
+    # one split (tm_one_round: T256 H8 dual in one round of 16-head programs, 109 -> 91 us,
+    # with partial lengths 99 -> 83; v21).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
     ),
@@ -1463,10 +1463,15 @@ PV_SPLIT_MAX_TOKENS = 256
 # resident slot (SMs x programs per SM) on: every program then has one split.
 PREFILL_PROGRAMS_PER_SLOT = 4
 # Calls of one to four head-major waves with up to 16 heads (sm_90 row): the token-major loop
-# in one round of its slots (tm_one_round) only while each piece walks at most this many tiles
+# in one round of its slots (tm_one_round) only while a program walks at most this many tiles
 # (~176 us on the H200; measured winning with full and partial lengths: T512 H8 dual's 40-tile
-# programs, T256's 20; the topk2048 rows' 64-tile pieces lost with partial lengths, v21).
+# programs, T256's 20; the topk2048 rows' 64-tile programs lost with partial lengths, v21),
+# and fewer tile-times than the head-major rounds, a token-major tile (16 tokens x 8 heads or
+# 32 x 16) costing this much of a head-major one (64 tokens x 16 heads): ~4.4 us (T1024 H8 /
+# H16 dual, 176 / 88 us a round of 40 / 20 tiles) against ~5.5 (T256 H8 dual, 2 rounds of 10
+# tiles in 109 us). So T132 (one head-major round) and T300 H8 (three) keep the head-major loop.
 TM_ONE_ROUND_MAX_TILES = 40
+TM_TILE_PER_HM_TILE = 0.8
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 # The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
@@ -1571,28 +1576,29 @@ def mma_config(
 def tm_one_round(
     row: MMARow, sm_count: int, B: int, H: int, topk: int, extra_topk: int
 ) -> tuple[int, int] | None:
-    """(heads per program, splits) of the token-major build that runs a call of B tokens of
-    H <= 16 heads in one round of its resident slots (SMs x `prefill_tm_programs_per_sm` at 8
-    heads, `prefill_tm16_programs_per_sm` at 16), splits = floor(slots / B); of the two (8
-    heads only for H <= 8) the one whose pieces walk fewer tiles, the 16-head one on a tie (no
-    split, no combine, fewer programs for the exact launch's to displace); None when neither
-    fits one round or every piece would walk more than TM_ONE_ROUND_MAX_TILES tiles. A tile
-    costs both builds about the same time (~4.4 us on the H200: v20, v21), so the longest piece
-    is the call's critical path when lengths are partial. Pure: from shapes, no device read."""
-    best = None
+    """(heads per program, 1) of the token-major build that runs a call of B tokens of H <= 16
+    heads in one round of its resident slots (SMs x `prefill_tm16_programs_per_sm` at 16
+    heads, preferred: its programs walk half the tiles; else SMs x
+    `prefill_tm_programs_per_sm` at 8 heads, H <= 8), one split, or None. Taken only when a
+    program walks at most TM_ONE_ROUND_MAX_TILES tiles and fewer tile-times than the
+    head-major loop's rounds (ceil(B x head blocks / SMs x programs per SM) programs of its
+    64-token tiles; a token-major tile costs TM_TILE_PER_HM_TILE of one). No splits: every
+    split form measured (8 heads, 2-5 splits) lost with partial lengths (v21). Pure: from
+    shapes, no device read."""
+    hm_rounds = triton.cdiv(B * triton.cdiv(H, 16), sm_count * row.programs_per_sm)
+    hm_tiles = hm_rounds * _tiles(topk, extra_topk, row.block_n)
     for bh, per_sm, bn in (
-        (8, row.prefill_tm_programs_per_sm, row.prefill_tm_block_n),
         (16, row.prefill_tm16_programs_per_sm or row.prefill_tm_programs_per_sm,
          row.prefill_tm16_block_n or row.prefill_tm_block_n),
+        (8, row.prefill_tm_programs_per_sm, row.prefill_tm_block_n),
     ):  # fmt: skip
         if bh < H or per_sm <= 0 or B > sm_count * per_sm:
             continue
         tiles = _tiles(topk, extra_topk, bn)
-        splits = max(1, min(sm_count * per_sm // B, tiles, MAX_SPLITS))
-        piece = triton.cdiv(tiles, splits)
-        if piece <= TM_ONE_ROUND_MAX_TILES and (best is None or piece <= best[2]):
-            best = (bh, splits, piece)
-    return best[:2] if best else None
+        if tiles <= TM_ONE_ROUND_MAX_TILES and tiles * TM_TILE_PER_HM_TILE < hm_tiles:
+            return bh, 1
+        return None
+    return None
 
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
