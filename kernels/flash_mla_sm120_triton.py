@@ -1365,6 +1365,12 @@ class MMARow(NamedTuple):
     prefill_tm_num_warps: int = 0
     prefill_tm16_block_n: int = 0
     prefill_tm16_num_warps: int = 0
+    # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: token-
+    # major only from PREFILL_PROGRAMS_PER_SLOT on). With them a call of more than one
+    # head-major wave whose token-major programs fit in one round of these slots may take the
+    # token-major loop too, one split (tm_one_round).
+    prefill_tm_programs_per_sm: int = 0
+    prefill_tm16_programs_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1387,8 +1393,12 @@ MMA_ROWS: dict[str, MMARow] = {
     # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
     # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
     # which more warps compute again).
+    # Between one head-major wave (132 programs) and four: the token-major loop when its
+    # programs fit one round of its slots (five per SM at 8 heads, two at 16: run W1, v20),
+    # one split (tm_one_round: T256 H8 dual in one round of 16-head programs, 109 -> 91 us,
+    # with partial lengths 99 -> 83; v21).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1452,6 +1462,16 @@ PV_SPLIT_MAX_TOKENS = 256
 # A call is prefill-sized for the table's `prefill_*` fields from this many programs per
 # resident slot (SMs x programs per SM) on: every program then has one split.
 PREFILL_PROGRAMS_PER_SLOT = 4
+# Calls of one to four head-major waves with up to 16 heads (sm_90 row): the token-major loop
+# in one round of its slots (tm_one_round) only while a program walks at most this many tiles
+# (~176 us on the H200; measured winning with full and partial lengths: T512 H8 dual's 40-tile
+# programs, T256's 20; the topk2048 rows' 64-tile programs lost with partial lengths, v21),
+# and fewer tile-times than the head-major rounds, a token-major tile (16 tokens x 8 heads or
+# 32 x 16) costing this much of a head-major one (64 tokens x 16 heads): ~4.4 us (T1024 H8 /
+# H16 dual, 176 / 88 us a round of 40 / 20 tiles) against ~5.5 (T256 H8 dual, 2 rounds of 10
+# tiles in 109 us). So T132 (one head-major round) and T300 H8 (three) keep the head-major loop.
+TM_ONE_ROUND_MAX_TILES = 40
+TM_TILE_PER_HM_TILE = 0.8
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 # The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
@@ -1501,6 +1521,13 @@ def mma_config(
     slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
+    one_round = None  # (token-major heads per program, splits): one round of them (v21)
+    if (
+        not prefill and block_h <= 16 and programs >= slots and row.prefill_tm_block_n
+        and not row.exact_in_launch and not (on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS)
+    ):  # fmt: skip
+        one_round = tm_one_round(row, sm_count, B, H, topk, extra_topk)
+    prefill = prefill or one_round is not None
     if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
@@ -1508,7 +1535,7 @@ def mma_config(
     exact_block_n = exact_warps = 0
     if token_major:
         exact_block_n, exact_warps = block_n, warps
-        block_h = min(16, max(8, triton.next_power_of_2(H)))
+        block_h = one_round[0] if one_round else min(16, max(8, triton.next_power_of_2(H)))
         block_n, tm_warps = row.prefill_tm_block_n, row.prefill_tm_num_warps
         if block_h == 16:
             block_n, tm_warps = (
@@ -1521,6 +1548,8 @@ def mma_config(
         block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
+    if one_round:
+        splits = one_round[1]
     # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
     # shapes: the requests whose valid tokens are few take it (the interpreter computes in
     # fp32 and needs neither).
@@ -1542,6 +1571,34 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps,
     )  # fmt: skip
+
+
+def tm_one_round(
+    row: MMARow, sm_count: int, B: int, H: int, topk: int, extra_topk: int
+) -> tuple[int, int] | None:
+    """(heads per program, 1) of the token-major build that runs a call of B tokens of H <= 16
+    heads in one round of its resident slots (SMs x `prefill_tm16_programs_per_sm` at 16
+    heads, preferred: its programs walk half the tiles; else SMs x
+    `prefill_tm_programs_per_sm` at 8 heads, H <= 8), one split, or None. Taken only when a
+    program walks at most TM_ONE_ROUND_MAX_TILES tiles and fewer tile-times than the
+    head-major loop's rounds (ceil(B x head blocks / SMs x programs per SM) programs of its
+    64-token tiles; a token-major tile costs TM_TILE_PER_HM_TILE of one). No splits: every
+    split form measured (8 heads, 2-5 splits) lost with partial lengths (v21). Pure: from
+    shapes, no device read."""
+    hm_rounds = triton.cdiv(B * triton.cdiv(H, 16), sm_count * row.programs_per_sm)
+    hm_tiles = hm_rounds * _tiles(topk, extra_topk, row.block_n)
+    for bh, per_sm, bn in (
+        (16, row.prefill_tm16_programs_per_sm or row.prefill_tm_programs_per_sm,
+         row.prefill_tm16_block_n or row.prefill_tm_block_n),
+        (8, row.prefill_tm_programs_per_sm, row.prefill_tm_block_n),
+    ):  # fmt: skip
+        if bh < H or per_sm <= 0 or B > sm_count * per_sm:
+            continue
+        tiles = _tiles(topk, extra_topk, bn)
+        if tiles <= TM_ONE_ROUND_MAX_TILES and tiles * TM_TILE_PER_HM_TILE < hm_tiles:
+            return bh, 1
+        return None
+    return None
 
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:

@@ -597,6 +597,41 @@ def test_prefill_rule_only_for_many_programs_of_16_heads():
     assert (hm.block_h, hm.block_n, hm.num_warps, hm.token_major) == (16, 32, 4, False)
 
 
+def test_token_major_from_one_wave_when_one_round():
+    """Between one and four head-major waves (SMs x programs per SM), the sm_90 row runs the
+    token-major loop with one split when its programs fit one round of its slots (16 heads
+    first, else 8), walk at most TM_ONE_ROUND_MAX_TILES tiles and fewer tile-times than the
+    head-major rounds (v21); else as before."""
+    sm90 = fl.MMA_ROWS["sm90"]
+    assert fl.tm_one_round(sm90, 132, 256, 8, 128, 512) == (16, 1)  # 20 x 0.8 < 2 x 10
+    assert fl.tm_one_round(sm90, 132, 160, 8, 128, 512) == (16, 1)
+    assert fl.tm_one_round(sm90, 132, 132, 8, 128, 512) is None  # one head-major round
+    assert fl.tm_one_round(sm90, 132, 300, 8, 128, 512) is None  # 40 x 0.8 > 3 x 10
+    assert fl.tm_one_round(sm90, 132, 512, 8, 128, 512) == (8, 1)  # 32 < 4 x 10
+    assert fl.tm_one_round(sm90, 132, 300, 16, 128, 512) is None  # two 16-head rounds
+    assert fl.tm_one_round(sm90, 132, 256, 8, 2048, 0) is None  # 64 tiles
+    assert fl.tm_one_round(fl.MMA_ROWS["sm120"], 188, 256, 8, 128, 512) is None  # no slots
+    cfgs = {B: fl.mma_config((9, 0), 132, B, 8, 128, 512) for B in (132, 160, 256, 300, 512)}
+    assert {B: (c.token_major, c.block_h, c.num_splits) for B, c in cfgs.items()} == {
+        132: (False, 16, 1), 160: (True, 16, 1), 256: (True, 16, 1), 300: (False, 16, 1),
+        512: (True, 8, 1)}  # fmt: skip
+    for B in (160, 256, 512):  # the exact launch beside it keeps the head-major prefill tile
+        assert (cfgs[B].exact_block_n, cfgs[B].exact_num_warps, cfgs[B].exact_concurrent) == (
+            32, 4, True)  # fmt: skip
+    assert (cfgs[256].block_n, cfgs[256].num_warps, cfgs[512].block_n) == (32, 4, 16)
+    assert (cfgs[300].block_n, cfgs[300].num_warps) == (64, 8)  # head-major, as before
+    h16 = fl.mma_config((9, 0), 132, 256, 16, 128, 512)
+    assert (h16.token_major, h16.block_h, h16.block_n, h16.num_splits) == (True, 16, 32, 1)
+    assert not fl.mma_config((9, 0), 132, 131, 8, 128, 512).token_major  # under one wave
+    k2048 = fl.mma_config((9, 0), 132, 256, 8, 2048, 0)
+    assert (k2048.token_major, k2048.block_n, k2048.num_warps) == (False, 64, 8)
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).num_splits == 1
+    few = fl.mma_config((9, 0), 132, 256, 8, 64, 64)  # few tokens: head-major exact, main's tile
+    assert (few.pv_split, few.token_major, few.block_n, few.num_warps) == (True, False, 64, 8)
+    assert not fl.mma_config((12, 0), 188, 256, 8, 128, 512).token_major  # sm_120 row
+    assert not fl.mma_config((9, 0), 132, 256, 64, 128, 512).token_major  # 64 heads
+
+
 # (id, T, H, token-major block heads, splits, make_inputs kwargs, exact pass: (below, mode))
 _TM_SMALL = dict(topk=40, page_size=16, extra_topk=24, extra_page_size=8)
 _TM_GPU = dict(topk=128, page_size=64, extra_topk=512, extra_page_size=64)
@@ -613,6 +648,10 @@ TOKEN_MAJOR_CASES = [
     ("h8-exact-second-launch", 6, 8, 8, 1,
      dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "second")),
     ("h8-exact-concurrent", 6, 8, 8, 2,
+     dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
+    # fewer heads than the block (v21: H <= 8 in the 16-head build, one round of it)
+    ("h8-in-16-head-block", 5, 8, 16, 1, dict(_TM, with_sink=True), None),
+    ("h6-in-16-head-block-partial-concurrent", 6, 6, 16, 1,
      dict(_TM, with_sink=True, topk_length="partial", invalid_fraction=0.3), (24, "concurrent")),
 ]  # fmt: skip
 
