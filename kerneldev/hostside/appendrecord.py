@@ -15,7 +15,7 @@ of CPU and 30-45 ms on the measured host: docs/benchmarks.md, issue 23 round 6):
     (never another command's lock; a failure here is ignored, as the shell's `; true`).
 A failed append or removal: its error on stderr, exit 1, nothing after it done.
 Standard library only, Python 3.6 compatible; imports nothing of kerneldev on the host, where
-`hostscripts.script` sends `hostcommon.py`'s source (the lock check, `holds`) ahead of this one.
+`hostscripts.script` sends `hostcommon.py`'s source (the lock checks) ahead of this one.
 """
 
 import json
@@ -26,7 +26,7 @@ import sys
 SHARED = ("hostcommon",)  # sent ahead of this source by `hostscripts.script`
 if "holds" not in globals():  # imported or run here (on the host it is sent ahead)
     try:
-        from kerneldev.hostside.hostcommon import holds
+        from kerneldev.hostside.hostcommon import LockLost, check_lock, holds
     except ImportError:  # run alone, kerneldev not importable: hostcommon.py beside this file
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hostcommon.py")) as f:
             exec(compile(f.read(), f.name, "exec"))  # noqa: S102
@@ -64,11 +64,10 @@ def main():
     (length,) = struct.unpack(">Q", read_all(inp, 8))
     request = json.loads(read_all(inp, length).decode("utf-8"))
     data = inp.read()
-    lock = request.get("lock")
-    if lock is not None and not holds(lock):
-        sys.stderr.write(
-            "%s the lock %s no longer holds this command's token\n" % (LOCK_LOST, lock["path"])
-        )
+    try:
+        check_lock(request.get("lock"))
+    except LockLost as err:
+        sys.stderr.write("%s %s\n" % (LOCK_LOST, err))
         return LOCK_LOST_EXIT
     step = "append to " + request["path"]
     try:

@@ -190,14 +190,6 @@ def replaced(stat_of, path, mode):
     return (st.st_uid, st.st_gid), stat.S_IMODE(st.st_mode) if mode is None else mode
 
 
-def receive(inp, item, mark, out=None, made=None, lock=None, release=None):
-    """Land one file (`write_temp`, then `swap`); returns (sha256, size) of what was written,
-    raises on failure."""
-    path, tmp, sha, size = write_temp(inp, item, mark, out, made)
-    swap(item, path, tmp, lock, release)
-    return sha, size
-
-
 def write_temp(inp, item, mark, out=None, made=None):
     """A file's bytes, from its records, into a new temporary file next to its target; returns
     (target, temporary file, sha256, size). With `confirm` set, once the bytes are written a
@@ -411,7 +403,7 @@ def land_all(inp, out, request, made, release, backups=None):
                     return False
             try:
                 pending.append((item,) + write_temp(inp, item, mark, out, made))
-            except (Aborted, LockLost) as err:
+            except Aborted as err:
                 # Stop at once: what waits for the backups is not renamed any more.
                 first = pending[0][0]["i"] if pending else i
                 drop_pending()
