@@ -66,7 +66,7 @@ def _attend_one_cache(q64, k_cache, indices, topk_length, scale):
     valid = (idx >= 0) & (idx < num_tokens) & (pos[None, :] < lens[:, None])
     out = torch.zeros(B, H, D_QK, dtype=torch.float64, device=q64.device)
     lse = torch.full((B, H), -math.inf, dtype=torch.float64, device=q64.device)
-    if topk == 0:
+    if topk == 0 or num_tokens == 0:  # nothing selectable (an empty cache: no row to gather)
         return out, lse
     # Chunk the batch so the gathered K stays around 256 MB of float64.
     chunk = max(1, (1 << 25) // max(1, topk * D_QK))

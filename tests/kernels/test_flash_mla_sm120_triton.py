@@ -486,6 +486,26 @@ def test_extreme_indices_are_masked(variant):
 
 
 @pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("empty", ["main", "extra", "both"])
+def test_cache_of_zero_pages(variant, empty):
+    """A cache of no pages (num_tokens 0) selects nothing: its indices are all past its end.
+    The float64 reference used to fail gathering from it (IndexError); the kernels give the
+    empty-set result (out 0, lse -inf, or the sink alone) for that cache."""
+    inputs = ref.make_inputs(
+        B=2, H=4, topk=10, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        device=DEVICE, seed=_seed("zero-pages" + variant + empty),
+    )  # fmt: skip
+    for key in {"main": ["k_cache"], "extra": ["extra_k_cache"]}.get(
+        empty, ["k_cache", "extra_k_cache"]
+    ):
+        inputs[key] = inputs[key][:0]
+    out, lse = _run_and_check(inputs, variant)
+    if empty == "both":
+        assert (out == 0).all()
+        torch.testing.assert_close(lse[..., 0], inputs["attn_sink"][None, :].expand(2, 4))
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_noncontiguous_q_fp8_cache_default_scale(variant):
     inputs = ref.make_inputs(
         B=2, H=64, topk=21, page_size=64, device=DEVICE, seed=_seed("noncontig" + variant)
