@@ -2049,12 +2049,16 @@ def flash_mla_sparse_decode_triton(
         FMT=CACHE_FORMATS[k_cache.shape[3]],
         E_FMT=CACHE_FORMATS[(extra_k_cache if has_extra else k_cache).shape[3]],
     )  # fmt: skip
-    if (variant or _DEFAULT_VARIANT) == "mma":
-        if _config is not None and not isinstance(_config, MMAConfig):
-            _config = MMAConfig(**_config)
-        _launch_mma(q, main, extra, common, flags, _config)
-    else:
-        _launch_simt(q, main, extra, common, flags)
+    # Triton launches on the current CUDA device, not on the tensors' one: tensors on another
+    # device (a multi-GPU host, cuda:1 while cuda:0 is current) are run there under a guard.
+    on_other = q.is_cuda and q.device.index != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if on_other else contextlib.nullcontext():
+        if (variant or _DEFAULT_VARIANT) == "mma":
+            if _config is not None and not isinstance(_config, MMAConfig):
+                _config = MMAConfig(**_config)
+            _launch_mma(q, main, extra, common, flags, _config)
+        else:
+            _launch_simt(q, main, extra, common, flags)
     return out, lse
 
 

@@ -505,6 +505,27 @@ def test_cache_of_zero_pages(variant, empty):
         torch.testing.assert_close(lse[..., 0], inputs["attn_sink"][None, :].expand(2, 4))
 
 
+@pytest.mark.skipif(
+    not ON_GPU or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
+)  # fmt: skip
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_tensors_on_a_device_other_than_the_current_one(variant):
+    """Triton launches on the current device, not on the tensors': a call whose tensors are
+    all on cuda:1 while cuda:0 is current must run on cuda:1 (it launched on cuda:0 with
+    cuda:1's pointers)."""
+    inputs = ref.make_inputs(
+        B=3, H=64, topk=40, page_size=64, extra_topk=24, with_sink=True, topk_length="partial",
+        device="cuda:1", seed=_seed("other-device" + variant),
+    )  # fmt: skip
+    with torch.cuda.device(0):
+        out, lse = decode(**inputs, variant=variant)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert out.device == lse.device == torch.device("cuda:1")
+    acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+    assert acc["ok"], acc
+
+
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_noncontiguous_q_fp8_cache_default_scale(variant):
     inputs = ref.make_inputs(
