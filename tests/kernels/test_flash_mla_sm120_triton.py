@@ -466,6 +466,26 @@ def test_topk_length_zero_with_extra_cache(variant):
 
 
 @pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_empty_set_with_minus_inf_sink(variant):
+    """No valid token and a -inf sink: out 0 and lse -inf (a -inf sink changes nothing). The
+    reference gave NaN there (exp(-inf - -inf)), which check_accuracy then passed whatever
+    the kernel wrote, and which turned off its cosine check for the whole tensor."""
+    inputs = ref.make_inputs(
+        B=2, H=4, topk=12, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        topk_length="partial", device=DEVICE, seed=_seed("empty-minus-inf-sink" + variant),
+    )  # fmt: skip
+    inputs["topk_length"][1] = 0
+    inputs["extra_topk_length"][1] = 0
+    inputs["attn_sink"][1:3] = torch.tensor([-math.inf, math.inf])
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    assert not torch.isnan(r_out).any() and not torch.isnan(r_lse).any()
+    assert (r_out[1] == 0).all() and torch.isneginf(r_lse[1, 1]).all()
+    out, lse = _run_and_check(inputs, variant)
+    assert (out[1] == 0).all() and torch.isneginf(lse[1, 1]).all()
+    assert torch.isposinf(lse[:, 2]).all() and (out[:, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_extreme_indices_are_masked(variant):
     """Indices at the cache end, INT32_MAX, INT32_MIN: masked, never read out of bounds."""
     inputs = ref.make_inputs(
@@ -1262,6 +1282,32 @@ def test_packer_round_trip_and_padded_stride():
         rel = (back[:, :448] - kv[:, :448]).abs() / kv[:, :448].abs().amax(1, keepdim=True)
         assert float(rel.max()) < 2**-4  # e4m3: 3 mantissa bits, per-64 scale
     assert cache_mod.padded_page_stride(64) == 37440
+
+
+def test_check_accuracy_nan_in_the_reference_is_not_a_free_pass():
+    """A NaN in the reference (NaN input) must be matched by a NaN, and is left out of the
+    bounds and the cosine: it used to pass any value there and skip the cosine of the whole
+    tensor (a 1% error everywhere else then passed)."""
+    gen = torch.Generator().manual_seed(3)
+    y = torch.randn(2, 1, 4, 512, generator=gen, dtype=torch.float64)
+    lse = torch.randn(2, 4, 1, generator=gen, dtype=torch.float64)
+    x = y.to(torch.bfloat16)
+    assert ref.check_accuracy(x, lse.float(), y, lse)["ok"]
+    y_nan = y.clone()
+    y_nan[0, 0, 1] = math.nan
+    acc = ref.check_accuracy(x, lse.float(), y_nan, lse)  # finite where the reference is NaN
+    assert not acc["ok"] and acc["out_mismatched"] == 512
+    x_nan = x.clone()
+    x_nan[0, 0, 1] = math.nan
+    assert ref.check_accuracy(x_nan, lse.float(), y_nan, lse)["ok"]  # NaN matched: the rest ok
+    x_nan[1] *= 1.01  # within the elementwise bound, not within the cosine's
+    acc = ref.check_accuracy(x_nan, lse.float(), y_nan, lse)
+    assert acc["out_mismatched"] == 0 and not acc["out_cos_ok"] and not acc["ok"]
+    lse_nan = lse.clone()
+    lse_nan[0, 1] = math.nan
+    assert not ref.check_accuracy(x_nan, lse.float(), y_nan, lse_nan)["lse_ok"]
+    assert ref.check_accuracy(x, lse_nan.float(), y, lse_nan)["lse_ok"]  # NaN matched
+    assert not ref.check_accuracy(x, lse_nan.float(), y, lse)["lse_ok"]  # NaN not in the ref
 
 
 def test_reference_against_naive_loop():
