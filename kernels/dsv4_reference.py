@@ -54,7 +54,7 @@ def _attend_one_cache(q64, k_cache, indices, topk_length, scale):
     """Per-cache (out [B, H, 512] float64, lse [B, H] float64) over the valid set."""
     kv = unpack_paged_cache(k_cache).to(torch.float64)  # [T, 512]
     num_tokens = kv.shape[0]
-    idx = indices.reshape(indices.shape[0], -1).long()  # [B, topk]
+    idx = indices.reshape(indices.shape[0], indices.shape[-1]).long()  # [B, topk] (B may be 0)
     B, topk = idx.shape
     H = q64.shape[1]
     pos = torch.arange(topk, device=idx.device)

@@ -506,6 +506,22 @@ def test_extreme_indices_are_masked(variant):
 
 
 @pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_empty_batch_matches_reference(variant):
+    """B = 0 (an idle step): empty outputs, no launch; the reference, which failed reshaping
+    the empty index rows (-1 is ambiguous at B 0), agrees."""
+    inputs = ref.make_inputs(
+        B=1, H=3, topk=8, page_size=16, extra_topk=4, extra_page_size=4, with_sink=True,
+        indices_3d=True, device=DEVICE, seed=1,
+    )  # fmt: skip
+    for key in ("q", "indices", "topk_length", "extra_indices", "extra_topk_length"):
+        inputs[key] = inputs[key][:0]
+    out, lse = decode(**inputs, variant=variant)
+    assert out.shape == (0, 1, 3, 512) and lse.shape == (0, 3, 1)
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    assert ref.check_accuracy(out, lse, r_out, r_lse)["ok"]
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
 @pytest.mark.parametrize("empty", ["main", "extra", "both"])
 def test_cache_of_zero_pages(variant, empty):
     """A cache of no pages (num_tokens 0) selects nothing: its indices are all past its end.
@@ -1269,6 +1285,36 @@ def test_wrapper_imports_as_package_module_and_by_path():
     by_path = _load("flash_mla_sm120", "flash_mla_sm120.py")
     assert callable(by_path.flash_mla_sparse_decode_triton)
     sys.modules.pop("flash_mla_sm120", None)
+
+
+@pytest.mark.parametrize("case", ["batch0", "zero_pages", "both_zero_pages", "plain"])
+def test_wrapper_torch_path_empty_batch_and_empty_cache(case):
+    """The wrapper's torch path (SGLANG_SM120_FLASHMLA_BACKEND=torch): an empty batch failed
+    reshaping its indices (-1 is ambiguous at B 0) and a cache of no pages failed gathering
+    its row 0. Its out must match the reference; its lse excludes the sink (SGLang's torch
+    path), so it is compared with the reference's without one."""
+    wrapper = _load("_kd_test_torch_path_wrapper", "flash_mla_sm120.py")
+    inputs = ref.make_inputs(
+        B=3, H=4, topk=10, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        topk_length="partial", invalid_fraction=0.2, device=DEVICE, seed=_seed("torch-" + case),
+    )  # fmt: skip
+    if case == "batch0":
+        for key in ("q", "indices", "topk_length", "extra_indices", "extra_topk_length"):
+            inputs[key] = inputs[key][:0]
+    if case in ("zero_pages", "both_zero_pages"):
+        inputs["k_cache"] = inputs["k_cache"][:0]
+    if case == "both_zero_pages":
+        inputs["extra_k_cache"] = inputs["extra_k_cache"][:0]
+    keys = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale",
+            "extra_k_cache", "extra_indices", "extra_topk_length")  # fmt: skip
+    out, lse = wrapper._sm120_sparse_decode_fwd(*(inputs[k] for k in keys))
+    B = inputs["q"].shape[0]
+    assert out.shape == (B, 1, 4, 512) and lse.shape == (B, 4, 1)
+    r_out, _ = ref.reference_sparse_decode(**inputs)
+    _, r_lse = ref.reference_sparse_decode(**dict(inputs, attn_sink=None))
+    acc = ref.check_accuracy(out, lse, r_out, r_lse)
+    assert acc["ok"], acc
+    sys.modules.pop("flash_mla_sm120_triton", None)
 
 
 def test_packer_round_trip_and_padded_stride():
