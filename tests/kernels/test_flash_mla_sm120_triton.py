@@ -485,6 +485,45 @@ def test_empty_set_with_minus_inf_sink(variant):
     assert torch.isposinf(lse[:, 2]).all() and (out[:, :, 2] == 0).all()
 
 
+@pytest.mark.parametrize(
+    "variant,config",
+    [
+        ("simt", None),
+        ("mma", None),
+        ("mma", "C3"),
+        ("mma", "G2"),
+        ("mma", (9, 0)),
+        ("mma", (12, 0)),
+    ],
+    ids=["simt", "mma", "mma-splits3", "mma-grp-splits2", "mma-sm90row", "mma-sm120row"],
+)
+def test_non_finite_q_or_sink_stays_in_its_row(variant, config):
+    """Garbage in, contained: a NaN in q[b, h] makes out[b, h] NaN, an inf there gives some
+    non-finite or zero row (its lse is unspecified either way); a NaN sink makes head h's lse
+    NaN in every request (its out is unspecified). Every other (request, head) is exact."""
+    if isinstance(config, tuple):  # the GPU row's config (exact PV, its tiles), 8 SMs
+        config = fl.mma_config(config, 8, 3, 20, 24, 9)
+    else:
+        config = {"C3": C(3), "G2": G(2)}.get(config)
+    inputs = ref.make_inputs(
+        B=3, H=20, topk=24, page_size=16, extra_topk=9, extra_page_size=4, with_sink=True,
+        topk_length="partial", device=DEVICE, seed=_seed("non-finite" + variant),
+    )  # fmt: skip
+    inputs["q"][0, 0, 1, 7] = math.nan
+    inputs["q"][2, 0, 5, 300] = math.inf
+    inputs["attn_sink"][3] = math.nan
+    out, lse = decode(**inputs, variant=variant, _config=config)
+    assert torch.isnan(out[0, 0, 1]).all()
+    assert torch.isnan(lse[:, 3]).all()
+    clean = torch.ones(3, 20, dtype=torch.bool)
+    clean[0, 1] = clean[2, 5] = False
+    clean[:, 3] = False
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    acc = ref.check_accuracy(out[:, 0][clean], lse[..., 0][clean], r_out[:, 0][clean],
+                             r_lse[..., 0][clean])  # fmt: skip
+    assert acc["ok"], acc
+
+
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_extreme_indices_are_masked(variant):
     """Indices at the cache end, INT32_MAX, INT32_MIN: masked, never read out of bounds."""
