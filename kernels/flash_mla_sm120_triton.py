@@ -1944,8 +1944,10 @@ def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_s
         raise ValueError(f"q must be bfloat16, got {q.dtype}")
     if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
         raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}], got {tuple(q.shape)}")
-    if q.device.type != "cuda" and not _INTERPRET:
-        raise ValueError(f"q must be on a CUDA device (or set TRITON_INTERPRET=1), got {q.device}")
+    if q.device.type != "cuda" and not (_INTERPRET and q.device.type == "cpu"):
+        raise ValueError(
+            f"q must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), got {q.device}"
+        )
     if head_dim_v != HEAD_DIM:
         raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v!r}")
     if softmax_scale is not None and (
