@@ -54,7 +54,7 @@ def _attend_one_cache(q64, k_cache, indices, topk_length, scale):
     """Per-cache (out [B, H, 512] float64, lse [B, H] float64) over the valid set."""
     kv = unpack_paged_cache(k_cache).to(torch.float64)  # [T, 512]
     num_tokens = kv.shape[0]
-    idx = indices.reshape(indices.shape[0], -1).long()  # [B, topk]
+    idx = indices.reshape(indices.shape[0], indices.shape[-1]).long()  # [B, topk] (B may be 0)
     B, topk = idx.shape
     H = q64.shape[1]
     pos = torch.arange(topk, device=idx.device)
@@ -66,7 +66,7 @@ def _attend_one_cache(q64, k_cache, indices, topk_length, scale):
     valid = (idx >= 0) & (idx < num_tokens) & (pos[None, :] < lens[:, None])
     out = torch.zeros(B, H, D_QK, dtype=torch.float64, device=q64.device)
     lse = torch.full((B, H), -math.inf, dtype=torch.float64, device=q64.device)
-    if topk == 0:
+    if topk == 0 or num_tokens == 0:  # nothing selectable (an empty cache: no row to gather)
         return out, lse
     # Chunk the batch so the gathered K stays around 256 MB of float64.
     chunk = max(1, (1 << 25) // max(1, topk * D_QK))
@@ -117,7 +117,9 @@ def reference_sparse_decode(
     if attn_sink is not None:
         sink = attn_sink.to(torch.float64)[None, :].expand(B, H)
         lse_s = torch.logaddexp(lse, sink)
-        out = out * torch.exp(lse - lse_s)[..., None]
+        # An empty set's out stays 0 whatever the sink (a -inf sink: exp(-inf - -inf) is NaN).
+        weight = torch.where(torch.isneginf(lse), 0.0, torch.exp(lse - lse_s))
+        out = out * weight[..., None]
         lse = lse_s
     return out.reshape(B, 1, H, D_QK), lse.reshape(B, H, 1)
 
@@ -133,7 +135,9 @@ def check_accuracy(
 
     out: every element within `abs + rel * |ref|` (allclose semantics) and the cosine
     difference `1 - 2 <x, y> / (|x|^2 + |y|^2)` below its bound; lse: finite entries within
-    `abs + rel * |ref|`, and -inf exactly where the reference is -inf. Returns a JSON-able dict.
+    `abs + rel * |ref|`, and -inf exactly where the reference is -inf. A non-finite reference
+    element (NaN input) must be matched exactly; out must be finite wherever the reference is.
+    Returns a JSON-able dict.
 
     As in FlashMLA's own test (its reference returns `out.to(bfloat16)`), the reference output
     is first rounded to the kernel's output dtype when that is narrower than float32: the bf16
@@ -149,25 +153,36 @@ def check_accuracy(
     a = lse.detach().to(torch.float64).reshape(ref_lse.shape).cpu()
     r = ref_lse.detach().to(torch.float64).cpu()
 
-    out_finite = bool(torch.isfinite(x).all())
+    # A non-finite reference element (a NaN in q or the sink: garbage in) must be matched
+    # exactly (NaN for NaN, the same inf) and is left out of the bounds and the cosine, which
+    # it would otherwise make vacuous (a NaN bound passes any value, a NaN sum skipped the
+    # cosine of the whole tensor).
+    ref_ok = torch.isfinite(y) & torch.isfinite(y_full)
+    same = (x == y) | (torch.isnan(x) & torch.isnan(y))
+    out_finite = bool((torch.isfinite(x) | ~ref_ok).all())
+    inf = torch.full_like(x, math.inf)
     diff = (x - y).abs()
-    diff = torch.where(torch.isfinite(diff), diff, torch.full_like(diff, math.inf))
-    bound = tol["out_abs"] + tol["out_rel"] * y.abs()
+    diff = torch.where(torch.isfinite(diff), diff, inf)
+    diff = torch.where(ref_ok, diff, torch.where(same, torch.zeros_like(x), inf))
+    bound = torch.where(ref_ok, tol["out_abs"] + tol["out_rel"] * y.abs(), torch.zeros_like(x))
     out_bad = int((diff > bound).sum())
     max_abs = float(diff.max()) if diff.numel() else 0.0
-    rel = diff / y.abs().clamp_min(1e-6)
+    rel = diff / torch.where(ref_ok, y.abs(), torch.ones_like(x)).clamp_min(1e-6)
     max_rel = float(rel.max()) if rel.numel() else 0.0
-    denom = float((x * x + y * y).sum())
-    cos_diff = 1.0 - 2.0 * float((x * y).sum()) / denom if denom > 0 else 0.0
-    if not math.isfinite(cos_diff):
+    xs, ys, ys_full = (torch.where(ref_ok, t, torch.zeros_like(t)) for t in (x, y, y_full))
+    denom = float((xs * xs + ys * ys).sum())
+    cos_diff = 1.0 - 2.0 * float((xs * ys).sum()) / denom if denom != 0 else 0.0
+    if not math.isfinite(cos_diff):  # (a non-finite kernel value where the reference is finite)
         cos_diff = math.inf
-    denom_u = float((x * x + y_full * y_full).sum())
-    cos_diff_u = 1.0 - 2.0 * float((x * y_full).sum()) / denom_u if denom_u > 0 else 0.0
+    denom_u = float((xs * xs + ys_full * ys_full).sum())
+    cos_diff_u = 1.0 - 2.0 * float((xs * ys_full).sum()) / denom_u if denom_u > 0 else 0.0
 
-    # Infinite entries (-inf: nothing valid; +inf: a +inf sink) must match exactly.
+    # Infinite entries (-inf: nothing valid; +inf: a +inf sink) must match exactly, and NaN
+    # (a NaN input) only where the reference is NaN.
     ref_inf = ~torch.isfinite(r)
-    inf_match = bool(((a == r) | ~ref_inf).all()) and bool((torch.isfinite(a) == ~ref_inf).all())
-    inf_match = inf_match and not bool(torch.isnan(a).any())
+    same_lse = (a == r) | (torch.isnan(a) & torch.isnan(r))
+    inf_match = bool((same_lse | ~ref_inf).all()) and bool((torch.isfinite(a) == ~ref_inf).all())
+    inf_match = inf_match and not bool((torch.isnan(a) & ~torch.isnan(r)).any())
     fin = ~ref_inf & torch.isfinite(a)
     lse_diff = (a - r).abs()[fin]
     lse_bad = int((lse_diff > tol["lse_abs"] + tol["lse_rel"] * r.abs()[fin]).sum())

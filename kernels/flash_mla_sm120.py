@@ -122,6 +122,8 @@ def _gather_and_dequant(k_cache: torch.Tensor, indices: torch.Tensor, page_size:
     """The 512-value K rows (bf16) of the cache slots `indices` (any shape; entries outside
     the cache read slot 0, mask them yourself): nope = fp8 * 2^(e - 127), then the bf16 rope."""
     shape = indices.shape
+    if k_cache.shape[0] == 0:  # a cache of no pages: no row to read (every index is masked)
+        return torch.zeros(*shape, _D, dtype=torch.bfloat16, device=indices.device)
     flat = indices.reshape(-1).long()
     flat = torch.where((flat >= 0) & (flat < k_cache.shape[0] * page_size), flat, 0)
     page_bytes = k_cache.stride(0)
@@ -139,7 +141,7 @@ def _gather_and_dequant(k_cache: torch.Tensor, indices: torch.Tensor, page_size:
 
 
 def _valid_mask(indices, topk_length, num_tokens):
-    rows = indices.reshape(indices.shape[0], -1)
+    rows = indices.reshape(indices.shape[0], indices.shape[-1])  # (-1 is ambiguous at B 0)
     valid = (rows >= 0) & (rows < num_tokens)
     if topk_length is not None:
         pos = torch.arange(rows.shape[1], device=rows.device)

@@ -1944,8 +1944,10 @@ def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_s
         raise ValueError(f"q must be bfloat16, got {q.dtype}")
     if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
         raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}], got {tuple(q.shape)}")
-    if q.device.type != "cuda" and not _INTERPRET:
-        raise ValueError(f"q must be on a CUDA device (or set TRITON_INTERPRET=1), got {q.device}")
+    if q.device.type != "cuda" and not (_INTERPRET and q.device.type == "cpu"):
+        raise ValueError(
+            f"q must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), got {q.device}"
+        )
     if head_dim_v != HEAD_DIM:
         raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v!r}")
     if softmax_scale is not None and (
@@ -2049,12 +2051,16 @@ def flash_mla_sparse_decode_triton(
         FMT=CACHE_FORMATS[k_cache.shape[3]],
         E_FMT=CACHE_FORMATS[(extra_k_cache if has_extra else k_cache).shape[3]],
     )  # fmt: skip
-    if (variant or _DEFAULT_VARIANT) == "mma":
-        if _config is not None and not isinstance(_config, MMAConfig):
-            _config = MMAConfig(**_config)
-        _launch_mma(q, main, extra, common, flags, _config)
-    else:
-        _launch_simt(q, main, extra, common, flags)
+    # Triton launches on the current CUDA device, not on the tensors' one: tensors on another
+    # device (a multi-GPU host, cuda:1 while cuda:0 is current) are run there under a guard.
+    on_other = q.is_cuda and q.device.index != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if on_other else contextlib.nullcontext():
+        if (variant or _DEFAULT_VARIANT) == "mma":
+            if _config is not None and not isinstance(_config, MMAConfig):
+                _config = MMAConfig(**_config)
+            _launch_mma(q, main, extra, common, flags, _config)
+        else:
+            _launch_simt(q, main, extra, common, flags)
     return out, lse
 
 

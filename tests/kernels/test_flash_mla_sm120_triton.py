@@ -466,6 +466,65 @@ def test_topk_length_zero_with_extra_cache(variant):
 
 
 @pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_empty_set_with_minus_inf_sink(variant):
+    """No valid token and a -inf sink: out 0 and lse -inf (a -inf sink changes nothing). The
+    reference gave NaN there (exp(-inf - -inf)), which check_accuracy then passed whatever
+    the kernel wrote, and which turned off its cosine check for the whole tensor."""
+    inputs = ref.make_inputs(
+        B=2, H=4, topk=12, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        topk_length="partial", device=DEVICE, seed=_seed("empty-minus-inf-sink" + variant),
+    )  # fmt: skip
+    inputs["topk_length"][1] = 0
+    inputs["extra_topk_length"][1] = 0
+    inputs["attn_sink"][1:3] = torch.tensor([-math.inf, math.inf])
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    assert not torch.isnan(r_out).any() and not torch.isnan(r_lse).any()
+    assert (r_out[1] == 0).all() and torch.isneginf(r_lse[1, 1]).all()
+    out, lse = _run_and_check(inputs, variant)
+    assert (out[1] == 0).all() and torch.isneginf(lse[1, 1]).all()
+    assert torch.isposinf(lse[:, 2]).all() and (out[:, :, 2] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "variant,config",
+    [
+        ("simt", None),
+        ("mma", None),
+        ("mma", "C3"),
+        ("mma", "G2"),
+        ("mma", (9, 0)),
+        ("mma", (12, 0)),
+    ],
+    ids=["simt", "mma", "mma-splits3", "mma-grp-splits2", "mma-sm90row", "mma-sm120row"],
+)
+def test_non_finite_q_or_sink_stays_in_its_row(variant, config):
+    """Garbage in, contained: a NaN in q[b, h] makes out[b, h] NaN, an inf there gives some
+    non-finite or zero row (its lse is unspecified either way); a NaN sink makes head h's lse
+    NaN in every request (its out is unspecified). Every other (request, head) is exact."""
+    if isinstance(config, tuple):  # the GPU row's config (exact PV, its tiles), 8 SMs
+        config = fl.mma_config(config, 8, 3, 20, 24, 9)
+    else:
+        config = {"C3": C(3), "G2": G(2)}.get(config)
+    inputs = ref.make_inputs(
+        B=3, H=20, topk=24, page_size=16, extra_topk=9, extra_page_size=4, with_sink=True,
+        topk_length="partial", device=DEVICE, seed=_seed("non-finite" + variant),
+    )  # fmt: skip
+    inputs["q"][0, 0, 1, 7] = math.nan
+    inputs["q"][2, 0, 5, 300] = math.inf
+    inputs["attn_sink"][3] = math.nan
+    out, lse = decode(**inputs, variant=variant, _config=config)
+    assert torch.isnan(out[0, 0, 1]).all()
+    assert torch.isnan(lse[:, 3]).all()
+    clean = torch.ones(3, 20, dtype=torch.bool)
+    clean[0, 1] = clean[2, 5] = False
+    clean[:, 3] = False
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    acc = ref.check_accuracy(out[:, 0][clean], lse[..., 0][clean], r_out[:, 0][clean],
+                             r_lse[..., 0][clean])  # fmt: skip
+    assert acc["ok"], acc
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_extreme_indices_are_masked(variant):
     """Indices at the cache end, INT32_MAX, INT32_MIN: masked, never read out of bounds."""
     inputs = ref.make_inputs(
@@ -483,6 +542,63 @@ def test_extreme_indices_are_masked(variant):
     idx[0, 2] = -(2**31)
     idx[0, 3] = 127  # last valid token
     _run_and_check(inputs, variant)
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_empty_batch_matches_reference(variant):
+    """B = 0 (an idle step): empty outputs, no launch; the reference, which failed reshaping
+    the empty index rows (-1 is ambiguous at B 0), agrees."""
+    inputs = ref.make_inputs(
+        B=1, H=3, topk=8, page_size=16, extra_topk=4, extra_page_size=4, with_sink=True,
+        indices_3d=True, device=DEVICE, seed=1,
+    )  # fmt: skip
+    for key in ("q", "indices", "topk_length", "extra_indices", "extra_topk_length"):
+        inputs[key] = inputs[key][:0]
+    out, lse = decode(**inputs, variant=variant)
+    assert out.shape == (0, 1, 3, 512) and lse.shape == (0, 3, 1)
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    assert ref.check_accuracy(out, lse, r_out, r_lse)["ok"]
+
+
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+@pytest.mark.parametrize("empty", ["main", "extra", "both"])
+def test_cache_of_zero_pages(variant, empty):
+    """A cache of no pages (num_tokens 0) selects nothing: its indices are all past its end.
+    The float64 reference used to fail gathering from it (IndexError); the kernels give the
+    empty-set result (out 0, lse -inf, or the sink alone) for that cache."""
+    inputs = ref.make_inputs(
+        B=2, H=4, topk=10, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        device=DEVICE, seed=_seed("zero-pages" + variant + empty),
+    )  # fmt: skip
+    for key in {"main": ["k_cache"], "extra": ["extra_k_cache"]}.get(
+        empty, ["k_cache", "extra_k_cache"]
+    ):
+        inputs[key] = inputs[key][:0]
+    out, lse = _run_and_check(inputs, variant)
+    if empty == "both":
+        assert (out == 0).all()
+        torch.testing.assert_close(lse[..., 0], inputs["attn_sink"][None, :].expand(2, 4))
+
+
+@pytest.mark.skipif(
+    not ON_GPU or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs"
+)  # fmt: skip
+@pytest.mark.parametrize("variant", ["simt", "mma"])
+def test_tensors_on_a_device_other_than_the_current_one(variant):
+    """Triton launches on the current device, not on the tensors': a call whose tensors are
+    all on cuda:1 while cuda:0 is current must run on cuda:1 (it launched on cuda:0 with
+    cuda:1's pointers)."""
+    inputs = ref.make_inputs(
+        B=3, H=64, topk=40, page_size=64, extra_topk=24, with_sink=True, topk_length="partial",
+        device="cuda:1", seed=_seed("other-device" + variant),
+    )  # fmt: skip
+    with torch.cuda.device(0):
+        out, lse = decode(**inputs, variant=variant)
+        assert torch.cuda.current_device() == 0
+    torch.cuda.synchronize(1)
+    assert out.device == lse.device == torch.device("cuda:1")
+    acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+    assert acc["ok"], acc
 
 
 @pytest.mark.parametrize("variant", ["simt", "mma"])
@@ -1127,6 +1243,8 @@ BAD_CASES = [
     ("q", _bad(q=lambda i: i["q"].float())),
     ("q", _bad(q=lambda i: i["q"][..., :448])),
     ("q", _bad(q=lambda i: i["q"].expand(2, 2, 64, 512))),
+    # every tensor on the meta device (no data): the interpreter failed copying it
+    ("q", lambda i: {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in i.items()}),
     ("head_dim_v", _bad(head_dim_v=576)),
     ("k_cache", _bad(k_cache=lambda i: i["k_cache"].float())),
     ("k_cache", _bad(k_cache=lambda i: i["k_cache"][..., :576])),
@@ -1210,6 +1328,36 @@ def test_wrapper_imports_as_package_module_and_by_path():
     sys.modules.pop("flash_mla_sm120", None)
 
 
+@pytest.mark.parametrize("case", ["batch0", "zero_pages", "both_zero_pages", "plain"])
+def test_wrapper_torch_path_empty_batch_and_empty_cache(case):
+    """The wrapper's torch path (SGLANG_SM120_FLASHMLA_BACKEND=torch): an empty batch failed
+    reshaping its indices (-1 is ambiguous at B 0) and a cache of no pages failed gathering
+    its row 0. Its out must match the reference; its lse excludes the sink (SGLang's torch
+    path), so it is compared with the reference's without one."""
+    wrapper = _load("_kd_test_torch_path_wrapper", "flash_mla_sm120.py")
+    inputs = ref.make_inputs(
+        B=3, H=4, topk=10, page_size=16, extra_topk=5, extra_page_size=4, with_sink=True,
+        topk_length="partial", invalid_fraction=0.2, device=DEVICE, seed=_seed("torch-" + case),
+    )  # fmt: skip
+    if case == "batch0":
+        for key in ("q", "indices", "topk_length", "extra_indices", "extra_topk_length"):
+            inputs[key] = inputs[key][:0]
+    if case in ("zero_pages", "both_zero_pages"):
+        inputs["k_cache"] = inputs["k_cache"][:0]
+    if case == "both_zero_pages":
+        inputs["extra_k_cache"] = inputs["extra_k_cache"][:0]
+    keys = ("q", "k_cache", "indices", "topk_length", "attn_sink", "head_dim_v", "softmax_scale",
+            "extra_k_cache", "extra_indices", "extra_topk_length")  # fmt: skip
+    out, lse = wrapper._sm120_sparse_decode_fwd(*(inputs[k] for k in keys))
+    B = inputs["q"].shape[0]
+    assert out.shape == (B, 1, 4, 512) and lse.shape == (B, 4, 1)
+    r_out, _ = ref.reference_sparse_decode(**inputs)
+    _, r_lse = ref.reference_sparse_decode(**dict(inputs, attn_sink=None))
+    acc = ref.check_accuracy(out, lse, r_out, r_lse)
+    assert acc["ok"], acc
+    sys.modules.pop("flash_mla_sm120_triton", None)
+
+
 def test_packer_round_trip_and_padded_stride():
     kv = torch.randn(130, 512)
     for page, stride in [(1, None), (64, None), (48, cache_mod.padded_page_stride(48))]:
@@ -1221,6 +1369,32 @@ def test_packer_round_trip_and_padded_stride():
         rel = (back[:, :448] - kv[:, :448]).abs() / kv[:, :448].abs().amax(1, keepdim=True)
         assert float(rel.max()) < 2**-4  # e4m3: 3 mantissa bits, per-64 scale
     assert cache_mod.padded_page_stride(64) == 37440
+
+
+def test_check_accuracy_nan_in_the_reference_is_not_a_free_pass():
+    """A NaN in the reference (NaN input) must be matched by a NaN, and is left out of the
+    bounds and the cosine: it used to pass any value there and skip the cosine of the whole
+    tensor (a 1% error everywhere else then passed)."""
+    gen = torch.Generator().manual_seed(3)
+    y = torch.randn(2, 1, 4, 512, generator=gen, dtype=torch.float64)
+    lse = torch.randn(2, 4, 1, generator=gen, dtype=torch.float64)
+    x = y.to(torch.bfloat16)
+    assert ref.check_accuracy(x, lse.float(), y, lse)["ok"]
+    y_nan = y.clone()
+    y_nan[0, 0, 1] = math.nan
+    acc = ref.check_accuracy(x, lse.float(), y_nan, lse)  # finite where the reference is NaN
+    assert not acc["ok"] and acc["out_mismatched"] == 512
+    x_nan = x.clone()
+    x_nan[0, 0, 1] = math.nan
+    assert ref.check_accuracy(x_nan, lse.float(), y_nan, lse)["ok"]  # NaN matched: the rest ok
+    x_nan[1] *= 1.01  # within the elementwise bound, not within the cosine's
+    acc = ref.check_accuracy(x_nan, lse.float(), y_nan, lse)
+    assert acc["out_mismatched"] == 0 and not acc["out_cos_ok"] and not acc["ok"]
+    lse_nan = lse.clone()
+    lse_nan[0, 1] = math.nan
+    assert not ref.check_accuracy(x_nan, lse.float(), y_nan, lse_nan)["lse_ok"]
+    assert ref.check_accuracy(x, lse_nan.float(), y, lse_nan)["lse_ok"]  # NaN matched
+    assert not ref.check_accuracy(x, lse_nan.float(), y, lse)["lse_ok"]  # NaN not in the ref
 
 
 def test_reference_against_naive_loop():

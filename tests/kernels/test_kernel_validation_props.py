@@ -98,8 +98,6 @@ def test_validation_rejects_or_matches_reference(call):
         return  # refused before any launch: the promised outcome for bad input
     B, _, H, _ = inputs["q"].shape
     assert out.shape == (B, 1, H, 512) and lse.shape == (B, H, 1)
-    if B == 0:
-        return
     r_out, r_lse = ref.reference_sparse_decode(**inputs)
     acc = ref.check_accuracy(out, lse, r_out, r_lse)
     assert acc["ok"], acc
