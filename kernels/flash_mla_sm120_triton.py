@@ -1020,6 +1020,368 @@ def _combine_kernel(
         tl.store(LSE_ptr + b.to(tl.int64) * stride_lb + h * stride_lh, (mx + tl.log2(den)) * LN2)
 
 
+# ------------------------------------------------------------ Hopper: the warp-specialized loop
+# The sm_90 row's bf16-P launch as a Gluon kernel (explicit warp specialization): a loader
+# partition of 4 warps only issues cp.async of each tile's raw rows (fp8 nope, bf16 rope, scale
+# bytes) into a ring of NR slots, tiles ahead; the default partition (8 warps, two
+# warpgroups) dequantizes each raw tile into the one bf16 K tile it owns and runs S = q K^T and
+# O += P K as wgmma, q resident in shared memory. The gather's latency passes under the
+# products of earlier tiles, which one Triton program (one instruction stream) cannot arrange.
+# Same split grid, partials and combine as `_mma_split_kernel`; the few-token requests' exact
+# PV stays that kernel's second launch. Hopper only (wgmma); Gluon has no CPU interpreter, so
+# the interpreter and other GPUs run `_mma_split_kernel`. Measured: issue 20, session 15
+# (docs/benchmarks.md).
+
+try:
+    if _INTERPRET:
+        raise ImportError("the Triton interpreter runs no Gluon kernel")
+    if triton.__version__.split(".")[:2] != ["3", "6"]:
+        # Gluon is experimental and its API moves between releases (3.9 has no
+        # thread_barrier): only the release this kernel was built and measured with
+        raise ImportError(f"Gluon kernel written for triton 3.6, not {triton.__version__}")
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+    )
+
+    HAS_GLUON = True
+except Exception:  # noqa: BLE001  (older Triton, or an API this file does not know)
+    HAS_GLUON = False
+
+WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
+WS_BLOCK_N = 64  # tokens per tile
+WS_RAW_SLOTS = 2  # raw tiles in flight (2 x 37.4 KB + q 64 KB + K 64 KB: 218 KB of 227)
+WS_LOADER_REGS = 56  # the loader only computes addresses
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _ws_tile(j, n_main, b, start, end, e_start, e_end,
+                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                 stride_it,
+                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                 stride_eib, stride_eit, BLOCK_N: gl.constexpr):  # fmt: skip
+        """Tile j of a split: the main cache's tiles, then the extra cache's. Returns its first
+        position, its end, and its cache's pointers and geometry."""
+        # selects, not branches: an argument Triton specialised (a page size or stride of 1)
+        # is a constant in one cache and a value in the other
+        main = j < n_main
+        t0 = gl.where(main, start + j * BLOCK_N, e_start + (j - n_main) * BLOCK_N)
+        lim = gl.where(main, end, e_end)
+        kv8 = gl.where(main, KV8, EKV8)
+        kvu = gl.where(main, KVU, EKVU)
+        kvb = gl.where(main, KVB, EKVB)
+        stride_page = gl.where(main, stride_kv_page, stride_ekv_page).to(gl.int64)
+        psize = gl.where(main, page_size, e_page_size)
+        ntok = gl.where(main, num_tokens, e_num_tokens)
+        idx_row = gl.where(main, IDX_ptr + b.to(gl.int64) * stride_ib,
+                           EIDX_ptr + b.to(gl.int64) * stride_eib)  # fmt: skip
+        s_it = gl.where(main, stride_it, stride_eit)
+        return t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it
+
+    @gluon.jit
+    def _ws_issue(j, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+                  KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                  stride_it,
+                  EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                  stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        """cp.async of tile j's rows into raw slot j % NR: fp8 nope (7 groups of 64 bytes),
+        bf16 rope (64 values), the 8 scale bytes; masked off past the last tile and for
+        invalid slots (their rows are never read: S is -inf there)."""
+        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 4, 4], [4, 1, 1], [2, 1, 0])
+        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        cs: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
+        t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+            j, n_main, b, start, end, e_start, e_end,
+            KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
+            EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
+            stride_eit, BLOCK_N,
+        )  # fmt: skip
+        slot = j % NR
+        live = j < n_tiles
+        # fp8 nope
+        t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
+        idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
+        valid = (idx >= 0) & (idx < ntok)
+        idx = gl.where(valid, idx, 0)
+        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 576
+        grp = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
+        col = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
+        offs = (grp * 64)[None, :, None] + col[None, None, :]
+        async_copy.async_copy_global_to_shared(
+            raw8.index(slot), kv8 + base[:, None, None] + offs,
+            mask=valid[:, None, None] & (grp < 7)[None, :, None],
+        )  # fmt: skip
+        # bf16 rope, after the 448 fp8 bytes
+        tr = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
+        idr = gl.load(idx_row + tr * s_it, mask=(tr < lim) & live, other=-1)
+        vr = (idr >= 0) & (idr < ntok)
+        idr = gl.where(vr, idr, 0)
+        br = (idr // psize).to(gl.int64) * stride_page + (idr % psize).to(gl.int64) * 576
+        rc = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
+        async_copy.async_copy_global_to_shared(
+            rawr.index(slot), kvb + (br[:, None] + 448) // 2 + rc[None, :], mask=vr[:, None]
+        )
+        # scale bytes: 7 UE8M0 exponents + pad, after the page's data rows
+        ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
+        ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
+        vs = (ids >= 0) & (ids < ntok)
+        ids = gl.where(vs, ids, 0)
+        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 576
+              + (ids % psize).to(gl.int64) * 8)  # fmt: skip
+        sc = gl.arange(0, 8, layout=gl.SliceLayout(0, cs))
+        async_copy.async_copy_global_to_shared(
+            raws.index(slot), kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
+        )
+
+    @gluon.jit
+    def _ws_loader(raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start, end,
+                   e_start, e_end,
+                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                   stride_it,
+                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                   stride_eib, stride_eit, NR: gl.constexpr,
+                   BLOCK_N: gl.constexpr):  # fmt: skip
+        """Worker partition: tile i's copies once the consumer freed slot i % NR; raw_full of
+        tile i - (NR - 1) arrives when this partition's copies of it have landed."""
+        for i in range(n_tiles + NR - 1):
+            if i < n_tiles:
+                mbarrier.wait(raw_empty.index(i % NR), ((i // NR) & 1) ^ 1)
+                _ws_issue(
+                    i, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                    stride_it,
+                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                    stride_eib, stride_eit, NR, BLOCK_N,
+                )  # fmt: skip
+            async_copy.commit_group()  # one group per iteration (empty past the last tile)
+            j = i - (NR - 1)
+            if j >= 0:
+                async_copy.wait_group(NR - 1)
+                gl.thread_barrier()  # every loader thread's copies of tile j landed
+                mbarrier.arrive(raw_full.index(j % NR), count=1)
+
+    @gluon.jit
+    def _ws_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
+                     start, end, e_start, e_end,
+                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                     stride_it,
+                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                     stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr):  # fmt: skip
+        """Default partition: dequantize raw tile i into k_smem (x = fp8 * 2^(e - 127), rope as
+        is), free the raw slot, then S, the online softmax and PV."""
+        ROWS: gl.constexpr = 16
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+        for i in range(n_tiles):
+            slot = i % NR
+            t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+                i, n_main, b, start, end, e_start, e_end,
+                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                stride_it,
+                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                stride_eib, stride_eit, BLOCK_N,
+            )  # fmt: skip
+            t = t0 + cols
+            idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
+            valid = (idx >= 0) & (idx < ntok)
+            mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
+            for r in gl.static_range(BLOCK_N // ROWS):
+                x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
+                e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+                rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
+                # 2^(e - 127) from its float bits (exact; byte 0 is 2^-127, a subnormal)
+                bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
+                x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
+                val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
+                k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
+            fence_async_shared()  # this thread's K stores, before wgmma reads them
+            gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)
+            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            acc = warpgroup_mma(p_op, k_smem, acc)
+            gl.thread_barrier()  # both warpgroups' PV done before the next tile overwrites K
+        return (
+            acc,
+            gl.convert_layout(m_i, gl.SliceLayout(1, o_layout)),
+            gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)),
+        )
+
+    @gluon.jit
+    def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr):
+        """`_count_valid`'s count: the first `length` indices that select a token."""
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [8], [0])
+        offs = gl.arange(0, COUNT_BLOCK, layout=layout)
+        n = gl.sum(gl.zeros([COUNT_BLOCK], gl.int32, layout), axis=0)
+        for p0 in range(0, topk, COUNT_BLOCK):
+            pos = p0 + offs
+            idx = gl.load(idx_row + pos * stride_it, mask=pos < topk, other=-1)
+            valid = (pos < length) & (idx >= 0) & (idx < num_tokens)
+            n += gl.sum(valid.to(gl.int32), axis=0)
+        return n
+
+    @gluon.jit(do_not_specialize=["has_len", "has_elen"])
+    def _ws_split_kernel(
+        Q_ptr, stride_qb, stride_qh,
+        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
+        topk, LEN_ptr, stride_len, has_len,
+        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
+        stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
+        SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+        PO_ptr, PLSE_ptr, H, qk_scale_log2, num_splits, tiles_per_split,
+        SINGLE_SPLIT: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr,
+        EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
+        (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
+        and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
+        are left to the exact launch (no tile walked, nothing stored)."""
+        pid = gl.program_id(0)
+        split = gl.program_id(1)
+        head_blocks = gl.cdiv(H, BLOCK_H)
+        b = pid // head_blocks
+        h0 = (pid % head_blocks) * BLOCK_H
+        length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
+        t0 = split * tiles_per_split
+        t1 = t0 + tiles_per_split
+        main_tiles = gl.cdiv(topk, BLOCK_N)
+        start = gl.minimum(t0, main_tiles) * BLOCK_N
+        end = gl.maximum(gl.minimum(gl.minimum(t1, main_tiles) * BLOCK_N, length), start)
+        n_main = gl.cdiv(end - start, BLOCK_N)
+        e_start = start * 0
+        e_end = start * 0
+        e_length = e_topk
+        n_tiles = n_main
+        if HAS_EXTRA:
+            e_length = gl.minimum(
+                gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
+            )
+            e_start = gl.maximum(t0 - main_tiles, 0) * BLOCK_N
+            e_end = gl.maximum(
+                gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
+            )
+            n_tiles = n_main + gl.cdiv(e_end - e_start, BLOCK_N)
+        keep = n_tiles >= 0
+        if EXACT_BELOW > 0:
+            n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
+                                num_tokens, COUNT_BLOCK)  # fmt: skip
+            if HAS_EXTRA:
+                n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
+                                     e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+            keep = n_valid > EXACT_BELOW
+            n_tiles = gl.where(keep, n_tiles, 0)
+
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)  # fmt: skip
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], sl)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], sl)
+        raw8 = gl.allocate_shared_memory(
+            gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        )
+        rawr = gl.allocate_shared_memory(
+            gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
+        raws = gl.allocate_shared_memory(
+            gl.uint8, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
+        raw_full = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
+        raw_empty = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(NR):
+            mbarrier.init(raw_full.index(s), count=1)
+            mbarrier.init(raw_empty.index(s), count=1)
+
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+        q = gl.load(
+            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh + qd[None, :],
+            mask=(qh < H)[:, None] & keep,
+            other=0.0,
+        )
+        q_smem.store(q)
+        fence_async_shared()
+
+        WG: gl.constexpr = num_warps // 4
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, 512 // WG, 16]
+        )
+        acc, m_i, l_i = gl.warp_specialize(
+            [
+                (_ws_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles,
+                                n_main, b, start, end, e_start, e_end,
+                                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                                stride_ib, stride_it,
+                                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                EIDX_ptr, stride_eib, stride_eit, qk_scale_log2, NR, BLOCK_N,
+                                BLOCK_H, s_layout, o_layout)),
+                (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
+                              end, e_start, e_end,
+                              KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                              stride_ib, stride_it,
+                              EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                              EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+            ],
+            [4],
+            [LOADER_REGS],
+        )  # fmt: skip
+
+        heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+        d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+        hmask = (heads < H) & keep
+        lse2 = gl.where(l_i > 0, m_i + gl.log2(l_i), float("-inf"))
+        if SINGLE_SPLIT:
+            # `_final_coef`: the sink takes its weight (+inf: all of it; -inf: none)
+            if HAS_SINK:
+                sink2 = (
+                    gl.load(SINK_ptr + heads * stride_sink, mask=hmask, other=0.0)
+                    * 1.4426950408889634
+                )
+                mx = gl.maximum(lse2, sink2)
+                mx = gl.where(gl.abs(mx) == float("inf"), 0.0, mx)
+                total2 = mx + gl.log2(gl.exp2(lse2 - mx) + gl.exp2(sink2 - mx))
+            else:
+                total2 = lse2
+            coef = gl.where(l_i > 0, gl.exp2(lse2 - total2) / l_i, 0.0)
+            out = acc * coef[:, None]
+            o_ptrs = O_ptr + b.to(gl.int64) * stride_ob + heads[:, None].to(gl.int64) * stride_oh
+            gl.store(o_ptrs + d[None, :], out.to(gl.bfloat16), mask=hmask[:, None])
+            gl.store(LSE_ptr + b.to(gl.int64) * stride_lb + heads * stride_lh,
+                     total2 * 0.6931471805599453, mask=hmask)  # fmt: skip
+        else:
+            inv_l = gl.where(l_i > 0, 1.0 / l_i, 0.0)
+            row = (b.to(gl.int64) * H + heads.to(gl.int64)) * num_splits + split
+            gl.store(PO_ptr + row[:, None] * 512 + d[None, :], acc * inv_l[:, None],
+                     mask=hmask[:, None])  # fmt: skip
+            gl.store(PLSE_ptr + row, lse2, mask=hmask)
+
+
 # ----------------------------------------------------------------------------- packed tokens
 # Prefill-sized calls: consecutive query tokens (one request's prefill tokens) select mostly
 # the same cache rows, but the entry gets no request boundaries. `_pack_plan_kernel` finds,
@@ -1371,6 +1733,10 @@ class MMARow(NamedTuple):
     # token-major loop too, one split (tm_one_round).
     prefill_tm_programs_per_sm: int = 0
     prefill_tm16_programs_per_sm: int = 0
+    # The bf16-P launch of head-major 64-head single-cache calls as the warp-specialized Gluon
+    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 caches; where
+    # Gluon is missing the launcher falls back to `_mma_split_kernel`).
+    ws: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1397,8 +1763,12 @@ MMA_ROWS: dict[str, MMARow] = {
     # programs fit one round of its slots (five per SM at 8 heads, two at 16: run W1, v20),
     # one split (tm_one_round: T256 H8 dual in one round of 16-head programs, 109 -> 91 us,
     # with partial lengths 99 -> 83; v21).
+    # Head-major 64-head calls on one cache: the warp-specialized Gluon loop (v23, one run:
+    # B64 topk2048 101.0 -> 81.5 us, B128 177.1 -> 143.0, B1 19.6 -> 18.6 with its 64-token
+    # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
     "sm90": MMARow(
-        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
+        ws=True,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1409,7 +1779,7 @@ MMA_ROWS: dict[str, MMARow] = {
     "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
-}
+}  # fmt: skip
 
 
 def mma_row_name(cc: tuple[int, int] | None) -> str:
@@ -1450,6 +1820,7 @@ class MMAConfig(NamedTuple):
     token_major: bool = False
     exact_block_n: int = 0
     exact_num_warps: int = 0
+    ws: bool = False  # the bf16-P launch as `_ws_split_kernel` (Hopper, Gluon)
 
 
 MAX_SPLITS = 64
@@ -1543,17 +1914,27 @@ def mma_config(
                 row.prefill_tm16_num_warps or tm_warps,
             )
         warps = tm_warps or warps
-    if programs * _tiles(topk, extra_topk, block_n) < slots:
+    # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
+    # shapes: the requests whose valid tokens are few take it (the interpreter computes in
+    # fp32 and needs neither).
+    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
+    # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P, one
+    # cache. Dual-cache calls keep the Triton loop: measured in one run (S4, v23) the Gluon loop
+    # was 0.87x at B1 dual (10 splits of one 64-token tile against 20 of 32), 0.93x at B128
+    # dual, 1.03x at B64 dual; single-cache rows 1.05-1.24x.
+    ws = (
+        row.ws and on_gpu and cc[0] == 9 and not token_major and not pv_split
+        and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+    )  # fmt: skip
+    if ws:
+        stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
+    elif programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
     splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
     if one_round:
         splits = one_round[1]
-    # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
-    # shapes: the requests whose valid tokens are few take it (the interpreter computes in
-    # fp32 and needs neither).
-    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
     if pv_split:  # the first pass is the exact one: its doubled tile must fit
         block_h, token_major = exact_block_h, False
@@ -1569,7 +1950,7 @@ def mma_config(
         row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
-        exact_warps,
+        exact_warps, ws,
     )  # fmt: skip
 
 
@@ -1605,11 +1986,16 @@ def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
     return max(triton.cdiv(topk, block_n) + triton.cdiv(extra_topk, block_n), 1)
 
 
-def _device_mma_config(device: torch.device, B: int, H: int, topk: int, e_topk: int):
+def _device_mma_config(
+    device: torch.device, B: int, H: int, topk: int, e_topk: int, ws: bool = True
+):  # fmt: skip
+    """`mma_config` for this device; `ws` off: its row without the Gluon loop."""
     if device.type != "cuda":
         return mma_config(None, 2, B, H, topk, e_topk)
+    cc = torch.cuda.get_device_capability(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return mma_config(torch.cuda.get_device_capability(device), sms, B, H, topk, e_topk)
+    row = MMA_ROWS[mma_row_name(cc)]
+    return mma_config(cc, sms, B, H, topk, e_topk, row if ws else row._replace(ws=False))
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -1768,11 +2154,55 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
     )  # fmt: skip
 
 
+def _ws_runnable(q, main, extra, flags, cfg) -> bool:
+    """Whether this call's bf16-P launch can be `_ws_split_kernel`: Gluon present, a 9.x GPU,
+    V4 caches whose bytes and page strides are 16-byte aligned (cp.async of 16 bytes; the
+    bf16 view of the rope needs even strides), q rows contiguous."""
+    return (
+        HAS_GLUON and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+        and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
+        and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
+        and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
+        and (cfg.block_h, cfg.block_n) == (WS_BLOCK_H, WS_BLOCK_N) and not cfg.token_major
+        and not cfg.pv_split and not cfg.exact_in_launch
+    )  # fmt: skip
+
+
+def _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse, exact_below):
+    """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
+    as `_mma_split_kernel`'s; exact_below > 0: the few-token requests are left out)."""
+    B, _, H, _ = q.shape
+    tiles_per_split = max(triton.cdiv(_tiles(main["topk"], extra["e_topk"] if flags["HAS_EXTRA"]
+                                             else 0, WS_BLOCK_N), splits), 1)  # fmt: skip
+    kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
+    _ws_split_kernel[(B * triton.cdiv(H, WS_BLOCK_H), splits)](
+        q, common["stride_qb"], common["stride_qh"],
+        kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
+        main["page_size"], main["num_tokens"], main["IDX_ptr"], main["stride_ib"],
+        main["stride_it"], main["topk"], main["LEN_ptr"], main["stride_len"], flags["has_len"],
+        ekv.view(torch.float8_e4m3fn), ekv, ekv.view(torch.bfloat16), extra["stride_ekv_page"],
+        extra["e_page_size"], extra["e_num_tokens"], extra["EIDX_ptr"], extra["stride_eib"],
+        extra["stride_eit"], extra["e_topk"], extra["ELEN_ptr"], extra["stride_elen"],
+        flags["has_elen"],
+        common["SINK_ptr"], common["stride_sink"], common["O_ptr"], common["stride_ob"],
+        common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
+        part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
+        SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
+        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N,
+        NR=WS_RAW_SLOTS, LOADER_REGS=WS_LOADER_REGS, num_warps=8,
+    )  # fmt: skip
+
+
 def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
+    derived = cfg is None
     if cfg is None:
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+    if cfg.ws and not _ws_runnable(q, main, extra, flags, cfg):
+        # the Triton loop instead, with the tile its row takes then
+        cfg = (_device_mma_config(q.device, B, H, topk, e_topk, ws=False) if derived
+               else cfg._replace(ws=False))  # fmt: skip
     if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
@@ -1832,6 +2262,10 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
+            if run_bf16_p and cfg.ws:
+                _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse,
+                           0 if run_exact else below)  # fmt: skip
+                continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
                 tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,

@@ -46,7 +46,8 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
             "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
             "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next,
-            "exact_concurrent": getattr(cfg, "exact_concurrent", False)}  # fmt: skip
+            "exact_concurrent": getattr(cfg, "exact_concurrent", False),
+            "ws": getattr(cfg, "ws", False)}  # fmt: skip
 
 
 def compile_kernel(
@@ -103,6 +104,48 @@ def compile_kernel(
     return triton.compile(
         ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32), options=options
     )
+
+
+_WS_PTR_TYPES = {
+    "Q_ptr": "*bf16", "KV8": "*fp8e4nv", "KVU": "*u8", "KVB": "*bf16", "IDX_ptr": "*i32",
+    "LEN_ptr": "*i32", "EKV8": "*fp8e4nv", "EKVU": "*u8", "EKVB": "*bf16", "EIDX_ptr": "*i32",
+    "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16", "LSE_ptr": "*fp32",
+    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32",
+}  # fmt: skip
+
+
+def compile_ws(fl, cc: int, has_extra: bool, exact_below: int):
+    """Compile `_ws_split_kernel` (Gluon, the sm_90 row's bf16-P launch) for `cc` as
+    `_launch_ws` launches it; exact_below > 0: the build beside the concurrent exact launch."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = fl._ws_split_kernel
+    const = dict(
+        SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
+        COUNT_BLOCK=1024, BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS,
+        LOADER_REGS=fl.WS_LOADER_REGS, num_warps=8,
+    )  # fmt: skip
+    div16 = _DIV16 | {"stride_kv_page", "stride_ekv_page"}
+    sig, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if fn.params[i].is_constexpr:
+            sig[name] = "constexpr"
+            constexprs[name] = const[name]
+        elif name in _WS_PTR_TYPES:
+            sig[name] = _WS_PTR_TYPES[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "qk_scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name in div16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return triton.compile(
+        GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
+        options={"num_warps": 8},
+    )  # fmt: skip
 
 
 def ptxas_lines(ptx: str, cc: int) -> list[str]:
@@ -190,6 +233,20 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     "fits": limit is None or ck.metadata.shared <= limit,
                     "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
                 })  # fmt: skip
+        # The row's head-major bf16-P launch as the Gluon kernel (compute capability 9.x, a
+        # Triton with the Gluon API it is written for; elsewhere `_mma_split_kernel` above).
+        if row.get("ws") and cc // 10 == 9 and getattr(fl, "HAS_GLUON", False):
+            for has_extra in (False, True):
+                below = fl.PV_SPLIT_MAX_TOKENS if row["exact_concurrent"] else 0
+                ck = compile_ws(fl, cc, has_extra, below)
+                limit = SMEM_LIMIT.get(cc)
+                rows.append({
+                    "cc": cc, **row, "BLOCK_H": fl.WS_BLOCK_H, "BLOCK_N": fl.WS_BLOCK_N,
+                    "num_warps": 8, "pass": "bf16-P-ws", "extra_cache": has_extra,
+                    "formats": "v4", "shared_bytes": ck.metadata.shared, "limit_bytes": limit,
+                    "fits": limit is None or ck.metadata.shared <= limit,
+                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
+                })  # fmt: skip
     return rows
 
 
@@ -202,7 +259,17 @@ def main() -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile_check: unset TRITON_INTERPRET (the interpreter compiles nothing)")
         return 2
-    rows = check(args.cc or [120, 89, 90], with_ptxas=not args.no_ptxas)
+    ccs = args.cc or [120, 89, 90]
+    rows = check(ccs, with_ptxas=not args.no_ptxas)
+    import flash_mla_sm120_triton as fl
+
+    if 90 in ccs and not getattr(fl, "HAS_GLUON", False):
+        import triton
+
+        # on stderr: --json stays one document
+        print(f"compile_check: the sm_90 row's Gluon loop not compiled (written for triton "
+              f"3.6; this is {triton.__version__}: the launcher runs `_mma_split_kernel`)",
+              file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=1))
     else:

@@ -56,6 +56,11 @@ def test_config_variant_uses_the_kernel_files_rule():
     assert own == fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(pv_split_below=0)
     tuned = bench.parse_config("x=row:sm120,block_n:16").config(fl, _fake_torch(9, 0, 132), shape)
     assert tuned.block_n == 16
+    # the sm_90 row's Gluon loop on and off: the A/B of the two bf16-P loops in one run
+    assert bench.parse_config("x=block_h:64").config(fl, _fake_torch(9, 0, 132), shape).ws
+    b1 = bench.make_shape(1, topk=2048)
+    off = bench.parse_config("nows=ws:0").config(fl, _fake_torch(9, 0, 132), b1)
+    assert (off.ws, off.block_n, off.num_splits) == (False, 32, 64)  # the Triton loop's tile
     with pytest.raises(bench.HarnessError):
         bench.parse_config("x=row:sm90").config(
             types.SimpleNamespace(), _fake_torch(9, 0, 132), shape

@@ -293,6 +293,31 @@ CASES += [
     ),
     ("grp_h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [G(2)]),
 ]
+# The sm_90 row's config with its Gluon loop (`ws`, forced: the rule takes it for one cache
+# only, the kernel handles two): on a GPU that can run it, that loop (both caches, sink,
+# partial lengths, invalid indices, padded pages, 9 and 1 splits, few-token requests left to
+# the exact launch, beside it or after it); elsewhere (the interpreter) the launcher's
+# fallback to `_mma_split_kernel`, which must compute the same.
+_WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
+CASES += [
+    (
+        "sm90_ws_dual_sink_partial_padded",
+        dict(
+            B=4,
+            H=64,
+            topk=320,
+            page_size=64,
+            extra_topk=200,
+            extra_page_size=32,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.1,
+            page_stride="pad576",
+        ),
+        ("mma",),
+        [_WS, _WS._replace(num_splits=1), _WS._replace(exact_concurrent=not _WS.exact_concurrent)],
+    ),
+]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
 # indices, sink, padded page stride.
 GPU_DUAL_PARTIAL = dict(
@@ -653,15 +678,26 @@ def test_mma_config_rule():
     assert (sm90.num_stages, sm90.exact_in_launch) == (1, False)  # two launches
     assert sm90.exact_concurrent  # side by side (streams), not one after the other
     assert not fl.mma_config(None, 2, 64, 64, 2048, 0).exact_concurrent  # interpreter: no streams
-    piped = fl.MMA_ROWS["sm90"]._replace(num_stages=2)
+    assert sm90.ws  # head-major 64-head calls: the Gluon loop's launch
+    triton_loop = fl.MMA_ROWS["sm90"]._replace(ws=False)
+    piped = triton_loop._replace(num_stages=2)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=piped).num_stages == 2
     # a tile-capped grid (one tile per split) runs unpipelined whatever the row says
     assert fl.mma_config((9, 0), 132, 1, 64, 2048, 0, row=piped).num_stages == 1
     assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).num_splits == 1
-    b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0)  # 32 tiles of 64 < 132 SMs: tiles of 32
-    assert (b1.block_n, b1.num_splits) == (32, 64)
+    # 32 tiles of 64 < 132 SMs: the Triton loop takes tiles of 32, the Gluon loop its 64
+    b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0, row=triton_loop)
+    assert (b1.block_n, b1.num_splits, b1.ws) == (32, 64, False)
+    b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0)
+    assert (b1.block_n, b1.num_splits, b1.ws, b1.num_stages) == (64, 32, True, 1)
     dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512)  # 4 + 16 tiles of 32, one per split
-    assert (dual.block_n, dual.num_splits) == (32, 20)
+    assert (dual.block_n, dual.num_splits, dual.ws) == (32, 20, False)  # dual: the Triton loop
+    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws
+    # not the Gluon loop: small topk (the exact PV), few heads, sm_100 (no wgmma), sm_120
+    assert not fl.mma_config((9, 0), 132, 4, 64, 37, 0).ws
+    assert not fl.mma_config((9, 0), 132, 64, 16, 2048, 0).ws
+    assert not fl.mma_config((10, 0), 148, 64, 64, 2048, 0).ws
+    assert not fl.mma_config((12, 0), 188, 64, 64, 2048, 0).ws
     small = fl.mma_config((9, 0), 132, 4, 64, 37, 0)
     assert small.pv_split
     assert fl.mma_config((10, 0), 148, 64, 64, 2048, 0).block_n == 64  # sm_100: sm_90's row
