@@ -1,0 +1,2582 @@
+"""DSv4 sparse-MLA decode in Triton: a SIMT baseline and a tensor-core (MMA) split-K kernel.
+
+Drop-in for SGLang's `python/sglang/srt/layers/attention/flash_mla_sm120_triton.py`; imports only
+torch, triton and the standard library. Contract: `docs/kernel-contract.md` in kerneldev.
+
+Math, per request b and head h, over the valid set S_b of selected tokens (index >= 0, position
+< topk_length[b], index < num_pages * page_size), for the main and the optional extra cache:
+
+    K_j = concat(dequant(nope_j), rope_j)                  (512 values; V_j = K_j)
+    s_j = softmax_scale * <q[b, h], K_j>
+    lse = log sum_j exp(s_j)     out = sum_j exp(s_j - lse) K_j   (-inf / 0 when S_b is empty)
+    with the sink:  lse' = logaddexp(lse, sink[h]),  out' = out * exp(lse - lse')
+
+The kernels work in base 2: `qk_scale_log2 = softmax_scale * LOG2E`, p = exp2(s * LOG2E - m),
+and convert the LSE back with LN2 at the end. The returned lse includes the sink (sm_120 path).
+
+Paged caches, page size P, page p at byte p * k_cache.stride(0) (>= P * token bytes, may be
+padded); the format is the view's last dimension (SGLang 0.5.23 hands it over so), per cache:
+
+  584 (V4):  [t * 576, + 448) float8_e4m3fn nope of slot t   [t * 576 + 448, + 128) bf16 rope
+             [P * 576 + t * 8, + 7) UE8M0 exponents (one per 64 nope dims), x = fp8 * 2^(e - 127)
+  528 (V4.1 FP8): [t * 512, + 512) float8_e4m3fn   [P * 512 + t * 16, + 16) UE8M0, one per 32
+  288 (V4.1 FP4, extra cache only): [t * 256, + 256) e2m1 pairs (value 2i in the low nibble of
+             byte i)   [P * 256 + t * 32, + 32) float8_e4m3fn scales, one per 16, x = e2m1 * s
+
+Kernels:
+  * `_simt_decode_kernel`, grid (B, H): one program per request and head walks the selected
+    tokens of both caches in tiles of BLOCK_N, scores with multiply-reduce, online softmax,
+    sink, and writes out/lse. Every program gathers and dequantizes every tile for its head.
+  * `_mma_split_kernel`, grid (B * ceil(H / BLOCK_H), num_splits): one program per request,
+    block of heads and KV split. The two caches' tile lists (BLOCK_N tokens each) are laid end
+    to end and cut into equal runs, one per split; one loop walks the split's tiles, each
+    picking its cache. Each tile is gathered and dequantized once (`_tile_k`) into the
+    matrix-operand dtype as the spec's 512-wide K rows (nope in columns 0..447, rope in
+    448..511) and shared by all BLOCK_H heads: S = q K^T (one product 512 deep, or, with
+    S_BY_GROUP for mma.sync, 8 products 64 deep), O += P K, `tl.dot` with fp32 accumulation.
+    Once a tile's rows are loaded, the program asks L2 for the next tile's rows
+    (`prefetch.global.L2`, no registers held), so their HBM latency passes under this tile's
+    products (the sm_90 row; on the sm_120 row it spilled).
+    With one split it finishes in place (sink, normalisation, bf16 store); otherwise it
+    writes a normalised fp32 partial and its base-2 LSE, and `_combine_kernel`, grid
+    (B * H, 512 / BLOCK_D), merges the splits by LSE and adds the sink. For accuracy on
+    requests with few valid tokens each program counts its request's valid tokens on the
+    device and gives those requests the exact PV (P's bf16 rounding residue added): as a
+    branch of the same launch (the sm_120 row), or in a second launch of the same kernel that
+    does them and returns at once for the others (the sm_90 row, where the branch made the
+    bf16-P loop spill). On the sm_90 row that launch runs on a side stream beside the first,
+    which then skips the few-token requests (disjoint outputs; device-side events, no host
+    sync): their exact pass uses the SMs that short requests leave idle instead of following
+    the longest split.
+
+  * Prefill-sized calls of <= 16 heads on V4 caches (the sm_90 row): the bf16-P launch runs
+    `_split_heads_tm`, the same loop token-major (S^T = K q^T, O^T += K^T P^T: the heads are
+    the products' N, 8 per program at H <= 8, and the K tile's two staged copies are not live
+    at once: a third to half of the head-major program's shared memory, more per SM).
+  * Prefill-sized calls of few heads: `_pack_plan_kernel` finds, per group of consecutive
+    query tokens, whether their selections coincide (from the indices, on the device) and
+    their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
+    union, each row masked to its own token's keys, after the per-token launch, whose
+    programs for the packed tokens exit at once (the plan gives them length -1).
+
+Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
+per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`
+and the tests use the same rule. No autotuning, no host synchronisation: CUDA-graph
+capturable. Design notes and measurements: `docs/kernels.md`, `docs/benchmarks.md` in
+kerneldev.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+# ----------------------------------------------------------------------------- constants
+
+D_NOPE = tl.constexpr(448)  # fp8-quantized dims of a K/V row
+D_QK = tl.constexpr(512)  # full K/V row: nope 448 + rope 64 (also the query width)
+DATA_BYTES = tl.constexpr(576)  # 448 fp8 bytes + 64 bf16 rope values, per token slot
+SCALE_BYTES = tl.constexpr(8)  # 7 UE8M0 exponents + 1 pad byte, per token slot
+NUM_GROUPS_POW2 = tl.constexpr(8)  # 7 scale groups, padded to a power of two
+GROUP = tl.constexpr(64)  # nope dims per scale group
+LOG2E = tl.constexpr(1.4426950408889634)  # log2(e): exp(x) = exp2(x * LOG2E), folded in scale
+LN2 = tl.constexpr(0.6931471805599453)  # ln(2): base-2 LSE -> natural-log LSE
+UE8M0_ZERO_BITS = tl.constexpr(0x00400000)  # float32 bits of 2^-127 (scale byte 0, subnormal)
+
+TOKEN_BYTES = 584  # the V4 format (the compatibility constants below name its parts)
+HEAD_DIM = 512
+# Cache formats by token size (the view's last dimension) -> the kernels' FMT constexpr.
+FMT_V4, FMT_V41, FMT_V41_FP4 = 0, 1, 2
+CACHE_FORMATS = {584: FMT_V4, 528: FMT_V41, 288: FMT_V41_FP4}
+FORMAT_NAMES = {584: "V4", 528: "V4.1 FP8", 288: "V4.1 FP4"}
+
+# Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# `variant=None` follows this, read once at import as the deployed original does.
+_DEFAULT_VARIANT = "mma" if os.environ.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
+
+# ----------------------------------------------------------------------------- shared helpers
+
+
+@triton.jit
+def _gather_indices(IDX_row_ptr, stride_it, pos, end, num_tokens):
+    """Indices of one tile; invalid ones (negative, past `end`, past the cache) -> 0, masked."""
+    in_range = pos < end
+    idx = tl.load(IDX_row_ptr + pos * stride_it, mask=in_range, other=-1)
+    valid = in_range & (idx >= 0) & (idx < num_tokens)
+    return tl.where(valid, idx, 0), valid
+
+
+@triton.jit
+def _count_valid(
+    IDX_row_ptr, stride_it, length, topk, num_tokens, COUNT_BLOCK: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """How many of the first `length` indices select a token (same masking as the attention).
+
+    The index loads are bounded by `topk` (an argument), not by `length` (a load), so they do
+    not wait for it; ONE_BLOCK (COUNT_BLOCK >= topk): one load, no loop, so the two caches'
+    counts are in flight together (this count is the whole cost of the exact pass for the
+    requests it skips)."""
+    offs = tl.arange(0, COUNT_BLOCK)
+    if ONE_BLOCK:
+        idx = tl.load(IDX_row_ptr + offs * stride_it, mask=offs < topk, other=-1)
+        valid = (offs < length) & (idx >= 0) & (idx < num_tokens)
+        return tl.sum(valid.to(tl.int32))
+    n = tl.full([], 0, tl.int32)
+    for p0 in range(0, topk, COUNT_BLOCK):
+        pos = p0 + offs
+        idx = tl.load(IDX_row_ptr + pos * stride_it, mask=pos < topk, other=-1)
+        valid = (pos < length) & (idx >= 0) & (idx < num_tokens)
+        n += tl.sum(valid.to(tl.int32))
+    return n
+
+
+@triton.jit
+def _length(LEN_ptr, stride_len, has_len, b, topk):
+    """min(topk_length[b], topk), or topk without lengths. `has_len` is a runtime argument (not
+    specialised), so calls with and without `topk_length` run the same compiled kernel (as two
+    specialisations they measured 9-16% apart at B >= 64)."""
+    return tl.minimum(tl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
+
+
+@triton.jit
+def _lengths(LEN_ptr, stride_len, has_len, t, topk):
+    """`_length` of the tokens `t` (a vector; the mask broadcast to it)."""
+    mask = (t * 0 + has_len) != 0
+    return tl.minimum(tl.load(LEN_ptr + t * stride_len, mask=mask, other=topk), topk)
+
+
+@triton.jit
+def _row_offsets(stride_kv_page, page_size, idx, FMT: tl.constexpr):
+    """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
+    cache slots `idx` in format FMT (int64: page * stride can pass 2^31)."""
+    if FMT == 1:  # V4.1 FP8: 512 data bytes, 16 scale bytes
+        row_b, scale_b = 512, 16
+    elif FMT == 2:  # V4.1 FP4: 256 data bytes, 32 scale bytes
+        row_b, scale_b = 256, 32
+    else:
+        row_b, scale_b = DATA_BYTES, SCALE_BYTES
+    page = idx // page_size
+    slot = idx - page * page_size
+    page_off = page.to(tl.int64) * stride_kv_page
+    row_off = page_off + slot.to(tl.int64) * row_b
+    scale_off = page_off + (page_size * row_b + slot * scale_b).to(tl.int64)
+    return row_off, scale_off
+
+
+@triton.jit
+def _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2):
+    """Fold one tile's raw scores s [rows, BLOCK_N] into the running max m_i and sum l_i
+    (base 2). Returns p = exp2(scaled s - new max) (0 where not `valid`), alpha (the factor
+    for what was accumulated so far), the new max and the new sum."""
+    s = tl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _online_softmax_counts(s, cnt, m_i, l_i, qk_scale_log2):
+    """`_online_softmax_step` for packed rows (several query tokens' heads in one block): key j
+    counts cnt[r, j] times for row r (0: not in that row's token's selection), so its score
+    gets log2(cnt) added (exp2(s + log2 c) = c exp2(s): a key a token selects twice weighs
+    twice, as in the per-token loop)."""
+    bias = tl.log2(tl.maximum(cnt, 1).to(tl.float32))
+    s = tl.where(cnt > 0, s * qk_scale_log2 + bias, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_use)
+    p = tl.exp2(s - m_use[:, None])
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def _exact_pv_operands(p, p_op, k, BLOCK_N: tl.constexpr):
+    """The exact PV as one product with the token axis doubled: P = P_hi + P_lo, both halves
+    in the operand dtype (~16 significant bits for bf16), as [P_hi | P_lo] (interleaved) and
+    [K; K] (each row twice), so there is a single accumulator. Costs 2x PV tensor work; P's
+    bf16 rounding (2^-9 relative) otherwise exceeds FlashMLA's abs bound 1e-3 when a few
+    tokens carry the weight. Returns (P2 [rows, 2 BLOCK_N], K2 [2 BLOCK_N, k columns])."""
+    p_lo = (p - p_op.to(tl.float32)).to(p_op.dtype)
+    p2 = tl.reshape(tl.join(p_op, p_lo), (p_op.shape[0], 2 * BLOCK_N))
+    return p2, _rows_twice(k, BLOCK_N)
+
+
+@triton.jit
+def _rows_twice(k, BLOCK_N: tl.constexpr):
+    """[BLOCK_N, W] -> [2 BLOCK_N, W] with each row repeated (matches `_exact_pv_operands`' P)."""
+    return tl.reshape(tl.permute(tl.join(k, k), (0, 2, 1)), (2 * BLOCK_N, k.shape[1]))
+
+
+@triton.jit
+def _ue8m0(exps):
+    """UE8M0 scale bytes -> float32 2^(e - 127), built from its float bits: exact, unlike a
+    fast exp2 (byte 0 is the subnormal 2^-127)."""
+    bits = tl.where(exps == 0, UE8M0_ZERO_BITS, exps.to(tl.int32) << 23)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr,
+            FMT: tl.constexpr):  # fmt: skip
+    """The spec's K rows of the cache slots `idx` as float32 [BLOCK_N, 512] (zero where not
+    `valid`), from a cache in format FMT (0: V4, 1: V4.1 FP8, 2: V4.1 FP4). Every product
+    of a code and its scale is exact in bf16 (at most 4 + 4 significant bits)."""
+    if FMT == 1:
+        k = _tile_k_v41(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    elif FMT == 2:
+        k = _tile_k_v41_fp4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    else:
+        k = _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N)
+    return k
+
+
+@triton.jit
+def _tile_k_v41(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4.1 FP8 rows: 512 float8_e4m3fn values, one UE8M0 exponent per 32 (byte 255 is NaN,
+    as float8_e8m0fnu). Built as [BLOCK_N, 16, 32] so each exponent broadcasts."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 1)
+    g = tl.arange(0, 16)
+    c = tl.arange(0, 32)
+    raw = tl.load(
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * 32 + c[None, None, :])),
+        mask=valid[:, None, None],
+        other=0,
+    )
+    exps = tl.load(KV_ptr + (scale_off[:, None] + g[None, :]), mask=valid[:, None], other=0)
+    mult = tl.where(exps == 255, float("nan"), _ue8m0(exps))
+    k = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * mult[:, :, None]
+    return tl.reshape(k, (BLOCK_N, D_QK))
+
+
+@triton.jit
+def _e2m1(code):
+    """4-bit e2m1 codes (bit 3 the sign) -> float32, from the float bits: exponent field
+    e = bits 1-2, mantissa bit 0; e = 0 is 0 or the subnormal 0.5."""
+    c = code.to(tl.int32)
+    e = (c >> 1) & 3
+    m = c & 1
+    bits = tl.where(e == 0, m * 0x3F000000, ((e + 126) << 23) | (m << 22))
+    return (bits | ((c & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_k_v41_fp4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4.1 FP4 rows: 256 bytes of e2m1 pairs (value 2i in the low nibble of byte i), one
+    float8_e4m3fn scale per 16 values. Built as [BLOCK_N, 32, 8] bytes (group, byte in group);
+    the low and high nibbles joined on a last axis give value 16 g + 2 b + nibble."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 2)
+    g = tl.arange(0, 32)
+    c = tl.arange(0, 8)
+    raw = tl.load(
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * 8 + c[None, None, :])),
+        mask=valid[:, None, None],
+        other=0,
+    )
+    sc = tl.load(KV_ptr + (scale_off[:, None] + g[None, :]), mask=valid[:, None], other=0)
+    scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32)[:, :, None]
+    k = tl.join(_e2m1(raw & 0xF) * scale, _e2m1(raw >> 4) * scale)
+    return tl.reshape(k, (BLOCK_N, D_QK))
+
+
+@triton.jit
+def _tile_k_v4(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N: tl.constexpr):
+    """V4 rows: dequantized nope in columns 0..447, the bf16 rope in 448..511. Built as
+    [BLOCK_N, 8, 64] (group, dim in group), so each scale exponent broadcasts along the last
+    axis in registers and the rope fills group 7, then viewed as [BLOCK_N, 512]."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, 0)
+    g = tl.arange(0, NUM_GROUPS_POW2)
+    c = tl.arange(0, GROUP)
+    is_nope = g < NUM_GROUPS_POW2 - 1
+    raw = tl.load(
+        KV_ptr + (row_off[:, None, None] + (g[None, :, None] * GROUP + c[None, None, :])),
+        mask=valid[:, None, None] & is_nope[None, :, None],
+        other=0,
+    )
+    exps = tl.load(
+        KV_ptr + (scale_off[:, None] + g[None, :]),
+        mask=valid[:, None] & is_nope[None, :],
+        other=0,
+    )
+    nope = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32) * _ue8m0(exps)[:, :, None]
+    rope_ptr = (KV_ptr + (row_off + D_NOPE)).to(tl.pointer_type(tl.bfloat16))
+    rope = tl.load(rope_ptr[:, None] + c[None, :], mask=valid[:, None], other=0.0)
+    k = tl.where(is_nope[None, :, None], nope, rope.to(tl.float32)[:, None, :])
+    return tl.reshape(k, (BLOCK_N, D_QK))
+
+
+@triton.jit
+def _attend_cache(
+    acc, m_i, l_i, q,
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_row_ptr, stride_it, end,
+    qk_scale_log2,
+    BLOCK_N: tl.constexpr,
+    FMT: tl.constexpr,
+):  # fmt: skip
+    """SIMT: online softmax (base 2) of one head q [1, 512] over tokens [0, end) of one cache
+    (format FMT), scores and PV as fp32 multiply-reduce."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(0, end, BLOCK_N):
+        idx, valid = _gather_indices(IDX_row_ptr, stride_it, n0 + offs_n, end, num_tokens)
+        k = _tile_k(KV_ptr, stride_kv_page, page_size, idx, valid, BLOCK_N, FMT)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)
+        p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * k[None, :, :], axis=1)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _to_out_dtype(x, O_ptr, RNE_BY_HAND: tl.constexpr):
+    """fp32 -> output dtype. The interpreter converts fp32 -> bf16 by truncation, so there the
+    round-to-nearest-even is done on the bits first (the GPU's conversion already is RNE)."""
+    if RNE_BY_HAND:
+        bits = x.to(tl.int32, bitcast=True)
+        bits = bits + (0x7FFF + ((bits >> 16) & 1))
+        x = (bits & -65536).to(tl.float32, bitcast=True)
+    return x.to(O_ptr.dtype.element_ty)
+
+
+@triton.jit
+def _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK: tl.constexpr):
+    """(1 / l scaled for the sink, base-2 lse including the sink) per head.
+
+    A sink of +inf takes all the weight (out 0, lse +inf); -inf is no sink; empty set: out 0,
+    lse = sink (or -inf without one).
+    """
+    if HAS_SINK:
+        sink2 = tl.load(SINK_ptr + heads * stride_sink, mask=head_mask, other=0.0) * LOG2E
+        mx = tl.maximum(lse2, sink2)
+        mx = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
+        total2 = mx + tl.log2(tl.exp2(lse2 - mx) + tl.exp2(sink2 - mx))
+    else:
+        total2 = lse2
+    coef = tl.where(l_i > 0, tl.exp2(lse2 - total2) / l_i, 0.0)
+    return coef, total2
+
+
+@triton.jit
+def _store_final(
+    acc,
+    l_i,
+    lse2,
+    b,
+    heads,
+    head_mask,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    """acc / l with the sink folded in -> bf16 out; base-2 lse (+ sink) -> natural-log lse."""
+    coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+    out = acc * coef[:, None]
+    d = tl.arange(0, D_QK)
+    o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+    tl.store(o_ptrs + d[None, :], _to_out_dtype(out, O_ptr, RNE_BY_HAND), mask=head_mask[:, None])
+    lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+    tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+
+
+# ----------------------------------------------------------------------------- SIMT kernel
+
+
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
+def _simt_decode_kernel(
+    Q_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_ptr,
+    stride_ib,
+    stride_it,
+    topk,
+    LEN_ptr,
+    stride_len,
+    EKV_ptr,
+    stride_ekv_page,
+    e_page_size,
+    e_num_tokens,
+    EIDX_ptr,
+    stride_eib,
+    stride_eit,
+    e_topk,
+    ELEN_ptr,
+    stride_elen,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    qk_scale_log2,
+    has_len,
+    has_elen,
+    BLOCK_N: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
+):
+    b = tl.program_id(0)
+    heads = tl.program_id(1) + tl.arange(0, 1)  # one head, kept as a length-1 vector
+    head_mask = heads >= 0
+    d = tl.arange(0, D_QK)
+    q_ptrs = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    q = tl.load(q_ptrs + d[None, :] * stride_qd).to(tl.float32)
+
+    acc = tl.zeros([1, D_QK], dtype=tl.float32)
+    m_i = tl.full([1], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([1], dtype=tl.float32)
+
+    end = _length(LEN_ptr, stride_len, has_len, b, topk)
+    acc, m_i, l_i = _attend_cache(
+        acc, m_i, l_i, q, KV_ptr, stride_kv_page, page_size, num_tokens,
+        IDX_ptr + b.to(tl.int64) * stride_ib, stride_it, end, qk_scale_log2, BLOCK_N, FMT,
+    )  # fmt: skip
+    if HAS_EXTRA:
+        e_end = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
+        acc, m_i, l_i = _attend_cache(
+            acc, m_i, l_i, q, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+            EIDX_ptr + b.to(tl.int64) * stride_eib, stride_eit, e_end, qk_scale_log2, BLOCK_N,
+            E_FMT,
+        )  # fmt: skip
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    _store_final(
+        acc, l_i, lse2, b, heads, head_mask, SINK_ptr, stride_sink,
+        O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh, HAS_SINK, RNE_BY_HAND,
+    )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- MMA kernels
+
+
+@triton.jit
+def _split8(x):
+    """[R, 8, 64] -> its 8 [R, 64] slices along axis 1 (Triton has no slicing: split the
+    trailing axis of size 2 three times)."""
+    y = tl.reshape(tl.permute(x, (0, 2, 1)), (x.shape[0], x.shape[2], 2, 2, 2))
+    a, b = tl.split(y)  # last bit of the group index
+    a0, a1 = tl.split(a)
+    b0, b1 = tl.split(b)
+    x0, x4 = tl.split(a0)
+    x2, x6 = tl.split(a1)
+    x1, x5 = tl.split(b0)
+    x3, x7 = tl.split(b1)
+    return x0, x1, x2, x3, x4, x5, x6, x7
+
+
+@triton.jit
+def _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N: tl.constexpr):
+    """S = q K^T as 8 products over 64-dim groups, each group of q loaded here (an L1 hit
+    after the first tile). mma.sync takes its A operand from registers: one 512-deep product
+    holds all of q there (BLOCK_H x 512 per warp, past the register file), 64 deep an eighth;
+    loaded inside the loop, the 8 groups are not hoisted out of it together."""
+    k0, k1, k2, k3, k4, k5, k6, k7 = _split8(tl.reshape(k, (BLOCK_N, 8, 64)))
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 0, k0.dtype), tl.trans(k0))
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 1, k0.dtype), tl.trans(k1), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 2, k0.dtype), tl.trans(k2), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 3, k0.dtype), tl.trans(k3), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 4, k0.dtype), tl.trans(k4), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 5, k0.dtype), tl.trans(k5), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 6, k0.dtype), tl.trans(k6), s)
+    s = tl.dot(_q_group(q_row, stride_qd, head_mask, 7, k0.dtype), tl.trans(k7), s)
+    return s
+
+
+@triton.jit
+def _q_group(q_row, stride_qd, head_mask, g: tl.constexpr, dtype: tl.constexpr):
+    """Columns [64 g, 64 g + 64) of the program's query rows, in the operand dtype."""
+    c = g * GROUP + tl.arange(0, GROUP)
+    return tl.load(q_row + c[None, :] * stride_qd, mask=head_mask[:, None], other=0.0).to(dtype)
+
+
+@triton.jit
+def _attend_split_mma(
+    acc, m_i, l_i, q, q_row, stride_qd, head_mask,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    qk_scale_log2, w_off, e_w_off, row_shift,
+    HAS_EXTRA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
+    PACKED: tl.constexpr,
+):  # fmt: skip
+    """Online softmax (base 2) of BLOCK_H heads over the split's tokens: [start, end) of the
+    main cache, then [e_start, e_end) of the extra cache, in one loop whose tile picks its
+    cache (one copy of the tile body: two loops, one per cache, spilled ~20x more registers).
+
+    Per tile: S = q K^T and O += P K, `tl.dot` on DOT_DTYPE operands with fp32 accumulation,
+    K the whole 512-wide row (nope and rope in one operand: one MMA chain each, no padding).
+    PV_SPLIT adds P's bf16 rounding residue to the PV product (`_exact_pv_operands`);
+    S_BY_GROUP computes S as 8 products 64 deep (`_scores_by_group`, the mma.sync row).
+    PREFETCH asks L2 for the next tile's rows once this tile's are loaded, so that they
+    arrive while this tile's products run (`_prefetch_rows`). FMT / E_FMT: the two caches'
+    formats; when they differ (a V4.1 FP4 extra cache), the tile's gather branches on its cache
+    (one launch per cache instead measured 11% slower at B64 dual, run P3).
+    PACKED: the rows are several query tokens' heads over the union of their selections
+    (`_mma_packed_kernel`); each key's per-token counts are the int32 word w_off (e_w_off in
+    the extra cache) entries after its index, 4 bits per token, the row's at `row_shift`.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
+    n_tiles = n_main
+    if HAS_EXTRA:
+        n_tiles += tl.cdiv(tl.maximum(e_end - e_start, 0), BLOCK_N)
+    for i in tl.range(0, n_tiles, num_stages=NUM_STAGES):
+        kv, kv_stride, psize, ntok, irow, istride, n0, stop = _tile_source(
+            i, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it,
+            start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row,
+            stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+        )  # fmt: skip
+        idx, valid = _gather_indices(irow, istride, n0 + offs_n, stop, ntok)
+        if PREFETCH:
+            nkv, nstride, npsize, nntok, nirow, nistride, nn0, nstop = _tile_source(
+                i + 1, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row,
+                stride_it, start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+                e_idx_row, stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+            )  # fmt: skip
+            next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
+        # Exact in bf16: fp8 * 2^e has 4 significant bits, the rope already is bf16.
+        if FMT == E_FMT:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        elif i < n_main:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        else:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, E_FMT)
+        k = k.to(DOT_DTYPE)
+        if PREFETCH:
+            if nntok > 0:  # an empty cache's pointer may not be an address
+                if FMT == E_FMT:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                elif i + 1 < n_main:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                else:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, E_FMT)
+        if S_BY_GROUP:
+            s = _scores_by_group(q_row, stride_qd, head_mask, k, BLOCK_N)
+        else:
+            s = tl.dot(q, tl.trans(k))
+        if PACKED:
+            woff = w_off
+            if HAS_EXTRA:
+                woff = tl.where(i < n_main, w_off, e_w_off)
+            w = tl.load(irow + woff + (n0 + offs_n), mask=valid, other=0)
+            cnt = (w[None, :] >> row_shift[:, None]) & 15
+            p, alpha, m_new, l_i = _online_softmax_counts(s, cnt, m_i, l_i, qk_scale_log2)
+        else:
+            p, alpha, m_new, l_i = _online_softmax_step(s, valid, m_i, l_i, qk_scale_log2)
+        p_op = p.to(DOT_DTYPE)
+        if PV_SPLIT:
+            p2, k2 = _exact_pv_operands(p, p_op, k, BLOCK_N)
+            acc = tl.dot(p2, k2, acc * alpha[:, None])
+        else:
+            acc = tl.dot(p_op, k, acc * alpha[:, None])
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _tile_source(
+    i, n_main,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    HAS_EXTRA: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    """Tile i of the split's tile list (the main cache's tiles, then the extra cache's): its
+    cache (pointer, page stride, page size, token count), its index row and stride, its first
+    position and the end of its cache's range."""
+    if HAS_EXTRA:
+        in_main = i < n_main
+        kv = tl.where(in_main, KV_ptr, EKV_ptr)
+        kv_stride = tl.where(in_main, stride_kv_page, stride_ekv_page)
+        psize = tl.where(in_main, page_size, e_page_size)
+        ntok = tl.where(in_main, num_tokens, e_num_tokens)
+        irow = tl.where(in_main, idx_row, e_idx_row)
+        istride = tl.where(in_main, stride_it, stride_eit)
+        n0 = tl.where(in_main, start + i * BLOCK_N, e_start + (i - n_main) * BLOCK_N)
+        stop = tl.where(in_main, end, e_end)
+    else:
+        kv, kv_stride, psize, ntok = KV_ptr, stride_kv_page, page_size, num_tokens
+        irow, istride, n0, stop = idx_row, stride_it, start + i * BLOCK_N, end
+    return kv, kv_stride, psize, ntok, irow, istride, n0, stop
+
+
+@triton.jit
+def _prefetch_rows(KV_ptr, stride_kv_page, page_size, idx, valid, FMT: tl.constexpr):
+    """Ask L2 for the cache lines of slots `idx` (format FMT): the data row (576, 512 or 256
+    bytes: its 128-byte lines and its last byte) and the scale bytes. `prefetch.global.L2` has no
+    destination register and nothing waits for it; slots that are not `valid` are slot 0
+    (`_gather_indices`), a valid address of a non-empty cache."""
+    row_off, scale_off = _row_offsets(stride_kv_page, page_size, idx, FMT)
+    if FMT == 1:
+        last = 511
+    elif FMT == 2:
+        last = 255
+    else:
+        last = DATA_BYTES - 1
+    j = tl.arange(0, 8)[None, :]
+    line = row_off[:, None] + tl.minimum(j * 128, last)
+    off = tl.where(j < 6, line, scale_off[:, None])
+    ptrs = KV_ptr + tl.where(valid[:, None], off, 0)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _split_heads(
+    heads, b, split, H, num_splits,
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    PO_ptr, PLSE_ptr, qk_scale_log2, h_real, w_off, e_w_off,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
+    PACKED: tl.constexpr,
+):  # fmt: skip
+    """One split of one request for the heads `heads`: attend over the split's tiles, then
+    store the result (final bf16 out and lse with one split, else the fp32 partial).
+    PACKED: `heads` are rows of a block of several query tokens' h_real heads each (row r:
+    token r // h_real, head r % h_real)."""
+    head_mask = heads < H
+    if PACKED:
+        sink_heads = heads % h_real
+        row_shift = (heads // h_real) * 4
+    else:
+        sink_heads = heads
+        row_shift = heads
+    d = tl.arange(0, D_QK)
+    q_row = Q_ptr + b.to(tl.int64) * stride_qb + heads[:, None].to(tl.int64) * stride_qh
+    # q stays unscaled in the operand dtype (bf16 q is exact; scaling happens on fp32 scores).
+    q = tl.load(q_row + d[None, :] * stride_qd, mask=head_mask[:, None], other=0.0)
+    q = q.to(DOT_DTYPE)
+    acc = tl.zeros([heads.shape[0], D_QK], dtype=tl.float32)
+    m_i = tl.full([heads.shape[0]], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([heads.shape[0]], dtype=tl.float32)
+    acc, m_i, l_i = _attend_split_mma(
+        acc, m_i, l_i, q, q_row, stride_qd, head_mask,
+        KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+        EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+        e_start, e_end,
+        qk_scale_log2, w_off, e_w_off, row_shift, HAS_EXTRA, BLOCK_N, DOT_DTYPE, PV_SPLIT,
+        S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, PACKED,
+    )  # fmt: skip
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(
+            l_i, lse2, sink_heads, head_mask, SINK_ptr, stride_sink, HAS_SINK
+        )
+        o_row = O_ptr + b.to(tl.int64) * stride_ob + heads[:, None].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[:, None], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    else:
+        # Partials [B, H, num_splits, 512] fp32 (normalised) and [B, H, num_splits] base-2 LSE.
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_row = PO_ptr + row[:, None] * D_QK
+        out = acc * inv_l[:, None]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_row + d[None, :], out, mask=head_mask[:, None])
+
+
+@triton.jit
+def _split_heads_tm(
+    heads, b, split, H, num_splits,
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit, e_start, e_end,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    PO_ptr, PLSE_ptr, qk_scale_log2,
+    SINGLE_SPLIT: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr,
+    E_FMT: tl.constexpr,
+):  # fmt: skip
+    """`_split_heads` token-major (the bf16-P loop only): S^T = K q^T [BLOCK_N, heads] with the
+    dequantized tile as the first operand, softmax over axis 0, O^T += K^T P^T [512, heads].
+    For few heads (prefill-sized calls): the heads are the products' N (8 heads need no
+    padding to 16 rows, mma.sync's n8), and the two uses of the K tile are staged one after
+    the other, so a program needs about half the shared memory of the head-major loop's
+    (q^T 8 KB + one 16-token tile 16 KB at a time, sm_90, triton 3.6: 40,960 B against
+    81,920): more programs per SM (docs/kernel-optimisation-log.md, v14)."""
+    head_mask = heads < H
+    d = tl.arange(0, D_QK)
+    q_col = Q_ptr + b.to(tl.int64) * stride_qb + heads[None, :].to(tl.int64) * stride_qh
+    qt = tl.load(q_col + d[:, None] * stride_qd, mask=head_mask[None, :], other=0.0)
+    qt = qt.to(DOT_DTYPE)
+    acc = tl.zeros([D_QK, heads.shape[0]], dtype=tl.float32)
+    m_i = tl.full([heads.shape[0]], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([heads.shape[0]], dtype=tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    n_main = tl.cdiv(tl.maximum(end - start, 0), BLOCK_N)
+    n_tiles = n_main
+    if HAS_EXTRA:
+        n_tiles += tl.cdiv(tl.maximum(e_end - e_start, 0), BLOCK_N)
+    for i in range(0, n_tiles):
+        kv, kv_stride, psize, ntok, irow, istride, n0, stop = _tile_source(
+            i, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it,
+            start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row,
+            stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+        )  # fmt: skip
+        # (written apart from the head-major loop's line: `--phases` edits each loop's own)
+        idx, valid = _gather_indices(irow, istride, offs_n + n0, stop, ntok)
+        if PREFETCH:
+            nkv, nstride, npsize, nntok, nirow, nistride, nn0, nstop = _tile_source(
+                i + 1, n_main, KV_ptr, stride_kv_page, page_size, num_tokens, idx_row,
+                stride_it, start, end, EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+                e_idx_row, stride_eit, e_start, e_end, HAS_EXTRA, BLOCK_N,
+            )  # fmt: skip
+            next_idx, next_valid = _gather_indices(nirow, nistride, nn0 + offs_n, nstop, nntok)
+        if FMT == E_FMT:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        elif i < n_main:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, FMT)
+        else:
+            k = _tile_k(kv, kv_stride, psize, idx, valid, BLOCK_N, E_FMT)
+        k = k.to(DOT_DTYPE)
+        if PREFETCH:
+            if nntok > 0:  # an empty cache's pointer may not be an address
+                if FMT == E_FMT:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                elif i + 1 < n_main:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, FMT)
+                else:
+                    _prefetch_rows(nkv, nstride, npsize, next_idx, next_valid, E_FMT)
+        st = tl.dot(k, qt)
+        st = tl.where(valid[:, None], st * qk_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(st, axis=0))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # no valid token yet: no NaN
+        alpha = tl.exp2(m_i - m_use)
+        p = tl.exp2(st - m_use[None, :])
+        l_i = l_i * alpha + tl.sum(p, axis=0)
+        acc = tl.dot(tl.trans(k), p.to(DOT_DTYPE), acc * alpha[None, :])
+        m_i = m_new
+    lse2 = tl.where(l_i > 0, m_i + tl.log2(l_i), float("-inf"))
+    if SINGLE_SPLIT:
+        coef, total2 = _final_coef(l_i, lse2, heads, head_mask, SINK_ptr, stride_sink, HAS_SINK)
+        o_col = O_ptr + b.to(tl.int64) * stride_ob + heads[None, :].to(tl.int64) * stride_oh
+        out = _to_out_dtype(acc * coef[None, :], O_ptr, RNE_BY_HAND)
+        lse_ptrs = LSE_ptr + b.to(tl.int64) * stride_lb + heads * stride_lh
+        tl.store(lse_ptrs, total2 * LN2, mask=head_mask)
+    else:
+        row = (b.to(tl.int64) * H + heads.to(tl.int64)) * num_splits + split
+        inv_l = tl.where(l_i > 0, 1.0 / l_i, 0.0)
+        o_col = PO_ptr + row[None, :] * D_QK
+        out = acc * inv_l[None, :]
+        tl.store(PLSE_ptr + row, lse2, mask=head_mask)
+    tl.store(o_col + d[:, None], out, mask=head_mask[None, :])
+
+
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
+def _mma_split_kernel(
+    Q_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    KV_ptr,
+    stride_kv_page,
+    page_size,
+    num_tokens,
+    IDX_ptr,
+    stride_ib,
+    stride_it,
+    topk,
+    LEN_ptr,
+    stride_len,
+    tiles_per_split,
+    EKV_ptr,
+    stride_ekv_page,
+    e_page_size,
+    e_num_tokens,
+    EIDX_ptr,
+    stride_eib,
+    stride_eit,
+    e_topk,
+    ELEN_ptr,
+    stride_elen,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    PO_ptr,
+    PLSE_ptr,
+    H,
+    qk_scale_log2,
+    num_splits,
+    has_len,
+    has_elen,
+    SINGLE_SPLIT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PV_SPLIT: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    RUN_BF16_P: tl.constexpr,
+    EXACT_BELOW: tl.constexpr,
+    EXACT_BLOCK_H: tl.constexpr,
+    COUNT_BLOCK: tl.constexpr,
+    COUNT_ONE_BLOCK: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
+    RUN_EXACT: tl.constexpr = True,
+    TOKEN_MAJOR: tl.constexpr = False,
+    SKIP_PACKED: tl.constexpr = False,
+):
+    tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
+    tl.static_assert(
+        not TOKEN_MAJOR or not RUN_EXACT or EXACT_BELOW == 0,
+        "token-major: the exact PV runs as a second (head-major) launch",
+    )
+    tl.static_assert(BLOCK_N >= 16, "tl.dot needs at least 16 columns")
+    tl.static_assert(BLOCK_H % EXACT_BLOCK_H == 0, "the exact path splits the head block")
+    pid_bh = tl.program_id(0)
+    split = tl.program_id(1)
+    num_head_blocks = tl.cdiv(H, BLOCK_H)
+    b = pid_bh // num_head_blocks
+    h0 = (pid_bh % num_head_blocks) * BLOCK_H
+
+    length = _length(LEN_ptr, stride_len, has_len, b, topk)
+    if SKIP_PACKED:
+        # Lengths from `_pack_plan_kernel`: -1 marks a token of a packed group, which
+        # `_mma_packed_kernel` writes; its program exits here (no count, no q, no store).
+        if length < 0:
+            return
+    # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
+    # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
+    # over 10 splits, one tile each).
+    t0 = split * tiles_per_split
+    t1 = t0 + tiles_per_split
+    main_tiles = tl.cdiv(topk, BLOCK_N)
+    start = tl.minimum(t0, main_tiles) * BLOCK_N
+    end = tl.minimum(tl.minimum(t1, main_tiles) * BLOCK_N, length)
+    e_start = 0
+    e_end = 0
+    e_length = e_topk
+    if HAS_EXTRA:
+        e_length = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
+        e_start = tl.maximum(t0 - main_tiles, 0) * BLOCK_N
+        e_end = tl.minimum(tl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length)
+    idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
+    e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
+    exact = False
+    if EXACT_BELOW > 0:
+        # Requests with at most EXACT_BELOW valid tokens (counted here from the index rows: no
+        # host sync) take the exact PV, in sub-blocks of EXACT_BLOCK_H heads (its doubled
+        # tile must fit).
+        n_valid = _count_valid(
+            idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK, COUNT_ONE_BLOCK
+        )
+        if HAS_EXTRA:
+            n_valid += _count_valid(
+                e_idx_row, stride_eit, e_length, e_topk, e_num_tokens, COUNT_BLOCK,
+                COUNT_ONE_BLOCK,
+            )  # fmt: skip
+        exact = n_valid <= EXACT_BELOW
+    # RUN_EXACT off: the bf16-P launch of a pair whose other launch (on a side stream, running
+    # beside this one) does the few-token requests: they return here, so the two write
+    # disjoint outputs. RUN_BF16_P off: that other launch, which returns for the rest.
+    if exact:
+        if RUN_EXACT:
+            for sub in tl.static_range(BLOCK_H // EXACT_BLOCK_H):
+                _split_heads(
+                    h0 + sub * EXACT_BLOCK_H + tl.arange(0, EXACT_BLOCK_H), b, split, H,
+                    num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                    KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                    e_start, e_end,
+                    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                    stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
+                    SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, True, RNE_BY_HAND,
+                    S_BY_GROUP, 1, PREFETCH, FMT, E_FMT, False,
+                )  # fmt: skip
+    else:
+        if RUN_BF16_P and TOKEN_MAJOR:
+            _split_heads_tm(
+                h0 + tl.arange(0, BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_start, e_end,
+                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2,
+                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, RNE_BY_HAND, PREFETCH,
+                FMT, E_FMT,
+            )  # fmt: skip
+        elif RUN_BF16_P:
+            _split_heads(
+                h0 + tl.arange(0, BLOCK_H), b, split, H,
+                num_splits, Q_ptr, stride_qb, stride_qh, stride_qd,
+                KV_ptr, stride_kv_page, page_size, num_tokens, idx_row, stride_it, start, end,
+                EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, e_idx_row, stride_eit,
+                e_start, e_end,
+                SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb,
+                stride_lh, PO_ptr, PLSE_ptr, qk_scale_log2, H, 0, 0,
+                SINGLE_SPLIT, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, PV_SPLIT, RNE_BY_HAND,
+                S_BY_GROUP, NUM_STAGES, PREFETCH, FMT, E_FMT, False,
+            )  # fmt: skip
+
+
+@triton.jit
+def _combine_kernel(
+    PO_ptr,
+    PLSE_ptr,
+    SINK_ptr,
+    stride_sink,
+    O_ptr,
+    stride_ob,
+    stride_oh,
+    LSE_ptr,
+    stride_lb,
+    stride_lh,
+    H,
+    num_splits,
+    SPLITS_POW2: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+):
+    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink."""
+    pid = tl.program_id(0)  # b * H + h
+    b = pid // H
+    h = pid % H
+    s = tl.arange(0, SPLITS_POW2)
+    row0 = pid.to(tl.int64) * num_splits
+    lse = tl.load(PLSE_ptr + row0 + s, mask=s < num_splits, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    if HAS_SINK:
+        sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
+        mx = tl.maximum(mx, sink2)
+    mx = tl.where(tl.abs(mx) == float("inf"), 0.0, mx)
+    w = tl.exp2(lse - mx)
+    den = tl.sum(w, axis=0)
+    if HAS_SINK:
+        den += tl.exp2(sink2 - mx)
+    coef = tl.where(den > 0, w / den, 0.0)
+
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    parts = tl.load(
+        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < num_splits)[:, None], other=0.0
+    )
+    out = tl.sum(parts * coef[:, None], axis=0)
+    o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
+    tl.store(o_ptrs + d, _to_out_dtype(out, O_ptr, RNE_BY_HAND))
+    if tl.program_id(1) == 0:
+        tl.store(LSE_ptr + b.to(tl.int64) * stride_lb + h * stride_lh, (mx + tl.log2(den)) * LN2)
+
+
+# ------------------------------------------------------------ Hopper: the warp-specialized loop
+# The sm_90 row's bf16-P launch as a Gluon kernel (explicit warp specialization): a loader
+# partition of 4 warps only issues cp.async of each tile's raw rows (fp8 nope, bf16 rope, scale
+# bytes) into a ring of NR slots, tiles ahead; the default partition (8 warps, two
+# warpgroups) dequantizes each raw tile into the one bf16 K tile it owns and runs S = q K^T and
+# O += P K as wgmma, q resident in shared memory. The gather's latency passes under the
+# products of earlier tiles, which one Triton program (one instruction stream) cannot arrange.
+# Same split grid, partials and combine as `_mma_split_kernel`; the few-token requests' exact
+# PV stays that kernel's second launch. Hopper only (wgmma); Gluon has no CPU interpreter, so
+# the interpreter and other GPUs run `_mma_split_kernel`. Measured: issue 20, session 15
+# (docs/benchmarks.md).
+
+try:
+    if _INTERPRET:
+        raise ImportError("the Triton interpreter runs no Gluon kernel")
+    if triton.__version__.split(".")[:2] != ["3", "6"]:
+        # Gluon is experimental and its API moves between releases (3.9 has no
+        # thread_barrier): only the release this kernel was built and measured with
+        raise ImportError(f"Gluon kernel written for triton 3.6, not {triton.__version__}")
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+    )
+
+    HAS_GLUON = True
+except Exception:  # noqa: BLE001  (older Triton, or an API this file does not know)
+    HAS_GLUON = False
+
+WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
+WS_BLOCK_N = 64  # tokens per tile
+WS_RAW_SLOTS = 2  # raw tiles in flight (2 x 37.4 KB + q 64 KB + K 64 KB: 218 KB of 227)
+WS_LOADER_REGS = 56  # the loader only computes addresses
+# Calls whose programs x 64-token tiles are at most this many (B1 dual: 10) take 32-token
+# tiles and four raw slots instead: twice the splits (to be measured: B1 topk2048, 32 such
+# tiles, measured 18.6 us at 64 tokens and 19.2 at 32 in session 15's call S2).
+WS_SMALL_GRID_TILES = 16
+WS_SMALL_BLOCK_N = 32
+
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _ws_tile(j, n_main, b, start, end, e_start, e_end,
+                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                 stride_it,
+                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                 stride_eib, stride_eit, BLOCK_N: gl.constexpr):  # fmt: skip
+        """Tile j of a split: the main cache's tiles, then the extra cache's. Returns its first
+        position, its end, and its cache's pointers and geometry."""
+        # selects, not branches: an argument Triton specialised (a page size or stride of 1)
+        # is a constant in one cache and a value in the other
+        main = j < n_main
+        t0 = gl.where(main, start + j * BLOCK_N, e_start + (j - n_main) * BLOCK_N)
+        lim = gl.where(main, end, e_end)
+        kv8 = gl.where(main, KV8, EKV8)
+        kvu = gl.where(main, KVU, EKVU)
+        kvb = gl.where(main, KVB, EKVB)
+        stride_page = gl.where(main, stride_kv_page, stride_ekv_page).to(gl.int64)
+        psize = gl.where(main, page_size, e_page_size)
+        ntok = gl.where(main, num_tokens, e_num_tokens)
+        idx_row = gl.where(main, IDX_ptr + b.to(gl.int64) * stride_ib,
+                           EIDX_ptr + b.to(gl.int64) * stride_eib)  # fmt: skip
+        s_it = gl.where(main, stride_it, stride_eit)
+        return t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it
+
+    @gluon.jit
+    def _ws_issue(j, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+                  KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                  stride_it,
+                  EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                  stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
+        """cp.async of tile j's rows into raw slot j % NR: fp8 nope (7 groups of 64 bytes),
+        bf16 rope (64 values), the 8 scale bytes; masked off past the last tile and for
+        invalid slots (their rows are never read: S is -inf there)."""
+        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 4, 4], [4, 1, 1], [2, 1, 0])
+        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        cs: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
+        t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+            j, n_main, b, start, end, e_start, e_end,
+            KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
+            EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
+            stride_eit, BLOCK_N,
+        )  # fmt: skip
+        slot = j % NR
+        live = j < n_tiles
+        # fp8 nope
+        t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
+        idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
+        valid = (idx >= 0) & (idx < ntok)
+        idx = gl.where(valid, idx, 0)
+        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 576
+        grp = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
+        col = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
+        offs = (grp * 64)[None, :, None] + col[None, None, :]
+        async_copy.async_copy_global_to_shared(
+            raw8.index(slot), kv8 + base[:, None, None] + offs,
+            mask=valid[:, None, None] & (grp < 7)[None, :, None],
+        )  # fmt: skip
+        # bf16 rope, after the 448 fp8 bytes
+        tr = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cr))
+        idr = gl.load(idx_row + tr * s_it, mask=(tr < lim) & live, other=-1)
+        vr = (idr >= 0) & (idr < ntok)
+        idr = gl.where(vr, idr, 0)
+        br = (idr // psize).to(gl.int64) * stride_page + (idr % psize).to(gl.int64) * 576
+        rc = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
+        async_copy.async_copy_global_to_shared(
+            rawr.index(slot), kvb + (br[:, None] + 448) // 2 + rc[None, :], mask=vr[:, None]
+        )
+        # scale bytes: 7 UE8M0 exponents + pad, after the page's data rows
+        ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
+        ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
+        vs = (ids >= 0) & (ids < ntok)
+        ids = gl.where(vs, ids, 0)
+        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 576
+              + (ids % psize).to(gl.int64) * 8)  # fmt: skip
+        sc = gl.arange(0, 8, layout=gl.SliceLayout(0, cs))
+        async_copy.async_copy_global_to_shared(
+            raws.index(slot), kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
+        )
+
+    @gluon.jit
+    def _ws_loader(raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start, end,
+                   e_start, e_end,
+                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                   stride_it,
+                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                   stride_eib, stride_eit, NR: gl.constexpr,
+                   BLOCK_N: gl.constexpr):  # fmt: skip
+        """Worker partition: tile i's copies once the consumer freed slot i % NR; raw_full of
+        tile i - (NR - 1) arrives when this partition's copies of it have landed."""
+        for i in range(n_tiles + NR - 1):
+            if i < n_tiles:
+                mbarrier.wait(raw_empty.index(i % NR), ((i // NR) & 1) ^ 1)
+                _ws_issue(
+                    i, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                    stride_it,
+                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                    stride_eib, stride_eit, NR, BLOCK_N,
+                )  # fmt: skip
+            async_copy.commit_group()  # one group per iteration (empty past the last tile)
+            j = i - (NR - 1)
+            if j >= 0:
+                async_copy.wait_group(NR - 1)
+                gl.thread_barrier()  # every loader thread's copies of tile j landed
+                mbarrier.arrive(raw_full.index(j % NR), count=1)
+
+    @gluon.jit
+    def _ws_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
+                     start, end, e_start, e_end,
+                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                     stride_it,
+                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                     stride_eib, stride_eit, qk_scale_log2,
+                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length, e_topk,
+                     NR: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
+                     o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                     EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr):  # fmt: skip
+        """Default partition: q into shared memory and the request's valid-index count while
+        the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
+        (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
+        A request left to the exact launch consumes its tiles without computing."""
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+        q = gl.load(
+            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh + qd[None, :],
+            mask=(qh < H)[:, None],
+            other=0.0,
+        )
+        q_smem.store(q)
+        fence_async_shared()
+        gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
+        skipped = n_tiles < 0  # False: a scalar to assign below
+        if EXACT_BELOW > 0:
+            n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
+                                num_tokens, COUNT_BLOCK)  # fmt: skip
+            if HAS_EXTRA:
+                n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
+                                     e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+            skipped = n_valid <= EXACT_BELOW
+        n_compute = gl.where(skipped, 0, n_tiles)
+        ROWS: gl.constexpr = 16
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
+        for i in range(n_compute):
+            slot = i % NR
+            t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+                i, n_main, b, start, end, e_start, e_end,
+                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                stride_it,
+                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                stride_eib, stride_eit, BLOCK_N,
+            )  # fmt: skip
+            t = t0 + cols
+            idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
+            valid = (idx >= 0) & (idx < ntok)
+            mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
+            for r in gl.static_range(BLOCK_N // ROWS):
+                x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
+                e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+                rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
+                # 2^(e - 127) from its float bits (exact; byte 0 is 2^-127, a subnormal)
+                bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
+                x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
+                val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
+                k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
+            fence_async_shared()  # this thread's K stores, before wgmma reads them
+            gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)
+            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+            acc = warpgroup_mma(p_op, k_smem, acc)
+            gl.thread_barrier()  # both warpgroups' PV done before the next tile overwrites K
+        for i in range(n_compute, n_tiles):  # a skipped request: its slots handed back
+            mbarrier.wait(raw_full.index(i % NR), (i // NR) & 1)
+            mbarrier.arrive(raw_empty.index(i % NR), count=1)
+        # l = -1 marks a request left to the exact launch (nothing is stored for it)
+        l_i = gl.where(skipped, -1.0, l_i)
+        return (
+            acc,
+            gl.convert_layout(m_i, gl.SliceLayout(1, o_layout)),
+            gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)),
+        )
+
+    @gluon.jit
+    def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr):
+        """`_count_valid`'s count: the first `length` indices that select a token."""
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [8], [0])
+        offs = gl.arange(0, COUNT_BLOCK, layout=layout)
+        n = gl.sum(gl.zeros([COUNT_BLOCK], gl.int32, layout), axis=0)
+        for p0 in range(0, topk, COUNT_BLOCK):
+            pos = p0 + offs
+            idx = gl.load(idx_row + pos * stride_it, mask=pos < topk, other=-1)
+            valid = (pos < length) & (idx >= 0) & (idx < num_tokens)
+            n += gl.sum(valid.to(gl.int32), axis=0)
+        return n
+
+    @gluon.jit(do_not_specialize=["has_len", "has_elen"])
+    def _ws_split_kernel(
+        Q_ptr, stride_qb, stride_qh,
+        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
+        topk, LEN_ptr, stride_len, has_len,
+        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
+        stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
+        SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+        PO_ptr, PLSE_ptr, H, qk_scale_log2, num_splits, tiles_per_split,
+        SINGLE_SPLIT: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr,
+        EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,
+    ):  # fmt: skip
+        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
+        (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
+        and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
+        are left to the exact launch (no tile walked, nothing stored)."""
+        pid = gl.program_id(0)
+        split = gl.program_id(1)
+        head_blocks = gl.cdiv(H, BLOCK_H)
+        b = pid // head_blocks
+        h0 = (pid % head_blocks) * BLOCK_H
+        length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
+        t0 = split * tiles_per_split
+        t1 = t0 + tiles_per_split
+        main_tiles = gl.cdiv(topk, BLOCK_N)
+        start = gl.minimum(t0, main_tiles) * BLOCK_N
+        end = gl.maximum(gl.minimum(gl.minimum(t1, main_tiles) * BLOCK_N, length), start)
+        n_main = gl.cdiv(end - start, BLOCK_N)
+        e_start = start * 0
+        e_end = start * 0
+        e_length = e_topk
+        n_tiles = n_main
+        if HAS_EXTRA:
+            e_length = gl.minimum(
+                gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
+            )
+            e_start = gl.maximum(t0 - main_tiles, 0) * BLOCK_N
+            e_end = gl.maximum(
+                gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
+            )
+            n_tiles = n_main + gl.cdiv(e_end - e_start, BLOCK_N)
+        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                rank=2)  # fmt: skip
+        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], sl)
+        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], sl)
+        raw8 = gl.allocate_shared_memory(
+            gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        )
+        rawr = gl.allocate_shared_memory(
+            gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
+        raws = gl.allocate_shared_memory(
+            gl.uint8, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        )
+        raw_full = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
+        raw_empty = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(NR):
+            mbarrier.init(raw_full.index(s), count=1)
+            mbarrier.init(raw_empty.index(s), count=1)
+        fence_async_shared()
+
+        WG: gl.constexpr = num_warps // 4
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
+        )
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, 512 // WG, 16]
+        )
+        acc, m_i, l_i = gl.warp_specialize(
+            [
+                (_ws_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles,
+                                n_main, b, start, end, e_start, e_end,
+                                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                                stride_ib, stride_it,
+                                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
+                                Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
+                                e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
+                                EXACT_BELOW, COUNT_BLOCK)),
+                (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
+                              end, e_start, e_end,
+                              KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                              stride_ib, stride_it,
+                              EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                              EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+            ],
+            [4],
+            [LOADER_REGS],
+        )  # fmt: skip
+
+        heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
+        d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
+        hmask = (heads < H) & (l_i >= 0)
+        lse2 = gl.where(l_i > 0, m_i + gl.log2(l_i), float("-inf"))
+        if SINGLE_SPLIT:
+            # `_final_coef`: the sink takes its weight (+inf: all of it; -inf: none)
+            if HAS_SINK:
+                sink2 = (
+                    gl.load(SINK_ptr + heads * stride_sink, mask=hmask, other=0.0)
+                    * 1.4426950408889634
+                )
+                mx = gl.maximum(lse2, sink2)
+                mx = gl.where(gl.abs(mx) == float("inf"), 0.0, mx)
+                total2 = mx + gl.log2(gl.exp2(lse2 - mx) + gl.exp2(sink2 - mx))
+            else:
+                total2 = lse2
+            coef = gl.where(l_i > 0, gl.exp2(lse2 - total2) / l_i, 0.0)
+            out = acc * coef[:, None]
+            o_ptrs = O_ptr + b.to(gl.int64) * stride_ob + heads[:, None].to(gl.int64) * stride_oh
+            gl.store(o_ptrs + d[None, :], out.to(gl.bfloat16), mask=hmask[:, None])
+            gl.store(LSE_ptr + b.to(gl.int64) * stride_lb + heads * stride_lh,
+                     total2 * 0.6931471805599453, mask=hmask)  # fmt: skip
+        else:
+            inv_l = gl.where(l_i > 0, 1.0 / l_i, 0.0)
+            row = (b.to(gl.int64) * H + heads.to(gl.int64)) * num_splits + split
+            gl.store(PO_ptr + row[:, None] * 512 + d[None, :], acc * inv_l[:, None],
+                     mask=hmask[:, None])  # fmt: skip
+            gl.store(PLSE_ptr + row, lse2, mask=hmask)
+
+
+# ----------------------------------------------------------------------------- packed tokens
+# Prefill-sized calls: consecutive query tokens (one request's prefill tokens) select mostly
+# the same cache rows, but the entry gets no request boundaries. `_pack_plan_kernel` finds,
+# per group of PACK_G consecutive tokens, the union of their selections from the indices
+# themselves (on the device, no host sync); where it is small, `_mma_packed_kernel` attends
+# the group's PACK_G x H heads as one block over the union, each row masked to its own
+# token's keys, so each shared row is gathered and dequantized once per group instead of once
+# per token (and the H8 block's 8 padding rows carry another token's heads). The per-token
+# launch, run first, gets length -1 for the packed tokens: their programs exit at once.
+
+
+@triton.jit
+def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, t1,
+                 PROBE_CHUNK: tl.constexpr):  # fmt: skip
+    """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
+    many were probed: a cheap test before the union (tokens that own their rows stop here)."""
+    pr = tl.arange(0, 16)
+    pi = tl.load(IDX_ptr + t1.to(tl.int64) * stride_ib + pr * stride_it, mask=pr < topk, other=-1)
+    pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
+    found = tl.zeros([16], dtype=tl.int32)
+    c = tl.arange(0, PROBE_CHUNK)
+    for c0 in range(0, topk, PROBE_CHUNK):
+        pos = c0 + c
+        r = tl.load(
+            IDX_ptr + t0.to(tl.int64) * stride_ib + pos * stride_it,
+            mask=(pos < topk) & (pos < len0), other=-2,
+        )  # fmt: skip
+        found = tl.maximum(found, tl.max((pi[:, None] == r[None, :]).to(tl.int32), axis=1))
+    return tl.sum(found * pvalid.to(tl.int32)), tl.sum(pvalid.to(tl.int32))
+
+
+_INT32_MAX = tl.constexpr(0x7FFFFFFF)  # an empty slot of a sorted base row: after every index
+
+
+@triton.jit
+def _base_counts(key, find, base, SC_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
+                 TOPK_LOG2: tl.constexpr):  # fmt: skip
+    """Which of the keys `find` ([PACK_G, TOPK_POW2]: token, position) the sorted row `base`
+    holds (`match`), and per entry of `base` its tokens' counts as a word of 4-bit counts
+    (token g's at bits 4g; nonzero only at an index's first occurrence: `first`), with the
+    largest count (a count past 15 carries into the next token's nibble). Every key's lower
+    bound in `base` by a branchless binary search (TOPK_LOG2 dependent loads, L1), one relaxed
+    atomic add per found key into its own token's count row (no two tokens on one address).
+    SC_ptr: (PACK_G + 1) x TOPK_POW2 int32 of scratch (the row, then the count rows)."""
+    g = tl.arange(0, PACK_G)
+    j = tl.arange(0, TOPK_POW2)
+    cnt_ptr = SC_ptr + TOPK_POW2
+    cnt_off = g[:, None] * TOPK_POW2 + j[None, :]
+    tl.store(SC_ptr + j, base)
+    tl.store(cnt_ptr + cnt_off, 0)
+    tl.debug_barrier()
+    pos = tl.zeros([PACK_G, TOPK_POW2], dtype=tl.int32)  # base entries below the key
+    for s in tl.static_range(TOPK_LOG2):
+        step = TOPK_POW2 >> (s + 1)
+        probe = tl.load(SC_ptr + pos + (step - 1))
+        pos = tl.where(probe < key, pos + step, pos)
+    match = find & (tl.load(SC_ptr + pos) == key)
+    tl.atomic_add(cnt_ptr + g[:, None] * TOPK_POW2 + pos, 1, mask=match, sem="relaxed")
+    prev = tl.load(SC_ptr + j - 1, mask=j > 0, other=-1)
+    tl.debug_barrier()
+    cnt = tl.load(cnt_ptr + cnt_off, cache_modifier=".cg")  # the atomics' results, from L2
+    word = tl.sum(cnt << (4 * g)[:, None], axis=0)
+    first = (base != prev) & (base != _INT32_MAX)
+    return match, word, first, tl.max(tl.max(cnt, axis=1))
+
+
+@triton.jit
+def _singles(idx, keep, at, UI_ptr, UW_ptr, PACK_G: tl.constexpr):
+    """Write the keys `keep` ([PACK_G, ...]) one entry each (word 1 << 4g), token by token
+    from entry `at` on; returns how many."""
+    g = tl.arange(0, PACK_G)
+    per_token = tl.sum(keep.to(tl.int32), axis=1)
+    row_at = at + tl.cumsum(per_token, 0) - per_token
+    slot = row_at[:, None] + tl.cumsum(keep.to(tl.int32), 1) - 1
+    tl.store(UI_ptr + slot, idx, mask=keep)
+    tl.store(UW_ptr + slot, tl.zeros_like(idx) + (1 << (4 * g))[:, None], mask=keep)
+    return tl.sum(per_token)
+
+
+@triton.jit
+def _union_rows(IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len, num_tokens,
+                t0, SC_ptr, UI_ptr, UW_ptr, PACK_G: tl.constexpr, TOPK_POW2: tl.constexpr,
+                TOPK_LOG2: tl.constexpr):  # fmt: skip
+    """A union of tokens t0 .. t0 + PACK_G - 1's valid selections in one cache: its entries at
+    UI_ptr[0, U) and, per entry, an int32 word of 4-bit counts (token g's count at bits 4g)
+    at UW_ptr[0, U). Up to two sorted base rows: token t0's row (its distinct indices first,
+    ascending, with every token's counts), then, where the other tokens select more than
+    TOPK_POW2 / 4 indices that it does not hold, the first TOPK_POW2 of those (their distinct
+    indices next, likewise); any index left (fewer than that outside the first base, or more
+    than TOPK_POW2) gets one entry per selection (word 1 << 4g). An index may thus have
+    several entries, which the packed launch weighs as one with their counts summed (count x
+    exp(s) is additive): the union is exact for any indices, the smallest one unless indices
+    are left. Costs one or two sorts of TOPK_POW2 int32 keys and binary searches
+    (`_base_counts`), not a sort or a hash table of all the group's keys.
+    Returns (U, each token's valid count, ok): not ok when a count passed 15 (its nibble would
+    carry)."""
+    g = tl.arange(0, PACK_G)
+    j = tl.arange(0, TOPK_POW2)
+    t = t0 + g
+    idx = tl.load(
+        IDX_ptr + t[:, None].to(tl.int64) * stride_ib + j[None, :] * stride_it,
+        mask=j[None, :] < topk, other=-1,
+    )  # fmt: skip
+    length = _lengths(LEN_ptr, stride_len, has_len, t, topk)
+    valid = (j[None, :] < length[:, None]) & (idx >= 0) & (idx < num_tokens)
+    n_valid = tl.sum(valid.to(tl.int32), axis=1)
+    key = tl.where(valid, idx, _INT32_MAX)  # an invalid key matches nothing
+    b0 = tl.load(IDX_ptr + t0.to(tl.int64) * stride_ib + j * stride_it, mask=j < topk, other=-1)
+    len0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
+    base = tl.sort(tl.where((j < len0) & (b0 >= 0) & (b0 < num_tokens), b0, _INT32_MAX))
+    match, word, first, top = _base_counts(key, valid, base, SC_ptr, PACK_G, TOPK_POW2,
+                                           TOPK_LOG2)  # fmt: skip
+    n_base = tl.sum(first.to(tl.int32))
+    run = tl.cumsum(first.to(tl.int32), 0) - 1
+    tl.store(UI_ptr + run, base, mask=first)
+    tl.store(UW_ptr + run, word, mask=first)
+    # The other tokens' indices outside the first base, one entry each after it; where they
+    # are many (more than a quarter of a row: a second sort then costs less than the rows it
+    # may save the packed launch), the first TOPK_POW2 of them sorted as the second base.
+    rest = valid & (match == 0)
+    n_rest = _singles(idx, rest, n_base, UI_ptr, UW_ptr, PACK_G)
+    n_base2 = n_rest * 0
+    n_left = n_rest
+    top2 = top * 0
+    if 4 * n_rest > TOPK_POW2:
+        tl.debug_barrier()
+        staged = tl.load(UI_ptr + n_base + j, mask=j < n_rest, other=_INT32_MAX)
+        base2 = tl.sort(staged)
+        match2, word2, first2, top2 = _base_counts(key, rest, base2, SC_ptr, PACK_G, TOPK_POW2,
+                                                   TOPK_LOG2)  # fmt: skip
+        n_base2 = tl.sum(first2.to(tl.int32))
+        run2 = n_base + tl.cumsum(first2.to(tl.int32), 0) - 1
+        tl.store(UI_ptr + run2, base2, mask=first2)
+        tl.store(UW_ptr + run2, word2, mask=first2)
+        n_left = _singles(idx, rest & (match2 == 0), n_base + n_base2, UI_ptr, UW_ptr, PACK_G)
+    return n_base + n_base2 + n_left, n_valid, tl.maximum(top, top2) <= 15
+
+
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
+def _pack_plan_kernel(
+    IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, num_tokens,
+    EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen, e_num_tokens,
+    U_ptr, stride_u, e_u_off, w_off, e_w_off, ULEN_ptr, FLAG_ptr, LEN2_ptr, ELEN2_ptr, HT_ptr,
+    stride_ht, e_ht_off, SYNC_ptr, B, has_len, has_elen, exact_below, max_keys,
+    PACK_G: tl.constexpr,
+    TOPK_POW2: tl.constexpr,
+    E_TOPK_POW2: tl.constexpr,
+    TOPK_LOG2: tl.constexpr,
+    E_TOPK_LOG2: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    PROBE_CHUNK: tl.constexpr,
+    SPLIT_CACHES: tl.constexpr = False,
+):  # fmt: skip
+    """Plan of group `program_id(0)` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens
+    are attended packed (every token of it present, the probe finds a shared selection, every
+    token has more than exact_below valid tokens, the union at most max_keys rows, no count
+    past 15), the unions and their lengths (ULEN [2]: main, extra) for `_mma_packed_kernel`,
+    and each token's lengths for the per-token launch (-1 where packed: its program exits at
+    once, `SKIP_PACKED`; else its own, at least 0).
+    SPLIT_CACHES (with the extra cache): the two caches' unions in two programs side by side
+    (`program_id(1)` 0: the extra cache's, 1: the main cache's) instead of one after the
+    other. Each stores its union's length, its tokens' valid counts and its count check in
+    SYNC_ptr's row of the group ([counter, then per cache: PACK_G counts and the check], the
+    counter zeroed by the launcher), then counts itself in with an acq_rel atomic; the one
+    that arrives second reads the other's and decides (no program waits on another)."""
+    grp = tl.program_id(0)
+    cache = tl.program_id(1)
+    t0 = grp * PACK_G
+    g = tl.arange(0, PACK_G)
+    t = t0 + g
+    present = t < B
+    t_in = tl.minimum(t, B - 1)  # the last group may be partial: no read past the lengths
+    length = _lengths(LEN_ptr, stride_len, has_len, t_in, topk)
+    e_length = length
+    if HAS_EXTRA:
+        e_length = _lengths(ELEN_ptr, stride_elen, has_elen, t_in, e_topk)
+    packed = tl.zeros([], dtype=tl.int32)
+    decide = cache == 0  # the program that writes the flag and the lengths
+    if t0 + PACK_G <= B:
+        l0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
+        l1 = _length(LEN_ptr, stride_len, has_len, t0 + PACK_G - 1, topk)
+        if HAS_EXTRA:  # the extra (compressed) cache's selections are the ones that coincide
+            l0 = _length(ELEN_ptr, stride_elen, has_elen, t0, e_topk)
+            l1 = _length(ELEN_ptr, stride_elen, has_elen, t0 + PACK_G - 1, e_topk)
+            found, probed = _found_share(
+                EIDX_ptr, stride_eib, stride_eit, e_topk, l0, l1, e_num_tokens, t0,
+                t0 + PACK_G - 1, PROBE_CHUNK,
+            )  # fmt: skip
+        else:
+            found, probed = _found_share(
+                IDX_ptr, stride_ib, stride_it, topk, l0, l1, num_tokens, t0, t0 + PACK_G - 1,
+                PROBE_CHUNK,
+            )  # fmt: skip
+        if (probed > 0) & (2 * found >= probed):
+            u_row = U_ptr + grp.to(tl.int64) * stride_u
+            # Per cache: the sorted base row, then PACK_G count rows (`_union_rows`).
+            ht = HT_ptr + grp.to(tl.int64) * stride_ht
+            if SPLIT_CACHES and HAS_EXTRA:
+                sync = SYNC_ptr + grp * (3 + 2 * PACK_G)
+                if cache == 0:
+                    n_u, n_valid, ok = _union_rows(
+                        EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen,
+                        has_elen, e_num_tokens, t0, ht + e_ht_off, u_row + e_u_off,
+                        u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2, E_TOPK_LOG2,
+                    )  # fmt: skip
+                else:
+                    n_u, n_valid, ok = _union_rows(
+                        IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len,
+                        num_tokens, t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
+                    )  # fmt: skip
+                mine = sync + 1 + cache * (PACK_G + 1)
+                tl.store(mine + g, n_valid)
+                tl.store(mine + PACK_G, ok.to(tl.int32))
+                tl.store(ULEN_ptr + grp * 2 + 1 - cache, n_u)
+                tl.debug_barrier()  # every thread's stores before the release below
+                arrived = tl.atomic_add(sync, 1, sem="acq_rel")
+                decide = arrived == 1
+                if decide:
+                    other = sync + 1 + (1 - cache) * (PACK_G + 1)
+                    n_valid += tl.load(other + g, cache_modifier=".cg")
+                    ok = ok & (tl.load(other + PACK_G, cache_modifier=".cg") != 0)
+                    n_all = n_u + tl.load(ULEN_ptr + grp * 2 + cache, cache_modifier=".cg")
+                    fits = (tl.min(n_valid) > exact_below) & (n_all <= max_keys) & ok
+                    packed = fits.to(tl.int32)
+            else:
+                n_u, n_valid, ok = _union_rows(
+                    IDX_ptr, stride_ib, stride_it, topk, LEN_ptr, stride_len, has_len,
+                    num_tokens, t0, ht, u_row, u_row + w_off, PACK_G, TOPK_POW2, TOPK_LOG2,
+                )  # fmt: skip
+                e_n_u = 0
+                if HAS_EXTRA:
+                    e_n_u, e_n_valid, e_ok = _union_rows(
+                        EIDX_ptr, stride_eib, stride_eit, e_topk, ELEN_ptr, stride_elen,
+                        has_elen, e_num_tokens, t0, ht + e_ht_off, u_row + e_u_off,
+                        u_row + e_u_off + e_w_off, PACK_G, E_TOPK_POW2, E_TOPK_LOG2,
+                    )  # fmt: skip
+                    n_valid += e_n_valid
+                    ok = ok & e_ok
+                fits = (tl.min(n_valid) > exact_below) & (n_u + e_n_u <= max_keys) & ok
+                packed = fits.to(tl.int32)
+                tl.store(ULEN_ptr + grp * 2, n_u)
+                tl.store(ULEN_ptr + grp * 2 + 1, e_n_u)
+    if decide:
+        tl.store(FLAG_ptr + grp, packed)
+        tl.store(LEN2_ptr + t, tl.where(packed != 0, -1, tl.maximum(length, 0)), mask=present)
+        if HAS_EXTRA:
+            e_len2 = tl.where(packed != 0, -1, tl.maximum(e_length, 0))
+            tl.store(ELEN2_ptr + t, e_len2, mask=present)
+
+
+@triton.jit
+def _mma_packed_kernel(
+    Q_ptr, stride_qb, stride_qh, stride_qd,
+    KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, w_off,
+    EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, e_w_off,
+    ULEN_ptr, FLAG_ptr,
+    SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+    H, h_real, qk_scale_log2,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
+    HAS_SINK: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
+    S_BY_GROUP: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    FMT: tl.constexpr = 0,
+    E_FMT: tl.constexpr = 0,
+):  # fmt: skip
+    """One packed group (a "request" of H = PACK_G x h_real rows, q / out / lse rows of
+    consecutive tokens being consecutive) and block of rows over the group's unions, one
+    split; returns at once for groups the plan left to the per-token launch."""
+    pid = tl.program_id(0)
+    num_head_blocks = tl.cdiv(H, BLOCK_H)
+    b = pid // num_head_blocks
+    h0 = (pid % num_head_blocks) * BLOCK_H
+    if tl.load(FLAG_ptr + b) != 0:
+        end = tl.load(ULEN_ptr + b * 2)
+        e_end = 0
+        if HAS_EXTRA:
+            e_end = tl.load(ULEN_ptr + b * 2 + 1)
+        _split_heads(
+            h0 + tl.arange(0, BLOCK_H), b, 0, H, 1, Q_ptr, stride_qb, stride_qh, stride_qd,
+            KV_ptr, stride_kv_page, page_size, num_tokens, IDX_ptr + b.to(tl.int64) * stride_ib,
+            1, 0, end,
+            EKV_ptr, stride_ekv_page, e_page_size, e_num_tokens,
+            EIDX_ptr + b.to(tl.int64) * stride_ib, 1, 0, e_end,
+            SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
+            O_ptr, LSE_ptr, qk_scale_log2, h_real, w_off, e_w_off,
+            True, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, False, RNE_BY_HAND, S_BY_GROUP, 1,
+            PREFETCH, FMT, E_FMT, True,
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- launch configs
+
+
+class MMARow(NamedTuple):
+    """One row of the per-architecture table: the launch parameters of one GPU family."""
+
+    block_h: int  # heads per program, at most (fewer when H is smaller: next power of 2, >= 16)
+    block_n: int  # tokens per tile
+    num_warps: int
+    # Triton's software pipelining of the bf16-P loop's tile loads (1: none; grids capped by
+    # the tile count, one or two tiles per split, always run 1)
+    num_stages: int
+    programs_per_sm: int  # resident programs the split rule fills each SM with
+    s_by_group: bool  # S as 8 products 64 deep (mma.sync holds its A operand in registers)
+    exact_block_h: int  # heads per program of the exact-PV pass (its doubled tile must fit)
+    # Tokens per tile when the grid is capped by the tile count (every split one tile and SMs
+    # left idle, the B1 shapes): smaller tiles, more splits.
+    small_grid_block_n: int
+    # The exact PV for few-token requests as a branch of the same launch (True) or as a
+    # second launch (False): the branch costs the bf16-P loop registers on some rows.
+    exact_in_launch: bool
+    # Each tile asks L2 for the next tile's rows (`prefetch.global.L2`; not in the CPU
+    # interpreter, which has no inline assembly).
+    prefetch_next: bool
+    # Prefill-sized calls with few heads (a head block of 16, PREFILL_PROGRAMS_PER_SLOT or
+    # more programs per resident slot: one split each): tokens per tile and warps there (0:
+    # the row's). Their time is the per-row gather and dequantization of programs that hold
+    # 16 rows, one program per SM on the sm_90 row (8 warps, 212 registers, two copies of the
+    # 64-token K tile in shared memory): 32-token tiles and 4 warps fit two per SM.
+    prefill_block_n: int = 0
+    prefill_num_warps: int = 0
+    # With the exact PV as a second launch: that launch runs on a side stream beside the
+    # bf16-P launch (which then counts too and skips the few-token requests), not after it,
+    # so its time passes under the bf16-P launch's longest split instead of adding to it.
+    exact_concurrent: bool = False
+    # Prefill-sized calls with few heads: consecutive query tokens whose selections mostly
+    # coincide are attended as one block of up to this many rows (PACK_MAX_TOKENS tokens'
+    # heads) over the union of their selections (`_pack_plan_kernel`); 0: never. That
+    # block's tokens per tile and warps (the row's decode block of as many rows).
+    pack_rows: int = 0
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
+    # Prefill-sized calls with few heads: the bf16-P launch token-major (`_split_heads_tm`:
+    # the heads are the products' N, 8 heads per program at H <= 8), with tiles of this many
+    # tokens and prefill_tm_num_warps warps (0: off, the head-major prefill tile above); for
+    # 16-head blocks (9 to 16 heads) prefill_tm16_* (0: the same). Only with the exact PV as
+    # a second launch, which keeps the head-major prefill tile.
+    prefill_tm_block_n: int = 0
+    prefill_tm_num_warps: int = 0
+    prefill_tm16_block_n: int = 0
+    prefill_tm16_num_warps: int = 0
+    # The token-major builds' resident programs per SM (8-head and 16-head blocks; 0: token-
+    # major only from PREFILL_PROGRAMS_PER_SLOT on). With them a call of more than one
+    # head-major wave whose token-major programs fit in one round of these slots may take the
+    # token-major loop too, one split (tm_one_round).
+    prefill_tm_programs_per_sm: int = 0
+    prefill_tm16_programs_per_sm: int = 0
+    # The bf16-P launch of head-major 64-head single-cache calls as the warp-specialized Gluon
+    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 caches; where
+    # Gluon is missing the launcher falls back to `_mma_split_kernel`).
+    ws: bool = False
+
+
+# Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
+# checks every build of every row against it). Measured rows: docs/benchmarks.md.
+MMA_ROWS: dict[str, MMARow] = {
+    # wgmma, 64 heads x 64 tokens: q 64 KB + K tile 64 KB in shared memory (192 KB for the
+    # exact pass); the 64 x 512 fp32 accumulator is 128 registers per thread: one program per
+    # SM. Unpipelined (2 or 3 stages fit, 169-172 KB, but measured 3-13% slower), and the
+    # exact PV a second launch (as a branch of the first it made the bf16-P loop spill:
+    # +20-30%). The next tile's rows prefetched into L2: 7-11% faster at B >= 32.
+    # Prefill with H <= 16: 32-token tiles, 4 warps (runs P1, P2: T1024 / T4096 H8 dual
+    # 430 / 1673 -> 392 / 1513 µs; 16-token tiles or 2 warps slower, 2 pipeline stages 1.6x
+    # slower; at H 64 the same change is 3.8x slower, so only for 16-head blocks).
+    # The exact launch beside the bf16-P one (side stream): edge rows' ~40 µs exact pass under
+    # the longest split (issue 20, session 4: docs/benchmarks.md).
+    # Prefill tokens whose selections coincide: 8 tokens' 8 heads as one 64-row block
+    # (issue 20, session 7).
+    # Prefill-sized calls with up to 16 heads (V4 caches): the bf16-P launch token-major, 8
+    # heads x 16 tokens x 2 warps (40,960 B, 168 registers: five per SM) at H <= 8, 16 x 32 x
+    # 4 warps at 16 heads (50,240 B: two per SM): 1.09-1.29x over the head-major loop (run H2,
+    # v14; fewer warps per tile because a token-major tile of 16 tokens is one MMA row block,
+    # which more warps compute again).
+    # Between one head-major wave (132 programs) and four: the token-major loop when its
+    # programs fit one round of its slots (five per SM at 8 heads, two at 16: run W1, v20),
+    # one split (tm_one_round: T256 H8 dual in one round of 16-head programs, 109 -> 91 us,
+    # with partial lengths 99 -> 83; v21).
+    # Head-major 64-head calls on one cache: the warp-specialized Gluon loop (v23, one run:
+    # B64 topk2048 101.0 -> 81.5 us, B128 177.1 -> 143.0, B1 19.6 -> 18.6 with its 64-token
+    # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
+    "sm90": MMARow(
+        64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
+        ws=True,
+    ),
+    # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
+    # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
+    # faster than a second launch, 33% on partial lengths). Unpipelined (2 stages spill).
+    # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
+    # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
+    # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
+    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
+    # CPU interpreter (tests): small tiles so that the cases span several tiles.
+    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
+}  # fmt: skip
+
+
+def mma_row_name(cc: tuple[int, int] | None) -> str:
+    """The table row for a compute capability (None: the CPU interpreter). sm_100 takes sm_90's
+    row (not measured); sm_89 (99 KB per block, mma.sync) sm_120's; sm_80 and older cannot run
+    the kernels (no float8e4nv in Triton there) and get sm_120's, the smaller row."""
+    if cc is None:
+        return "interpreter"
+    return "sm90" if cc[0] in (9, 10) else "sm120"
+
+
+class MMAConfig(NamedTuple):
+    """What one call launches: the row's parameters with the split count for its shape."""
+
+    block_h: int
+    block_n: int
+    num_splits: int
+    num_warps: int
+    num_stages: int
+    pv_split: bool = False  # exact PV (P's bf16 rounding residue added) in the first pass
+    # Requests with at most this many valid tokens (counted on the device) take the exact PV;
+    # 0: none.
+    pv_split_below: int = 0
+    s_by_group: bool = False
+    exact_block_h: int = 0  # heads per exact-PV sub-block of a program (0: block_h)
+    exact_in_launch: bool = False  # few-token requests' exact PV: same launch or a second
+    prefetch_next: bool = False  # L2 prefetch of the next tile's rows (GPU only)
+    exact_concurrent: bool = False  # the second (exact) launch on a side stream (GPU only)
+    # Consecutive query tokens packed into one block where their selections coincide (found on
+    # the device; the tokens per block, 0: off).
+    pack_tokens: int = 0
+    pack_block_h: int = 0  # the packed launch's rows per program, tokens per tile and warps
+    pack_block_n: int = 0
+    pack_num_warps: int = 0
+    # The bf16-P launch token-major (`_split_heads_tm`; block_h may then be 8): prefill-sized
+    # calls of few heads. The exact launch keeps the head-major loop with exact_block_h (>= 16)
+    # heads and its own tile and warps (exact_block_n, exact_num_warps; 0: block_n, num_warps).
+    token_major: bool = False
+    exact_block_n: int = 0
+    exact_num_warps: int = 0
+    ws: bool = False  # the bf16-P launch as `_ws_split_kernel` (Hopper, Gluon)
+
+
+MAX_SPLITS = 64
+# Up to this many selected tokens (topk + extra topk, known from shapes, no data read) the
+# kernel adds P's bf16 rounding residue to PV (pv_split): with only a few valid tokens each one
+# carries a large weight, and bf16 P (2^-9 relative, as in FlashMLA) can miss the 1e-3
+# absolute bound on near-zero outputs. At larger topk the residue averages out; pv_split
+# costs 2-3x there on sm_90 (measured), so it stays off.
+PV_SPLIT_MAX_TOKENS = 256
+# A call is prefill-sized for the table's `prefill_*` fields from this many programs per
+# resident slot (SMs x programs per SM) on: every program then has one split.
+PREFILL_PROGRAMS_PER_SLOT = 4
+# Calls of one to four head-major waves with up to 16 heads (sm_90 row): the token-major loop
+# in one round of its slots (tm_one_round) only while a program walks at most this many tiles
+# (~176 us on the H200; measured winning with full and partial lengths: T512 H8 dual's 40-tile
+# programs, T256's 20; the topk2048 rows' 64-tile programs lost with partial lengths, v21),
+# and fewer tile-times than the head-major rounds, a token-major tile (16 tokens x 8 heads or
+# 32 x 16) costing this much of a head-major one (64 tokens x 16 heads): ~4.4 us (T1024 H8 /
+# H16 dual, 176 / 88 us a round of 40 / 20 tiles) against ~5.5 (T256 H8 dual, 2 rounds of 10
+# tiles in 109 us). So T132 (one head-major round) and T300 H8 (three) keep the head-major loop.
+TM_ONE_ROUND_MAX_TILES = 40
+TM_TILE_PER_HM_TILE = 0.8
+# Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
+COUNT_BLOCK_MAX = 4096
+# The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
+# split walks at least this many tiles: the exact programs' work is at most a split's tiles,
+# and with one or two the serial launch costs less than the fork, join and count (run S1:
+# B1 and B16 rows 1-2 µs slower side by side in the one-call-per-graph peers harness).
+EXACT_CONCURRENT_MIN_TILES = 3
+# At most this many query tokens per packed block (each key's word holds 4-bit counts of 8).
+PACK_MAX_TOKENS = 8
+# The plan's two unions (main and extra cache) in two programs side by side (a grid of groups
+# x caches) instead of one after the other in one program, and its 8-warp build capped at 128
+# registers (ptxas's own choice: 252-254, one program per SM; capped: 40 bytes of spill, two
+# per SM, so the two caches' programs of a group do run side by side). Run M1 (issue 20,
+# session 12): plan T1024 / T4096 H8 dual share256 40.3 / 138.5 -> 35.0 / 103.7 us; the split
+# alone 37.4 / 141.9.
+PACK_PLAN_SPLIT_CACHES = True
+PACK_PLAN_MAXNREG = 128
+# A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
+# PACK_KEYS_DIVISOR rows: a 64-row block costs ~1.2x a 16-row block per row (T1024 H64 against
+# H8 dual, 464 against 383 µs), so the margin is wide.
+PACK_KEYS_DIVISOR = 2
+
+
+def mma_config(
+    cc: tuple[int, int] | None,
+    sm_count: int,
+    B: int,
+    H: int,
+    topk: int,
+    extra_topk: int,
+    row: MMARow | None = None,
+) -> MMAConfig:
+    """The MMA kernel's launch config for compute capability `cc` (None: CPU interpreter)
+    with `sm_count` SMs and this shape; `row` replaces the table's row (tuning). Pure: reads
+    no device.
+
+    The grid is sized to one full wave: splits = floor(SMs x programs per SM / (B x head
+    blocks)), at least 1, at most the tiles of the two caches together. Fewer, fuller programs
+    beat a second partial wave: each split also writes a BLOCK_H x 512 fp32 partial that the
+    combine kernel re-reads.
+    """
+    if row is None:
+        row = MMA_ROWS[mma_row_name(cc)]
+    on_gpu = cc is not None
+    block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
+    programs = B * triton.cdiv(H, block_h)
+    slots = sm_count * row.programs_per_sm
+    block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
+    prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
+    one_round = None  # (token-major heads per program, splits): one round of them (v21)
+    if (
+        not prefill and block_h <= 16 and programs >= slots and row.prefill_tm_block_n
+        and not row.exact_in_launch and not (on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS)
+    ):  # fmt: skip
+        one_round = tm_one_round(row, sm_count, B, H, topk, extra_topk)
+    prefill = prefill or one_round is not None
+    if row.prefill_block_n and prefill:
+        block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
+    token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
+    exact_block_h = min(row.exact_block_h, block_h)
+    exact_block_n = exact_warps = 0
+    if token_major:
+        exact_block_n, exact_warps = block_n, warps
+        block_h = one_round[0] if one_round else min(16, max(8, triton.next_power_of_2(H)))
+        block_n, tm_warps = row.prefill_tm_block_n, row.prefill_tm_num_warps
+        if block_h == 16:
+            block_n, tm_warps = (
+                row.prefill_tm16_block_n or block_n,
+                row.prefill_tm16_num_warps or tm_warps,
+            )
+        warps = tm_warps or warps
+    # Few tokens: P's bf16 rounding would show, and the exact PV is cheap there. Larger
+    # shapes: the requests whose valid tokens are few take it (the interpreter computes in
+    # fp32 and needs neither).
+    pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
+    # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P
+    # (prototype: both caches; 32-token tiles on the smallest grids).
+    ws = (
+        row.ws and on_gpu and cc[0] == 9 and not token_major and not pv_split
+        and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+    )  # fmt: skip
+    if ws:
+        stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
+        if programs * _tiles(topk, extra_topk, block_n) <= WS_SMALL_GRID_TILES:
+            block_n = WS_SMALL_BLOCK_N
+    elif programs * _tiles(topk, extra_topk, block_n) < slots:
+        # one or two tiles per split: smaller tiles, nothing to pipeline
+        block_n, stages = row.small_grid_block_n, 1
+    tiles = _tiles(topk, extra_topk, block_n)
+    splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
+    if one_round:
+        splits = one_round[1]
+    below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
+    if pv_split:  # the first pass is the exact one: its doubled tile must fit
+        block_h, token_major = exact_block_h, False
+        block_n, warps = exact_block_n or block_n, exact_warps or warps
+        exact_block_n = exact_warps = 0
+        splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
+    concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
+    pack = 0
+    if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
+        pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
+    return MMAConfig(
+        block_h, block_n, splits, warps, stages, pv_split, below,
+        row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
+        on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
+        row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
+        exact_warps, ws,
+    )  # fmt: skip
+
+
+def tm_one_round(
+    row: MMARow, sm_count: int, B: int, H: int, topk: int, extra_topk: int
+) -> tuple[int, int] | None:
+    """(heads per program, 1) of the token-major build that runs a call of B tokens of H <= 16
+    heads in one round of its resident slots (SMs x `prefill_tm16_programs_per_sm` at 16
+    heads, preferred: its programs walk half the tiles; else SMs x
+    `prefill_tm_programs_per_sm` at 8 heads, H <= 8), one split, or None. Taken only when a
+    program walks at most TM_ONE_ROUND_MAX_TILES tiles and fewer tile-times than the
+    head-major loop's rounds (ceil(B x head blocks / SMs x programs per SM) programs of its
+    64-token tiles; a token-major tile costs TM_TILE_PER_HM_TILE of one). No splits: every
+    split form measured (8 heads, 2-5 splits) lost with partial lengths (v21). Pure: from
+    shapes, no device read."""
+    hm_rounds = triton.cdiv(B * triton.cdiv(H, 16), sm_count * row.programs_per_sm)
+    hm_tiles = hm_rounds * _tiles(topk, extra_topk, row.block_n)
+    for bh, per_sm, bn in (
+        (16, row.prefill_tm16_programs_per_sm or row.prefill_tm_programs_per_sm,
+         row.prefill_tm16_block_n or row.prefill_tm_block_n),
+        (8, row.prefill_tm_programs_per_sm, row.prefill_tm_block_n),
+    ):  # fmt: skip
+        if bh < H or per_sm <= 0 or B > sm_count * per_sm:
+            continue
+        tiles = _tiles(topk, extra_topk, bn)
+        if tiles <= TM_ONE_ROUND_MAX_TILES and tiles * TM_TILE_PER_HM_TILE < hm_tiles:
+            return bh, 1
+        return None
+    return None
+
+
+def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
+    return max(triton.cdiv(topk, block_n) + triton.cdiv(extra_topk, block_n), 1)
+
+
+def _device_mma_config(
+    device: torch.device, B: int, H: int, topk: int, e_topk: int, ws: bool = True
+):  # fmt: skip
+    """`mma_config` for this device; `ws` off: its row without the Gluon loop."""
+    if device.type != "cuda":
+        return mma_config(None, 2, B, H, topk, e_topk)
+    cc = torch.cuda.get_device_capability(device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    row = MMA_ROWS[mma_row_name(cc)]
+    return mma_config(cc, sms, B, H, topk, e_topk, row if ws else row._replace(ws=False))
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+# Kernel argument names of one cache's group: the main cache, and the extra cache.
+_MAIN_CACHE_ARGS = ("KV_ptr", "stride_kv_page", "page_size", "num_tokens", "IDX_ptr",
+                    "stride_ib", "stride_it", "topk", "LEN_ptr", "stride_len")  # fmt: skip
+_EXTRA_CACHE_ARGS = ("EKV_ptr", "stride_ekv_page", "e_page_size", "e_num_tokens", "EIDX_ptr",
+                     "stride_eib", "stride_eit", "e_topk", "ELEN_ptr", "stride_elen")  # fmt: skip
+
+
+def _cache_args(k_cache, indices, topk_length, names=_MAIN_CACHE_ARGS) -> dict:
+    """One cache's kernel arguments by name: byte view, page stride in bytes, page size, token
+    count, index rows and strides, topk, lengths (the index tensor stands in when there are
+    none: never read, `has_len` is 0) and their stride (1 then: the same specialisation)."""
+    raw = k_cache if k_cache.dtype == torch.uint8 else k_cache.view(torch.uint8)
+    page_size = k_cache.shape[1]
+    values = (
+        raw, k_cache.stride(0) * k_cache.element_size(), page_size, k_cache.shape[0] * page_size,
+        indices, indices.stride(0), indices.stride(-1), indices.shape[-1],
+        topk_length if topk_length is not None else indices,
+        topk_length.stride(0) if topk_length is not None else 1,
+    )  # fmt: skip
+    return dict(zip(names, values, strict=True))
+
+
+def _common_args(q, attn_sink, out, lse, scale_log2) -> dict:
+    """q, sink, out and lse arguments shared by both kernels (lse stands in for a missing sink:
+    never read, HAS_SINK is off)."""
+    return dict(
+        Q_ptr=q, stride_qb=q.stride(0), stride_qh=q.stride(2), stride_qd=q.stride(3),
+        SINK_ptr=attn_sink if attn_sink is not None else lse,
+        stride_sink=attn_sink.stride(0) if attn_sink is not None else 0,
+        O_ptr=out, stride_ob=out.stride(0), stride_oh=out.stride(2),
+        LSE_ptr=lse, stride_lb=lse.stride(0), stride_lh=lse.stride(1),
+        qk_scale_log2=scale_log2,
+    )  # fmt: skip
+
+
+def _launch_simt(q, main, extra, common, flags):
+    B, _, H, _ = q.shape
+    _simt_decode_kernel[(B, H)](
+        **common, **main, **extra, BLOCK_N=16, **flags, num_warps=4, num_stages=1,
+    )  # fmt: skip
+
+
+# One side stream per device for the exact launch (exact_concurrent), made on first use.
+_SIDE_STREAMS: dict = {}
+
+
+def _side_stream(device: torch.device):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
+def _rows_consecutive(q, out, lse) -> bool:
+    """Whether token t + 1's head rows follow token t's in q, out and lse (a packed group's
+    rows are then one "request" of PACK_G x H heads)."""
+    H = q.shape[2]
+    return (q.stride(0) == H * q.stride(2) and out.stride(0) == H * out.stride(2)
+            and lse.stride(0) == H * lse.stride(1))  # fmt: skip
+
+
+def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
+    """Queue `_pack_plan_kernel`; returns the buffers `_launch_packed` reads and the per-token
+    launch's cache arguments (the packed tokens' lengths 0)."""
+    B, _, H, _ = q.shape
+    G = cfg.pack_tokens
+    has_extra = flags["HAS_EXTRA"]
+    topk = main["topk"]
+    e_topk = extra["e_topk"] if has_extra else 0
+    groups = triton.cdiv(B, G)
+    cap, e_cap = G * topk, G * e_topk
+    dev = q.device
+    # Per group: main union indices | their count words | extra union indices | their words.
+    union = torch.empty(groups, 2 * (cap + e_cap), dtype=torch.int32, device=dev)
+    union_len = torch.empty(groups, 2, dtype=torch.int32, device=dev)
+    flag = torch.empty(groups, dtype=torch.int32, device=dev)
+    len2 = torch.empty(B, dtype=torch.int32, device=dev)
+    e_len2 = torch.empty(B, dtype=torch.int32, device=dev) if has_extra else len2
+    topk_pow2 = triton.next_power_of_2(max(topk, 1))
+    e_topk_pow2 = triton.next_power_of_2(max(e_topk, 1))
+    # Scratch per cache: the sorted base row (topk_pow2), then G count rows (`_union_rows`).
+    e_ht_off = (G + 1) * topk_pow2
+    scratch = torch.empty(groups, e_ht_off + (G + 1) * e_topk_pow2, dtype=torch.int32, device=dev)
+    max_keys = G * (topk + e_topk) // PACK_KEYS_DIVISOR
+    table_slots = G * max(topk_pow2, e_topk_pow2)
+    split = PACK_PLAN_SPLIT_CACHES and has_extra
+    # With the unions in two programs: per group a counter, then per cache G valid counts and
+    # a count check (the counter must start at 0: one memset node, also in a CUDA graph).
+    sync = torch.zeros(groups * (3 + 2 * G) if split else 1, dtype=torch.int32, device=dev)
+    warps = 16 if table_slots > 4096 else 8
+    options = {"maxnreg": PACK_PLAN_MAXNREG} if PACK_PLAN_MAXNREG and warps == 8 else {}
+    _pack_plan_kernel[(groups, 2 if split else 1)](
+        main["IDX_ptr"], main["stride_ib"], main["stride_it"], topk, main["LEN_ptr"],
+        main["stride_len"], main["num_tokens"],
+        extra["EIDX_ptr"], extra["stride_eib"], extra["stride_eit"], extra["e_topk"],
+        extra["ELEN_ptr"], extra["stride_elen"], extra["e_num_tokens"],
+        union, union.stride(0), 2 * cap, cap, e_cap, union_len, flag, len2, e_len2, scratch,
+        scratch.stride(0), e_ht_off, sync, B, flags["has_len"], flags["has_elen"], exact_below,
+        max_keys,
+        PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2,
+        TOPK_LOG2=topk_pow2.bit_length() - 1, E_TOPK_LOG2=e_topk_pow2.bit_length() - 1,
+        HAS_EXTRA=has_extra, PROBE_CHUNK=256, SPLIT_CACHES=split, num_warps=warps, **options,
+    )  # fmt: skip
+    # The per-token launch reads the plan's lengths: -1 (a packed token: its programs exit at
+    # once, SKIP_PACKED) or the token's own.
+    main = {**main, "LEN_ptr": len2, "stride_len": 1}
+    if has_extra:
+        extra = {**extra, "ELEN_ptr": e_len2, "stride_elen": 1}
+    flags = {**flags, "has_len": 1, "has_elen": int(has_extra), "SKIP_PACKED": True}
+    plan = dict(union=union, union_len=union_len, flag=flag, cap=cap, e_cap=e_cap, G=G, cfg=cfg)
+    return plan, main, extra, flags
+
+
+def _launch_packed(q, main, extra, common, flags, plan):
+    """Queue `_mma_packed_kernel` over the groups the plan packed (the others return)."""
+    B, _, H, _ = q.shape
+    G, union = plan["G"], plan["union"]
+    groups = union.shape[0]
+    rows = G * H
+    has_extra = flags["HAS_EXTRA"]
+    cfg = plan["cfg"]
+    block_h = min(cfg.pack_block_h, triton.next_power_of_2(rows))
+    o, lse = common["O_ptr"], common["LSE_ptr"]
+    _mma_packed_kernel[(groups * triton.cdiv(rows, block_h),)](
+        q, G * q.stride(0), q.stride(2), q.stride(3),
+        main["KV_ptr"], main["stride_kv_page"], main["page_size"], main["num_tokens"],
+        union, union.stride(0), plan["cap"],
+        extra["EKV_ptr"], extra["stride_ekv_page"], extra["e_page_size"], extra["e_num_tokens"],
+        union[:, 2 * plan["cap"]:] if has_extra else union, plan["e_cap"],
+        plan["union_len"], plan["flag"],
+        common["SINK_ptr"], common["stride_sink"], o, G * o.stride(0), o.stride(2),
+        lse, G * lse.stride(0), lse.stride(1), rows, H, common["qk_scale_log2"],
+        BLOCK_H=block_h, BLOCK_N=cfg.pack_block_n, HAS_EXTRA=has_extra,
+        HAS_SINK=flags["HAS_SINK"],
+        DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32, RNE_BY_HAND=flags["RNE_BY_HAND"],
+        S_BY_GROUP=cfg.s_by_group, PREFETCH=cfg.prefetch_next and q.is_cuda,
+        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.pack_num_warps, num_stages=1,
+    )  # fmt: skip
+
+
+def _head_major(cfg: MMAConfig) -> MMAConfig:
+    """A token-major config's head-major form: the exact launch's heads, tile and warps for the
+    bf16-P launch too (the DSv4.1 formats: their token-major builds spill, run H2: the V4.1
+    FP8 + FP4 prefill row 0.69x, V4.1 FP8 0.94x of the head-major loop)."""
+    if not cfg.token_major:
+        return cfg
+    return cfg._replace(
+        block_h=max(cfg.exact_block_h, 16), block_n=cfg.exact_block_n or cfg.block_n,
+        num_warps=cfg.exact_num_warps or cfg.num_warps, token_major=False, exact_block_n=0,
+        exact_num_warps=0,
+    )  # fmt: skip
+
+
+def _ws_runnable(q, main, extra, flags, cfg) -> bool:
+    """Whether this call's bf16-P launch can be `_ws_split_kernel`: Gluon present, a 9.x GPU,
+    V4 caches whose bytes and page strides are 16-byte aligned (cp.async of 16 bytes; the
+    bf16 view of the rope needs even strides), q rows contiguous."""
+    return (
+        HAS_GLUON and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+        and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
+        and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
+        and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
+        and cfg.block_h == WS_BLOCK_H and cfg.block_n in (WS_BLOCK_N, WS_SMALL_BLOCK_N)
+        and not cfg.token_major
+        and not cfg.pv_split and not cfg.exact_in_launch
+    )  # fmt: skip
+
+
+def _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse, exact_below, block_n):
+    """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
+    as `_mma_split_kernel`'s; exact_below > 0: the few-token requests are left out)."""
+    B, _, H, _ = q.shape
+    tiles_per_split = max(triton.cdiv(_tiles(main["topk"], extra["e_topk"] if flags["HAS_EXTRA"]
+                                             else 0, block_n), splits), 1)  # fmt: skip
+    kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
+    _ws_split_kernel[(B * triton.cdiv(H, WS_BLOCK_H), splits)](
+        q, common["stride_qb"], common["stride_qh"],
+        kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
+        main["page_size"], main["num_tokens"], main["IDX_ptr"], main["stride_ib"],
+        main["stride_it"], main["topk"], main["LEN_ptr"], main["stride_len"], flags["has_len"],
+        ekv.view(torch.float8_e4m3fn), ekv, ekv.view(torch.bfloat16), extra["stride_ekv_page"],
+        extra["e_page_size"], extra["e_num_tokens"], extra["EIDX_ptr"], extra["stride_eib"],
+        extra["stride_eit"], extra["e_topk"], extra["ELEN_ptr"], extra["stride_elen"],
+        flags["has_elen"],
+        common["SINK_ptr"], common["stride_sink"], common["O_ptr"], common["stride_ob"],
+        common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
+        part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
+        SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
+        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=WS_BLOCK_H, BLOCK_N=block_n,
+        NR=WS_RAW_SLOTS if block_n == WS_BLOCK_N else 2 * WS_RAW_SLOTS,
+        LOADER_REGS=WS_LOADER_REGS, num_warps=8,
+    )  # fmt: skip
+
+
+def _launch_mma(q, main, extra, common, flags, cfg):
+    B, _, H, _ = q.shape
+    topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
+    derived = cfg is None
+    if cfg is None:
+        cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+    if cfg.ws and not _ws_runnable(q, main, extra, flags, cfg):
+        # the Triton loop instead, with the tile its row takes then
+        cfg = (_device_mma_config(q.device, B, H, topk, e_topk, ws=False) if derived
+               else cfg._replace(ws=False))  # fmt: skip
+    if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
+        cfg = _head_major(cfg)  # the token-major loop only for V4 caches
+    plan = None
+    if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
+        # Packed groups first planned; the per-token launch's programs then exit at once for
+        # their tokens (length -1), and the packed launch after it writes them.
+        exact_below = 0 if cfg.pv_split else cfg.pv_split_below
+        plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
+    splits = cfg.num_splits
+    if splits > 1:
+        part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
+    else:
+        part_o, part_lse = common["O_ptr"], common["LSE_ptr"]  # unused
+    # The interpreter computes a bf16 tl.dot on raw bit patterns (triton-lang/triton#11584, an
+    # unsupported interpreter limitation), so on CPU the operands are float32 instead.
+    dot_dtype = tl.bfloat16 if q.is_cuda else tl.float32
+    # pv_split: the exact PV for every request (small topk), one launch. Otherwise, with
+    # pv_split_below > 0, requests with at most that many valid tokens (each program counts its
+    # request's indices: one block up to COUNT_BLOCK_MAX) take the exact PV: in the same launch
+    # as the bf16-P loop (exact_in_launch), or in a second launch over the same splits that
+    # overwrites the first one's results for them and returns for the others. The second
+    # launch's programs hold exact_block_h heads each: the few requests it redoes are spread
+    # over more SMs, and the doubled tile and smaller accumulator do not spill. With
+    # exact_concurrent the pair splits the requests instead (the bf16-P launch counts too and
+    # skips the few-token ones) and the exact launch runs on a side stream beside it: with
+    # partial lengths most of the bf16-P launch's programs end early, and the exact programs
+    # take their SMs while its longest splits still run.
+    exact_below = 0 if cfg.pv_split else cfg.pv_split_below
+    # (bf16-P loop, exact PV, count below) per launch
+    if exact_below == 0 or cfg.exact_in_launch:
+        launches = [(True, True, exact_below)]
+    elif cfg.exact_concurrent:
+        launches = [(True, False, exact_below), (False, True, exact_below)]
+    else:
+        launches = [(True, True, 0), (False, True, exact_below)]
+    count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
+    exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
+    if cfg.token_major:  # the exact launch keeps the head-major loop (>= 16 heads)
+        exact_block_h = max(cfg.exact_block_h, 16)
+    side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
+    if side is not None and len(launches) == 2:
+        # Fork: the side stream waits for what the caller queued (the inputs); the join below
+        # orders the combine (and the caller) after both. Device-side only: no host sync, and
+        # CUDA-graph capture records it as two branches. part_o / part_lse are allocated on the
+        # current stream and freed after the join, so the allocator never reuses them early.
+        current = torch.cuda.current_stream(q.device)
+        side.wait_stream(current)
+    for n, (run_bf16_p, run_exact, below) in enumerate(launches):
+        # Pipelined loads only in the bf16-P loop: the exact loop's doubled tile leaves no room.
+        stages = cfg.num_stages if run_bf16_p and not cfg.pv_split else 1
+        block_h = cfg.block_h if run_bf16_p else exact_block_h
+        token_major = cfg.token_major and run_bf16_p
+        block_n, warps = cfg.block_n, cfg.num_warps
+        if not run_bf16_p:  # the exact launch: its own tile where the config gives one
+            block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
+        # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
+        tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
+        with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
+            if run_bf16_p and cfg.ws:
+                _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse,
+                           0 if run_exact else below, cfg.block_n)  # fmt: skip
+                continue
+            _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+                **common, **main, **extra,
+                tiles_per_split=tiles_per_split, PO_ptr=part_o, PLSE_ptr=part_lse,
+                H=H, num_splits=splits, **flags,
+                SINGLE_SPLIT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n,
+                DOT_DTYPE=dot_dtype, PV_SPLIT=cfg.pv_split, S_BY_GROUP=cfg.s_by_group,
+                NUM_STAGES=stages, RUN_BF16_P=run_bf16_p, RUN_EXACT=run_exact,
+                EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
+                COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
+                PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
+                num_warps=warps, num_stages=stages,
+            )  # fmt: skip
+    if side is not None and len(launches) == 2:
+        current.wait_stream(side)  # join
+    if splits > 1:
+        splits_pow2 = triton.next_power_of_2(splits)
+        block_d = min(HEAD_DIM, max(32, 8192 // splits_pow2))
+        _combine_kernel[(B * H, HEAD_DIM // block_d)](
+            part_o, part_lse, common["SINK_ptr"], common["stride_sink"],
+            common["O_ptr"], common["stride_ob"], common["stride_oh"],
+            common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
+            H, splits,
+            SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
+            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
+        )  # fmt: skip
+    if plan is not None:
+        _launch_packed(q, main, extra, common, flags, plan)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_cache(name: str, cache, device, token_sizes=(584, 528)) -> None:
+    if not isinstance(cache, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(cache).__name__}")
+    if cache.dtype not in (torch.uint8, torch.float8_e4m3fn):
+        raise ValueError(f"{name} must be uint8 or float8_e4m3fn, got {cache.dtype}")
+    if cache.dim() != 4 or cache.shape[2] != 1:
+        raise ValueError(
+            f"{name} must be [num_pages, page_size, 1, token_bytes], got {tuple(cache.shape)}"
+        )
+    token_bytes = cache.shape[3]
+    if token_bytes not in token_sizes:
+        known = ", ".join(f"{n} ({FORMAT_NAMES[n]})" for n in token_sizes)
+        also = "; 288 (V4.1 FP4) only as the extra cache" if 288 not in token_sizes else ""
+        raise ValueError(
+            f"{name}: unsupported token size {token_bytes} bytes (the last dimension); "
+            f"supported: {known}{also}"
+        )
+    if cache.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {cache.device}")
+    pages, page_size = cache.shape[0], cache.shape[1]
+    if page_size < 1:
+        raise ValueError(f"{name}: page_size (shape[1]) must be >= 1, got {page_size}")
+    if cache.stride(3) != 1 or (page_size > 1 and cache.stride(1) != token_bytes):
+        raise ValueError(
+            f"{name}: the bytes of one page must be contiguous (stride(1) == {token_bytes}, "
+            f"stride(3) == 1), got strides {cache.stride()}"
+        )
+    page_bytes = page_size * token_bytes
+    stride0 = cache.stride(0)
+    if pages > 1 and stride0 < page_bytes:
+        raise ValueError(
+            f"{name}: page stride stride(0) must be >= page_size * {token_bytes} = {page_bytes} "
+            f"bytes, got {stride0}"
+        )
+    if token_bytes == TOKEN_BYTES and (stride0 % 2 or cache.data_ptr() % 2):
+        raise ValueError(f"{name}: pages must start on even bytes (bf16 rope), stride {stride0}")
+    if pages > 0:
+        need = (pages - 1) * stride0 + page_bytes
+        have = cache.untyped_storage().nbytes() - cache.storage_offset()
+        if have < need:
+            raise ValueError(
+                f"{name}: {pages} pages of {page_size} tokens at stride {stride0} need {need} "
+                f"bytes from the view's start, its storage holds {have}"
+            )
+
+
+def _check_indices(name: str, indices, B: int, device) -> None:
+    if not isinstance(indices, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(indices).__name__}")
+    if indices.dtype != torch.int32:
+        raise ValueError(f"{name} must be int32, got {indices.dtype}")
+    ok = (indices.dim() == 2) or (indices.dim() == 3 and indices.shape[1] == 1)
+    if not ok or indices.shape[0] != B:
+        raise ValueError(
+            f"{name} must be [B={B}, topk] or [B={B}, 1, topk], got {tuple(indices.shape)}"
+        )
+    if indices.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {indices.device}")
+
+
+def _check_lengths(name: str, lens, B: int, device) -> None:
+    if lens is None:
+        return
+    if not isinstance(lens, torch.Tensor) or lens.dtype != torch.int32 or tuple(lens.shape) != (B,):
+        desc = f"{lens.dtype} {tuple(lens.shape)}" if isinstance(lens, torch.Tensor) else type(lens)
+        raise ValueError(f"{name} must be None or an int32 tensor of shape [B={B}], got {desc}")
+    if lens.device != device:
+        raise ValueError(f"{name} must be on {device} like q, got {lens.device}")
+
+
+def _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+              extra_k_cache, extra_indices, extra_topk_length, variant, out, lse):  # fmt: skip
+    if variant not in (None, "simt", "mma"):
+        raise ValueError(f"variant must be None, 'simt' or 'mma', got {variant!r}")
+    if not isinstance(q, torch.Tensor):
+        raise ValueError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    if q.dtype != torch.bfloat16:
+        raise ValueError(f"q must be bfloat16, got {q.dtype}")
+    if q.dim() != 4 or q.shape[1] != 1 or q.shape[3] != HEAD_DIM:
+        raise ValueError(f"q must be [B, 1, H, {HEAD_DIM}], got {tuple(q.shape)}")
+    if q.device.type != "cuda" and not (_INTERPRET and q.device.type == "cpu"):
+        raise ValueError(
+            f"q must be on a CUDA device (or on the CPU with TRITON_INTERPRET=1), got {q.device}"
+        )
+    if head_dim_v != HEAD_DIM:
+        raise ValueError(f"head_dim_v must be {HEAD_DIM}, got {head_dim_v!r}")
+    if softmax_scale is not None and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+    ):
+        raise ValueError(f"softmax_scale must be None or a Python number, got {softmax_scale!r}")
+    B, _, H, _ = q.shape
+    dev = q.device
+    _check_cache("k_cache", k_cache, dev)
+    _check_indices("indices", indices, B, dev)
+    _check_lengths("topk_length", topk_length, B, dev)
+    if attn_sink is not None and (
+        not isinstance(attn_sink, torch.Tensor)
+        or attn_sink.dtype != torch.float32
+        or tuple(attn_sink.shape) != (H,)
+        or attn_sink.device != dev
+    ):
+        raise ValueError(f"attn_sink must be None or a float32 tensor [H={H}] on {dev}")
+    if extra_k_cache is None:
+        if extra_indices is not None or extra_topk_length is not None:
+            raise ValueError("extra_indices / extra_topk_length given without extra_k_cache")
+    else:
+        if extra_indices is None:
+            raise ValueError("extra_indices must be given with extra_k_cache")
+        _check_cache("extra_k_cache", extra_k_cache, dev, (584, 528, 288))
+        # The pairs SGLang 0.5.23 builds: V4 with V4; V4.1 FP8 with V4.1 FP8 or FP4.
+        main_tb, extra_tb = k_cache.shape[3], extra_k_cache.shape[3]
+        if (main_tb == 584) != (extra_tb == 584):
+            raise ValueError(
+                f"extra_k_cache: a {FORMAT_NAMES[extra_tb]} extra cache ({extra_tb} bytes per "
+                f"token) cannot pair with a {FORMAT_NAMES[main_tb]} main cache ({main_tb}): V4 "
+                "pairs with V4, V4.1 FP8 with V4.1 FP8 or FP4"
+            )
+        _check_indices("extra_indices", extra_indices, B, dev)
+        _check_lengths("extra_topk_length", extra_topk_length, B, dev)
+    if out is not None and (
+        out.dtype != torch.bfloat16 or tuple(out.shape) != (B, 1, H, HEAD_DIM)
+        or out.stride(3) != 1 or out.device != dev
+    ):  # fmt: skip
+        raise ValueError(f"out must be bf16 [B, 1, H, {HEAD_DIM}] (last dim contiguous) on {dev}")
+    if lse is not None and (
+        lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, 1) or lse.device != dev
+    ):
+        raise ValueError(f"lse must be float32 [B, H, 1] on {dev}")
+
+
+# ----------------------------------------------------------------------------- public entry
+
+
+def flash_mla_sparse_decode_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    attn_sink: torch.Tensor | None,
+    head_dim_v: int,
+    softmax_scale: float | None,
+    extra_k_cache: torch.Tensor | None = None,
+    extra_indices: torch.Tensor | None = None,
+    extra_topk_length: torch.Tensor | None = None,
+    *,
+    variant: str | None = None,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    _config: MMAConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DSv4 sparse-MLA decode: returns (out [B, 1, H, 512] bf16, lse [B, H, 1] float32).
+
+    `variant`: "mma" (tensor-core split-K), "simt" (one program per request and head), or None
+    for the choice made at import by SGLANG_SM120_MMA_FLASHMLA=1. `out` / `lse` may be given
+    preallocated (every element is written). No host synchronisation: CUDA-graph capturable.
+    `_config` (an MMAConfig) overrides the per-device table; for tests and tuning only.
+    """
+    _validate(q, k_cache, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+              extra_k_cache, extra_indices, extra_topk_length, variant, out, lse)  # fmt: skip
+    B, _, H, _ = q.shape
+    if out is None:
+        out = torch.empty(B, 1, H, HEAD_DIM, dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty(B, H, 1, dtype=torch.float32, device=q.device)
+    if B == 0 or H == 0:
+        return out, lse
+    scale = HEAD_DIM**-0.5 if softmax_scale is None else float(softmax_scale)
+    scale_log2 = scale * 1.4426950408889634  # fold log2(e) into the scale: exp -> exp2
+
+    main = _cache_args(k_cache, indices, topk_length)
+    has_extra = extra_k_cache is not None
+    # Without an extra cache its group repeats the main cache's tensors (never read).
+    extra = _cache_args(
+        extra_k_cache if has_extra else k_cache,
+        extra_indices if has_extra else indices,
+        extra_topk_length if has_extra else None,
+        _EXTRA_CACHE_ARGS,
+    )
+    common = _common_args(q, attn_sink, out, lse, scale_log2)
+    flags = dict(
+        has_len=int(topk_length is not None), has_elen=int(extra_topk_length is not None),
+        HAS_EXTRA=has_extra, HAS_SINK=attn_sink is not None,
+        RNE_BY_HAND=not q.is_cuda,
+        # Each cache's format from its token size; without an extra cache, the main one's.
+        FMT=CACHE_FORMATS[k_cache.shape[3]],
+        E_FMT=CACHE_FORMATS[(extra_k_cache if has_extra else k_cache).shape[3]],
+    )  # fmt: skip
+    # Triton launches on the current CUDA device, not on the tensors' one: tensors on another
+    # device (a multi-GPU host, cuda:1 while cuda:0 is current) are run there under a guard.
+    on_other = q.is_cuda and q.device.index != torch.cuda.current_device()
+    with torch.cuda.device(q.device) if on_other else contextlib.nullcontext():
+        if (variant or _DEFAULT_VARIANT) == "mma":
+            if _config is not None and not isinstance(_config, MMAConfig):
+                _config = MMAConfig(**_config)
+            _launch_mma(q, main, extra, common, flags, _config)
+        else:
+            _launch_simt(q, main, extra, common, flags)
+    return out, lse
+
+
+# ============================================================================ compatibility names
+# Names that live code imports from SGLang's and vLLM's copies of this module (SGLang's sm_120
+# tests import `_merge_partial_attn` and `_apply_attn_sink`; benchmark scripts import
+# `_run_triton_sparse_decode`; the wrapper's tests read the layout constants). They keep the
+# callers' signatures and conventions: outputs [B, 1, H, 512] bf16, LSEs [B, 1, H] float32 with
+# -inf for "no valid token". Built only on the public entry above and plain torch, so the kernel
+# internals can change freely. Documented in kerneldev's docs/kernels.md; keep this block last.
+
+_NOPE_DIM = 448  # fp8-quantized dims of a K/V row
+_ROPE_DIM = 64  # bf16 dims of a K/V row
+_D = _NOPE_DIM + _ROPE_DIM  # 512
+_TOKEN_DATA_STRIDE = 576  # data bytes per token slot (nope fp8 + rope bf16)
+_SCALE_STRIDE = 8  # scale bytes per token slot (7 UE8M0 exponents + 1 pad)
+
+
+def _run_triton_sparse_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    indices: torch.Tensor,
+    topk_length: torch.Tensor | None,
+    softmax_scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over one paged cache without a sink: (out [B, 1, H, 512] bf16,
+    lse [B, 1, H] float32, -inf where no token is valid)."""
+    out, lse = flash_mla_sparse_decode_triton(
+        q, k_cache, indices, topk_length, None, HEAD_DIM, softmax_scale
+    )
+    return out, lse.permute(0, 2, 1)
+
+
+_run_triton_sparse_decode_legacy = _run_triton_sparse_decode  # an older name of the same call
+
+
+def _merge_partial_attn(
+    out1: torch.Tensor, lse1: torch.Tensor, out2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attentions by their LSEs (out [B, 1, H, D], lse [B, 1, H]); a part
+    whose LSE is -inf contributes nothing. Returns (bf16 out, float32 lse)."""
+    lse1, lse2 = lse1.float(), lse2.float()
+    top = torch.maximum(lse1, lse2)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # both empty: no NaN
+    w1 = torch.exp(lse1 - top)  # exp(-inf) = 0 for an empty part
+    w2 = torch.exp(lse2 - top)
+    total = w1 + w2
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    merged = (w1.unsqueeze(-1) * out1.float() + w2.unsqueeze(-1) * out2.float()) / safe.unsqueeze(
+        -1
+    )
+    merged_lse = torch.where(total > 0, top + torch.log(safe), torch.full_like(top, float("-inf")))
+    return merged.to(torch.bfloat16), merged_lse
+
+
+def _apply_attn_sink(
+    out: torch.Tensor, lse: torch.Tensor, attn_sink: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Add the per-head sink logit (attn_sink [H]) to the softmax denominator: out scaled by
+    exp(lse - lse'), lse' = logaddexp(lse, sink). Returns (bf16 out, float32 lse')."""
+    lse = lse.float()
+    sink = attn_sink.float().view(*([1] * (lse.dim() - 1)), -1).expand_as(lse)
+    combined = torch.logaddexp(lse, sink)
+    weight = torch.exp(lse - combined)
+    weight = torch.where(torch.isnan(weight), torch.zeros_like(weight), weight)  # -inf - -inf
+    return (out.float() * weight.unsqueeze(-1)).to(torch.bfloat16), combined
