@@ -39,6 +39,26 @@ _DIV16 = {"stride_kv_page", "stride_ekv_page", "stride_qb", "stride_ob", "stride
           "stride_eib", "stride_qh", "stride_oh"}  # fmt: skip
 
 
+def _signature(fn, const: dict, ptr_types: dict) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attributes) of a kernel compiled as the launcher calls it:
+    pointers and the `_DIV16` integers 16-byte divisible (Triton specialises those)."""
+    sig, constexprs, attrs = {}, {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if fn.params[i].is_constexpr:
+            sig[name] = "constexpr"
+            constexprs[name] = const[name]
+        elif name in ptr_types:
+            sig[name] = ptr_types[name]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif name == "qk_scale_log2":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+            if name in _DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, constexprs, attrs
+
+
 def table_row(fl, cc: int, H: int = 64) -> dict:
     """The launch parameters `mma_config` takes for this compute capability (H heads)."""
     cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
@@ -85,21 +105,7 @@ def compile_kernel(
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
         SKIP_PACKED=token_major,
     )  # fmt: skip
-    sig, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        param = fn.params[i]
-        if param.is_constexpr:
-            sig[name] = "constexpr"
-            constexprs[name] = const[name]
-        elif name in _PTR_TYPES:
-            sig[name] = _PTR_TYPES[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "qk_scale_log2":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if name in _DIV16:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, constexprs, attrs = _signature(fn, const, _PTR_TYPES)
     options = {"num_warps": row["num_warps"], "num_stages": stages}
     return triton.compile(
         ASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32), options=options
@@ -127,21 +133,7 @@ def compile_ws(fl, cc: int, has_extra: bool, exact_below: int):
         COUNT_BLOCK=1024, BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS,
         LOADER_REGS=fl.WS_LOADER_REGS, num_warps=8,
     )  # fmt: skip
-    div16 = _DIV16 | {"stride_kv_page", "stride_ekv_page"}
-    sig, constexprs, attrs = {}, {}, {}
-    for i, name in enumerate(fn.arg_names):
-        if fn.params[i].is_constexpr:
-            sig[name] = "constexpr"
-            constexprs[name] = const[name]
-        elif name in _WS_PTR_TYPES:
-            sig[name] = _WS_PTR_TYPES[name]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name == "qk_scale_log2":
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-            if name in div16:
-                attrs[(i,)] = [["tt.divisibility", 16]]
+    sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
         options={"num_warps": 8},
