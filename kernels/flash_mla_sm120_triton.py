@@ -1921,10 +1921,12 @@ def mma_config(
     # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P, one
     # cache. Dual-cache calls keep the Triton loop: measured in one run (S4, v23) the Gluon loop
     # was 0.87x at B1 dual (10 splits of one 64-token tile against 20 of 32), 0.93x at B128
-    # dual, 1.03x at B64 dual; single-cache rows 1.05-1.24x.
+    # dual, 1.03x at B64 dual; single-cache rows 1.05-1.24x. Head counts that leave a head
+    # block partly masked (H % 64) have not run through it on a GPU: the Triton loop there.
     ws = (
         row.ws and on_gpu and cc[0] == 9 and not token_major and not pv_split
-        and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+        and extra_topk == 0 and H % WS_BLOCK_H == 0
+        and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
     )  # fmt: skip
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
