@@ -2170,12 +2170,13 @@ def _ws_runnable(q, main, extra, flags, cfg) -> bool:
     )  # fmt: skip
 
 
-def _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse, exact_below):
+def _launch_ws(
+    q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below
+):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
-    as `_mma_split_kernel`'s; exact_below > 0: the few-token requests are left out)."""
+    as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
+    left out)."""
     B, _, H, _ = q.shape
-    tiles_per_split = max(triton.cdiv(_tiles(main["topk"], extra["e_topk"] if flags["HAS_EXTRA"]
-                                             else 0, WS_BLOCK_N), splits), 1)  # fmt: skip
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     _ws_split_kernel[(B * triton.cdiv(H, WS_BLOCK_H), splits)](
         q, common["stride_qb"], common["stride_qh"],
@@ -2265,8 +2266,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
-                _launch_ws(q, main, extra, common, flags, splits, part_o, part_lse,
-                           0 if run_exact else below)  # fmt: skip
+                _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
+                           part_lse, 0 if run_exact else below)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
