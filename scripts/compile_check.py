@@ -170,6 +170,19 @@ def ptxas_report(ptx: str, cc: int) -> str:
     return "; ".join(ln for ln in lines if "Used" in ln or "spill" in ln)
 
 
+def build_report(
+    cc: int, row: dict, label: str, has_extra: bool, formats: str, ck, with_ptxas: bool
+) -> dict:
+    """One compiled build's line: its row's parameters, shared memory against the limit, and
+    ptxas's registers and spills."""
+    shared, limit = ck.metadata.shared, SMEM_LIMIT.get(cc)
+    return {
+        "cc": cc, **row, "pass": label, "extra_cache": has_extra, "formats": formats,
+        "shared_bytes": shared, "limit_bytes": limit, "fits": limit is None or shared <= limit,
+        "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
+    }  # fmt: skip
+
+
 def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
     import flash_mla_sm120_triton as fl
 
@@ -197,15 +210,8 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     fl, cc, row, has_extra, pv_split, exact_branch, run_bf16_p, formats,
                     run_exact,
                 )  # fmt: skip
-                shared = ck.metadata.shared
-                limit = SMEM_LIMIT.get(cc)
-                rows.append({
-                    "cc": cc, **row, "pass": label, "extra_cache": has_extra,
-                    "formats": "v41+v41_fp4" if formats[0] else "v4",
-                    "shared_bytes": shared, "limit_bytes": limit,
-                    "fits": limit is None or shared <= limit,
-                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
-                })  # fmt: skip
+                fmt = "v41+v41_fp4" if formats[0] else "v4"
+                rows.append(build_report(cc, row, label, has_extra, fmt, ck, with_ptxas))
         # Prefill-sized calls of few heads (8 and 16 heads, T 1024), where the row takes the
         # token-major loop: its bf16-P launch (the exact launch is a head-major build above).
         for H in (8, 16):
@@ -218,27 +224,17 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 ck = compile_kernel(
                     fl, cc, tm_row, has_extra, False, True, True, (0, 0), False, token_major=True
                 )
-                limit = SMEM_LIMIT.get(cc)
-                rows.append({
-                    "cc": cc, **tm_row, "pass": f"prefill-tm-h{H}", "extra_cache": has_extra,
-                    "formats": "v4", "shared_bytes": ck.metadata.shared, "limit_bytes": limit,
-                    "fits": limit is None or ck.metadata.shared <= limit,
-                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
-                })  # fmt: skip
+                rows.append(
+                    build_report(cc, tm_row, f"prefill-tm-h{H}", has_extra, "v4", ck, with_ptxas)
+                )
         # The row's head-major bf16-P launch as the Gluon kernel (compute capability 9.x, a
         # Triton with the Gluon API it is written for; elsewhere `_mma_split_kernel` above).
         if row.get("ws") and cc // 10 == 9 and getattr(fl, "HAS_GLUON", False):
+            ws_row = dict(row, BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, num_warps=8)
+            below = fl.PV_SPLIT_MAX_TOKENS if row["exact_concurrent"] else 0
             for has_extra in (False, True):
-                below = fl.PV_SPLIT_MAX_TOKENS if row["exact_concurrent"] else 0
                 ck = compile_ws(fl, cc, has_extra, below)
-                limit = SMEM_LIMIT.get(cc)
-                rows.append({
-                    "cc": cc, **row, "BLOCK_H": fl.WS_BLOCK_H, "BLOCK_N": fl.WS_BLOCK_N,
-                    "num_warps": 8, "pass": "bf16-P-ws", "extra_cache": has_extra,
-                    "formats": "v4", "shared_bytes": ck.metadata.shared, "limit_bytes": limit,
-                    "fits": limit is None or ck.metadata.shared <= limit,
-                    "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
-                })  # fmt: skip
+                rows.append(build_report(cc, ws_row, "bf16-P-ws", has_extra, "v4", ck, with_ptxas))
     return rows
 
 
