@@ -1172,11 +1172,36 @@ if HAS_GLUON:
                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                      stride_it,
                      EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                     stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
+                     stride_eib, stride_eit, qk_scale_log2,
+                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length, e_topk,
+                     NR: gl.constexpr,
                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
-                     o_layout: gl.constexpr):  # fmt: skip
-        """Default partition: dequantize raw tile i into k_smem (x = fp8 * 2^(e - 127), rope as
-        is), free the raw slot, then S, the online softmax and PV."""
+                     o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                     EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr):  # fmt: skip
+        """Default partition: q into shared memory and the request's valid-index count while
+        the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
+        (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
+        A request left to the exact launch consumes its tiles without computing."""
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+        q = gl.load(
+            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh + qd[None, :],
+            mask=(qh < H)[:, None],
+            other=0.0,
+        )
+        q_smem.store(q)
+        fence_async_shared()
+        gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
+        skipped = n_tiles < 0  # False: a scalar to assign below
+        if EXACT_BELOW > 0:
+            n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
+                                num_tokens, COUNT_BLOCK)  # fmt: skip
+            if HAS_EXTRA:
+                n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
+                                     e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+            skipped = n_valid <= EXACT_BELOW
+        n_compute = gl.where(skipped, 0, n_tiles)
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -1186,7 +1211,7 @@ if HAS_GLUON:
         l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, s_layout))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
-        for i in range(n_tiles):
+        for i in range(n_compute):
             slot = i % NR
             t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
                 i, n_main, b, start, end, e_start, e_end,
@@ -1223,6 +1248,11 @@ if HAS_GLUON:
             p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
             acc = warpgroup_mma(p_op, k_smem, acc)
             gl.thread_barrier()  # both warpgroups' PV done before the next tile overwrites K
+        for i in range(n_compute, n_tiles):  # a skipped request: its slots handed back
+            mbarrier.wait(raw_full.index(i % NR), (i // NR) & 1)
+            mbarrier.arrive(raw_empty.index(i % NR), count=1)
+        # l = -1 marks a request left to the exact launch (nothing is stored for it)
+        l_i = gl.where(skipped, -1.0, l_i)
         return (
             acc,
             gl.convert_layout(m_i, gl.SliceLayout(1, o_layout)),
@@ -1285,16 +1315,6 @@ if HAS_GLUON:
                 gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
             )
             n_tiles = n_main + gl.cdiv(e_end - e_start, BLOCK_N)
-        keep = n_tiles >= 0
-        if EXACT_BELOW > 0:
-            n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
-                                num_tokens, COUNT_BLOCK)  # fmt: skip
-            if HAS_EXTRA:
-                n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
-                                     e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
-            keep = n_valid > EXACT_BELOW
-            n_tiles = gl.where(keep, n_tiles, 0)
-
         sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                 rank=2)  # fmt: skip
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], sl)
@@ -1313,16 +1333,6 @@ if HAS_GLUON:
         for s in gl.static_range(NR):
             mbarrier.init(raw_full.index(s), count=1)
             mbarrier.init(raw_empty.index(s), count=1)
-
-        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
-        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
-        q = gl.load(
-            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh + qd[None, :],
-            mask=(qh < H)[:, None] & keep,
-            other=0.0,
-        )
-        q_smem.store(q)
         fence_async_shared()
 
         WG: gl.constexpr = num_warps // 4
@@ -1339,8 +1349,10 @@ if HAS_GLUON:
                                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
                                 stride_ib, stride_it,
                                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                EIDX_ptr, stride_eib, stride_eit, qk_scale_log2, NR, BLOCK_N,
-                                BLOCK_H, s_layout, o_layout)),
+                                EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
+                                Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
+                                e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
+                                EXACT_BELOW, COUNT_BLOCK)),
                 (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
                               end, e_start, e_end,
                               KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
@@ -1354,7 +1366,7 @@ if HAS_GLUON:
 
         heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-        hmask = (heads < H) & keep
+        hmask = (heads < H) & (l_i >= 0)
         lse2 = gl.where(l_i > 0, m_i + gl.log2(l_i), float("-inf"))
         if SINGLE_SPLIT:
             # `_final_coef`: the sink takes its weight (+inf: all of it; -inf: none)
@@ -1919,14 +1931,12 @@ def mma_config(
     # fp32 and needs neither).
     pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
     # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P, one
-    # cache. Dual-cache calls keep the Triton loop: measured in one run (S4, v23) the Gluon loop
-    # was 0.87x at B1 dual (10 splits of one 64-token tile against 20 of 32), 0.93x at B128
-    # dual, 1.03x at B64 dual; single-cache rows 1.05-1.24x. Head counts that leave a head
-    # block partly masked (H % 64) have not run through it on a GPU: the Triton loop there.
+    # cache. Dual-cache calls keep the Triton loop: measured in one run (session 16, v24) the
+    # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
+    # single-cache rows 1.12-1.32x over the Triton loop (H128 the least).
     ws = (
         row.ws and on_gpu and cc[0] == 9 and not token_major and not pv_split
-        and extra_topk == 0 and H % WS_BLOCK_H == 0
-        and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+        and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
     )  # fmt: skip
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline

@@ -318,8 +318,8 @@ CASES += [
         [_WS, _WS._replace(num_splits=1), _WS._replace(exact_concurrent=not _WS.exact_concurrent)],
     ),
     (
-        # forced where the rule does not take it yet: a partly masked head block (96 heads),
-        # one-slot pages, topk not a multiple of the tile
+        # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
+        # tile
         "sm90_ws_h96_page1_topk300",
         dict(B=3, H=96, topk=300, page_size=1, with_sink=True, invalid_fraction=0.1),
         ("mma",),
@@ -706,7 +706,7 @@ def test_mma_config_rule():
     assert not fl.mma_config((9, 0), 132, 64, 16, 2048, 0).ws
     assert not fl.mma_config((10, 0), 148, 64, 64, 2048, 0).ws
     assert not fl.mma_config((12, 0), 188, 64, 64, 2048, 0).ws
-    assert not fl.mma_config((9, 0), 132, 64, 96, 2048, 0).ws  # a partly masked head block
+    assert fl.mma_config((9, 0), 132, 64, 96, 2048, 0).ws  # a partly masked head block too
     assert fl.mma_config((9, 0), 132, 64, 128, 512, 0).ws
     small = fl.mma_config((9, 0), 132, 4, 64, 37, 0)
     assert small.pv_split
