@@ -1047,6 +1047,7 @@ try:
         mbarrier,
         warpgroup_mma,
     )
+    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
     HAS_GLUON = True
 except Exception:  # noqa: BLE001  (older Triton, or an API this file does not know)
@@ -1056,6 +1057,12 @@ WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
 WS_BLOCK_N = 64  # tokens per tile
 WS_RAW_SLOTS = 2  # raw tiles in flight (2 x 37.4 KB + q 64 KB + K 64 KB: 218 KB of 227)
 WS_LOADER_REGS = 56  # the loader only computes addresses
+# The mma.sync form (the sm_120 row, 99 KB per block): 32 heads x 32 tokens, one raw slot (the
+# K tile is the second buffer: q 32 KB + K 32 KB + raw 20 KB, 88,348 B), 8 consumer warps at
+# 168 registers: one program per SM by registers as by sm_120's 100 KB of shared memory.
+WS_SYNC_BLOCK_H = 32
+WS_SYNC_BLOCK_N = 32
+WS_SYNC_RAW_SLOTS = 1
 
 
 if HAS_GLUON:
@@ -1260,6 +1267,72 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _ws_sync_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
+                      start, end, e_start, e_end,
+                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                      stride_it,
+                      EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                      stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
+                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
+                      mma_layout: gl.constexpr):  # fmt: skip
+        """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
+        shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
+        operands of mma.sync live in registers), PV 512 wide; S and O share one layout. q is
+        in shared memory before the fork (the build measured; the loader-first order of
+        `_ws_consumer` was not run with it)."""
+        ROWS: gl.constexpr = 16
+        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [CW, 1, 1], [2, 1, 0])
+        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        qa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
+        kb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
+        acc = gl.zeros([BLOCK_H, 512], gl.float32, mma_layout)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, mma_layout))
+        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, mma_layout))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_layout)
+        for i in range(n_tiles):
+            slot = i % NR
+            t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+                i, n_main, b, start, end, e_start, e_end,
+                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                stride_it,
+                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                stride_eib, stride_eit, BLOCK_N,
+            )  # fmt: skip
+            t = t0 + cols
+            idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
+            valid = (idx >= 0) & (idx < ntok)
+            mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
+            for r in gl.static_range(BLOCK_N // ROWS):
+                x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
+                e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+                rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
+                bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
+                x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
+                val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
+                k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
+            gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            s = s_zero
+            for gi in gl.static_range(8):
+                qg = q_smem.slice(gi * 64, 64, dim=1).load(qa)
+                kg = k_smem.slice(gi * 64, 64, dim=1).permute((1, 0)).load(kb)
+                s = mma_v2(qg, kg, s)
+            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            acc = acc * alpha[:, None]
+            p_op = gl.convert_layout(p.to(gl.bfloat16), qa)
+            acc = mma_v2(p_op, k_smem.load(kb), acc)
+            gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
+        return acc, m_i, l_i
+
+
+    @gluon.jit
     def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr):
         """`_count_valid`'s count: the first `length` indices that select a token."""
         layout: gl.constexpr = gl.BlockedLayout([4], [32], [8], [0])
@@ -1284,12 +1357,13 @@ if HAS_GLUON:
         SINGLE_SPLIT: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr,
         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
-        num_warps: gl.constexpr,
+        MMA_SYNC: gl.constexpr, num_warps: gl.constexpr,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
-        are left to the exact launch (no tile walked, nothing stored)."""
+        are left to the exact launch (no tile walked, nothing stored). MMA_SYNC: the consumer
+        is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90)."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
@@ -1315,8 +1389,12 @@ if HAS_GLUON:
                 gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
             )
             n_tiles = n_main + gl.cdiv(e_end - e_start, BLOCK_N)
-        sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
-                                                rank=2)  # fmt: skip
+        if MMA_SYNC:  # ldmatrix's swizzle; wgmma's own otherwise
+            sl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
+                                                       order=[1, 0])  # fmt: skip
+        else:
+            sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
+                                                    rank=2)  # fmt: skip
         q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], sl)
         k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], sl)
         raw8 = gl.allocate_shared_memory(
@@ -1335,34 +1413,81 @@ if HAS_GLUON:
             mbarrier.init(raw_empty.index(s), count=1)
         fence_async_shared()
 
-        WG: gl.constexpr = num_warps // 4
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
-        )
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, 512 // WG, 16]
-        )
-        acc, m_i, l_i = gl.warp_specialize(
-            [
-                (_ws_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles,
-                                n_main, b, start, end, e_start, e_end,
-                                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
-                                stride_ib, stride_it,
-                                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
-                                Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
-                                e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
-                                EXACT_BELOW, COUNT_BLOCK)),
-                (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
-                              end, e_start, e_end,
-                              KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
-                              stride_ib, stride_it,
-                              EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                              EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
-            ],
-            [4],
-            [LOADER_REGS],
-        )  # fmt: skip
+        if MMA_SYNC:
+            keep = n_tiles >= 0
+            if EXACT_BELOW > 0:
+                n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length,
+                                    topk, num_tokens, COUNT_BLOCK)  # fmt: skip
+                if HAS_EXTRA:
+                    n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
+                                         e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+                keep = n_valid > EXACT_BELOW
+                n_tiles = gl.where(keep, n_tiles, 0)
+            ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+            qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+            qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+            q = gl.load(
+                Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
+                + qd[None, :],
+                mask=(qh < H)[:, None] & keep,
+                other=0.0,
+            )  # fmt: skip
+            q_smem.store(q)
+            gl.thread_barrier()
+            o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[BLOCK_H // 16, num_warps // (BLOCK_H // 16)],
+                instr_shape=[16, 8],
+            )
+            acc, m_i, l_i = gl.warp_specialize(
+                [
+                    (_ws_sync_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty,
+                                         n_tiles, n_main, b, start, end, e_start, e_end,
+                                         KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
+                                         IDX_ptr, stride_ib, stride_it,
+                                         EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
+                                         e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
+                                         qk_scale_log2, NR, BLOCK_N, BLOCK_H, num_warps,
+                                         o_layout)),
+                    (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
+                                  start, end, e_start, e_end,
+                                  KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
+                                  IDX_ptr, stride_ib, stride_it,
+                                  EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+                ],
+                [4],
+                [LOADER_REGS],
+            )  # fmt: skip
+            l_i = gl.where(keep, l_i, -1.0)  # nothing stored for a request left to the exact launch
+        else:
+            WG: gl.constexpr = num_warps // 4
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
+            )
+            o_layout: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, 512 // WG, 16]
+            )
+            acc, m_i, l_i = gl.warp_specialize(
+                [
+                    (_ws_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles,
+                                    n_main, b, start, end, e_start, e_end,
+                                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                                    stride_ib, stride_it,
+                                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                    EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
+                                    Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
+                                    e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
+                                    EXACT_BELOW, COUNT_BLOCK)),
+                    (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
+                                  end, e_start, e_end,
+                                  KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                                  stride_ib, stride_it,
+                                  EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+                ],
+                [4],
+                [LOADER_REGS],
+            )  # fmt: skip
 
         heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
@@ -1788,7 +1913,9 @@ MMA_ROWS: dict[str, MMARow] = {
     # 255 registers x 128 threads: two programs per SM by registers (one on sm_120 by shared
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
-    "sm120": MMARow(32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4),
+    "sm120": MMARow(
+        32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True
+    ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
 }  # fmt: skip
@@ -1934,12 +2061,23 @@ def mma_config(
     # cache. Dual-cache calls keep the Triton loop: measured in one run (session 16, v24) the
     # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
     # single-cache rows 1.12-1.32x over the Triton loop (H128 the least).
-    ws = (
-        row.ws and on_gpu and cc[0] == 9 and not token_major and not pv_split
-        and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+    ws_wgmma = (
+        cc[0] == 9 and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+    ) if on_gpu else False  # fmt: skip
+    # Its mma.sync form (the sm_120 row on sm_120, or on a 9.x GPU as the proxy; sm_89 has no
+    # setmaxnreg for the loader's registers), one 88 KB program per SM: both caches, whole
+    # 32-head blocks. Measured on the H200 as a proxy (session 16, v24, residency capped at
+    # sm_120's 100 KB per SM): 1.44-1.60x faster than the Triton loop at B >= 64.
+    ws_sync = (
+        on_gpu and cc[0] in (9, 12) and (block_h, block_n) == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N)
+        and H % block_h == 0
     )  # fmt: skip
+    ws = row.ws and on_gpu and not token_major and not pv_split and (ws_wgmma or ws_sync)
+    exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop has no exact branch
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
+        if not ws_wgmma:
+            slots = sm_count  # one program per SM
     elif programs * _tiles(topk, extra_topk, block_n) < slots:
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
@@ -1959,8 +2097,9 @@ def mma_config(
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
-        row.s_by_group, exact_block_h, row.exact_in_launch, on_gpu and row.prefetch_next,
-        on_gpu and row.exact_concurrent and concurrent, pack if pack >= 2 and not pv_split else 0,
+        row.s_by_group, exact_block_h, exact_in_launch, on_gpu and row.prefetch_next,
+        on_gpu and (row.exact_concurrent or ws) and concurrent,
+        pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws,
     )  # fmt: skip
@@ -2167,28 +2306,35 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
 
 
 def _ws_runnable(q, main, extra, flags, cfg) -> bool:
-    """Whether this call's bf16-P launch can be `_ws_split_kernel`: Gluon present, a 9.x GPU,
-    V4 caches whose bytes and page strides are 16-byte aligned (cp.async of 16 bytes; the
-    bf16 view of the rope needs even strides), q rows contiguous."""
+    """Whether this call's bf16-P launch can be `_ws_split_kernel`: Gluon present, a 9.x GPU
+    (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's 32 x 32), V4 caches whose bytes
+    and page strides are 16-byte aligned (cp.async of 16 bytes; the bf16 view of the rope
+    needs even strides), q rows contiguous."""
+    cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
+    tile = (cfg.block_h, cfg.block_n)
     return (
-        HAS_GLUON and q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9
+        HAS_GLUON and q.is_cuda
+        and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
+             or (cap[0] in (9, 12) and tile == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N)))
         and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
-        and (cfg.block_h, cfg.block_n) == (WS_BLOCK_H, WS_BLOCK_N) and not cfg.token_major
-        and not cfg.pv_split and not cfg.exact_in_launch
+        and not cfg.token_major and not cfg.pv_split and not cfg.exact_in_launch
     )  # fmt: skip
 
 
 def _launch_ws(
-    q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below
+    q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
+    block_h,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
     left out)."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
-    _ws_split_kernel[(B * triton.cdiv(H, WS_BLOCK_H), splits)](
+    sync = block_h == WS_SYNC_BLOCK_H  # mma.sync's tile, else wgmma's
+    bn, nr = (WS_SYNC_BLOCK_N, WS_SYNC_RAW_SLOTS) if sync else (WS_BLOCK_N, WS_RAW_SLOTS)
+    _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
         main["page_size"], main["num_tokens"], main["IDX_ptr"], main["stride_ib"],
@@ -2201,8 +2347,8 @@ def _launch_ws(
         common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
-        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=WS_BLOCK_H, BLOCK_N=WS_BLOCK_N,
-        NR=WS_RAW_SLOTS, LOADER_REGS=WS_LOADER_REGS, num_warps=8,
+        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
+        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8,
     )  # fmt: skip
 
 
@@ -2277,7 +2423,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
-                           part_lse, 0 if run_exact else below)  # fmt: skip
+                           part_lse, 0 if run_exact else below, cfg.block_h)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,

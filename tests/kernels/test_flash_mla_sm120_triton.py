@@ -59,6 +59,7 @@ def _load(name: str, file: str, env: dict[str, str] | None = None):
 
 
 fl = _load("_kd_test_flash_mla_sm120_triton", "flash_mla_sm120_triton.py")
+_SM120_TRITON = fl.MMA_ROWS["sm120"]._replace(ws=False)  # the sm_120 row's Triton loop
 ref = _load("_kd_test_dsv4_reference", "dsv4_reference.py")
 cache_mod = _load("_kd_test_dsv4_cache", "dsv4_cache.py")
 decode = fl.flash_mla_sparse_decode_triton
@@ -403,7 +404,8 @@ if ON_GPU:  # bf16 operands at production sizes
             ("mma",),
             [None, MMAConfig(64, 64, 4, 8, 1)],
         ),
-        # the sm_120 row (mma_config for (12, 0)) at production sizes, with its exact pass
+        # the sm_120 row (mma_config for (12, 0)) at production sizes, with its exact pass:
+        # its Gluon loop (mma.sync; on this GPU too) and its Triton loop (the row without it)
         (
             "gpu_sm120row_B64_topk2048_partial_invalid",
             dict(
@@ -416,23 +418,41 @@ if ON_GPU:  # bf16 operands at production sizes
                 invalid_fraction=0.1,
             ),  # fmt: skip
             ("mma",),
-            [fl.mma_config((12, 0), 132, 64, 64, 2048, 0)],
+            [
+                fl.mma_config((12, 0), 132, 64, 64, 2048, 0),
+                fl.mma_config((12, 0), 132, 64, 64, 2048, 0, row=_SM120_TRITON),
+            ],
         ),
         (
             "gpu_sm120row_B64_main128_extra512",
             GPU_DUAL_PARTIAL,
             ("mma",),
-            # the row's one launch, and the exact PV as a second launch
+            # the Gluon loop with the exact launch beside it or after it; the Triton loop's
+            # one launch, and the exact PV as a second launch
             [
                 fl.mma_config((12, 0), 132, 64, 64, 128, 512),
-                fl.mma_config((12, 0), 132, 64, 64, 128, 512)._replace(exact_in_launch=False),
+                fl.mma_config((12, 0), 132, 64, 64, 128, 512)._replace(exact_concurrent=False),
+                fl.mma_config((12, 0), 132, 64, 64, 128, 512, row=_SM120_TRITON),
+                fl.mma_config((12, 0), 132, 64, 64, 128, 512, row=_SM120_TRITON)._replace(
+                    exact_in_launch=False
+                ),
             ],
         ),
         (
             "gpu_sm120row_B1_topk2048",
             dict(B=1, H=64, topk=2048, page_size=64, with_sink=True),
             ("mma",),
-            [fl.mma_config((12, 0), 132, 1, 64, 2048, 0)],
+            [
+                fl.mma_config((12, 0), 132, 1, 64, 2048, 0),
+                fl.mma_config((12, 0), 132, 1, 64, 2048, 0, row=_SM120_TRITON),
+            ],
+        ),
+        (
+            # 96 heads: three whole 32-head blocks; one-slot pages, topk not a multiple of 32
+            "gpu_sm120row_ws_h96_page1_topk300",
+            dict(B=3, H=96, topk=300, page_size=1, with_sink=True, invalid_fraction=0.1),
+            ("mma",),
+            [fl.mma_config((12, 0), 132, 3, 96, 300, 0)],
         ),
     ]
 
@@ -705,20 +725,30 @@ def test_mma_config_rule():
     assert not fl.mma_config((9, 0), 132, 4, 64, 37, 0).ws
     assert not fl.mma_config((9, 0), 132, 64, 16, 2048, 0).ws
     assert not fl.mma_config((10, 0), 148, 64, 64, 2048, 0).ws
-    assert not fl.mma_config((12, 0), 188, 64, 64, 2048, 0).ws
     assert fl.mma_config((9, 0), 132, 64, 96, 2048, 0).ws  # a partly masked head block too
     assert fl.mma_config((9, 0), 132, 64, 128, 512, 0).ws
     small = fl.mma_config((9, 0), 132, 4, 64, 37, 0)
     assert small.pv_split
     assert fl.mma_config((10, 0), 148, 64, 64, 2048, 0).block_n == 64  # sm_100: sm_90's row
-    sm120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)
+    # sm_120: the Gluon loop's mma.sync form, one program per SM, the exact launch beside it
+    ws120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)
+    assert ws120.ws and (ws120.block_h, ws120.block_n, ws120.num_splits) == (32, 32, 1)
+    assert (ws120.exact_in_launch, ws120.exact_concurrent) == (False, True)
+    assert fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws  # both caches
+    assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=fl.MMA_ROWS["sm120"]).ws  # proxy
+    assert not fl.mma_config((12, 0), 188, 64, 48, 2048, 0).ws  # a partly masked 32-head block
+    assert not fl.mma_config((12, 0), 188, 64, 16, 2048, 0).ws  # 16-head blocks
+    assert not fl.mma_config((12, 0), 188, 4, 64, 37, 0).ws  # the exact PV for the whole call
+    assert not fl.mma_config((8, 9), 128, 64, 64, 2048, 0).ws  # no setmaxnreg on sm_89
+    sm120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0, row=_SM120_TRITON)
     assert (sm120.block_h, sm120.block_n, sm120.num_warps, sm120.s_by_group) == (32, 32, 4, True)
     assert (sm120.num_splits, sm120.exact_block_h) == (2, 16)  # 188 SMs x 2 // 128 programs
     assert (sm120.num_stages, sm120.exact_in_launch) == (1, True)  # one launch
     assert not sm120.exact_concurrent
     assert fl.mma_config((12, 0), 188, 4, 64, 37, 0).block_h == 16  # exact PV: 16 heads
-    assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config((12, 0), 128, 64, 64,
-                                                                         2048, 0)  # fmt: skip
+    assert fl.mma_config((8, 9), 128, 64, 64, 2048, 0) == fl.mma_config(
+        (12, 0), 128, 64, 64, 2048, 0, row=_SM120_TRITON
+    )
     cpu = fl.mma_config(None, 2, 2, 20, 70, 0)
     assert (cpu.block_h, cpu.block_n, cpu.pv_split, cpu.pv_split_below) == (32, 16, False, 0)
     big = fl.mma_config((9, 0), 132, 1, 64, 100_000, 0)
