@@ -60,14 +60,19 @@ def _signature(fn, const: dict, ptr_types: dict) -> tuple[dict, dict, dict]:
 
 
 def table_row(fl, cc: int, H: int = 64) -> dict:
-    """The launch parameters `mma_config` takes for this compute capability (H heads)."""
-    cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
+    """The launch parameters `mma_config` takes for this compute capability (H heads), for the
+    Triton loops: the row without its Gluon loop (what runs where Triton's Gluon is not the
+    API it is written for); `ws`: whether the row takes the Gluon loop where it is."""
+    table = fl.MMA_ROWS[fl.mma_row_name(divmod(cc, 10))]
+    cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0, row=table._replace(ws=False))
+    ws_cfg = fl.mma_config(divmod(cc, 10), 132, 64, H, 2048, 0)
     return {"BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "num_warps": cfg.num_warps,
             "num_stages": cfg.num_stages, "S_BY_GROUP": cfg.s_by_group,
             "EXACT_BLOCK_H": cfg.exact_block_h or cfg.block_h,
             "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next,
             "exact_concurrent": getattr(cfg, "exact_concurrent", False),
-            "ws": getattr(cfg, "ws", False)}  # fmt: skip
+            "ws": getattr(ws_cfg, "ws", False), "ws_block_h": ws_cfg.block_h,
+            "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False)}  # fmt: skip
 
 
 def compile_kernel(
@@ -120,9 +125,10 @@ _WS_PTR_TYPES = {
 }  # fmt: skip
 
 
-def compile_ws(fl, cc: int, has_extra: bool, exact_below: int):
-    """Compile `_ws_split_kernel` (Gluon, the sm_90 row's bf16-P launch) for `cc` as
-    `_launch_ws` launches it; exact_below > 0: the build beside the concurrent exact launch."""
+def compile_ws(fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False):
+    """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
+    it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
+    the build beside the concurrent exact launch."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -130,9 +136,13 @@ def compile_ws(fl, cc: int, has_extra: bool, exact_below: int):
     fn = fl._ws_split_kernel
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
-        COUNT_BLOCK=1024, BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS,
-        LOADER_REGS=fl.WS_LOADER_REGS, num_warps=8,
+        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8,
     )  # fmt: skip
+    if sync:
+        const.update(BLOCK_H=fl.WS_SYNC_BLOCK_H, BLOCK_N=fl.WS_SYNC_BLOCK_N,
+                     NR=fl.WS_SYNC_RAW_SLOTS)  # fmt: skip
+    else:
+        const.update(BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS)
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
@@ -227,14 +237,23 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 rows.append(
                     build_report(cc, tm_row, f"prefill-tm-h{H}", has_extra, "v4", ck, with_ptxas)
                 )
-        # The row's head-major bf16-P launch as the Gluon kernel (compute capability 9.x, a
-        # Triton with the Gluon API it is written for; elsewhere `_mma_split_kernel` above).
-        if row.get("ws") and cc // 10 == 9 and getattr(fl, "HAS_GLUON", False):
-            ws_row = dict(row, BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, num_warps=8)
-            below = fl.PV_SPLIT_MAX_TOKENS if row["exact_concurrent"] else 0
+        # The row's head-major bf16-P launch as the Gluon kernel (wgmma on 9.x, mma.sync on
+        # the sm_120 row; a Triton with the Gluon API it is written for; elsewhere
+        # `_mma_split_kernel` above), and the exact launch beside it where the Triton row
+        # has none (the sm_120 row's exact PV is otherwise a branch of its one launch).
+        if row.get("ws") and getattr(fl, "HAS_GLUON", False):
+            sync = row["ws_block_h"] == getattr(fl, "WS_SYNC_BLOCK_H", None)
+            ws_row = dict(row, BLOCK_H=fl.WS_SYNC_BLOCK_H if sync else fl.WS_BLOCK_H,
+                          BLOCK_N=fl.WS_SYNC_BLOCK_N if sync else fl.WS_BLOCK_N,
+                          num_warps=8)  # fmt: skip
+            below = fl.PV_SPLIT_MAX_TOKENS if row["ws_exact_concurrent"] else 0
             for has_extra in (False, True):
-                ck = compile_ws(fl, cc, has_extra, below)
-                rows.append(build_report(cc, ws_row, "bf16-P-ws", has_extra, "v4", ck, with_ptxas))
+                ck = compile_ws(fl, cc, has_extra, below, sync)
+                label = "bf16-P-ws-sync" if sync else "bf16-P-ws"
+                rows.append(build_report(cc, ws_row, label, has_extra, "v4", ck, with_ptxas))
+                if row["exact_in_launch"]:
+                    ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
+                    rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))
     return rows
 
 
@@ -251,12 +270,12 @@ def main() -> int:
     rows = check(ccs, with_ptxas=not args.no_ptxas)
     import flash_mla_sm120_triton as fl
 
-    if 90 in ccs and not getattr(fl, "HAS_GLUON", False):
+    if not getattr(fl, "HAS_GLUON", False):
         import triton
 
         # on stderr: --json stays one document
-        print(f"compile_check: the sm_90 row's Gluon loop not compiled (written for triton "
-              f"3.6; this is {triton.__version__}: the launcher runs `_mma_split_kernel`)",
+        print(f"compile_check: the rows' Gluon loops not compiled (written for triton 3.6; "
+              f"this is {triton.__version__}: the launcher runs `_mma_split_kernel`)",
               file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=1))

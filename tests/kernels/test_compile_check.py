@@ -35,9 +35,14 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     res = _run(["--cc", "120", "--cc", "89", "--no-ptxas", "--json"])
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout)
-    assert {(r["cc"], r["pass"], r["extra_cache"]) for r in rows} == {
+    built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
+    # the sm_120 row's Gluon loop and the exact launch beside it, where the installed Triton
+    # has the Gluon API it is written for (3.6); sm_89 never takes it (no setmaxnreg)
+    gluon = {(120, p, e) for p in ("bf16-P-ws-sync", "exact") for e in (0, 1)}
+    assert built - gluon == {
         (cc, p, e) for cc in (120, 89) for p in ("bf16-P+exact", "exact-all") for e in (0, 1)
     }
+    assert built & gluon in (set(), gluon)
     for r in rows:
         assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (32, 32, 16)
         assert 0 < r["shared_bytes"] <= 101_376, r
