@@ -1268,18 +1268,20 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ws_sync_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
-                      start, end, e_start, e_end,
-                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
-                      stride_it,
-                      EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                      stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
-                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
-                      mma_layout: gl.constexpr):  # fmt: skip
+                         start, end, e_start, e_end,
+                         KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                         stride_it,
+                         EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                         stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
+                         BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
+                         mma_layout: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout. q is
         in shared memory before the fork (the build measured; the loader-first order of
-        `_ws_consumer` was not run with it)."""
+        `_ws_consumer` was not run with it). The tile's index mask and dequantization are
+        `_ws_consumer`'s lines: moved into a shared helper they compiled to different PTX
+        (the layout arithmetic no longer hoisted), a change no device run has measured."""
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [CW, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
