@@ -26,8 +26,10 @@ variant:
 `mma_config` rule on a table row with overrides (tuning without editing the file); `mma_v2:1`
 compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmma.
 `--sm120-proxy` adds the variant `sm120`: the sm_120 row that way, next to the device's own
-row. Every variant's JSON entry lists the compiled kernels it launched (registers, spills,
-shared memory, wgmma / mma.sync counts in the PTX).
+row (with triton 3.6 the row's bf16-P launch is its Gluon loop, whose mma.sync the kernel
+writes itself; `--config LABEL=row:sm120,mma_v2:1,ws:0` is the row's Triton loop). Every
+variant's JSON entry lists the compiled kernels it launched (registers, spills, shared
+memory, wgmma / mma.sync counts in the PTX).
 
 `--smem-per-sm KB` keeps, for every kernel, as many programs resident per SM as a GPU with KB
 of shared memory per SM would (100: sm_120): each kernel's preferred shared-memory carveout is

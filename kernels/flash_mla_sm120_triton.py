@@ -1041,13 +1041,12 @@ try:
         raise ImportError(f"Gluon kernel written for triton 3.6, not {triton.__version__}")
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
     )
-    from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
     HAS_GLUON = True
 except Exception:  # noqa: BLE001  (older Triton, or an API this file does not know)
@@ -1333,7 +1332,6 @@ if HAS_GLUON:
             gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
         return acc, m_i, l_i
 
-
     @gluon.jit
     def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr):
         """`_count_valid`'s count: the first `length` indices that select a token."""
@@ -1437,7 +1435,8 @@ if HAS_GLUON:
             q_smem.store(q)
             gl.thread_barrier()
             o_layout: gl.constexpr = gl.NVMMADistributedLayout(
-                version=[2, 0], warps_per_cta=[BLOCK_H // 16, num_warps // (BLOCK_H // 16)],
+                version=[2, 0],
+                warps_per_cta=[BLOCK_H // 16, num_warps // (BLOCK_H // 16)],
                 instr_shape=[16, 8],
             )
             acc, m_i, l_i = gl.warp_specialize(
