@@ -1173,6 +1173,50 @@ if HAS_GLUON:
                 mbarrier.arrive(raw_full.index(j % NR), count=1)
 
     @gluon.jit
+    def _ws_tile_in(i, slot, n_main, b, start, end, e_start, e_end,
+                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                    stride_it,
+                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                    stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full,
+                    NR: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
+                    L3: gl.constexpr):  # fmt: skip
+        """A consumer's tile i (both consumers): its valid slots (in `cols`' layout), and, once
+        the loader's copies landed, raw slot `slot` dequantized into k_smem (x = fp8 *
+        2^(e - 127), rope as is), ROWS rows at a time in layout L3 (`g`: its group index,
+        made once outside the tile loop)."""
+        t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
+            i, n_main, b, start, end, e_start, e_end,
+            KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
+            EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
+            stride_eit, BLOCK_N,
+        )  # fmt: skip
+        t = t0 + cols
+        idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
+        valid = (idx >= 0) & (idx < ntok)
+        mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
+        for r in gl.static_range(BLOCK_N // ROWS):
+            x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
+            e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+            rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
+            # 2^(e - 127) from its float bits (exact; byte 0 is 2^-127, a subnormal)
+            bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
+            x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
+            val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
+            k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
+        return valid
+
+    @gluon.jit
+    def _ws_softmax(s, valid, m_i, l_i, qk_scale_log2):
+        """`_online_softmax_step` for the Gluon consumers (which cannot call a `@triton.jit`
+        helper): P of the tile's scores, the old sum's rescale alpha, the new max and sum."""
+        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+    @gluon.jit
     def _ws_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                      start, end, e_start, e_end,
                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
@@ -1219,37 +1263,19 @@ if HAS_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, s_layout)
         for i in range(n_compute):
             slot = i % NR
-            t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
-                i, n_main, b, start, end, e_start, e_end,
+            valid = _ws_tile_in(
+                i, slot, n_main, b, start, end, e_start, e_end,
                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                stride_eib, stride_eit, BLOCK_N,
+                stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
+                BLOCK_N, ROWS, L3,
             )  # fmt: skip
-            t = t0 + cols
-            idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
-            valid = (idx >= 0) & (idx < ntok)
-            mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
-            for r in gl.static_range(BLOCK_N // ROWS):
-                x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
-                e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
-                rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
-                # 2^(e - 127) from its float bits (exact; byte 0 is 2^-127, a subnormal)
-                bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
-                x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
-                val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
-                k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
             fence_async_shared()  # this thread's K stores, before wgmma reads them
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
             mbarrier.arrive(raw_empty.index(slot), count=1)
             s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)
-            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
             acc = warpgroup_mma(p_op, k_smem, acc)
@@ -1278,9 +1304,7 @@ if HAS_GLUON:
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout. q is
         in shared memory before the fork (the build measured; the loader-first order of
-        `_ws_consumer` was not run with it). The tile's index mask and dequantization are
-        `_ws_consumer`'s lines: moved into a shared helper they compiled to different PTX
-        (the layout arithmetic no longer hoisted), a change no device run has measured."""
+        `_ws_consumer` was not run with it)."""
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [CW, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -1293,25 +1317,14 @@ if HAS_GLUON:
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_layout)
         for i in range(n_tiles):
             slot = i % NR
-            t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
-                i, n_main, b, start, end, e_start, e_end,
+            valid = _ws_tile_in(
+                i, slot, n_main, b, start, end, e_start, e_end,
                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                stride_eib, stride_eit, BLOCK_N,
+                stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
+                BLOCK_N, ROWS, L3,
             )  # fmt: skip
-            t = t0 + cols
-            idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
-            valid = (idx >= 0) & (idx < ntok)
-            mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
-            for r in gl.static_range(BLOCK_N // ROWS):
-                x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
-                e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
-                rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
-                bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
-                x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
-                val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
-                k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
             mbarrier.arrive(raw_empty.index(slot), count=1)
             s = s_zero
@@ -1319,13 +1332,7 @@ if HAS_GLUON:
                 qg = q_smem.slice(gi * 64, 64, dim=1).load(qa)
                 kg = k_smem.slice(gi * 64, 64, dim=1).permute((1, 0)).load(kb)
                 s = mma_v2(qg, kg, s)
-            s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = gl.exp2(m_i - m_use)
-            p = gl.exp2(s - m_use[:, None])
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * alpha[:, None]
             p_op = gl.convert_layout(p.to(gl.bfloat16), qa)
             acc = mma_v2(p_op, k_smem.load(kb), acc)
