@@ -2070,17 +2070,18 @@ def mma_config(
     # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
     # single-cache rows 1.12-1.32x over the Triton loop (H128 the least).
     ws_wgmma = (
-        cc[0] == 9 and extra_topk == 0 and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
-    ) if on_gpu else False  # fmt: skip
+        on_gpu and cc[0] == 9 and extra_topk == 0
+        and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
+    )  # fmt: skip
     # Its mma.sync form (the sm_120 row on sm_120, or on a 9.x GPU as the proxy; sm_89 has no
     # setmaxnreg for the loader's registers), one 88 KB program per SM: both caches, whole
     # 32-head blocks. Measured on the H200 as a proxy (session 16, v24, residency capped at
-    # sm_120's 100 KB per SM): 1.44-1.60x faster than the Triton loop at B >= 64.
+    # sm_120's 100 KB per SM): 1.43-1.58x faster than the Triton loop at B >= 64.
     ws_sync = (
         on_gpu and cc[0] in (9, 12) and (block_h, block_n) == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N)
         and H % block_h == 0
     )  # fmt: skip
-    ws = row.ws and on_gpu and not token_major and not pv_split and (ws_wgmma or ws_sync)
+    ws = row.ws and not token_major and not pv_split and (ws_wgmma or ws_sync)
     exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop has no exact branch
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
