@@ -154,6 +154,14 @@ def _lengths(LEN_ptr, stride_len, has_len, t, topk):
 
 
 @triton.jit
+def _plan_piece(PLAN_ptr, b, split, num_splits):
+    """Split `split` of request b in the length-aware plan: main start, end, extra start, end
+    (positions in the index rows)."""
+    piece = PLAN_ptr + (b * num_splits + split) * 4
+    return tl.load(piece), tl.load(piece + 1), tl.load(piece + 2), tl.load(piece + 3)
+
+
+@triton.jit
 def _row_offsets(stride_kv_page, page_size, idx, FMT: tl.constexpr):
     """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
     cache slots `idx` in format FMT (int64: page * stride can pass 2^31)."""
@@ -877,6 +885,8 @@ def _mma_split_kernel(
     RUN_EXACT: tl.constexpr = True,
     TOKEN_MAJOR: tl.constexpr = False,
     SKIP_PACKED: tl.constexpr = False,
+    PLAN_ptr=None,
+    PLAN: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -900,18 +910,26 @@ def _mma_split_kernel(
     # The split's tiles of the two caches' tile lists laid end to end (main, then extra), so
     # that splits get equal tile counts whatever the two topk are (B1 dual cache: 2 + 8 tiles
     # over 10 splits, one tile each).
-    t0 = split * tiles_per_split
-    t1 = t0 + tiles_per_split
-    main_tiles = tl.cdiv(topk, BLOCK_N)
-    start = tl.minimum(t0, main_tiles) * BLOCK_N
-    end = tl.minimum(tl.minimum(t1, main_tiles) * BLOCK_N, length)
-    e_start = 0
-    e_end = 0
     e_length = e_topk
     if HAS_EXTRA:
         e_length = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
-        e_start = tl.maximum(t0 - main_tiles, 0) * BLOCK_N
-        e_end = tl.minimum(tl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length)
+    if PLAN:
+        # The length-aware split (`_split_plan_kernel`): this piece's ranges; a split past the
+        # request's pieces has none and stores nothing (the combine skips it).
+        start, end, e_start, e_end = _plan_piece(PLAN_ptr, b, split, num_splits)
+        if (end - start) + (e_end - e_start) == 0:
+            return
+    else:
+        t0 = split * tiles_per_split
+        t1 = t0 + tiles_per_split
+        main_tiles = tl.cdiv(topk, BLOCK_N)
+        start = tl.minimum(t0, main_tiles) * BLOCK_N
+        end = tl.minimum(tl.minimum(t1, main_tiles) * BLOCK_N, length)
+        e_start = 0
+        e_end = 0
+        if HAS_EXTRA:
+            e_start = tl.maximum(t0 - main_tiles, 0) * BLOCK_N
+            e_end = tl.minimum(tl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length)
     idx_row = IDX_ptr + b.to(tl.int64) * stride_ib
     e_idx_row = EIDX_ptr + b.to(tl.int64) * stride_eib
     exact = False
@@ -972,6 +990,56 @@ def _mma_split_kernel(
             )  # fmt: skip
 
 
+@triton.jit(do_not_specialize=["has_len", "has_elen"])
+def _split_plan_kernel(
+    LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, PLAN_ptr, B, topk, e_topk,
+    num_splits, pieces_per_round, BLOCK_N: tl.constexpr, B_POW2: tl.constexpr,
+    S_POW2: tl.constexpr, HAS_EXTRA: tl.constexpr,
+):  # fmt: skip
+    """The length-aware split of a call's requests (one program; no host sync): request b's
+    valid tiles (BLOCK_N tokens of its main length, then of its extra length) cut into
+    cdiv(n_b, t) pieces of near-equal tiles, t the fewest tiles per piece for which every
+    piece of every request fits one round of `pieces_per_round` (and at most `num_splits`
+    pieces per request). Writes PLAN[b, s] = (start, end, e_start, e_end), positions in the
+    two index rows; the splits past a request's pieces get (0, 0, 0, 0). With equal lengths
+    the pieces are the static splits' (the same tile counts), so only partial lengths move."""
+    r = tl.arange(0, B_POW2)
+    inb = r < B
+    ln = tl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
+    ln = tl.where(inb, tl.maximum(tl.minimum(ln, topk), 0), 0)
+    m = tl.cdiv(ln, BLOCK_N)
+    n = m
+    el = ln * 0
+    if HAS_EXTRA:
+        el = tl.load(ELEN_ptr + r * stride_elen, mask=inb & ((r * 0 + has_elen) != 0), other=e_topk)
+        el = tl.where(inb, tl.maximum(tl.minimum(el, e_topk), 0), 0)
+        n = m + tl.cdiv(el, BLOCK_N)
+    n_max = tl.max(n)
+    t = tl.maximum(tl.cdiv(tl.sum(n), pieces_per_round), tl.cdiv(n_max, num_splits))
+    t = tl.maximum(t, 1)
+    pieces = tl.sum(tl.cdiv(n, t))
+    while (pieces > pieces_per_round) & (t < n_max):
+        t += 1
+        pieces = tl.sum(tl.cdiv(n, t))
+    k = tl.cdiv(n, t)[:, None]  # this request's pieces (<= num_splits)
+    s = tl.arange(0, S_POW2)[None, :]
+    live = s < k
+    kk = tl.maximum(k, 1)
+    a = tl.where(live, s * n[:, None] // kk, 0)  # the piece's tiles [a, c) of the request's
+    c = tl.where(live, (s + 1) * n[:, None] // kk, 0)  # main tiles, then its extra tiles
+    mm = m[:, None]
+    start = tl.minimum(a, mm) * BLOCK_N
+    end = tl.maximum(tl.minimum(tl.minimum(c, mm) * BLOCK_N, ln[:, None]), start)
+    e_start = tl.maximum(a - mm, 0) * BLOCK_N
+    e_end = tl.maximum(tl.minimum(tl.maximum(c - mm, 0) * BLOCK_N, el[:, None]), e_start)
+    piece = PLAN_ptr + (r[:, None] * num_splits + s) * 4
+    mask = inb[:, None] & (s < num_splits)
+    tl.store(piece, start, mask=mask)
+    tl.store(piece + 1, end, mask=mask)
+    tl.store(piece + 2, e_start, mask=mask)
+    tl.store(piece + 3, e_end, mask=mask)
+
+
 @triton.jit
 def _combine_kernel(
     PO_ptr,
@@ -990,14 +1058,23 @@ def _combine_kernel(
     BLOCK_D: tl.constexpr,
     HAS_SINK: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    PLAN_ptr=None,
+    PLAN: tl.constexpr = False,
 ):
-    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink."""
+    """Merge the splits of one (request, head) by their base-2 LSE, adding the sink. PLAN: only
+    the splits `_split_plan_kernel` gave tokens (the others stored nothing)."""
     pid = tl.program_id(0)  # b * H + h
     b = pid // H
     h = pid % H
     s = tl.arange(0, SPLITS_POW2)
     row0 = pid.to(tl.int64) * num_splits
-    lse = tl.load(PLSE_ptr + row0 + s, mask=s < num_splits, other=float("-inf"))
+    live = s < num_splits
+    if PLAN:
+        piece = PLAN_ptr + (b * num_splits + s) * 4
+        span = tl.load(piece + 1, mask=live, other=0) - tl.load(piece, mask=live, other=0)
+        span += tl.load(piece + 3, mask=live, other=0) - tl.load(piece + 2, mask=live, other=0)
+        live = live & (span > 0)
+    lse = tl.load(PLSE_ptr + row0 + s, mask=live, other=float("-inf"))
     mx = tl.max(lse, axis=0)
     if HAS_SINK:
         sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
@@ -1010,9 +1087,7 @@ def _combine_kernel(
     coef = tl.where(den > 0, w / den, 0.0)
 
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    parts = tl.load(
-        PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=(s < num_splits)[:, None], other=0.0
-    )
+    parts = tl.load(PO_ptr + (row0 + s[:, None]) * D_QK + d[None, :], mask=live[:, None], other=0.0)
     out = tl.sum(parts * coef[:, None], axis=0)
     o_ptrs = O_ptr + b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh
     tl.store(o_ptrs + d, _to_out_dtype(out, O_ptr, RNE_BY_HAND))
@@ -1364,7 +1439,8 @@ if HAS_GLUON:
         SINGLE_SPLIT: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr,
         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
-        MMA_SYNC: gl.constexpr, num_warps: gl.constexpr,
+        MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PLAN_ptr=None,
+        PLAN: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
@@ -1377,24 +1453,35 @@ if HAS_GLUON:
         b = pid // head_blocks
         h0 = (pid % head_blocks) * BLOCK_H
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
-        t0 = split * tiles_per_split
-        t1 = t0 + tiles_per_split
-        main_tiles = gl.cdiv(topk, BLOCK_N)
-        start = gl.minimum(t0, main_tiles) * BLOCK_N
-        end = gl.maximum(gl.minimum(gl.minimum(t1, main_tiles) * BLOCK_N, length), start)
-        n_main = gl.cdiv(end - start, BLOCK_N)
-        e_start = start * 0
-        e_end = start * 0
         e_length = e_topk
-        n_tiles = n_main
         if HAS_EXTRA:
             e_length = gl.minimum(
                 gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
             )
-            e_start = gl.maximum(t0 - main_tiles, 0) * BLOCK_N
-            e_end = gl.maximum(
-                gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
-            )
+        if PLAN:  # the length-aware split (`_split_plan_kernel`)
+            piece = PLAN_ptr + (b * num_splits + split) * 4
+            start = gl.load(piece)
+            end = gl.load(piece + 1)
+            e_start = gl.load(piece + 2)
+            e_end = gl.load(piece + 3)
+            if (end - start) + (e_end - e_start) == 0:
+                return  # past the request's pieces: nothing to store (the combine skips it)
+        else:
+            t0 = split * tiles_per_split
+            t1 = t0 + tiles_per_split
+            main_tiles = gl.cdiv(topk, BLOCK_N)
+            start = gl.minimum(t0, main_tiles) * BLOCK_N
+            end = gl.maximum(gl.minimum(gl.minimum(t1, main_tiles) * BLOCK_N, length), start)
+            e_start = start * 0
+            e_end = start * 0
+            if HAS_EXTRA:
+                e_start = gl.maximum(t0 - main_tiles, 0) * BLOCK_N
+                e_end = gl.maximum(
+                    gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
+                )
+        n_main = gl.cdiv(end - start, BLOCK_N)
+        n_tiles = n_main
+        if HAS_EXTRA:
             n_tiles = n_main + gl.cdiv(e_end - e_start, BLOCK_N)
         if MMA_SYNC:  # ldmatrix's swizzle; wgmma's own otherwise
             sl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8,
@@ -1882,6 +1969,12 @@ class MMARow(NamedTuple):
     # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 caches; where
     # Gluon is missing the launcher falls back to `_mma_split_kernel`).
     ws: bool = False
+    # Calls of two or more splits with `topk_length` passed: the splits cut each request's
+    # valid tiles, not topk (`_split_plan_kernel`, on the device): a request of few tokens
+    # gets few pieces, a long one more, all in one round of programs, instead of every
+    # request the same splits of topk (the launch then lasting as long as the longest
+    # request's split, with the short requests' SMs idle).
+    length_aware: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -1913,7 +2006,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
-        ws=True,
+        ws=True, length_aware=True,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -1922,10 +2015,13 @@ MMA_ROWS: dict[str, MMARow] = {
     # memory, 100 KB per SM). Measured on an H200 as a proxy (mma.sync forced). No L2
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
     "sm120": MMARow(
-        32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True
+        32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
+        length_aware=True,
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
-    "interpreter": MMARow(64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4),
+    "interpreter": MMARow(
+        64, 16, 4, 1, 1, False, 64, 16, False, False, 0, 0, False, 64, 16, 4, length_aware=True
+    ),
 }  # fmt: skip
 
 
@@ -1968,6 +2064,10 @@ class MMAConfig(NamedTuple):
     exact_block_n: int = 0
     exact_num_warps: int = 0
     ws: bool = False  # the bf16-P launch as `_ws_split_kernel` (Hopper, Gluon)
+    # With `topk_length` passed: this many splits (0: the static ones), cut by
+    # `_split_plan_kernel` so that all pieces fit plan_round programs per head block.
+    plan_splits: int = 0
+    plan_round: int = 0
 
 
 MAX_SPLITS = 64
@@ -2104,13 +2204,19 @@ def mma_config(
     pack = 0
     if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
+    # Up to twice the static splits for the length-aware plan: with lengths spread evenly
+    # from 0 to topk the longest request holds about twice the mean's tiles.
+    plan_splits = plan_round = 0
+    if row.length_aware and splits >= 2 and not pv_split and not token_major:
+        plan_splits = min(2 * splits, tiles, MAX_SPLITS)
+        plan_round = slots // triton.cdiv(H, block_h)
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, exact_in_launch, on_gpu and row.prefetch_next,
         on_gpu and (row.exact_concurrent or ws) and concurrent,
         pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
-        exact_warps, ws,
+        exact_warps, ws, plan_splits, plan_round,
     )  # fmt: skip
 
 
@@ -2332,9 +2438,24 @@ def _ws_runnable(q, main, extra, flags, cfg) -> bool:
     )  # fmt: skip
 
 
+def _launch_split_plan(main, extra, flags, cfg, B, splits):
+    """Queue `_split_plan_kernel` for this call's lengths; returns its [B, splits, 4] plan."""
+    lens = main["LEN_ptr"]
+    split_plan = torch.empty(B, splits, 4, dtype=torch.int32, device=lens.device)
+    has_extra = flags["HAS_EXTRA"]
+    _split_plan_kernel[(1,)](
+        lens, main["stride_len"], flags["has_len"], extra["ELEN_ptr"], extra["stride_elen"],
+        flags["has_elen"], split_plan, B, main["topk"], extra["e_topk"] if has_extra else 0,
+        splits, max(cfg.plan_round, 1), BLOCK_N=cfg.block_n,
+        B_POW2=triton.next_power_of_2(B), S_POW2=triton.next_power_of_2(splits),
+        HAS_EXTRA=has_extra, num_warps=4,
+    )  # fmt: skip
+    return split_plan
+
+
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h,
+    block_h, split_plan=None,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
@@ -2357,7 +2478,8 @@ def _launch_ws(
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
-        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8,
+        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN_ptr=split_plan,
+        PLAN=split_plan is not None,
     )  # fmt: skip
 
 
@@ -2380,6 +2502,10 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
+    split_plan = None
+    if cfg.plan_splits > 1 and plan is None and (flags["has_len"] or flags["has_elen"]):
+        splits = cfg.plan_splits
+        split_plan = _launch_split_plan(main, extra, flags, cfg, B, splits)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -2432,7 +2558,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
-                           part_lse, 0 if run_exact else below, cfg.block_h)  # fmt: skip
+                           part_lse, 0 if run_exact else below, cfg.block_h,
+                           split_plan)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
@@ -2444,6 +2571,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
+                PLAN_ptr=split_plan, PLAN=split_plan is not None,
                 num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
@@ -2457,7 +2585,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
             H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
-            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"], num_warps=4,
+            HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"],
+            PLAN_ptr=split_plan, PLAN=split_plan is not None, num_warps=4,
         )  # fmt: skip
     if plan is not None:
         _launch_packed(q, main, extra, common, flags, plan)

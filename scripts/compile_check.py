@@ -44,8 +44,8 @@ def _signature(fn, const: dict, ptr_types: dict) -> tuple[dict, dict, dict]:
     pointers and the `_DIV16` integers 16-byte divisible (Triton specialises those)."""
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
-        if fn.params[i].is_constexpr:
-            sig[name] = "constexpr"
+        if fn.params[i].is_constexpr or (name in const and const[name] is None):
+            sig[name] = "constexpr"  # a None pointer (PLAN_ptr without the plan) is one too
             constexprs[name] = const[name]
         elif name in ptr_types:
             sig[name] = ptr_types[name]
@@ -108,7 +108,7 @@ def compile_kernel(
         FMT=formats[0], E_FMT=formats[1] if has_extra else formats[0],
         TOKEN_MAJOR=token_major,
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
-        SKIP_PACKED=token_major,
+        SKIP_PACKED=token_major, PLAN=False, PLAN_ptr=None,
     )  # fmt: skip
     sig, constexprs, attrs = _signature(fn, const, _PTR_TYPES)
     options = {"num_warps": row["num_warps"], "num_stages": stages}
@@ -121,14 +121,16 @@ _WS_PTR_TYPES = {
     "Q_ptr": "*bf16", "KV8": "*fp8e4nv", "KVU": "*u8", "KVB": "*bf16", "IDX_ptr": "*i32",
     "LEN_ptr": "*i32", "EKV8": "*fp8e4nv", "EKVU": "*u8", "EKVB": "*bf16", "EIDX_ptr": "*i32",
     "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16", "LSE_ptr": "*fp32",
-    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32",
+    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PLAN_ptr": "*i32",
 }  # fmt: skip
 
 
-def compile_ws(fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False):
+def compile_ws(
+    fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False
+):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
-    the build beside the concurrent exact launch."""
+    the build beside the concurrent exact launch; `plan`: the length-aware split's build."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -136,8 +138,10 @@ def compile_ws(fl, cc: int, has_extra: bool, exact_below: int, sync: bool = Fals
     fn = fl._ws_split_kernel
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
-        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8,
+        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN=plan,
     )  # fmt: skip
+    if not plan:
+        const["PLAN_ptr"] = None
     if sync:
         const.update(BLOCK_H=fl.WS_SYNC_BLOCK_H, BLOCK_N=fl.WS_SYNC_BLOCK_N,
                      NR=fl.WS_SYNC_RAW_SLOTS)  # fmt: skip

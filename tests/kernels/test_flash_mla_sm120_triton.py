@@ -697,6 +697,99 @@ def test_without_topk_length_same_result_as_full_lengths():
     assert torch.equal(with_len, no_len) and torch.equal(lse_len, lse_no)
 
 
+def _split_plan(lens, elens, topk, e_topk, block_n, splits, per_round):
+    """`_split_plan_kernel`'s plan for these lengths, as a [B, splits, 4] CPU tensor."""
+    B = len(lens)
+    ln = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    eln = torch.tensor(elens if elens is not None else lens, dtype=torch.int32, device=DEVICE)
+    plan = torch.full((B, splits, 4), -7, dtype=torch.int32, device=DEVICE)
+    fl._split_plan_kernel[(1,)](
+        ln, 1, 1, eln, 1, int(elens is not None), plan, B, topk, e_topk, splits, per_round,
+        BLOCK_N=block_n, B_POW2=fl.triton.next_power_of_2(B),
+        S_POW2=fl.triton.next_power_of_2(splits), HAS_EXTRA=elens is not None,
+    )  # fmt: skip
+    return plan.cpu()
+
+
+def _tiles_of(lo, hi, block_n):
+    return -(-(hi - lo) // block_n)
+
+
+PLAN_CASES = [
+    # (lens, extra lens or None, topk, extra topk, BLOCK_N, splits, pieces per round)
+    ([2048, 0, 5, 1000, 2047, 64, 65, 1], None, 2048, 0, 64, 8, 12),
+    ([128, 3, 0, 77, 128], [512, 0, 511, 1, 200], 128, 512, 64, 6, 10),
+    ([-5, 3000, 40], [9, -1, 600], 100, 300, 16, 5, 7),  # negative and past-topk lengths
+    ([0, 0, 0], [0, 0, 0], 64, 64, 16, 4, 5),  # nothing to attend
+    ([300] * 7, [90] * 7, 300, 90, 32, 6, 20),
+]
+
+
+@pytest.mark.parametrize("lens,elens,topk,e_topk,bn,splits,per_round", PLAN_CASES)
+def test_split_plan_cuts_each_requests_valid_tiles(lens, elens, topk, e_topk, bn, splits,
+                                                   per_round):  # fmt: skip
+    """The length-aware plan: each request's valid positions (main, then extra) covered once,
+    in order, by its first k pieces of near-equal tiles (k <= splits), every later split
+    empty; all pieces fit one round whenever one piece per nonempty request does."""
+    plan = _split_plan(lens, elens, topk, e_topk, bn, splits, per_round)
+    total = 0
+    nonempty = 0
+    for b, n in enumerate(lens):
+        ln = max(min(n, topk), 0)
+        el = max(min(elens[b], e_topk), 0) if elens is not None else 0
+        nonempty += (ln + el) > 0
+        rows = plan[b].tolist()
+        spans = [(e - s) + (ee - es) for s, e, es, ee in rows]
+        k = sum(1 for x in spans if x > 0)
+        assert all(x > 0 for x in spans[:k]) and all(r == [0, 0, 0, 0] for r in rows[k:])
+        main_pos, extra_pos = 0, 0
+        tiles = []
+        for s, e, es, ee in rows[:k]:
+            if e > s:
+                assert s == main_pos and s % bn == 0
+                main_pos = e
+            if ee > es:
+                assert main_pos == ln and es == extra_pos and es % bn == 0
+                extra_pos = ee
+            tiles.append(_tiles_of(s, e, bn) + _tiles_of(es, ee, bn))
+        assert (main_pos, extra_pos) == (ln, el)
+        assert not tiles or max(tiles) - min(tiles) <= 1
+        total += k
+    assert total <= max(per_round, nonempty)
+
+
+def test_split_plan_full_lengths_are_the_static_splits():
+    """Equal full lengths: two pieces of 16 tiles per request (B64 topk2048 on the H200's row,
+    as the static split), whatever the plan's larger grid."""
+    plan = _split_plan([2048] * 64, None, 2048, 0, 64, 4, 132)
+    assert plan[:, :2].tolist() == [[[0, 1024, 0, 0], [1024, 2048, 0, 0]]] * 64
+    assert (plan[:, 2:] == 0).all()
+
+
+@pytest.mark.parametrize("exact", ["none", "second", "concurrent"])
+def test_split_plan_skewed_lengths_match_reference(exact):
+    """One long request among short and empty ones, both caches, sink, invalid indices: the
+    planned splits (and the few-token requests' exact launch reading the same plan) give
+    the reference's output, and the same as the static splits within bf16."""
+    inputs = ref.make_inputs(
+        B=6, H=64, topk=96, page_size=32, extra_topk=48, extra_page_size=16, with_sink=True,
+        topk_length="partial", invalid_fraction=0.1, device=DEVICE,
+        seed=_seed("plan-skewed"),
+    )  # fmt: skip
+    inputs["topk_length"] = torch.tensor([96, 0, 3, 96, 40, 1], dtype=torch.int32, device=DEVICE)
+    inputs["extra_topk_length"] = torch.tensor(
+        [48, 0, 48, 2, 0, 1], dtype=torch.int32, device=DEVICE
+    )
+    below = 0 if exact == "none" else 64
+    concurrent = exact == "concurrent"
+    static = MMAConfig(64, BN, 3, W, 1, pv_split_below=below, exact_concurrent=concurrent)
+    planned = static._replace(plan_splits=6, plan_round=7)
+    a, la = _run_and_check(inputs, "mma", static)
+    b, lb = _run_and_check(inputs, "mma", planned)
+    assert (a.float() - b.float()).abs().max() <= 2**-6 * max(1.0, a.float().abs().max())
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
+
+
 def test_mma_config_rule():
     """The public, pure config rule: table rows per compute capability, one wave of splits,
     small tiles where the tile count caps the grid, the exact PV where topk is small."""
@@ -753,6 +846,14 @@ def test_mma_config_rule():
     assert (cpu.block_h, cpu.block_n, cpu.pv_split, cpu.pv_split_below) == (32, 16, False, 0)
     big = fl.mma_config((9, 0), 132, 1, 64, 100_000, 0)
     assert big.num_splits == fl.MAX_SPLITS
+    # the length-aware plan: twice the static splits (at most the tiles), one round of slots
+    assert (sm90.plan_splits, sm90.plan_round) == (4, 132)
+    assert (b1.plan_splits, b1.plan_round) == (32, 132)  # 32 tiles: no more splits than tiles
+    assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).plan_splits == 0  # one split
+    assert small.plan_splits == 0  # the exact PV for the whole call
+    assert fl.mma_config((9, 0), 132, 8, 128, 2048, 0).plan_round == 66  # two head blocks
+    off = fl.MMA_ROWS["sm90"]._replace(length_aware=False)
+    assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=off).plan_splits == 0
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
