@@ -1302,11 +1302,14 @@ if HAS_GLUON:
                      NR: gl.constexpr,
                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
-                     EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr):  # fmt: skip
+                     EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
+                     EXACT_IN: gl.constexpr):  # fmt: skip
         """Default partition: q into shared memory and the request's valid-index count while
         the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
         (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
-        A request left to the exact launch consumes its tiles without computing."""
+        A request left to the exact launch consumes its tiles without computing; EXACT_IN: a
+        few-token request is computed here, P's bf16 rounding residue added by a second PV
+        product (the exact launch's P_hi + P_lo, without its doubled tile)."""
         ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
         qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
@@ -1319,13 +1322,17 @@ if HAS_GLUON:
         fence_async_shared()
         gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
         skipped = n_tiles < 0  # False: a scalar to assign below
+        exact = n_tiles < 0
         if EXACT_BELOW > 0:
             n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
                                 num_tokens, COUNT_BLOCK)  # fmt: skip
             if HAS_EXTRA:
                 n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
                                      e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
-            skipped = n_valid <= EXACT_BELOW
+            if EXACT_IN:
+                exact = n_valid <= EXACT_BELOW
+            else:
+                skipped = n_valid <= EXACT_BELOW
         n_compute = gl.where(skipped, 0, n_tiles)
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
@@ -1352,8 +1359,12 @@ if HAS_GLUON:
             s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)
             p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-            acc = warpgroup_mma(p_op, k_smem, acc)
+            p_hi = p.to(gl.bfloat16)
+            acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), k_smem, acc)
+            if EXACT_IN:
+                if exact:  # P's rounding residue: P_hi + P_lo is P to ~2^-16
+                    p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+                    acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), k_smem, acc)
             gl.thread_barrier()  # both warpgroups' PV done before the next tile overwrites K
         for i in range(n_compute, n_tiles):  # a skipped request: its slots handed back
             mbarrier.wait(raw_full.index(i % NR), (i // NR) & 1)
@@ -1372,9 +1383,9 @@ if HAS_GLUON:
                          KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                          stride_it,
                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                         stride_eib, stride_eit, qk_scale_log2, NR: gl.constexpr,
+                         stride_eib, stride_eit, qk_scale_log2, exact, NR: gl.constexpr,
                          BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
-                         mma_layout: gl.constexpr):  # fmt: skip
+                         mma_layout: gl.constexpr, EXACT_IN: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout. q is
@@ -1409,8 +1420,12 @@ if HAS_GLUON:
                 s = mma_v2(qg, kg, s)
             p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * alpha[:, None]
-            p_op = gl.convert_layout(p.to(gl.bfloat16), qa)
-            acc = mma_v2(p_op, k_smem.load(kb), acc)
+            p_hi = p.to(gl.bfloat16)
+            acc = mma_v2(gl.convert_layout(p_hi, qa), k_smem.load(kb), acc)
+            if EXACT_IN:
+                if exact:  # P's rounding residue (`_ws_consumer`)
+                    p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+                    acc = mma_v2(gl.convert_layout(p_lo, qa), k_smem.load(kb), acc)
             gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
         return acc, m_i, l_i
 
@@ -1440,12 +1455,13 @@ if HAS_GLUON:
         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PLAN_ptr=None,
-        PLAN: gl.constexpr = False,
+        PLAN: gl.constexpr = False, EXACT_IN: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
-        are left to the exact launch (no tile walked, nothing stored). MMA_SYNC: the consumer
+        are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
+        here with P's rounding residue (no exact launch). MMA_SYNC: the consumer
         is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90)."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
@@ -1509,14 +1525,18 @@ if HAS_GLUON:
 
         if MMA_SYNC:
             keep = n_tiles >= 0
+            exact = n_tiles < 0
             if EXACT_BELOW > 0:
                 n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length,
                                     topk, num_tokens, COUNT_BLOCK)  # fmt: skip
                 if HAS_EXTRA:
                     n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
                                          e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
-                keep = n_valid > EXACT_BELOW
-                n_tiles = gl.where(keep, n_tiles, 0)
+                if EXACT_IN:
+                    exact = n_valid <= EXACT_BELOW
+                else:
+                    keep = n_valid > EXACT_BELOW
+                    n_tiles = gl.where(keep, n_tiles, 0)
             ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
             qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
             qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
@@ -1541,8 +1561,8 @@ if HAS_GLUON:
                                          IDX_ptr, stride_ib, stride_it,
                                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
                                          e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
-                                         qk_scale_log2, NR, BLOCK_N, BLOCK_H, num_warps,
-                                         o_layout)),
+                                         qk_scale_log2, exact, NR, BLOCK_N, BLOCK_H, num_warps,
+                                         o_layout, EXACT_IN)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
@@ -1572,7 +1592,7 @@ if HAS_GLUON:
                                     EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
                                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
                                     e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
-                                    EXACT_BELOW, COUNT_BLOCK)),
+                                    EXACT_BELOW, COUNT_BLOCK, EXACT_IN)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
                                   end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
@@ -1975,6 +1995,11 @@ class MMARow(NamedTuple):
     # request the same splits of topk (the launch then lasting as long as the longest
     # request's split, with the short requests' SMs idle).
     length_aware: bool = False
+    # The Gluon loop computes the few-token requests itself, P's bf16 rounding residue added
+    # by a second PV product on their tiles (no exact launch beside it); and takes dual-cache
+    # calls on 9.x (wgmma) too.
+    ws_exact: bool = False
+    ws_dual: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2006,7 +2031,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
-        ws=True, length_aware=True,
+        ws=True, length_aware=True, ws_exact=True,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2016,7 +2041,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
     "sm120": MMARow(
         32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
-        length_aware=True,
+        length_aware=True, ws_exact=True,
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(
@@ -2068,6 +2093,7 @@ class MMAConfig(NamedTuple):
     # `_split_plan_kernel` so that all pieces fit plan_round programs per head block.
     plan_splits: int = 0
     plan_round: int = 0
+    ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
 
 
 MAX_SPLITS = 64
@@ -2170,7 +2196,7 @@ def mma_config(
     # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
     # single-cache rows 1.12-1.32x over the Triton loop (H128 the least).
     ws_wgmma = (
-        on_gpu and cc[0] == 9 and extra_topk == 0
+        on_gpu and cc[0] == 9 and (extra_topk == 0 or row.ws_dual)
         and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)
     )  # fmt: skip
     # Its mma.sync form (the sm_120 row on sm_120, or on a 9.x GPU as the proxy; sm_89 has no
@@ -2182,7 +2208,7 @@ def mma_config(
         and H % block_h == 0
     )  # fmt: skip
     ws = row.ws and not token_major and not pv_split and (ws_wgmma or ws_sync)
-    exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop has no exact branch
+    exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop: its own (ws_exact)
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
         if not ws_wgmma:
@@ -2216,7 +2242,7 @@ def mma_config(
         on_gpu and (row.exact_concurrent or ws) and concurrent,
         pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
-        exact_warps, ws, plan_splits, plan_round,
+        exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
     )  # fmt: skip
 
 
@@ -2455,7 +2481,7 @@ def _launch_split_plan(main, extra, flags, cfg, B, splits):
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, split_plan=None,
+    block_h, split_plan=None, exact_in=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
@@ -2479,7 +2505,7 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
         LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN_ptr=split_plan,
-        PLAN=split_plan is not None,
+        PLAN=split_plan is not None, EXACT_IN=exact_in,
     )  # fmt: skip
 
 
@@ -2527,7 +2553,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # take their SMs while its longest splits still run.
     exact_below = 0 if cfg.pv_split else cfg.pv_split_below
     # (bf16-P loop, exact PV, count below) per launch
-    if exact_below == 0 or cfg.exact_in_launch:
+    if exact_below == 0 or cfg.exact_in_launch or (cfg.ws and cfg.ws_exact):
         launches = [(True, True, exact_below)]
     elif cfg.exact_concurrent:
         launches = [(True, False, exact_below), (False, True, exact_below)]
@@ -2557,9 +2583,10 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
         with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
+                exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
-                           part_lse, 0 if run_exact else below, cfg.block_h,
-                           split_plan)  # fmt: skip
+                           part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
+                           split_plan, exact_in)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,

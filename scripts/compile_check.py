@@ -72,7 +72,8 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next,
             "exact_concurrent": getattr(cfg, "exact_concurrent", False),
             "ws": getattr(ws_cfg, "ws", False), "ws_block_h": ws_cfg.block_h,
-            "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False)}  # fmt: skip
+            "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False),
+            "ws_exact": getattr(ws_cfg, "ws_exact", False)}  # fmt: skip
 
 
 def compile_kernel(
@@ -126,7 +127,8 @@ _WS_PTR_TYPES = {
 
 
 def compile_ws(
-    fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False
+    fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
+    exact_in: bool = False,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
@@ -139,6 +141,7 @@ def compile_ws(
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN=plan,
+        EXACT_IN=exact_in,
     )  # fmt: skip
     if not plan:
         const["PLAN_ptr"] = None
@@ -243,19 +246,23 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 )
         # The row's head-major bf16-P launch as the Gluon kernel (wgmma on 9.x, mma.sync on
         # the sm_120 row; a Triton with the Gluon API it is written for; elsewhere
-        # `_mma_split_kernel` above), and the exact launch beside it where the Triton row
-        # has none (the sm_120 row's exact PV is otherwise a branch of its one launch).
+        # `_mma_split_kernel` above), without and with the length-aware plan, computing the
+        # few-token requests itself (ws_exact) or with the exact launch beside it where the
+        # Triton row has none (the sm_120 row's exact PV is otherwise a branch of its one
+        # launch).
         if row.get("ws") and getattr(fl, "HAS_GLUON", False):
             sync = row["ws_block_h"] == getattr(fl, "WS_SYNC_BLOCK_H", None)
             ws_row = dict(row, BLOCK_H=fl.WS_SYNC_BLOCK_H if sync else fl.WS_BLOCK_H,
                           BLOCK_N=fl.WS_SYNC_BLOCK_N if sync else fl.WS_BLOCK_N,
                           num_warps=8)  # fmt: skip
-            below = fl.PV_SPLIT_MAX_TOKENS if row["ws_exact_concurrent"] else 0
+            exact_in = row.get("ws_exact", False)
+            below = fl.PV_SPLIT_MAX_TOKENS if row["ws_exact_concurrent"] or exact_in else 0
             for has_extra in (False, True):
-                ck = compile_ws(fl, cc, has_extra, below, sync)
-                label = "bf16-P-ws-sync" if sync else "bf16-P-ws"
-                rows.append(build_report(cc, ws_row, label, has_extra, "v4", ck, with_ptxas))
-                if row["exact_in_launch"]:
+                for plan in (False, True):
+                    ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in)
+                    label = ("bf16-P-ws-sync" if sync else "bf16-P-ws") + ("-plan" if plan else "")
+                    rows.append(build_report(cc, ws_row, label, has_extra, "v4", ck, with_ptxas))
+                if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))
     return rows

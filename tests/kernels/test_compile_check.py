@@ -36,9 +36,10 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout)
     built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
-    # the sm_120 row's Gluon loop and the exact launch beside it, where the installed Triton
-    # has the Gluon API it is written for (3.6); sm_89 never takes it (no setmaxnreg)
-    gluon = {(120, p, e) for p in ("bf16-P-ws-sync", "exact") for e in (0, 1)}
+    # the sm_120 row's Gluon loop (computing its few-token requests itself), without and with
+    # the length-aware plan, where the installed Triton has the Gluon API it is written for
+    # (3.6); sm_89 never takes it (no setmaxnreg)
+    gluon = {(120, p, e) for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan") for e in (0, 1)}
     assert built - gluon == {
         (cc, p, e) for cc in (120, 89) for p in ("bf16-P+exact", "exact-all") for e in (0, 1)
     }

@@ -316,7 +316,14 @@ CASES += [
             page_stride="pad576",
         ),
         ("mma",),
-        [_WS, _WS._replace(num_splits=1), _WS._replace(exact_concurrent=not _WS.exact_concurrent)],
+        [
+            _WS,
+            _WS._replace(num_splits=1),
+            _WS._replace(exact_concurrent=not _WS.exact_concurrent),
+            # the few-token requests in the Gluon loop itself (P's residue), planned or not
+            _WS._replace(ws_exact=True),
+            _WS._replace(ws_exact=True, plan_splits=0),
+        ],
     ),
     (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
@@ -852,6 +859,12 @@ def test_mma_config_rule():
     assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).plan_splits == 0  # one split
     assert small.plan_splits == 0  # the exact PV for the whole call
     assert fl.mma_config((9, 0), 132, 8, 128, 2048, 0).plan_round == 66  # two head blocks
+    # the Gluon loop computes the few-token requests itself (no exact launch); one cache only
+    # on the sm_90 row (ws_dual off), both on the sm_120 row
+    assert sm90.ws_exact and not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws_exact
+    assert ws120.ws_exact and fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws_exact
+    both = fl.MMA_ROWS["sm90"]._replace(ws_dual=True)
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=both).ws
     off = fl.MMA_ROWS["sm90"]._replace(length_aware=False)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=off).plan_splits == 0
 
