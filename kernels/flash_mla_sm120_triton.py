@@ -154,11 +154,46 @@ def _lengths(LEN_ptr, stride_len, has_len, t, topk):
 
 
 @triton.jit
-def _plan_piece(PLAN_ptr, b, split, num_splits):
-    """Split `split` of request b in the length-aware plan: main start, end, extra start, end
-    (positions in the index rows)."""
-    piece = PLAN_ptr + (b * num_splits + split) * 4
-    return tl.load(piece), tl.load(piece + 1), tl.load(piece + 2), tl.load(piece + 3)
+def _plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split,
+                topk, e_topk, num_splits, per_round, BLOCK_N: tl.constexpr,
+                B_POW2: tl.constexpr, HAS_EXTRA: tl.constexpr):  # fmt: skip
+    """The length-aware split, as every program computes it from the lengths (no host sync, no
+    launch of its own): request r's valid tiles n_r (BLOCK_N tokens of its main length, then
+    of its extra length) cut into cdiv(n_r, t) pieces of near-equal tiles, t the fewest tiles
+    per piece for which all pieces fit `per_round` programs (and at most num_splits per
+    request). Returns request b's piece count and piece `split`'s main start, end, extra
+    start, end (positions in the index rows; empty past its pieces). Equal lengths give the
+    static splits' tile counts."""
+    r = tl.arange(0, B_POW2)
+    inb = r < B
+    ln = tl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
+    ln = tl.where(inb, tl.maximum(tl.minimum(ln, topk), 0), 0)
+    n = tl.cdiv(ln, BLOCK_N)
+    if HAS_EXTRA:
+        el = tl.load(ELEN_ptr + r * stride_elen, mask=inb & ((r * 0 + has_elen) != 0), other=e_topk)
+        n += tl.cdiv(tl.where(inb, tl.maximum(tl.minimum(el, e_topk), 0), 0), BLOCK_N)
+    n_max = tl.max(n)
+    t = tl.maximum(tl.maximum(tl.cdiv(tl.sum(n), per_round), tl.cdiv(n_max, num_splits)), 1)
+    pieces = tl.sum(tl.cdiv(n, t))
+    while (pieces > per_round) & (t < n_max):
+        t += 1
+        pieces = tl.sum(tl.cdiv(n, t))
+    ln_b = tl.maximum(_length(LEN_ptr, stride_len, has_len, b, topk), 0)
+    m_b = tl.cdiv(ln_b, BLOCK_N)
+    el_b = ln_b * 0
+    if HAS_EXTRA:
+        el_b = tl.maximum(_length(ELEN_ptr, stride_elen, has_elen, b, e_topk), 0)
+    n_b = m_b + tl.cdiv(el_b, BLOCK_N)
+    k_b = tl.cdiv(n_b, t)
+    live = split < k_b
+    kk = tl.maximum(k_b, 1)
+    a = tl.where(live, split * n_b // kk, 0)  # the piece's tiles [a, c): the request's main
+    c = tl.where(live, (split + 1) * n_b // kk, 0)  # tiles, then its extra tiles
+    start = tl.minimum(a, m_b) * BLOCK_N
+    end = tl.maximum(tl.minimum(tl.minimum(c, m_b) * BLOCK_N, ln_b), start)
+    e_start = tl.maximum(a - m_b, 0) * BLOCK_N
+    e_end = tl.maximum(tl.minimum(tl.maximum(c - m_b, 0) * BLOCK_N, el_b), e_start)
+    return k_b, start, end, e_start, e_end
 
 
 @triton.jit
@@ -885,8 +920,11 @@ def _mma_split_kernel(
     RUN_EXACT: tl.constexpr = True,
     TOKEN_MAJOR: tl.constexpr = False,
     SKIP_PACKED: tl.constexpr = False,
-    PLAN_ptr=None,
+    PIECES_ptr=None,
+    B=0,
+    per_round=0,
     PLAN: tl.constexpr = False,
+    B_POW2: tl.constexpr = 1,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -914,10 +952,16 @@ def _mma_split_kernel(
     if HAS_EXTRA:
         e_length = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
     if PLAN:
-        # The length-aware split (`_split_plan_kernel`): this piece's ranges; a split past the
-        # request's pieces has none and stores nothing (the combine skips it).
-        start, end, e_start, e_end = _plan_piece(PLAN_ptr, b, split, num_splits)
-        if (end - start) + (e_end - e_start) == 0:
+        # The length-aware split (`_plan_piece`): this piece's ranges; a split past the
+        # request's pieces stores nothing (the combine reads the count program (b, 0) stores).
+        k_b, start, end, e_start, e_end = _plan_piece(
+            LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split, topk,
+            e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA,
+        )  # fmt: skip
+        if RUN_BF16_P:
+            if (split == 0) & (h0 == 0):
+                tl.store(PIECES_ptr + b, k_b)
+        if split >= k_b:
             return
     else:
         t0 = split * tiles_per_split
@@ -993,51 +1037,24 @@ def _mma_split_kernel(
 @triton.jit(do_not_specialize=["has_len", "has_elen"])
 def _split_plan_kernel(
     LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, PLAN_ptr, B, topk, e_topk,
-    num_splits, pieces_per_round, BLOCK_N: tl.constexpr, B_POW2: tl.constexpr,
-    S_POW2: tl.constexpr, HAS_EXTRA: tl.constexpr,
+    num_splits, per_round, BLOCK_N: tl.constexpr, B_POW2: tl.constexpr,
+    HAS_EXTRA: tl.constexpr,
 ):  # fmt: skip
-    """The length-aware split of a call's requests (one program; no host sync): request b's
-    valid tiles (BLOCK_N tokens of its main length, then of its extra length) cut into
-    cdiv(n_b, t) pieces of near-equal tiles, t the fewest tiles per piece for which every
-    piece of every request fits one round of `pieces_per_round` (and at most `num_splits`
-    pieces per request). Writes PLAN[b, s] = (start, end, e_start, e_end), positions in the
-    two index rows; the splits past a request's pieces get (0, 0, 0, 0). With equal lengths
-    the pieces are the static splits' (the same tile counts), so only partial lengths move."""
-    r = tl.arange(0, B_POW2)
-    inb = r < B
-    ln = tl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
-    ln = tl.where(inb, tl.maximum(tl.minimum(ln, topk), 0), 0)
-    m = tl.cdiv(ln, BLOCK_N)
-    n = m
-    el = ln * 0
-    if HAS_EXTRA:
-        el = tl.load(ELEN_ptr + r * stride_elen, mask=inb & ((r * 0 + has_elen) != 0), other=e_topk)
-        el = tl.where(inb, tl.maximum(tl.minimum(el, e_topk), 0), 0)
-        n = m + tl.cdiv(el, BLOCK_N)
-    n_max = tl.max(n)
-    t = tl.maximum(tl.cdiv(tl.sum(n), pieces_per_round), tl.cdiv(n_max, num_splits))
-    t = tl.maximum(t, 1)
-    pieces = tl.sum(tl.cdiv(n, t))
-    while (pieces > pieces_per_round) & (t < n_max):
-        t += 1
-        pieces = tl.sum(tl.cdiv(n, t))
-    k = tl.cdiv(n, t)[:, None]  # this request's pieces (<= num_splits)
-    s = tl.arange(0, S_POW2)[None, :]
-    live = s < k
-    kk = tl.maximum(k, 1)
-    a = tl.where(live, s * n[:, None] // kk, 0)  # the piece's tiles [a, c) of the request's
-    c = tl.where(live, (s + 1) * n[:, None] // kk, 0)  # main tiles, then its extra tiles
-    mm = m[:, None]
-    start = tl.minimum(a, mm) * BLOCK_N
-    end = tl.maximum(tl.minimum(tl.minimum(c, mm) * BLOCK_N, ln[:, None]), start)
-    e_start = tl.maximum(a - mm, 0) * BLOCK_N
-    e_end = tl.maximum(tl.minimum(tl.maximum(c - mm, 0) * BLOCK_N, el[:, None]), e_start)
-    piece = PLAN_ptr + (r[:, None] * num_splits + s) * 4
-    mask = inb[:, None] & (s < num_splits)
-    tl.store(piece, start, mask=mask)
-    tl.store(piece + 1, end, mask=mask)
-    tl.store(piece + 2, e_start, mask=mask)
-    tl.store(piece + 3, e_end, mask=mask)
+    """`_plan_piece` of program (b, split) of a (B, num_splits) grid into PLAN[b, split] =
+    (start, end, e_start, e_end, pieces of b): the plan the split launches compute, as a table
+    (tests)."""
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    k_b, start, end, e_start, e_end = _plan_piece(
+        LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split, topk,
+        e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA,
+    )  # fmt: skip
+    piece = PLAN_ptr + (b * num_splits + split) * 5
+    tl.store(piece, start)
+    tl.store(piece + 1, end)
+    tl.store(piece + 2, e_start)
+    tl.store(piece + 3, e_end)
+    tl.store(piece + 4, k_b)
 
 
 @triton.jit
@@ -1058,11 +1075,11 @@ def _combine_kernel(
     BLOCK_D: tl.constexpr,
     HAS_SINK: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
-    PLAN_ptr=None,
+    PIECES_ptr=None,
     PLAN: tl.constexpr = False,
 ):
     """Merge the splits of one (request, head) by their base-2 LSE, adding the sink. PLAN: only
-    the splits `_split_plan_kernel` gave tokens (the others stored nothing)."""
+    the request's first PIECES[b] splits (`_plan_piece`; the others stored nothing)."""
     pid = tl.program_id(0)  # b * H + h
     b = pid // H
     h = pid % H
@@ -1070,10 +1087,7 @@ def _combine_kernel(
     row0 = pid.to(tl.int64) * num_splits
     live = s < num_splits
     if PLAN:
-        piece = PLAN_ptr + (b * num_splits + s) * 4
-        span = tl.load(piece + 1, mask=live, other=0) - tl.load(piece, mask=live, other=0)
-        span += tl.load(piece + 3, mask=live, other=0) - tl.load(piece + 2, mask=live, other=0)
-        live = live & (span > 0)
+        live = live & (s < tl.load(PIECES_ptr + b))
     lse = tl.load(PLSE_ptr + row0 + s, mask=live, other=float("-inf"))
     mx = tl.max(lse, axis=0)
     if HAS_SINK:
@@ -1442,6 +1456,48 @@ if HAS_GLUON:
             n += gl.sum(valid.to(gl.int32), axis=0)
         return n
 
+    @gluon.jit
+    def _ws_plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b,
+                       split, topk, e_topk, num_splits, per_round, BLOCK_N: gl.constexpr,
+                       B_POW2: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                       NW: gl.constexpr):  # fmt: skip
+        """`_plan_piece` (the same arithmetic; Gluon cannot call a `@triton.jit` helper)."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        r = gl.arange(0, B_POW2, layout=layout)
+        inb = r < B
+        ln = gl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
+        ln = gl.where(inb, gl.maximum(gl.minimum(ln, topk), 0), 0)
+        n = gl.cdiv(ln, BLOCK_N)
+        if HAS_EXTRA:
+            el = gl.load(ELEN_ptr + r * stride_elen, mask=inb & ((r * 0 + has_elen) != 0),
+                         other=e_topk)  # fmt: skip
+            n += gl.cdiv(gl.where(inb, gl.maximum(gl.minimum(el, e_topk), 0), 0), BLOCK_N)
+        n_max = gl.max(n, axis=0)
+        t = gl.maximum(gl.cdiv(gl.sum(n, axis=0), per_round), gl.cdiv(n_max, num_splits))
+        t = gl.maximum(t, 1)
+        pieces = gl.sum(gl.cdiv(n, t), axis=0)
+        while (pieces > per_round) & (t < n_max):
+            t += 1
+            pieces = gl.sum(gl.cdiv(n, t), axis=0)
+        ln_b = gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk)
+        ln_b = gl.maximum(gl.minimum(ln_b, topk), 0)
+        m_b = gl.cdiv(ln_b, BLOCK_N)
+        el_b = ln_b * 0
+        if HAS_EXTRA:
+            el_b = gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk)
+            el_b = gl.maximum(gl.minimum(el_b, e_topk), 0)
+        n_b = m_b + gl.cdiv(el_b, BLOCK_N)
+        k_b = gl.cdiv(n_b, t)
+        live = split < k_b
+        kk = gl.maximum(k_b, 1)
+        a = gl.where(live, split * n_b // kk, 0)
+        c = gl.where(live, (split + 1) * n_b // kk, 0)
+        start = gl.minimum(a, m_b) * BLOCK_N
+        end = gl.maximum(gl.minimum(gl.minimum(c, m_b) * BLOCK_N, ln_b), start)
+        e_start = gl.maximum(a - m_b, 0) * BLOCK_N
+        e_end = gl.maximum(gl.minimum(gl.maximum(c - m_b, 0) * BLOCK_N, el_b), e_start)
+        return k_b, start, end, e_start, e_end
+
     @gluon.jit(do_not_specialize=["has_len", "has_elen"])
     def _ws_split_kernel(
         Q_ptr, stride_qb, stride_qh,
@@ -1454,8 +1510,8 @@ if HAS_GLUON:
         SINGLE_SPLIT: gl.constexpr, HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr,
         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr,
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
-        MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PLAN_ptr=None,
-        PLAN: gl.constexpr = False, EXACT_IN: gl.constexpr = False,
+        MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
+        PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
@@ -1474,13 +1530,14 @@ if HAS_GLUON:
             e_length = gl.minimum(
                 gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
             )
-        if PLAN:  # the length-aware split (`_split_plan_kernel`)
-            piece = PLAN_ptr + (b * num_splits + split) * 4
-            start = gl.load(piece)
-            end = gl.load(piece + 1)
-            e_start = gl.load(piece + 2)
-            e_end = gl.load(piece + 3)
-            if (end - start) + (e_end - e_start) == 0:
+        if PLAN:  # the length-aware split (`_plan_piece`)
+            k_b, start, end, e_start, e_end = _ws_plan_piece(
+                LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split,
+                topk, e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA, num_warps,
+            )  # fmt: skip
+            if (split == 0) & (h0 == 0):
+                gl.store(PIECES_ptr + b, k_b)
+            if split >= k_b:
                 return  # past the request's pieces: nothing to store (the combine skips it)
         else:
             t0 = split * tiles_per_split
@@ -2464,24 +2521,9 @@ def _ws_runnable(q, main, extra, flags, cfg) -> bool:
     )  # fmt: skip
 
 
-def _launch_split_plan(main, extra, flags, cfg, B, splits):
-    """Queue `_split_plan_kernel` for this call's lengths; returns its [B, splits, 4] plan."""
-    lens = main["LEN_ptr"]
-    split_plan = torch.empty(B, splits, 4, dtype=torch.int32, device=lens.device)
-    has_extra = flags["HAS_EXTRA"]
-    _split_plan_kernel[(1,)](
-        lens, main["stride_len"], flags["has_len"], extra["ELEN_ptr"], extra["stride_elen"],
-        flags["has_elen"], split_plan, B, main["topk"], extra["e_topk"] if has_extra else 0,
-        splits, max(cfg.plan_round, 1), BLOCK_N=cfg.block_n,
-        B_POW2=triton.next_power_of_2(B), S_POW2=triton.next_power_of_2(splits),
-        HAS_EXTRA=has_extra, num_warps=4,
-    )  # fmt: skip
-    return split_plan
-
-
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, split_plan=None, exact_in=False,
+    block_h, plan=None, exact_in=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
@@ -2504,8 +2546,8 @@ def _launch_ws(
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
-        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN_ptr=split_plan,
-        PLAN=split_plan is not None, EXACT_IN=exact_in,
+        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, EXACT_IN=exact_in,
+        **(plan or {}),
     )  # fmt: skip
 
 
@@ -2528,10 +2570,15 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
-    split_plan = None
+    split_plan = combine_plan = None
     if cfg.plan_splits > 1 and plan is None and (flags["has_len"] or flags["has_elen"]):
+        # the length-aware split: every program computes its piece (`_plan_piece`); the
+        # request's piece count, for the combine, from its program (b, 0)
         splits = cfg.plan_splits
-        split_plan = _launch_split_plan(main, extra, flags, cfg, B, splits)
+        pieces = torch.empty(B, dtype=torch.int32, device=q.device)
+        split_plan = dict(PIECES_ptr=pieces, B=B, per_round=max(cfg.plan_round, 1), PLAN=True,
+                          B_POW2=triton.next_power_of_2(B))  # fmt: skip
+        combine_plan = dict(PIECES_ptr=pieces, PLAN=True)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -2598,8 +2645,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                PLAN_ptr=split_plan, PLAN=split_plan is not None,
-                num_warps=warps, num_stages=stages,
+                **(split_plan or {}), num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join
@@ -2613,7 +2659,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"],
-            PLAN_ptr=split_plan, PLAN=split_plan is not None, num_warps=4,
+            **(combine_plan or {}), num_warps=4,
         )  # fmt: skip
     if plan is not None:
         _launch_packed(q, main, extra, common, flags, plan)

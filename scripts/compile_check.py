@@ -109,7 +109,7 @@ def compile_kernel(
         FMT=formats[0], E_FMT=formats[1] if has_extra else formats[0],
         TOKEN_MAJOR=token_major,
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
-        SKIP_PACKED=token_major, PLAN=False, PLAN_ptr=None,
+        SKIP_PACKED=token_major, PLAN=False, PIECES_ptr=None, B_POW2=1,
     )  # fmt: skip
     sig, constexprs, attrs = _signature(fn, const, _PTR_TYPES)
     options = {"num_warps": row["num_warps"], "num_stages": stages}
@@ -122,7 +122,7 @@ _WS_PTR_TYPES = {
     "Q_ptr": "*bf16", "KV8": "*fp8e4nv", "KVU": "*u8", "KVB": "*bf16", "IDX_ptr": "*i32",
     "LEN_ptr": "*i32", "EKV8": "*fp8e4nv", "EKVU": "*u8", "EKVB": "*bf16", "EIDX_ptr": "*i32",
     "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16", "LSE_ptr": "*fp32",
-    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PLAN_ptr": "*i32",
+    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PIECES_ptr": "*i32",
 }  # fmt: skip
 
 
@@ -141,10 +141,10 @@ def compile_ws(
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN=plan,
-        EXACT_IN=exact_in,
+        EXACT_IN=exact_in, B_POW2=64,
     )  # fmt: skip
     if not plan:
-        const["PLAN_ptr"] = None
+        const["PIECES_ptr"] = None
     if sync:
         const.update(BLOCK_H=fl.WS_SYNC_BLOCK_H, BLOCK_N=fl.WS_SYNC_BLOCK_N,
                      NR=fl.WS_SYNC_RAW_SLOTS)  # fmt: skip
