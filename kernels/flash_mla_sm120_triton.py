@@ -1086,9 +1086,10 @@ def _combine_kernel(
     s = tl.arange(0, SPLITS_POW2)
     row0 = pid.to(tl.int64) * num_splits
     live = s < num_splits
-    if PLAN:
-        live = live & (s < tl.load(PIECES_ptr + b))
     lse = tl.load(PLSE_ptr + row0 + s, mask=live, other=float("-inf"))
+    if PLAN:  # loaded beside the partial LSEs; the splits past it hold stale values
+        live = live & (s < tl.load(PIECES_ptr + b))
+        lse = tl.where(live, lse, float("-inf"))
     mx = tl.max(lse, axis=0)
     if HAS_SINK:
         sink2 = tl.load(SINK_ptr + h * stride_sink) * LOG2E
@@ -2046,11 +2047,11 @@ class MMARow(NamedTuple):
     # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 caches; where
     # Gluon is missing the launcher falls back to `_mma_split_kernel`).
     ws: bool = False
-    # Calls of two or more splits with `topk_length` passed: the splits cut each request's
-    # valid tiles, not topk (`_split_plan_kernel`, on the device): a request of few tokens
-    # gets few pieces, a long one more, all in one round of programs, instead of every
-    # request the same splits of topk (the launch then lasting as long as the longest
-    # request's split, with the short requests' SMs idle).
+    # Gluon-loop calls of two or more splits with `topk_length` passed: the splits cut each
+    # request's valid tiles, not topk (`_plan_piece`: every program computes the plan from
+    # the lengths on the device): a request of few tokens gets few pieces, a long one more,
+    # all in one round of programs, instead of every request the same splits of topk (the
+    # launch then lasting as long as the longest request's split, short requests' SMs idle).
     length_aware: bool = False
     # The Gluon loop computes the few-token requests itself, P's bf16 rounding residue added
     # by a second PV product on their tiles (no exact launch beside it); and takes dual-cache
@@ -2288,9 +2289,11 @@ def mma_config(
     if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
     # Up to twice the static splits for the length-aware plan: with lengths spread evenly
-    # from 0 to topk the longest request holds about twice the mean's tiles.
+    # from 0 to topk the longest request holds about twice the mean's tiles. The Gluon loop
+    # only: in the Triton loop (dual-cache calls on 9.x) it measured 0.97x on the dual edge
+    # row and cost 3.5-6 us on full lengths (session 17, v25).
     plan_splits = plan_round = 0
-    if row.length_aware and splits >= 2 and not pv_split and not token_major:
+    if row.length_aware and ws and splits >= 2 and not pv_split and not token_major:
         plan_splits = min(2 * splits, tiles, MAX_SPLITS)
         plan_round = slots // triton.cdiv(H, block_h)
     return MMAConfig(

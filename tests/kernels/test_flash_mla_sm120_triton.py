@@ -865,6 +865,7 @@ def test_mma_config_rule():
     assert (b1.plan_splits, b1.plan_round) == (32, 132)  # 32 tiles: no more splits than tiles
     assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).plan_splits == 0  # one split
     assert small.plan_splits == 0  # the exact PV for the whole call
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512).plan_splits == 0  # the Triton loop
     assert fl.mma_config((9, 0), 132, 8, 128, 2048, 0).plan_round == 66  # two head blocks
     # the Gluon loop computes the few-token requests itself (no exact launch); one cache only
     # on the sm_90 row (ws_dual off), both on the sm_120 row
