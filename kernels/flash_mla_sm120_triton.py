@@ -925,6 +925,7 @@ def _mma_split_kernel(
     per_round=0,
     PLAN: tl.constexpr = False,
     B_POW2: tl.constexpr = 1,
+    PLAN_BLOCK_N: tl.constexpr = 16,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -952,11 +953,12 @@ def _mma_split_kernel(
     if HAS_EXTRA:
         e_length = _length(ELEN_ptr, stride_elen, has_elen, b, e_topk)
     if PLAN:
-        # The length-aware split (`_plan_piece`): this piece's ranges; a split past the
+        # The length-aware split (`_plan_piece`, in the bf16-P launch's tiles, so that an exact
+        # launch of other tiles cuts the same pieces): this piece's ranges; a split past the
         # request's pieces stores nothing (the combine reads the count program (b, 0) stores).
         k_b, start, end, e_start, e_end = _plan_piece(
             LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split, topk,
-            e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA,
+            e_topk, num_splits, per_round, PLAN_BLOCK_N, B_POW2, HAS_EXTRA,
         )  # fmt: skip
         if RUN_BF16_P:
             if (split == 0) & (h0 == 0):
@@ -2574,6 +2576,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
     split_plan = combine_plan = None
+    triton_plan = {}
     if cfg.plan_splits > 1 and plan is None and (flags["has_len"] or flags["has_elen"]):
         # the length-aware split: every program computes its piece (`_plan_piece`); the
         # request's piece count, for the combine, from its program (b, 0)
@@ -2581,6 +2584,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         pieces = torch.empty(B, dtype=torch.int32, device=q.device)
         split_plan = dict(PIECES_ptr=pieces, B=B, per_round=max(cfg.plan_round, 1), PLAN=True,
                           B_POW2=triton.next_power_of_2(B))  # fmt: skip
+        triton_plan = dict(split_plan, PLAN_BLOCK_N=cfg.block_n)  # the pieces in these tiles
         combine_plan = dict(PIECES_ptr=pieces, PLAN=True)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
@@ -2648,7 +2652,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                **(split_plan or {}), num_warps=warps, num_stages=stages,
+                **triton_plan, num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if side is not None and len(launches) == 2:
         current.wait_stream(side)  # join

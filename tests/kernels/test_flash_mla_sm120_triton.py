@@ -777,26 +777,28 @@ def test_split_plan_full_lengths_are_the_static_splits():
     assert (plan[:, 2:] == 0).all()
 
 
-@pytest.mark.parametrize("exact", ["none", "second", "concurrent"])
+@pytest.mark.parametrize("exact", ["none", "second", "concurrent", "second-wider-tile"])
 def test_split_plan_skewed_lengths_match_reference(exact):
     """One long request among short and empty ones, both caches, sink, invalid indices: the
-    planned splits (and the few-token requests' exact launch reading the same plan) give
-    the reference's output, and the same as the static splits within bf16."""
+    planned splits (and the few-token requests' exact launch reading the same plan, also with
+    a tile of its own) give the reference's output, and the same as the static splits within
+    bf16."""
     inputs = ref.make_inputs(
         B=6, H=64, topk=96, page_size=32, extra_topk=48, extra_page_size=16, with_sink=True,
         topk_length="partial", invalid_fraction=0.1, device=DEVICE,
         seed=_seed("plan-skewed"),
     )  # fmt: skip
-    inputs["topk_length"] = torch.tensor([96, 0, 3, 96, 40, 1], dtype=torch.int32, device=DEVICE)
+    inputs["topk_length"] = torch.tensor([96, 0, 3, 33, 40, 1], dtype=torch.int32, device=DEVICE)
     inputs["extra_topk_length"] = torch.tensor(
         [48, 0, 48, 2, 0, 1], dtype=torch.int32, device=DEVICE
     )
     # "none": no few-token pass (on a GPU the exact PV for the whole call instead: a
     # request of 1-3 tokens misses the bound with bf16 P, as FlashMLA's would)
-    below = 0 if exact == "none" else 64
+    below = {"none": 0, "second-wider-tile": 200}.get(exact, 64)  # 200: every request
     concurrent = exact == "concurrent"
     static = MMAConfig(64, BN, 3, W, 1, ON_GPU and exact == "none", below,
-                       exact_concurrent=concurrent)  # fmt: skip
+                       exact_concurrent=concurrent,
+                       exact_block_n=2 * BN if exact == "second-wider-tile" else 0)  # fmt: skip
     planned = static._replace(plan_splits=6, plan_round=7)
     a, la = _run_and_check(inputs, "mma", static)
     b, lb = _run_and_check(inputs, "mma", planned)
