@@ -48,6 +48,13 @@ Kernels:
     which then skips the few-token requests (disjoint outputs; device-side events, no host
     sync): their exact pass uses the SMs that short requests leave idle instead of following
     the longest split.
+  * `_ws_split_kernel` (Gluon, triton 3.6): the bf16-P launch warp-specialized, a loader
+    partition copying raw tiles into a ring while the consumer warps dequantize and multiply
+    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches). It computes its
+    few-token requests itself (P's rounding residue as a second PV product), and with
+    `topk_length` passed and two or more splits it cuts each request's valid tiles into
+    pieces that fit one round of programs (`_plan_piece`, computed by every program from the
+    lengths), so short requests do not leave SMs idle behind long ones.
 
   * Prefill-sized calls of <= 16 heads on V4 caches (the sm_90 row): the bf16-P launch runs
     `_split_heads_tm`, the same loop token-major (S^T = K q^T, O^T += K^T P^T: the heads are
@@ -1120,9 +1127,9 @@ def _combine_kernel(
 # O += P K as wgmma, q resident in shared memory. The gather's latency passes under the
 # products of earlier tiles, which one Triton program (one instruction stream) cannot arrange.
 # Same split grid, partials and combine as `_mma_split_kernel`; the few-token requests' exact
-# PV stays that kernel's second launch. Hopper only (wgmma); Gluon has no CPU interpreter, so
-# the interpreter and other GPUs run `_mma_split_kernel`. Measured: issue 20, session 15
-# (docs/benchmarks.md).
+# PV in the same programs (EXACT_IN) or `_mma_split_kernel`'s second launch. wgmma on 9.x, an
+# mma.sync consumer for the sm_120 row; Gluon has no CPU interpreter, so the interpreter and
+# other GPUs run `_mma_split_kernel`. Measured: issue 20, sessions 15-17 (docs/benchmarks.md).
 
 try:
     if _INTERPRET:
@@ -2150,7 +2157,7 @@ class MMAConfig(NamedTuple):
     exact_num_warps: int = 0
     ws: bool = False  # the bf16-P launch as `_ws_split_kernel` (Hopper, Gluon)
     # With `topk_length` passed: this many splits (0: the static ones), cut by
-    # `_split_plan_kernel` so that all pieces fit plan_round programs per head block.
+    # `_plan_piece` so that all pieces fit plan_round programs per head block.
     plan_splits: int = 0
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)

@@ -109,7 +109,7 @@ def compile_kernel(
         FMT=formats[0], E_FMT=formats[1] if has_extra else formats[0],
         TOKEN_MAJOR=token_major,
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
-        SKIP_PACKED=token_major, PLAN=False, PIECES_ptr=None, B_POW2=1,
+        SKIP_PACKED=token_major, PLAN=False, PIECES_ptr=None, B_POW2=1, PLAN_BLOCK_N=16,
     )  # fmt: skip
     sig, constexprs, attrs = _signature(fn, const, _PTR_TYPES)
     options = {"num_warps": row["num_warps"], "num_stages": stages}
