@@ -45,7 +45,7 @@ def _signature(fn, const: dict, ptr_types: dict) -> tuple[dict, dict, dict]:
     sig, constexprs, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if fn.params[i].is_constexpr or (name in const and const[name] is None):
-            sig[name] = "constexpr"  # a None pointer (PLAN_ptr without the plan) is one too
+            sig[name] = "constexpr"  # a None pointer (PIECES_ptr without the plan) is one too
             constexprs[name] = const[name]
         elif name in ptr_types:
             sig[name] = ptr_types[name]
