@@ -161,16 +161,17 @@ def _lengths(LEN_ptr, stride_len, has_len, t, topk):
 
 
 @triton.jit
-def _plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split,
-                topk, e_topk, num_splits, per_round, BLOCK_N: tl.constexpr,
+def _plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, split,
+                length, e_length, topk, e_topk, num_splits, per_round, BLOCK_N: tl.constexpr,
                 B_POW2: tl.constexpr, HAS_EXTRA: tl.constexpr):  # fmt: skip
     """The length-aware split, as every program computes it from the lengths (no host sync, no
     launch of its own): request r's valid tiles n_r (BLOCK_N tokens of its main length, then
     of its extra length) cut into cdiv(n_r, t) pieces of near-equal tiles, t the fewest tiles
     per piece for which all pieces fit `per_round` programs (and at most num_splits per
-    request). Returns request b's piece count and piece `split`'s main start, end, extra
-    start, end (positions in the index rows; empty past its pieces). Equal lengths give the
-    static splits' tile counts."""
+    request). Returns the piece count of the program's request (its lengths `length`,
+    `e_length`, as `_length` gives them) and piece `split`'s main start, end, extra start, end
+    (positions in the index rows; empty past its pieces). Equal lengths give the static
+    splits' tile counts."""
     r = tl.arange(0, B_POW2)
     inb = r < B
     ln = tl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
@@ -185,11 +186,11 @@ def _plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B
     while (pieces > per_round) & (t < n_max):
         t += 1
         pieces = tl.sum(tl.cdiv(n, t))
-    ln_b = tl.maximum(_length(LEN_ptr, stride_len, has_len, b, topk), 0)
+    ln_b = tl.maximum(length, 0)
     m_b = tl.cdiv(ln_b, BLOCK_N)
     el_b = ln_b * 0
     if HAS_EXTRA:
-        el_b = tl.maximum(_length(ELEN_ptr, stride_elen, has_elen, b, e_topk), 0)
+        el_b = tl.maximum(e_length, 0)
     n_b = m_b + tl.cdiv(el_b, BLOCK_N)
     k_b = tl.cdiv(n_b, t)
     live = split < k_b
@@ -964,8 +965,8 @@ def _mma_split_kernel(
         # launch of other tiles cuts the same pieces): this piece's ranges; a split past the
         # request's pieces stores nothing (the combine reads the count program (b, 0) stores).
         k_b, start, end, e_start, e_end = _plan_piece(
-            LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split, topk,
-            e_topk, num_splits, per_round, PLAN_BLOCK_N, B_POW2, HAS_EXTRA,
+            LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, split, length,
+            e_length, topk, e_topk, num_splits, per_round, PLAN_BLOCK_N, B_POW2, HAS_EXTRA,
         )  # fmt: skip
         if RUN_BF16_P:
             if (split == 0) & (h0 == 0):
@@ -1055,8 +1056,10 @@ def _split_plan_kernel(
     b = tl.program_id(0)
     split = tl.program_id(1)
     k_b, start, end, e_start, e_end = _plan_piece(
-        LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split, topk,
-        e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA,
+        LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, split,
+        _length(LEN_ptr, stride_len, has_len, b, topk),
+        _length(ELEN_ptr, stride_elen, has_elen, b, e_topk), topk, e_topk, num_splits,
+        per_round, BLOCK_N, B_POW2, HAS_EXTRA,
     )  # fmt: skip
     piece = PLAN_ptr + (b * num_splits + split) * 5
     tl.store(piece, start)
@@ -1348,15 +1351,13 @@ if HAS_GLUON:
         skipped = n_tiles < 0  # False: a scalar to assign below
         exact = n_tiles < 0
         if EXACT_BELOW > 0:
-            n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
-                                num_tokens, COUNT_BLOCK)  # fmt: skip
-            if HAS_EXTRA:
-                n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
-                                     e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+            few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                 EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                 e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK)  # fmt: skip
             if EXACT_IN:
-                exact = n_valid <= EXACT_BELOW
+                exact = few
             else:
-                skipped = n_valid <= EXACT_BELOW
+                skipped = few
         n_compute = gl.where(skipped, 0, n_tiles)
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
@@ -1467,9 +1468,23 @@ if HAS_GLUON:
         return n
 
     @gluon.jit
-    def _ws_plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b,
-                       split, topk, e_topk, num_splits, per_round, BLOCK_N: gl.constexpr,
-                       B_POW2: gl.constexpr, HAS_EXTRA: gl.constexpr,
+    def _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens, EIDX_ptr,
+                       stride_eib, stride_eit, e_length, e_topk, e_num_tokens,
+                       HAS_EXTRA: gl.constexpr, EXACT_BELOW: gl.constexpr,
+                       COUNT_BLOCK: gl.constexpr):  # fmt: skip
+        """Whether request b has at most EXACT_BELOW valid tokens in its two caches (the
+        requests that take the exact PV)."""
+        n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
+                            num_tokens, COUNT_BLOCK)  # fmt: skip
+        if HAS_EXTRA:
+            n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit, e_length,
+                                 e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+        return n_valid <= EXACT_BELOW
+
+    @gluon.jit
+    def _ws_plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B,
+                       split, length, e_length, topk, e_topk, num_splits, per_round,
+                       BLOCK_N: gl.constexpr, B_POW2: gl.constexpr, HAS_EXTRA: gl.constexpr,
                        NW: gl.constexpr):  # fmt: skip
         """`_plan_piece` (the same arithmetic; Gluon cannot call a `@triton.jit` helper)."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
@@ -1489,13 +1504,11 @@ if HAS_GLUON:
         while (pieces > per_round) & (t < n_max):
             t += 1
             pieces = gl.sum(gl.cdiv(n, t), axis=0)
-        ln_b = gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk)
-        ln_b = gl.maximum(gl.minimum(ln_b, topk), 0)
+        ln_b = gl.maximum(length, 0)
         m_b = gl.cdiv(ln_b, BLOCK_N)
         el_b = ln_b * 0
         if HAS_EXTRA:
-            el_b = gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk)
-            el_b = gl.maximum(gl.minimum(el_b, e_topk), 0)
+            el_b = gl.maximum(e_length, 0)
         n_b = m_b + gl.cdiv(el_b, BLOCK_N)
         k_b = gl.cdiv(n_b, t)
         live = split < k_b
@@ -1542,8 +1555,9 @@ if HAS_GLUON:
             )
         if PLAN:  # the length-aware split (`_plan_piece`)
             k_b, start, end, e_start, e_end = _ws_plan_piece(
-                LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, b, split,
-                topk, e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA, num_warps,
+                LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, split, length,
+                e_length, topk, e_topk, num_splits, per_round, BLOCK_N, B_POW2, HAS_EXTRA,
+                num_warps,
             )  # fmt: skip
             if (split == 0) & (h0 == 0):
                 gl.store(PIECES_ptr + b, k_b)
@@ -1594,15 +1608,14 @@ if HAS_GLUON:
             keep = n_tiles >= 0
             exact = n_tiles < 0
             if EXACT_BELOW > 0:
-                n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length,
-                                    topk, num_tokens, COUNT_BLOCK)  # fmt: skip
-                if HAS_EXTRA:
-                    n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit,
-                                         e_length, e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+                few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
+                                     num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
+                                     e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
+                                     COUNT_BLOCK)  # fmt: skip
                 if EXACT_IN:
-                    exact = n_valid <= EXACT_BELOW
+                    exact = few
                 else:
-                    keep = n_valid > EXACT_BELOW
+                    keep = not few
                     n_tiles = gl.where(keep, n_tiles, 0)
             ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
             qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
