@@ -1330,13 +1330,14 @@ if HAS_GLUON:
                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
                      EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
-                     EXACT_IN: gl.constexpr):  # fmt: skip
+                     EXACT_IN: gl.constexpr, ONLY_FEW: gl.constexpr):  # fmt: skip
         """Default partition: q into shared memory and the request's valid-index count while
         the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
         (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
         A request left to the exact launch consumes its tiles without computing; EXACT_IN: a
         few-token request is computed here, P's bf16 rounding residue added by a second PV
-        product (the exact launch's P_hi + P_lo, without its doubled tile)."""
+        product (the exact launch's P_hi + P_lo, without its doubled tile). ONLY_FEW (with
+        EXACT_IN): the request is a few-token one (the kernel counted), computed exact."""
         ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
         qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
@@ -1350,7 +1351,9 @@ if HAS_GLUON:
         gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
         skipped = n_tiles < 0  # False: a scalar to assign below
         exact = n_tiles < 0
-        if EXACT_BELOW > 0:
+        if ONLY_FEW:
+            exact = n_tiles >= 0  # True
+        elif EXACT_BELOW > 0:
             few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
                                  EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
                                  e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK)  # fmt: skip
@@ -1535,13 +1538,17 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
+        ONLY_FEW: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
         are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
         here with P's rounding residue (no exact launch). MMA_SYNC: the consumer
-        is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90)."""
+        is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90). ONLY_FEW
+        (wgmma): the exact launch beside `_mma_split_kernel`'s bf16-P one: only the requests
+        with at most EXACT_BELOW valid tokens, each with P's rounding residue; the others'
+        programs return after the count."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
@@ -1576,6 +1583,11 @@ if HAS_GLUON:
                 e_end = gl.maximum(
                     gl.minimum(gl.maximum(t1 - main_tiles, 0) * BLOCK_N, e_length), e_start
                 )
+        if ONLY_FEW:  # the other requests are the bf16-P launch's: nothing to load or store
+            if not _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                  EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                  e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK):  # fmt: skip
+                return
         n_main = gl.cdiv(end - start, BLOCK_N)
         n_tiles = n_main
         if HAS_EXTRA:
@@ -1672,7 +1684,7 @@ if HAS_GLUON:
                                     EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
                                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
                                     e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
-                                    EXACT_BELOW, COUNT_BLOCK, EXACT_IN)),
+                                    EXACT_BELOW, COUNT_BLOCK, EXACT_IN or ONLY_FEW, ONLY_FEW)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
                                   end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
@@ -2080,6 +2092,9 @@ class MMARow(NamedTuple):
     # calls on 9.x (wgmma) too.
     ws_exact: bool = False
     ws_dual: bool = False
+    # Calls the Triton loop runs with the exact PV as a second launch (9.x: dual caches): that
+    # launch as the Gluon loop computing only the few-token requests (ONLY_FEW), where it can.
+    ws_exact_launch: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2109,9 +2124,11 @@ MMA_ROWS: dict[str, MMARow] = {
     # Head-major 64-head calls on one cache: the warp-specialized Gluon loop (v23, one run:
     # B64 topk2048 101.0 -> 81.5 us, B128 177.1 -> 143.0, B1 19.6 -> 18.6 with its 64-token
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
+    # Dual-cache calls (the Triton loop): the exact launch as the Gluon loop computing only
+    # the few-token requests (issue 20, session 18: dual edge rows 1.2-1.4x).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
-        ws=True, length_aware=True, ws_exact=True,
+        ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2174,6 +2191,7 @@ class MMAConfig(NamedTuple):
     plan_splits: int = 0
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
+    ws_exact_launch: bool = False  # the second (exact) launch as the Gluon loop (ONLY_FEW)
 
 
 MAX_SPLITS = 64
@@ -2325,6 +2343,7 @@ def mma_config(
         pack if pack >= 2 and not pv_split else 0,
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
+        on_gpu and cc[0] == 9 and row.ws_exact_launch and not ws and not token_major,
     )  # fmt: skip
 
 
@@ -2548,7 +2567,7 @@ def _ws_runnable(q, main, extra, flags, cfg) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, plan=None, exact_in=False,
+    block_h, plan=None, exact_in=False, only_few=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
@@ -2572,7 +2591,7 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
         LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, EXACT_IN=exact_in,
-        **(plan or {}),
+        ONLY_FEW=only_few, **(plan or {}),
     )  # fmt: skip
 
 
@@ -2638,6 +2657,15 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     if cfg.token_major:  # the exact launch keeps the head-major loop (>= 16 heads)
         exact_block_h = max(cfg.exact_block_h, 16)
     side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
+    # the exact launch as the Gluon loop (ws_exact_launch): 64-head blocks (decode), V4 caches,
+    # no packed plan (whose tokens of length -1 the Gluon loop would count as few-token ones)
+    exact_ws = (
+        cfg.ws_exact_launch and len(launches) == 2 and cfg.block_h == WS_BLOCK_H and plan is None
+    ) and _ws_runnable(
+        q, main, extra, flags,
+        cfg._replace(block_h=WS_BLOCK_H, block_n=WS_BLOCK_N, token_major=False, pv_split=False,
+                     exact_in_launch=False),
+    )  # fmt: skip
     if side is not None and len(launches) == 2:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
         # orders the combine (and the caller) after both. Device-side only: no host sync, and
@@ -2661,6 +2689,11 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
                            split_plan, exact_in)  # fmt: skip
+                continue
+            if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
+                _launch_ws(q, main, extra, common, flags, splits,
+                           max(triton.cdiv(_tiles(topk, e_topk, WS_BLOCK_N), splits), 1),
+                           part_o, part_lse, below, WS_BLOCK_H, None, True, True)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,

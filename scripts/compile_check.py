@@ -73,7 +73,8 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "exact_concurrent": getattr(cfg, "exact_concurrent", False),
             "ws": getattr(ws_cfg, "ws", False), "ws_block_h": ws_cfg.block_h,
             "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False),
-            "ws_exact": getattr(ws_cfg, "ws_exact", False)}  # fmt: skip
+            "ws_exact": getattr(ws_cfg, "ws_exact", False),
+            "ws_exact_launch": getattr(table, "ws_exact_launch", False)}  # fmt: skip
 
 
 def compile_kernel(
@@ -128,11 +129,12 @@ _WS_PTR_TYPES = {
 
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
-    exact_in: bool = False,
+    exact_in: bool = False, only_few: bool = False,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
-    the build beside the concurrent exact launch; `plan`: the length-aware split's build."""
+    the build beside the concurrent exact launch; `plan`: the length-aware split's build;
+    `only_few`: the exact launch beside the Triton loop's bf16-P launch (`ws_exact_launch`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -141,7 +143,7 @@ def compile_ws(
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN=plan,
-        EXACT_IN=exact_in, B_POW2=64,
+        EXACT_IN=exact_in, B_POW2=64, ONLY_FEW=only_few,
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
@@ -265,6 +267,12 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))
+                if row.get("ws_exact_launch") and not sync:
+                    # the exact launch beside the Triton loop's bf16-P launch (dual caches)
+                    ck = compile_ws(fl, cc, has_extra, fl.PV_SPLIT_MAX_TOKENS, False, False, True,
+                                    True)  # fmt: skip
+                    rows.append(build_report(cc, ws_row, "exact-ws", has_extra, "v4", ck,
+                                             with_ptxas))  # fmt: skip
     return rows
 
 

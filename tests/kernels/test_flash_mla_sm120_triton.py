@@ -300,6 +300,7 @@ CASES += [
 # the exact launch, beside it or after it); elsewhere (the interpreter) the launcher's
 # fallback to `_mma_split_kernel`, which must compute the same.
 _WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
+_WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True)
 CASES += [
     (
         "sm90_ws_dual_sink_partial_padded",
@@ -332,6 +333,30 @@ CASES += [
         dict(B=3, H=96, topk=300, page_size=1, with_sink=True, invalid_fraction=0.1),
         ("mma",),
         [fl.mma_config((9, 0), 132, 3, 96, 300, 0)._replace(ws=True)],
+    ),
+    (
+        # the Triton loop's dual-cache call with its exact launch as the Gluon loop computing
+        # only the few-token requests (ws_exact_launch), beside the bf16-P launch or after it,
+        # and with one split (final outputs, no combine); the interpreter: the Triton launch
+        "sm90_exact_launch_gluon_dual_partial",
+        dict(
+            B=6,
+            H=64,
+            topk=320,
+            page_size=64,
+            extra_topk=200,
+            extra_page_size=32,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.2,
+            page_stride="pad576",
+        ),
+        ("mma",),
+        [
+            _WSX,
+            _WSX._replace(exact_concurrent=not _WSX.exact_concurrent),
+            _WSX._replace(num_splits=1),
+        ],
     ),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
@@ -876,6 +901,12 @@ def test_mma_config_rule():
     assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=both).ws
     off = fl.MMA_ROWS["sm90"]._replace(length_aware=False)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=off).plan_splits == 0
+    # the Triton loop's exact launch as the Gluon loop: 9.x dual-cache calls only
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws_exact_launch
+    assert not sm90.ws_exact_launch  # one cache: the Gluon loop itself (ws_exact)
+    r120 = fl.MMA_ROWS["sm120"]._replace(ws_exact_launch=True)
+    assert not fl.mma_config((12, 0), 188, 64, 64, 128, 512, row=r120).ws_exact_launch
+    assert not fl.mma_config(None, 2, 64, 64, 128, 512).ws_exact_launch
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
