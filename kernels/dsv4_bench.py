@@ -29,7 +29,8 @@ compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmm
 row (with triton 3.6 the row's bf16-P launch is its Gluon loop, whose mma.sync the kernel
 writes itself; `--config LABEL=row:sm120,mma_v2:1,ws:0` is the row's Triton loop;
 `length_aware:0`, `ws_exact:0` and `ws_dual:1` turn the Gluon loop's length-aware split and
-its own exact PV off, or give it the sm_90 row's dual-cache calls). Every
+its own exact PV off, or give it the sm_90 row's dual-cache calls; `ws_exact_launch:0` gives
+those calls' exact launch back to the Triton loop). Every
 variant's JSON entry lists the compiled kernels it launched (registers, spills, shared
 memory, wgmma / mma.sync counts in the PTX).
 
