@@ -301,21 +301,15 @@ CASES += [
 # fallback to `_mma_split_kernel`, which must compute the same.
 _WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
 _WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True)
+# both caches, sink, partial lengths, padded pages (B and the invalid share per case)
+_WS_DUAL = dict(
+    H=64, topk=320, page_size=64, extra_topk=200, extra_page_size=32, with_sink=True,
+    topk_length="partial", page_stride="pad576",
+)  # fmt: skip
 CASES += [
     (
         "sm90_ws_dual_sink_partial_padded",
-        dict(
-            B=4,
-            H=64,
-            topk=320,
-            page_size=64,
-            extra_topk=200,
-            extra_page_size=32,
-            with_sink=True,
-            topk_length="partial",
-            invalid_fraction=0.1,
-            page_stride="pad576",
-        ),
+        dict(_WS_DUAL, B=4, invalid_fraction=0.1),
         ("mma",),
         [
             _WS,
@@ -339,18 +333,7 @@ CASES += [
         # only the few-token requests (ws_exact_launch), beside the bf16-P launch or after it,
         # and with one split (final outputs, no combine); the interpreter: the Triton launch
         "sm90_exact_launch_gluon_dual_partial",
-        dict(
-            B=6,
-            H=64,
-            topk=320,
-            page_size=64,
-            extra_topk=200,
-            extra_page_size=32,
-            with_sink=True,
-            topk_length="partial",
-            invalid_fraction=0.2,
-            page_stride="pad576",
-        ),
+        dict(_WS_DUAL, B=6, invalid_fraction=0.2),
         ("mma",),
         [
             _WSX,
