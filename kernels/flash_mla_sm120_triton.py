@@ -2547,13 +2547,12 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
     )  # fmt: skip
 
 
-def _ws_runnable(q, main, extra, flags, cfg) -> bool:
-    """Whether this call's bf16-P launch can be `_ws_split_kernel`: Gluon present, a 9.x GPU
-    (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's 32 x 32), V4 caches whose bytes
-    and page strides are 16-byte aligned (cp.async of 16 bytes; the bf16 view of the rope
-    needs even strides), q rows contiguous."""
+def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
+    """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
+    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's 32 x 32), V4 caches whose
+    bytes and page strides are 16-byte aligned (cp.async of 16 bytes; the bf16 view of the
+    rope needs even strides), q rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
-    tile = (cfg.block_h, cfg.block_n)
     return (
         HAS_GLUON and q.is_cuda
         and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
@@ -2561,7 +2560,6 @@ def _ws_runnable(q, main, extra, flags, cfg) -> bool:
         and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
-        and not cfg.token_major and not cfg.pv_split and not cfg.exact_in_launch
     )  # fmt: skip
 
 
@@ -2601,7 +2599,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     derived = cfg is None
     if cfg is None:
         cfg = _device_mma_config(q.device, B, H, topk, e_topk)
-    if cfg.ws and not _ws_runnable(q, main, extra, flags, cfg):
+    ws_ok = not cfg.token_major and not cfg.pv_split and not cfg.exact_in_launch
+    if cfg.ws and not (ws_ok and _ws_runnable(q, main, extra, flags, (cfg.block_h, cfg.block_n))):
         # the Triton loop instead, with the tile its row takes then
         cfg = (_device_mma_config(q.device, B, H, topk, e_topk, ws=False) if derived
                else cfg._replace(ws=False))  # fmt: skip
@@ -2661,10 +2660,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # no packed plan (whose tokens of length -1 the Gluon loop would count as few-token ones)
     exact_ws = (
         cfg.ws_exact_launch and len(launches) == 2 and cfg.block_h == WS_BLOCK_H and plan is None
-    ) and _ws_runnable(
-        q, main, extra, flags,
-        cfg._replace(block_h=WS_BLOCK_H, block_n=WS_BLOCK_N, token_major=False, pv_split=False,
-                     exact_in_launch=False),
+        and _ws_runnable(q, main, extra, flags, (WS_BLOCK_H, WS_BLOCK_N))
     )  # fmt: skip
     if side is not None and len(launches) == 2:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
