@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parent.parent
 # Ignored folders a checkout may hold (venvs, caches, device-run copies): not the source.
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*cache", ".kdev*")
 _NOT_SOURCE += (".peers", ".whl", ".gl", ".device", "dsv4-live")
+# Hypothesis's example database: other test workers write into it while this copy runs
+_NOT_SOURCE += (".hypothesis",)
 
 
 def _source_packages() -> set[str]:
