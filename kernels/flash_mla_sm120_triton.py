@@ -1167,6 +1167,15 @@ WS_SYNC_RAW_SLOTS = 1
 
 
 if HAS_GLUON:
+    # The Gluon loops' product operands: fp16, not bf16. e4m3 -> fp16 is one paired
+    # conversion and the UE8M0 scale one paired multiply (bf16 went through float32: two
+    # conversions and two multiplies per pair; 43% fewer instructions per tile's
+    # dequantization, 1.03-1.06x on the rows of these loops, session 19). Every code times
+    # its scale is exact in fp16 for scale bytes 113-134 (values below 2^-14 round to fp16's
+    # subnormal step, 2^-24: absolute error under 3e-8); from 135 up (a group's largest value
+    # past 57,344) the largest codes overflow (docs/kernel-contract.md). q is scaled per
+    # program (`_ws_q_f16`), P in [0, 1] gains precision (2^-11 against bf16's 2^-8).
+    WS_OPERAND = gl.constexpr(gl.float16)
 
     @gluon.jit
     def _ws_tile(j, n_main, b, start, end, e_start, e_end,
@@ -1300,12 +1309,24 @@ if HAS_GLUON:
             x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
             e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
             rope = rawr.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(1, L3))
-            # 2^(e - 127) from its float bits (exact; byte 0 is 2^-127, a subnormal)
-            bits = gl.where(e8 == 0, 0x00400000, e8.to(gl.int32) << 23)
-            x = x8.to(gl.float32) * bits.to(gl.float32, bitcast=True)[:, :, None]
-            val = gl.where((g == 7)[None, :, None], rope.to(gl.float32)[:, None, :], x)
-            k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val.to(gl.bfloat16), [ROWS, 512]))
+            # 2^(e - 127) from its float bits, then fp16 (bytes under 103 are 0 there)
+            sc = (e8.to(gl.int32) << 23).to(gl.float32, bitcast=True).to(WS_OPERAND)
+            x = x8.to(WS_OPERAND) * sc[:, :, None]
+            val = gl.where((g == 7)[None, :, None], rope.to(WS_OPERAND)[:, None, :], x)
+            k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val, [ROWS, 512]))
         return valid
+
+    @gluon.jit
+    def _ws_q_f16(q, qk_scale_log2):
+        """q (bf16) as the fp16 operand of the products, scaled by a power of two 2^-k that
+        keeps its largest magnitude under 2^15 (k = 0 unless it is 2^15 or more: exact; bf16's
+        range would overflow fp16), and the softmax's scale times 2^k to undo it."""
+        qf = q.to(gl.float32)
+        amax = gl.max(gl.max(gl.abs(qf), axis=1), axis=0)
+        k = gl.maximum(((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 141, 0)
+        down = ((127 - k) << 23).to(gl.float32, bitcast=True)
+        up = ((127 + k) << 23).to(gl.float32, bitcast=True)
+        return (qf * down).to(WS_OPERAND), qk_scale_log2 * up
 
     @gluon.jit
     def _ws_softmax(s, valid, m_i, l_i, qk_scale_log2):
@@ -1346,7 +1367,8 @@ if HAS_GLUON:
             mask=(qh < H)[:, None],
             other=0.0,
         )
-        q_smem.store(q)
+        q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
+        q_smem.store(q16)
         fence_async_shared()
         gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
         skipped = n_tiles < 0  # False: a scalar to assign below
@@ -1363,7 +1385,9 @@ if HAS_GLUON:
                 skipped = few
         n_compute = gl.where(skipped, 0, n_tiles)
         ROWS: gl.constexpr = 16
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [8, 1, 1], [2, 1, 0])
+        # a thread holds all 8 groups of its row's 4 columns: the rope group's select and
+        # its wasted dequantization vanish at compile time, one scale load per row
+        L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [8, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
@@ -1387,11 +1411,11 @@ if HAS_GLUON:
             s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)
             p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_hi = p.to(gl.bfloat16)
+            p_hi = p.to(WS_OPERAND)
             acc = warpgroup_mma(gl.convert_layout(p_hi, p_layout), k_smem, acc)
             if EXACT_IN:
                 if exact:  # P's rounding residue: P_hi + P_lo is P to ~2^-16
-                    p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+                    p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
                     acc = warpgroup_mma(gl.convert_layout(p_lo, p_layout), k_smem, acc)
             gl.thread_barrier()  # both warpgroups' PV done before the next tile overwrites K
         for i in range(n_compute, n_tiles):  # a skipped request: its slots handed back
@@ -1420,7 +1444,7 @@ if HAS_GLUON:
         in shared memory before the fork (the build measured; the loader-first order of
         `_ws_consumer` was not run with it)."""
         ROWS: gl.constexpr = 16
-        L3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [2, 2, 8], [CW, 1, 1], [2, 1, 0])
+        L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         qa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         kb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
@@ -1448,11 +1472,11 @@ if HAS_GLUON:
                 s = mma_v2(qg, kg, s)
             p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
             acc = acc * alpha[:, None]
-            p_hi = p.to(gl.bfloat16)
+            p_hi = p.to(WS_OPERAND)
             acc = mma_v2(gl.convert_layout(p_hi, qa), k_smem.load(kb), acc)
             if EXACT_IN:
                 if exact:  # P's rounding residue (`_ws_consumer`)
-                    p_lo = (p - p_hi.to(gl.float32)).to(gl.bfloat16)
+                    p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
                     acc = mma_v2(gl.convert_layout(p_lo, qa), k_smem.load(kb), acc)
             gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
         return acc, m_i, l_i
@@ -1598,8 +1622,8 @@ if HAS_GLUON:
         else:
             sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                     rank=2)  # fmt: skip
-        q_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_H, 512], sl)
-        k_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_N, 512], sl)
+        q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
+        k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
         raw8 = gl.allocate_shared_memory(
             gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         )
@@ -1638,7 +1662,8 @@ if HAS_GLUON:
                 mask=(qh < H)[:, None] & keep,
                 other=0.0,
             )  # fmt: skip
-            q_smem.store(q)
+            q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
+            q_smem.store(q16)
             gl.thread_barrier()
             o_layout: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[2, 0],

@@ -502,6 +502,24 @@ def test_matches_reference(case_id, kwargs, variant, config):
     _run_and_check(inputs, variant, config)
 
 
+@pytest.mark.parametrize(
+    "config",
+    [_WS, fl.mma_config((12, 0), 132, 3, 64, 200, 0)],
+    ids=["sm90_ws", "sm120row_ws"],
+)
+def test_fp16_operands_keep_wide_ranges(config):
+    """The Gluon loops multiply in fp16 (q scaled by a power of two per program): q entries up
+    to 2^17 (past fp16's 65,504) and nope groups spread over 2^[-13, 13] (UE8M0 bytes ~107-134:
+    fp16-subnormal scales to values near 57,344) stay within the bounds. Elsewhere the Triton
+    loop computes the same inputs."""
+    inputs = ref.make_inputs(
+        B=3, H=64, topk=200, page_size=64, with_sink=True, kv_scale_spread=13, device=DEVICE,
+        seed=19,
+    )  # fmt: skip
+    inputs["q"] = inputs["q"] * 2.0**17
+    _run_and_check(inputs, "mma", config)
+
+
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_all_indices_invalid(variant, with_sink):
