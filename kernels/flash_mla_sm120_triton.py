@@ -1164,6 +1164,11 @@ WS_LOADER_REGS = 56  # the loader only computes addresses
 WS_SYNC_BLOCK_H = 32
 WS_SYNC_BLOCK_N = 32
 WS_SYNC_RAW_SLOTS = 1
+# Its wide form: 64 heads x 16 tokens (q 64 KB + K 16 KB + raw 10 KB: 94,364 B, one program
+# per SM as well), for calls with many selected tokens per SM (`ws_wide_tokens_per_sm`): each
+# K tile is gathered and dequantized once for 64 heads instead of twice (two 32-head blocks).
+WS_SYNC_WIDE_BLOCK_H = 64
+WS_SYNC_WIDE_BLOCK_N = 16
 
 
 if HAS_GLUON:
@@ -2120,6 +2125,11 @@ class MMARow(NamedTuple):
     # Calls the Triton loop runs with the exact PV as a second launch (9.x: dual caches): that
     # launch as the Gluon loop computing only the few-token requests (ONLY_FEW), where it can.
     ws_exact_launch: bool = False
+    # The mma.sync Gluon loop (sm_120 row) in its wide tile (WS_SYNC_WIDE_*) when the call's
+    # selected tokens per SM, B x H / 64 x (topk + extra topk) / SMs, reach this (0: never).
+    # Proxy, 100 KB per SM (session 19): 1.15-1.27x at 496-1,986 tokens per SM, 0.86-0.95x
+    # at 5-310 (the 16-token tile halves each step's work; few programs then).
+    ws_wide_tokens_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2163,7 +2173,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
     "sm120": MMARow(
         32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
-        length_aware=True, ws_exact=True,
+        length_aware=True, ws_exact=True, ws_wide_tokens_per_sm=400,
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(
@@ -2331,6 +2341,13 @@ def mma_config(
         and H % block_h == 0
     )  # fmt: skip
     ws = row.ws and not token_major and not pv_split and (ws_wgmma or ws_sync)
+    wide = WS_SYNC_WIDE_BLOCK_H
+    if (
+        ws and ws_sync and row.ws_wide_tokens_per_sm and H % wide == 0
+        and B * (H // wide) * (topk + extra_topk) >= row.ws_wide_tokens_per_sm * sm_count
+    ):  # fmt: skip
+        block_h, block_n = wide, WS_SYNC_WIDE_BLOCK_N
+        programs = B * (H // wide)
     exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop: its own (ws_exact)
     if ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
@@ -2581,7 +2598,8 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     return (
         HAS_GLUON and q.is_cuda
         and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
-             or (cap[0] in (9, 12) and tile == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N)))
+             or (cap[0] in (9, 12) and tile in ((WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
+                                                (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N))))
         and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
@@ -2590,15 +2608,15 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, plan=None, exact_in=False, only_few=False,
+    block_h, block_n, plan=None, exact_in=False, only_few=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
-    as `_mma_split_kernel`'s, tiles of WS_BLOCK_N; exact_below > 0: the few-token requests are
-    left out)."""
+    as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
+    exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
-    sync = block_h == WS_SYNC_BLOCK_H  # mma.sync's tile, else wgmma's
-    bn, nr = (WS_SYNC_BLOCK_N, WS_SYNC_RAW_SLOTS) if sync else (WS_BLOCK_N, WS_RAW_SLOTS)
+    sync = (block_h, block_n) != (WS_BLOCK_H, WS_BLOCK_N)  # mma.sync's tiles, else wgmma's
+    nr = WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -2612,7 +2630,7 @@ def _launch_ws(
         common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
-        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=bn, NR=nr,
+        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n, NR=nr,
         LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, EXACT_IN=exact_in,
         ONLY_FEW=only_few, **(plan or {}),
     )  # fmt: skip
@@ -2709,12 +2727,13 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
-                           split_plan, exact_in)  # fmt: skip
+                           cfg.block_n, split_plan, exact_in)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,
                            max(triton.cdiv(_tiles(topk, e_topk, WS_BLOCK_N), splits), 1),
-                           part_o, part_lse, below, WS_BLOCK_H, None, True, True)  # fmt: skip
+                           part_o, part_lse, below, WS_BLOCK_H, WS_BLOCK_N, None, True,
+                           True)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,

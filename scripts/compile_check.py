@@ -72,6 +72,8 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "exact_in_launch": cfg.exact_in_launch, "prefetch_next": cfg.prefetch_next,
             "exact_concurrent": getattr(cfg, "exact_concurrent", False),
             "ws": getattr(ws_cfg, "ws", False), "ws_block_h": ws_cfg.block_h,
+            "ws_block_n": ws_cfg.block_n,
+            "ws_wide_tokens_per_sm": getattr(table, "ws_wide_tokens_per_sm", 0),
             "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False),
             "ws_exact": getattr(ws_cfg, "ws_exact", False),
             "ws_exact_launch": getattr(table, "ws_exact_launch", False)}  # fmt: skip
@@ -129,12 +131,13 @@ _WS_PTR_TYPES = {
 
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
-    exact_in: bool = False, only_few: bool = False,
+    exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
     the build beside the concurrent exact launch; `plan`: the length-aware split's build;
-    `only_few`: the exact launch beside the Triton loop's bf16-P launch (`ws_exact_launch`)."""
+    `only_few`: the exact launch beside the Triton loop's bf16-P launch (`ws_exact_launch`);
+    `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -148,8 +151,8 @@ def compile_ws(
     if not plan:
         const["PIECES_ptr"] = None
     if sync:
-        const.update(BLOCK_H=fl.WS_SYNC_BLOCK_H, BLOCK_N=fl.WS_SYNC_BLOCK_N,
-                     NR=fl.WS_SYNC_RAW_SLOTS)  # fmt: skip
+        bh, bn = tile or (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
+        const.update(BLOCK_H=bh, BLOCK_N=bn, NR=fl.WS_SYNC_RAW_SLOTS)
     else:
         const.update(BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS)
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
@@ -253,7 +256,8 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
         # Triton row has none (the sm_120 row's exact PV is otherwise a branch of its one
         # launch).
         if row.get("ws") and getattr(fl, "HAS_GLUON", False):
-            sync = row["ws_block_h"] == getattr(fl, "WS_SYNC_BLOCK_H", None)
+            # mma.sync's tiles (the row's own or its wide one), else wgmma's
+            sync = (row["ws_block_h"], row["ws_block_n"]) != (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
             ws_row = dict(row, BLOCK_H=fl.WS_SYNC_BLOCK_H if sync else fl.WS_BLOCK_H,
                           BLOCK_N=fl.WS_SYNC_BLOCK_N if sync else fl.WS_BLOCK_N,
                           num_warps=8)  # fmt: skip
@@ -264,6 +268,12 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in)
                     label = ("bf16-P-ws-sync" if sync else "bf16-P-ws") + ("-plan" if plan else "")
                     rows.append(build_report(cc, ws_row, label, has_extra, "v4", ck, with_ptxas))
+                if sync and row.get("ws_wide_tokens_per_sm"):  # its wide tile, planned
+                    wide = (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N)
+                    ck = compile_ws(fl, cc, has_extra, below, sync, True, exact_in, tile=wide)
+                    wide_row = dict(ws_row, BLOCK_H=wide[0], BLOCK_N=wide[1])
+                    rows.append(build_report(cc, wide_row, "bf16-P-ws-sync-wide", has_extra, "v4",
+                                             ck, with_ptxas))  # fmt: skip
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))

@@ -60,6 +60,8 @@ def _load(name: str, file: str, env: dict[str, str] | None = None):
 
 fl = _load("_kd_test_flash_mla_sm120_triton", "flash_mla_sm120_triton.py")
 _SM120_TRITON = fl.MMA_ROWS["sm120"]._replace(ws=False)  # the sm_120 row's Triton loop
+# the sm_120 row's wide Gluon tile (B32 topk2048: 496 tokens per SM): 4 splits, planned 8
+_WIDE = fl.mma_config((12, 0), 132, 32, 64, 2048, 0)
 ref = _load("_kd_test_dsv4_reference", "dsv4_reference.py")
 cache_mod = _load("_kd_test_dsv4_cache", "dsv4_cache.py")
 decode = fl.flash_mla_sparse_decode_triton
@@ -460,6 +462,20 @@ if ON_GPU:  # bf16 operands at production sizes
             [
                 fl.mma_config((12, 0), 132, 1, 64, 2048, 0),
                 fl.mma_config((12, 0), 132, 1, 64, 2048, 0, row=_SM120_TRITON),
+            ],
+        ),
+        (
+            # the wide tile (64 heads x 16 tokens): both caches, sink, partial lengths, invalid
+            # indices, padded pages; planned splits, 1 split, and the few-token requests left
+            # to the exact launch
+            "gpu_sm120row_ws_wide_dual_partial",
+            dict(_WS_DUAL, B=4, invalid_fraction=0.1),
+            ("mma",),
+            [
+                _WIDE,
+                _WIDE._replace(plan_splits=0),
+                _WIDE._replace(num_splits=1, plan_splits=0),
+                _WIDE._replace(ws_exact=False),
             ],
         ),
         (
@@ -868,10 +884,24 @@ def test_mma_config_rule():
     small = fl.mma_config((9, 0), 132, 4, 64, 37, 0)
     assert small.pv_split
     assert fl.mma_config((10, 0), 148, 64, 64, 2048, 0).block_n == 64  # sm_100: sm_90's row
-    # sm_120: the Gluon loop's mma.sync form, one program per SM, the exact launch beside it
-    ws120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)
-    assert ws120.ws and (ws120.block_h, ws120.block_n, ws120.num_splits) == (32, 32, 1)
+    # sm_120: the Gluon loop's mma.sync form, one program per SM, the exact launch beside it;
+    # 64 heads x 16 tokens from 400 selected tokens per SM (B x H / 64 x topk / SMs)
+    ws120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0)  # 697 tokens per SM
+    assert ws120.ws and (ws120.block_h, ws120.block_n, ws120.num_splits) == (64, 16, 2)
     assert (ws120.exact_in_launch, ws120.exact_concurrent) == (False, True)
+    narrow = fl.mma_config((12, 0), 188, 64, 64, 128, 512)  # 218 tokens per SM
+    assert narrow.ws and (narrow.block_h, narrow.block_n, narrow.num_splits) == (32, 32, 1)
+    assert fl.mma_config((12, 0), 188, 128, 64, 128, 512).block_h == 64  # 436
+    assert fl.mma_config((12, 0), 188, 1, 64, 2048, 0).block_h == 32  # 11
+    wide96 = fl.mma_config((12, 0), 188, 64, 96, 2048, 0)  # 96 heads: no whole 64-head blocks
+    assert wide96.ws and (wide96.block_h, wide96.block_n) == (32, 32)
+    proxy = fl.MMA_ROWS["sm120"]
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=proxy).block_h == 32  # 310
+    assert fl.mma_config((9, 0), 132, 128, 64, 128, 512, row=proxy).block_h == 64  # 620
+    no_wide = proxy._replace(ws_wide_tokens_per_sm=0)
+    assert fl.mma_config((9, 0), 132, 128, 64, 128, 512, row=no_wide).block_h == 32
+    # the wide tile is the Gluon loop's only: the Triton loop keeps the row's
+    assert fl.mma_config((12, 0), 188, 64, 64, 2048, 0, row=proxy._replace(ws=False)).block_h == 32
     assert fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws  # both caches
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=fl.MMA_ROWS["sm120"]).ws  # proxy
     assert not fl.mma_config((12, 0), 188, 64, 48, 2048, 0).ws  # a partly masked 32-head block
