@@ -30,7 +30,8 @@ row (with triton 3.6 the row's bf16-P launch is its Gluon loop, whose mma.sync t
 writes itself; `--config LABEL=row:sm120,mma_v2:1,ws:0` is the row's Triton loop;
 `length_aware:0`, `ws_exact:0` and `ws_dual:1` turn the Gluon loop's length-aware split and
 its own exact PV off, or give it the sm_90 row's dual-cache calls; `ws_exact_launch:0` gives
-those calls' exact launch back to the Triton loop). Every
+those calls' exact launch back to the Triton loop; `ws_wide_tokens_per_sm:0` keeps the sm_120
+row's Gluon loop in its 32 x 32 tile). Every
 variant's JSON entry lists the compiled kernels it launched (registers, spills, shared
 memory, wgmma / mma.sync counts in the PTX).
 
@@ -658,7 +659,7 @@ _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm",
              "prefill_block_n", "prefill_num_warps", "exact_concurrent", "prefill_tm_block_n",
              "prefill_tm_num_warps", "prefill_tm16_block_n", "prefill_tm16_num_warps",
              "prefill_tm_programs_per_sm", "prefill_tm16_programs_per_sm", "ws", "length_aware",
-             "ws_exact", "ws_dual", "ws_exact_launch")  # fmt: skip
+             "ws_exact", "ws_dual", "ws_exact_launch", "ws_wide_tokens_per_sm")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
