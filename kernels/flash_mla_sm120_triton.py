@@ -1324,10 +1324,13 @@ if HAS_GLUON:
     @gluon.jit
     def _ws_q_f16(q, qk_scale_log2):
         """q (bf16) as the fp16 operand of the products, scaled by a power of two 2^-k that
-        keeps its largest magnitude under 2^15 (k = 0 unless it is 2^15 or more: exact; bf16's
-        range would overflow fp16), and the softmax's scale times 2^k to undo it."""
+        keeps its largest finite magnitude under 2^15 (k = 0 unless it is 2^15 or more: exact;
+        bf16's range would overflow fp16), and the softmax's scale times 2^k to undo it. A
+        non-finite entry stays one in its head's row and does not set k (the other heads of
+        the block are computed as if it were finite)."""
         qf = q.to(gl.float32)
-        amax = gl.max(gl.max(gl.abs(qf), axis=1), axis=0)
+        qa = gl.abs(qf)
+        amax = gl.max(gl.max(gl.where(qa < float("inf"), qa, 0.0), axis=1), axis=0)
         k = gl.maximum(((amax.to(gl.int32, bitcast=True) >> 23) & 0xFF) - 141, 0)
         down = ((127 - k) << 23).to(gl.float32, bitcast=True)
         up = ((127 + k) << 23).to(gl.float32, bitcast=True)

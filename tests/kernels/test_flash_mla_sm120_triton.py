@@ -626,6 +626,30 @@ def test_non_finite_q_or_sink_stays_in_its_row(variant, config):
     assert acc["ok"], acc
 
 
+@pytest.mark.parametrize(
+    "config",
+    [_WS, _WIDE, fl.mma_config((12, 0), 132, 3, 64, 200, 0)],
+    ids=["sm90_ws", "sm120row_ws_wide", "sm120row_ws"],
+)
+def test_non_finite_q_stays_in_its_row_gluon(config):
+    """The Gluon loops' fp16 q is scaled per 64-head (or 32-head) block from its largest
+    finite entry: an inf or NaN in one head's q leaves the block's other heads exact."""
+    inputs = ref.make_inputs(
+        B=3, H=64, topk=200, page_size=64, with_sink=True, device=DEVICE, seed=23,
+    )  # fmt: skip
+    inputs["q"] = inputs["q"] * 2.0**16  # past fp16's range: the block is scaled
+    inputs["q"][0, 0, 1, 7] = math.nan
+    inputs["q"][2, 0, 5, 300] = math.inf
+    out, lse = decode(**inputs, variant="mma", _config=config)
+    assert torch.isnan(out[0, 0, 1]).all()
+    clean = torch.ones(3, 64, dtype=torch.bool)
+    clean[0, 1] = clean[2, 5] = False
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    acc = ref.check_accuracy(out[:, 0][clean], lse[..., 0][clean], r_out[:, 0][clean],
+                             r_lse[..., 0][clean])  # fmt: skip
+    assert acc["ok"], acc
+
+
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 def test_extreme_indices_are_masked(variant):
     """Indices at the cache end, INT32_MAX, INT32_MIN: masked, never read out of bounds."""
