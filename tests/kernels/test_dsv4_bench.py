@@ -51,7 +51,11 @@ def test_config_variant_uses_the_kernel_files_rule():
     shape = bench.make_shape(64, topk=2048)
     proxy = bench.parse_config(bench.SM120_PROXY).config(fl, _fake_torch(9, 0, 132), shape)
     assert proxy == fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=fl.MMA_ROWS["sm120"])
-    assert (proxy.block_h, proxy.block_n, proxy.num_warps, proxy.s_by_group) == (32, 32, 4, True)
+    # B64 topk2048: 993 selected tokens per SM, the Gluon loop's wide tile (64 x 16)
+    assert (proxy.block_h, proxy.block_n, proxy.num_warps, proxy.s_by_group) == (64, 16, 4, True)
+    narrow = bench.parse_config("x=row:sm120,mma_v2:1,ws_wide_tokens_per_sm:0")
+    assert (narrow.config(fl, _fake_torch(9, 0, 132), shape).block_h,
+            narrow.config(fl, _fake_torch(9, 0, 132), shape).block_n) == (32, 32)  # fmt: skip
     own = bench.parse_config("x=pv_split_below:0").config(fl, _fake_torch(9, 0, 132), shape)
     assert own == fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(pv_split_below=0)
     tuned = bench.parse_config("x=row:sm120,block_n:16").config(fl, _fake_torch(9, 0, 132), shape)
