@@ -37,15 +37,20 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     rows = json.loads(res.stdout)
     built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
     # the sm_120 row's Gluon loop (computing its few-token requests itself), without and with
-    # the length-aware plan, where the installed Triton has the Gluon API it is written for
-    # (3.6); sm_89 never takes it (no setmaxnreg)
-    gluon = {(120, p, e) for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan") for e in (0, 1)}
+    # the length-aware plan, and its wide tile (planned), where the installed Triton has the
+    # Gluon API it is written for (3.6); sm_89 never takes it (no setmaxnreg)
+    gluon = {
+        (120, p, e)
+        for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan", "bf16-P-ws-sync-wide")
+        for e in (0, 1)
+    }
     assert built - gluon == {
         (cc, p, e) for cc in (120, 89) for p in ("bf16-P+exact", "exact-all") for e in (0, 1)
     }
     assert built & gluon in (set(), gluon)
     for r in rows:
-        assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (32, 32, 16)
+        tile = (64, 16) if r["pass"] == "bf16-P-ws-sync-wide" else (32, 32)
+        assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (*tile, 16)
         assert 0 < r["shared_bytes"] <= 101_376, r
 
 
