@@ -1169,6 +1169,7 @@ WS_SYNC_RAW_SLOTS = 1
 # K tile is gathered and dequantized once for 64 heads instead of twice (two 32-head blocks).
 WS_SYNC_WIDE_BLOCK_H = 64
 WS_SYNC_WIDE_BLOCK_N = 16
+WS_SYNC_TILES = ((WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N), (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N))
 
 
 if HAS_GLUON:
@@ -2594,15 +2595,14 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
 
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
-    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's 32 x 32), V4 caches whose
-    bytes and page strides are 16-byte aligned (cp.async of 16 bytes; the bf16 view of the
-    rope needs even strides), q rows contiguous."""
+    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32
+    and the wide 64 x 16), V4 caches whose bytes and page strides are 16-byte aligned
+    (cp.async of 16 bytes; the bf16 view of the rope needs even strides), q rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
     return (
         HAS_GLUON and q.is_cuda
         and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
-             or (cap[0] in (9, 12) and tile in ((WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
-                                                (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N))))
+             or (cap[0] in (9, 12) and tile in WS_SYNC_TILES))
         and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
@@ -2618,7 +2618,7 @@ def _launch_ws(
     exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
-    sync = (block_h, block_n) != (WS_BLOCK_H, WS_BLOCK_N)  # mma.sync's tiles, else wgmma's
+    sync = (block_h, block_n) in WS_SYNC_TILES  # mma.sync's, else wgmma's
     nr = WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],

@@ -257,7 +257,7 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
         # launch).
         if row.get("ws") and getattr(fl, "HAS_GLUON", False):
             # mma.sync's tiles (the row's own or its wide one), else wgmma's
-            sync = (row["ws_block_h"], row["ws_block_n"]) != (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
+            sync = (row["ws_block_h"], row["ws_block_n"]) in fl.WS_SYNC_TILES
             ws_row = dict(row, BLOCK_H=fl.WS_SYNC_BLOCK_H if sync else fl.WS_BLOCK_H,
                           BLOCK_N=fl.WS_SYNC_BLOCK_N if sync else fl.WS_BLOCK_N,
                           num_warps=8)  # fmt: skip
