@@ -633,13 +633,19 @@ def test_non_finite_q_or_sink_stays_in_its_row(variant, config):
 )
 def test_non_finite_q_stays_in_its_row_gluon(config):
     """The Gluon loops' fp16 q is scaled per 64-head (or 32-head) block from its largest
-    finite entry: an inf or NaN in one head's q leaves the block's other heads exact."""
+    finite entry: an inf or NaN in one head's q leaves the block's other heads exact. The
+    non-finite heads also hold a finite entry past fp16's range, so their blocks are scaled
+    (by 2^-2: an infinite entry's magnitude would have given 2^-114 and flushed the other
+    heads to zero); the other heads keep moderate scores (q scaled as a whole would make
+    every score so large that the float32 sums' rounding alone moves near-tied tokens'
+    weights past the bounds, in any kernel)."""
     inputs = ref.make_inputs(
         B=3, H=64, topk=200, page_size=64, with_sink=True, device=DEVICE, seed=23,
     )  # fmt: skip
-    inputs["q"] = inputs["q"] * 2.0**16  # past fp16's range: the block is scaled
     inputs["q"][0, 0, 1, 7] = math.nan
+    inputs["q"][0, 0, 1, 8] = 2.0**16
     inputs["q"][2, 0, 5, 300] = math.inf
+    inputs["q"][2, 0, 5, 301] = -(2.0**16)
     out, lse = decode(**inputs, variant="mma", _config=config)
     assert torch.isnan(out[0, 0, 1]).all()
     clean = torch.ones(3, 64, dtype=torch.bool)
