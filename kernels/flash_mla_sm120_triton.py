@@ -1169,7 +1169,31 @@ WS_SYNC_RAW_SLOTS = 1
 # K tile is gathered and dequantized once for 64 heads instead of twice (two 32-head blocks).
 WS_SYNC_WIDE_BLOCK_H = 64
 WS_SYNC_WIDE_BLOCK_N = 16
-WS_SYNC_TILES = ((WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N), (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N))
+# The few-head form, for calls of at most 16 heads (prefill-sized calls of a TP 8 layer, and
+# its decode): 16 heads x 32 tokens, two raw slots (q 16 KB + K 32 KB + raw 2 x 18.7 KB: 91,684
+# B), 4 consumer warps, built for 128 registers a thread (the consumers take 232 from the
+# loader's share through setmaxnreg, no spills): two programs per SM on sm_90 (one on sm_120,
+# 100 KB per SM). Session 20: 1.4-1.9x the token-major and head-major Triton loops there.
+WS_FEW_BLOCK_H = 16
+WS_FEW_BLOCK_N = 32
+WS_FEW_RAW_SLOTS = 2
+WS_FEW_WARPS = 4
+WS_FEW_MAXNREG = 128
+WS_SYNC_TILES = (
+    (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
+    (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N),
+    (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N),
+)
+
+
+def ws_build(tile: tuple[int, int]) -> dict:
+    """The launch options of `_ws_split_kernel` in `tile` (heads, tokens): mma.sync or not,
+    its raw slots, its consumer warps and (where set) its register cap."""
+    if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
+        return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
+                    maxnreg=WS_FEW_MAXNREG)  # fmt: skip
+    sync = tile in WS_SYNC_TILES
+    return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8)
 
 
 if HAS_GLUON:
@@ -1387,7 +1411,7 @@ if HAS_GLUON:
         elif EXACT_BELOW > 0:
             few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
                                  EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                 e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK)  # fmt: skip
+                                 e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK, 8)  # fmt: skip
             if EXACT_IN:
                 exact = few
             else:
@@ -1491,9 +1515,11 @@ if HAS_GLUON:
         return acc, m_i, l_i
 
     @gluon.jit
-    def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr):
-        """`_count_valid`'s count: the first `length` indices that select a token."""
-        layout: gl.constexpr = gl.BlockedLayout([4], [32], [8], [0])
+    def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr,
+                  NW: gl.constexpr):  # fmt: skip
+        """`_count_valid`'s count: the first `length` indices that select a token (NW: the
+        calling partition's warps)."""
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         offs = gl.arange(0, COUNT_BLOCK, layout=layout)
         n = gl.sum(gl.zeros([COUNT_BLOCK], gl.int32, layout), axis=0)
         for p0 in range(0, topk, COUNT_BLOCK):
@@ -1507,14 +1533,14 @@ if HAS_GLUON:
     def _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens, EIDX_ptr,
                        stride_eib, stride_eit, e_length, e_topk, e_num_tokens,
                        HAS_EXTRA: gl.constexpr, EXACT_BELOW: gl.constexpr,
-                       COUNT_BLOCK: gl.constexpr):  # fmt: skip
+                       COUNT_BLOCK: gl.constexpr, NW: gl.constexpr):  # fmt: skip
         """Whether request b has at most EXACT_BELOW valid tokens in its two caches (the
         requests that take the exact PV)."""
         n_valid = _ws_count(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, length, topk,
-                            num_tokens, COUNT_BLOCK)  # fmt: skip
+                            num_tokens, COUNT_BLOCK, NW)  # fmt: skip
         if HAS_EXTRA:
             n_valid += _ws_count(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit, e_length,
-                                 e_topk, e_num_tokens, COUNT_BLOCK)  # fmt: skip
+                                 e_topk, e_num_tokens, COUNT_BLOCK, NW)  # fmt: skip
         return n_valid <= EXACT_BELOW
 
     @gluon.jit
@@ -1571,7 +1597,7 @@ if HAS_GLUON:
         BLOCK_N: gl.constexpr, NR: gl.constexpr, LOADER_REGS: gl.constexpr,
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
-        ONLY_FEW: gl.constexpr = False,
+        ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
@@ -1581,13 +1607,17 @@ if HAS_GLUON:
         is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90). ONLY_FEW
         (wgmma): the exact launch beside `_mma_split_kernel`'s bf16-P one: only the requests
         with at most EXACT_BELOW valid tokens, each with P's rounding residue; the others'
-        programs return after the count."""
+        programs return after the count. SKIP_PACKED: lengths from `_pack_plan_kernel`, -1
+        for a token of a packed group (`_mma_packed_kernel` writes it): its programs exit."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
         b = pid // head_blocks
         h0 = (pid % head_blocks) * BLOCK_H
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
+        if SKIP_PACKED:
+            if length < 0:
+                return
         e_length = e_topk
         if HAS_EXTRA:
             e_length = gl.minimum(
@@ -1619,7 +1649,8 @@ if HAS_GLUON:
         if ONLY_FEW:  # the other requests are the bf16-P launch's: nothing to load or store
             if not _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                  e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK):  # fmt: skip
+                                  e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
+                                  num_warps):  # fmt: skip
                 return
         n_main = gl.cdiv(end - start, BLOCK_N)
         n_tiles = n_main
@@ -1656,7 +1687,7 @@ if HAS_GLUON:
                 few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
                                      num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
                                      e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
-                                     COUNT_BLOCK)  # fmt: skip
+                                     COUNT_BLOCK, num_warps)  # fmt: skip
                 if EXACT_IN:
                     exact = few
                 else:
@@ -1732,7 +1763,7 @@ if HAS_GLUON:
 
         heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
-        hmask = (heads < H) & (l_i >= 0)
+        hmask = (heads < H) & (l_i != -1.0)  # a NaN row (NaN in q) is stored: NaN out
         lse2 = gl.where(l_i > 0, m_i + gl.log2(l_i), float("-inf"))
         if SINGLE_SPLIT:
             # `_final_coef`: the sink takes its weight (+inf: all of it; -inf: none)
@@ -2134,6 +2165,11 @@ class MMARow(NamedTuple):
     # Proxy, 100 KB per SM (session 19): 1.15-1.27x at 496-1,986 tokens per SM, 0.86-0.95x
     # at 5-310 (the 16-token tile halves each step's work; few programs then).
     ws_wide_tokens_per_sm: int = 0
+    # Calls of at most 16 heads (a TP 8 layer's prefill and decode) on V4 caches: the Gluon
+    # loop in its few-head tile (WS_FEW_*), this many programs per SM (0: never; then the
+    # token-major or head-major Triton loops). Session 20: 1.4-1.9x over those on the H200,
+    # 1.5-2.3x on the sm_120 proxy at 100 KB per SM.
+    ws_few_programs_per_sm: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2165,9 +2201,13 @@ MMA_ROWS: dict[str, MMARow] = {
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
     # Dual-cache calls (the Triton loop): the exact launch as the Gluon loop computing only
     # the few-token requests (issue 20, session 18: dual edge rows 1.2-1.4x).
+    # Calls of at most 16 heads on V4 caches: the Gluon loop's few-head tile, two programs
+    # per SM (session 20: T1024 H8 dual prefill 354.8 -> 230.5 us, B64 H8 dual decode 40.4 ->
+    # 27.0); the token-major loop and the packed plan's per-token launch then run only where
+    # the Gluon loop cannot (V4.1 caches, a Triton without Gluon).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
-        ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True,
+        ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True, ws_few_programs_per_sm=2,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2177,7 +2217,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # prefetch: at 4 warps its addresses spill, 12-17% slower on the proxy.
     "sm120": MMARow(
         32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
-        length_aware=True, ws_exact=True, ws_wide_tokens_per_sm=400,
+        length_aware=True, ws_exact=True, ws_wide_tokens_per_sm=400, ws_few_programs_per_sm=1,
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(
@@ -2299,7 +2339,7 @@ def mma_config(
     on_gpu = cc is not None
     block_h = min(row.block_h, max(16, triton.next_power_of_2(H)))
     programs = B * triton.cdiv(H, block_h)
-    slots = sm_count * row.programs_per_sm
+    slots = prefill_slots = sm_count * row.programs_per_sm
     block_n, stages, warps = row.block_n, row.num_stages, row.num_warps
     prefill = block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots
     one_round = None  # (token-major heads per program, splits): one round of them (v21)
@@ -2352,8 +2392,21 @@ def mma_config(
     ):  # fmt: skip
         block_h, block_n = wide, WS_SYNC_WIDE_BLOCK_N
         programs = B * (H // wide)
+    # At most 16 heads: the Gluon loop's few-head tile (mma.sync; 8 heads pad to 16 rows),
+    # both caches, decode and prefill-sized calls alike, in its own residency.
+    few = (
+        on_gpu and cc[0] in (9, 12) and row.ws and row.ws_few_programs_per_sm > 0
+        and H <= WS_FEW_BLOCK_H and not pv_split
+    )  # fmt: skip
+    if few:
+        block_h, block_n, warps, stages = WS_FEW_BLOCK_H, WS_FEW_BLOCK_N, WS_FEW_WARPS, 1
+        ws, ws_sync, token_major, one_round = True, True, False, None
+        exact_block_n = exact_warps = 0
+        programs = B
     exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop: its own (ws_exact)
-    if ws:
+    if few:
+        slots = sm_count * row.ws_few_programs_per_sm
+    elif ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
         if not ws_wgmma:
             slots = sm_count  # one program per SM
@@ -2372,14 +2425,15 @@ def mma_config(
         splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     pack = 0
-    if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * slots:
+    if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * prefill_slots:
         pack = min(PACK_MAX_TOKENS, row.pack_rows // triton.next_power_of_2(H))
     # Up to twice the static splits for the length-aware plan: with lengths spread evenly
     # from 0 to topk the longest request holds about twice the mean's tiles. The Gluon loop
     # only: in the Triton loop (dual-cache calls on 9.x) it measured 0.97x on the dual edge
     # row and cost 3.5-6 us on full lengths (session 17, v25).
     plan_splits = plan_round = 0
-    if row.length_aware and ws and splits >= 2 and not pv_split and not token_major:
+    # (not the few-head tile: measured with its static splits only, session 20)
+    if row.length_aware and ws and splits >= 2 and not pv_split and not token_major and not few:
         plan_splits = min(2 * splits, tiles, MAX_SPLITS)
         plan_round = slots // triton.cdiv(H, block_h)
     return MMAConfig(
@@ -2618,8 +2672,6 @@ def _launch_ws(
     exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
-    sync = (block_h, block_n) in WS_SYNC_TILES  # mma.sync's, else wgmma's
-    nr = WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -2633,9 +2685,10 @@ def _launch_ws(
         common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
-        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n, NR=nr,
-        LOADER_REGS=WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, EXACT_IN=exact_in,
-        ONLY_FEW=only_few, **(plan or {}),
+        EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
+        LOADER_REGS=WS_LOADER_REGS, EXACT_IN=exact_in, ONLY_FEW=only_few,
+        SKIP_PACKED=flags.get("SKIP_PACKED", False), **ws_build((block_h, block_n)),
+        **(plan or {}),
     )  # fmt: skip
 
 

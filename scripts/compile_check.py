@@ -76,7 +76,9 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "ws_wide_tokens_per_sm": getattr(table, "ws_wide_tokens_per_sm", 0),
             "ws_exact_concurrent": getattr(ws_cfg, "exact_concurrent", False),
             "ws_exact": getattr(ws_cfg, "ws_exact", False),
-            "ws_exact_launch": getattr(table, "ws_exact_launch", False)}  # fmt: skip
+            "ws_exact_launch": getattr(table, "ws_exact_launch", False),
+            "ws_few": getattr(table, "ws_few_programs_per_sm", 0) > 0,
+            "pack_rows": getattr(table, "pack_rows", 0)}  # fmt: skip
 
 
 def compile_kernel(
@@ -132,33 +134,37 @@ _WS_PTR_TYPES = {
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
     exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
+    skip_packed: bool = False,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
     the build beside the concurrent exact launch; `plan`: the length-aware split's build;
     `only_few`: the exact launch beside the Triton loop's bf16-P launch (`ws_exact_launch`);
-    `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form)."""
+    `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form, the
+    few-head form); `skip_packed`: the per-token launch beside the packed plan."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     fn = fl._ws_split_kernel
+    if sync:
+        bh, bn = tile or (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
+    else:
+        bh, bn = fl.WS_BLOCK_H, fl.WS_BLOCK_N
+    build = fl.ws_build((bh, bn))  # as `_launch_ws` launches it: raw slots, warps, register cap
+    options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
-        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, MMA_SYNC=sync, num_warps=8, PLAN=plan,
-        EXACT_IN=exact_in, B_POW2=64, ONLY_FEW=only_few,
+        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, PLAN=plan, EXACT_IN=exact_in,
+        B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn,
+        num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
-    if sync:
-        bh, bn = tile or (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
-        const.update(BLOCK_H=bh, BLOCK_N=bn, NR=fl.WS_SYNC_RAW_SLOTS)
-    else:
-        const.update(BLOCK_H=fl.WS_BLOCK_H, BLOCK_N=fl.WS_BLOCK_N, NR=fl.WS_RAW_SLOTS)
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
-        options={"num_warps": 8},
+        options=options,
     )  # fmt: skip
 
 
@@ -235,9 +241,11 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 fmt = "v41+v41_fp4" if formats[0] else "v4"
                 rows.append(build_report(cc, row, label, has_extra, fmt, ck, with_ptxas))
         # Prefill-sized calls of few heads (8 and 16 heads, T 1024), where the row takes the
-        # token-major loop: its bf16-P launch (the exact launch is a head-major build above).
+        # token-major loop (without the Gluon loop, which takes them where it runs): its
+        # bf16-P launch (the exact launch is a head-major build above).
+        triton_row = fl.MMA_ROWS[fl.mma_row_name(divmod(cc, 10))]._replace(ws=False)
         for H in (8, 16):
-            cfg = fl.mma_config(divmod(cc, 10), 132, 1024, H, 128, 512)
+            cfg = fl.mma_config(divmod(cc, 10), 132, 1024, H, 128, 512, row=triton_row)
             if not getattr(cfg, "token_major", False):
                 continue
             tm_row = dict(row, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
@@ -274,6 +282,19 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     wide_row = dict(ws_row, BLOCK_H=wide[0], BLOCK_N=wide[1])
                     rows.append(build_report(cc, wide_row, "bf16-P-ws-sync-wide", has_extra, "v4",
                                              ck, with_ptxas))  # fmt: skip
+                if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
+                    few = (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)
+                    few_row = dict(ws_row, BLOCK_H=few[0], BLOCK_N=few[1],
+                                   num_warps=fl.WS_FEW_WARPS)  # fmt: skip
+                    kinds = [(False, False), (True, False)] + (
+                        [(False, True)] if row.get("pack_rows") else [])  # fmt: skip
+                    for plan, packed in kinds:  # planned; beside the packed plan
+                        ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
+                                        tile=few, skip_packed=packed)  # fmt: skip
+                        label = "bf16-P-ws-few" + ("-plan" if plan else "") + (
+                            "-packed" if packed else "")  # fmt: skip
+                        rows.append(build_report(cc, few_row, label, has_extra, "v4", ck,
+                                                 with_ptxas))  # fmt: skip
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))

@@ -37,11 +37,13 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     rows = json.loads(res.stdout)
     built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
     # the sm_120 row's Gluon loop (computing its few-token requests itself), without and with
-    # the length-aware plan, and its wide tile (planned), where the installed Triton has the
-    # Gluon API it is written for (3.6); sm_89 never takes it (no setmaxnreg)
+    # the length-aware plan, its wide tile (planned) and its few-head tile (plain, planned,
+    # beside the packed plan), where the installed Triton has the Gluon API it is written for
+    # (3.6); sm_89 never takes it (no setmaxnreg)
+    few = ("bf16-P-ws-few", "bf16-P-ws-few-plan", "bf16-P-ws-few-packed")
     gluon = {
         (120, p, e)
-        for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan", "bf16-P-ws-sync-wide")
+        for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan", "bf16-P-ws-sync-wide", *few)
         for e in (0, 1)
     }
     assert built - gluon == {
@@ -49,7 +51,9 @@ def test_sm120_and_sm89_rows_fit_99_kb():
     }
     assert built & gluon in (set(), gluon)
     for r in rows:
-        tile = (64, 16) if r["pass"] == "bf16-P-ws-sync-wide" else (32, 32)
+        tile = {"bf16-P-ws-sync-wide": (64, 16), **dict.fromkeys(few, (16, 32))}.get(
+            r["pass"], (32, 32)
+        )
         assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (*tile, 16)
         assert 0 < r["shared_bytes"] <= 101_376, r
 

@@ -60,6 +60,7 @@ def _load(name: str, file: str, env: dict[str, str] | None = None):
 
 fl = _load("_kd_test_flash_mla_sm120_triton", "flash_mla_sm120_triton.py")
 _SM120_TRITON = fl.MMA_ROWS["sm120"]._replace(ws=False)  # the sm_120 row's Triton loop
+_SM90_TRITON = fl.MMA_ROWS["sm90"]._replace(ws=False)  # the sm_90 row's Triton loops
 # the sm_120 row's wide Gluon tile (B32 topk2048: 496 tokens per SM): 4 splits, planned 8
 _WIDE = fl.mma_config((12, 0), 132, 32, 64, 2048, 0)
 ref = _load("_kd_test_dsv4_reference", "dsv4_reference.py")
@@ -342,6 +343,50 @@ CASES += [
             _WSX._replace(exact_concurrent=not _WSX.exact_concurrent),
             _WSX._replace(num_splits=1),
         ],
+    ),
+]
+# Calls of at most 16 heads: the Gluon loop's few-head tile (16 heads x 32 tokens, mma.sync, two
+# raw slots, 4 consumer warps at a 128-register cap) on a GPU that runs it, both rows; the
+# interpreter runs the launcher's fallback (`_mma_split_kernel` in the same tiles).
+_FEW = fl.mma_config((9, 0), 132, 5, 8, 320, 200)  # 17 static splits (the rule plans none)
+_FEW120 = fl.mma_config((12, 0), 132, 5, 8, 320, 200)
+CASES += [
+    (
+        "ws_few_h8_dual_sink_partial_padded",
+        dict(_WS_DUAL, H=8, B=5, invalid_fraction=0.1),
+        ("mma",),
+        [
+            _FEW,
+            _FEW._replace(plan_splits=17, plan_round=264),  # the length-aware plan, forced
+            _FEW._replace(num_splits=1, plan_splits=0),
+            # the few-token requests in an exact launch beside it instead of in the loop
+            _FEW._replace(ws_exact=False),
+            _FEW120,
+        ],
+    ),
+    (
+        # 5 heads (11 masked rows), one-slot pages, topk not a multiple of the tile, one cache
+        "ws_few_h5_page1_topk300",
+        dict(B=3, H=5, topk=300, page_size=1, with_sink=True, invalid_fraction=0.1),
+        ("mma",),
+        [fl.mma_config((9, 0), 132, 3, 5, 300, 0), fl.mma_config((12, 0), 132, 3, 5, 300, 0)],
+    ),
+    (
+        # 16 heads, prefill-sized (one split, no plan), partial lengths, 30% invalid indices
+        "ws_few_h16_prefill_zero_lengths",
+        dict(
+            B=40,
+            H=16,
+            topk=192,
+            page_size=64,
+            extra_topk=96,
+            extra_page_size=16,
+            with_sink=True,
+            topk_length="partial",
+            invalid_fraction=0.3,
+        ),  # fmt: skip
+        ("mma",),
+        [fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0)],
     ),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
@@ -628,8 +673,13 @@ def test_non_finite_q_or_sink_stays_in_its_row(variant, config):
 
 @pytest.mark.parametrize(
     "config",
-    [_WS, _WIDE, fl.mma_config((12, 0), 132, 3, 64, 200, 0)],
-    ids=["sm90_ws", "sm120row_ws_wide", "sm120row_ws"],
+    [
+        _WS,
+        _WIDE,
+        fl.mma_config((12, 0), 132, 3, 64, 200, 0),
+        fl.mma_config((9, 0), 132, 3, 16, 300, 0),  # 4 head blocks of 16
+    ],
+    ids=["sm90_ws", "sm120row_ws_wide", "sm120row_ws", "sm90_ws_few_4_head_blocks"],
 )
 def test_non_finite_q_stays_in_its_row_gluon(config):
     """The Gluon loops' fp16 q is scaled per 64-head (or 32-head) block from its largest
@@ -905,9 +955,8 @@ def test_mma_config_rule():
     dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512)  # 4 + 16 tiles of 32, one per split
     assert (dual.block_n, dual.num_splits, dual.ws) == (32, 20, False)  # dual: the Triton loop
     assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws
-    # not the Gluon loop: small topk (the exact PV), few heads, sm_100 (no wgmma), sm_120
+    # not the Gluon loop: small topk (the exact PV), sm_100 (no wgmma), sm_120
     assert not fl.mma_config((9, 0), 132, 4, 64, 37, 0).ws
-    assert not fl.mma_config((9, 0), 132, 64, 16, 2048, 0).ws
     assert not fl.mma_config((10, 0), 148, 64, 64, 2048, 0).ws
     assert fl.mma_config((9, 0), 132, 64, 96, 2048, 0).ws  # a partly masked head block too
     assert fl.mma_config((9, 0), 132, 64, 128, 512, 0).ws
@@ -935,7 +984,22 @@ def test_mma_config_rule():
     assert fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws  # both caches
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=fl.MMA_ROWS["sm120"]).ws  # proxy
     assert not fl.mma_config((12, 0), 188, 64, 48, 2048, 0).ws  # a partly masked 32-head block
-    assert not fl.mma_config((12, 0), 188, 64, 16, 2048, 0).ws  # 16-head blocks
+    # at most 16 heads: the few-head tile (16 x 32, mma.sync), both caches, decode and
+    # prefill, in its own residency (two programs per SM on sm_90, one on sm_120)
+    for cc, sms, per_sm in (((9, 0), 132, 2), ((12, 0), 188, 1)):
+        for B, H, topk, extra in ((64, 16, 2048, 0), (64, 8, 128, 512), (1024, 8, 128, 512),
+                                  (1, 3, 128, 512), (4096, 16, 2048, 0)):  # fmt: skip
+            few = fl.mma_config(cc, sms, B, H, topk, extra)
+            assert few.ws and not few.token_major, (cc, B, H)
+            assert (few.block_h, few.block_n, few.num_warps) == (16, 32, 4)
+            tiles = fl._tiles(topk, extra, 32)
+            assert few.num_splits == max(1, min(sms * per_sm // B, tiles)), (cc, B, H)
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).pack_tokens == 8  # the packed plan too
+    assert not fl.mma_config((9, 0), 132, 64, 17, 2048, 0).ws  # 17 heads: two 16-head blocks
+    assert not fl.mma_config((9, 0), 132, 4, 8, 64, 64).ws  # the exact PV for the whole call
+    no_few = fl.MMA_ROWS["sm90"]._replace(ws_few_programs_per_sm=0)
+    assert not fl.mma_config((9, 0), 132, 64, 16, 2048, 0, row=no_few).ws
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=no_few).token_major
     assert not fl.mma_config((12, 0), 188, 4, 64, 37, 0).ws  # the exact PV for the whole call
     assert not fl.mma_config((8, 9), 128, 64, 64, 2048, 0).ws  # no setmaxnreg on sm_89
     sm120 = fl.mma_config((12, 0), 188, 64, 64, 2048, 0, row=_SM120_TRITON)
@@ -975,35 +1039,38 @@ def test_mma_config_rule():
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
-    """Prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take the
-    row's prefill tile and warps; 64-head prefill and decode-sized calls keep the row's."""
-    pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512)
+    """The Triton loops' rule (where the Gluon loop's few-head tile cannot run: no Gluon, V4.1
+    caches): prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take
+    the row's prefill tile and warps; 64-head prefill and decode-sized calls keep the row's."""
+    pf = fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=_SM90_TRITON)
     row = fl.MMA_ROWS["sm90"]
     tile = (row.prefill_tm_block_n, row.prefill_tm_num_warps)
     assert (pf.block_h, (pf.block_n, pf.num_warps), pf.num_splits) == (8, tile, 1)
     assert pf.token_major and pf.exact_concurrent
     # the exact launch keeps the head-major prefill tile
     assert (pf.exact_block_n, pf.exact_num_warps) == (row.prefill_block_n, row.prefill_num_warps)
-    h16 = fl.mma_config((9, 0), 132, 1024, 16, 2048, 0)
+    h16 = fl.mma_config((9, 0), 132, 1024, 16, 2048, 0, row=_SM90_TRITON)
     tile16 = (row.prefill_tm16_block_n or tile[0], row.prefill_tm16_num_warps or tile[1])
     assert (h16.block_h, (h16.block_n, h16.num_warps), h16.num_splits) == (16, tile16, 1)
     assert h16.token_major
-    h64 = fl.mma_config((9, 0), 132, 1024, 64, 128, 512)
+    h64 = fl.mma_config((9, 0), 132, 1024, 64, 128, 512, row=_SM90_TRITON)
     assert (h64.block_n, h64.num_warps) == (64, 8)
     assert not h64.token_major
-    decode = fl.mma_config((9, 0), 132, 64, 8, 128, 512)  # 64 programs < 4 x 132 slots
+    decode = fl.mma_config(
+        (9, 0), 132, 64, 8, 128, 512, row=_SM90_TRITON
+    )  # 64 programs < 4 x 132 slots
     assert (decode.block_n, decode.num_warps, decode.token_major) == (64, 8, False)
-    sm120 = fl.mma_config((12, 0), 188, 1024, 8, 128, 512)
+    sm120 = fl.mma_config((12, 0), 188, 1024, 8, 128, 512, row=_SM120_TRITON)
     assert (sm120.block_n, sm120.num_warps, sm120.token_major) == (32, 4, False)  # its row
     # few selected tokens: the whole call takes the exact PV, head-major
-    small = fl.mma_config((9, 0), 132, 1024, 8, 64, 64)
+    small = fl.mma_config((9, 0), 132, 1024, 8, 64, 64, row=_SM90_TRITON)
     assert (small.pv_split, small.token_major, small.block_h, small.block_n) == (
         True, False, 16, 32)  # fmt: skip
     # the exact PV as a branch of the same launch: no token-major loop
-    row = fl.MMA_ROWS["sm90"]._replace(exact_in_launch=True)
+    row = _SM90_TRITON._replace(exact_in_launch=True)
     assert not fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row).token_major
     # without a token-major tile: the head-major prefill tile
-    row = fl.MMA_ROWS["sm90"]._replace(prefill_tm_block_n=0)
+    row = _SM90_TRITON._replace(prefill_tm_block_n=0)
     hm = fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row)
     assert (hm.block_h, hm.block_n, hm.num_warps, hm.token_major) == (16, 32, 4, False)
 
@@ -1012,7 +1079,8 @@ def test_token_major_from_one_wave_when_one_round():
     """Between one and four head-major waves (SMs x programs per SM), the sm_90 row runs the
     token-major loop with one split when its programs fit one round of its slots (16 heads
     first, else 8), walk at most TM_ONE_ROUND_MAX_TILES tiles and fewer tile-times than the
-    head-major rounds (v21); else as before."""
+    head-major rounds (v21); else as before. (The Triton loops' rule: where the Gluon loop's
+    few-head tile runs, it takes these calls.)"""
     sm90 = fl.MMA_ROWS["sm90"]
     assert fl.tm_one_round(sm90, 132, 256, 8, 128, 512) == (16, 1)  # 20 x 0.8 < 2 x 10
     assert fl.tm_one_round(sm90, 132, 160, 8, 128, 512) == (16, 1)
@@ -1022,7 +1090,10 @@ def test_token_major_from_one_wave_when_one_round():
     assert fl.tm_one_round(sm90, 132, 300, 16, 128, 512) is None  # two 16-head rounds
     assert fl.tm_one_round(sm90, 132, 256, 8, 2048, 0) is None  # 64 tiles
     assert fl.tm_one_round(fl.MMA_ROWS["sm120"], 188, 256, 8, 128, 512) is None  # no slots
-    cfgs = {B: fl.mma_config((9, 0), 132, B, 8, 128, 512) for B in (132, 160, 256, 300, 512)}
+    cfgs = {
+        B: fl.mma_config((9, 0), 132, B, 8, 128, 512, row=_SM90_TRITON)
+        for B in (132, 160, 256, 300, 512)
+    }
     assert {B: (c.token_major, c.block_h, c.num_splits) for B, c in cfgs.items()} == {
         132: (False, 16, 1), 160: (True, 16, 1), 256: (True, 16, 1), 300: (False, 16, 1),
         512: (True, 8, 1)}  # fmt: skip
@@ -1031,16 +1102,24 @@ def test_token_major_from_one_wave_when_one_round():
             32, 4, True)  # fmt: skip
     assert (cfgs[256].block_n, cfgs[256].num_warps, cfgs[512].block_n) == (32, 4, 16)
     assert (cfgs[300].block_n, cfgs[300].num_warps) == (64, 8)  # head-major, as before
-    h16 = fl.mma_config((9, 0), 132, 256, 16, 128, 512)
+    h16 = fl.mma_config((9, 0), 132, 256, 16, 128, 512, row=_SM90_TRITON)
     assert (h16.token_major, h16.block_h, h16.block_n, h16.num_splits) == (True, 16, 32, 1)
-    assert not fl.mma_config((9, 0), 132, 131, 8, 128, 512).token_major  # under one wave
-    k2048 = fl.mma_config((9, 0), 132, 256, 8, 2048, 0)
+    assert not fl.mma_config(
+        (9, 0), 132, 131, 8, 128, 512, row=_SM90_TRITON
+    ).token_major  # under one wave
+    k2048 = fl.mma_config((9, 0), 132, 256, 8, 2048, 0, row=_SM90_TRITON)
     assert (k2048.token_major, k2048.block_n, k2048.num_warps) == (False, 64, 8)
-    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).num_splits == 1
-    few = fl.mma_config((9, 0), 132, 256, 8, 64, 64)  # few tokens: head-major exact, main's tile
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=_SM90_TRITON).num_splits == 1
+    few = fl.mma_config(
+        (9, 0), 132, 256, 8, 64, 64, row=_SM90_TRITON
+    )  # few tokens: head-major exact, main's tile
     assert (few.pv_split, few.token_major, few.block_n, few.num_warps) == (True, False, 64, 8)
-    assert not fl.mma_config((12, 0), 188, 256, 8, 128, 512).token_major  # sm_120 row
-    assert not fl.mma_config((9, 0), 132, 256, 64, 128, 512).token_major  # 64 heads
+    assert not fl.mma_config(
+        (12, 0), 188, 256, 8, 128, 512, row=_SM120_TRITON
+    ).token_major  # sm_120 row
+    assert not fl.mma_config(
+        (9, 0), 132, 256, 64, 128, 512, row=_SM90_TRITON
+    ).token_major  # 64 heads
 
 
 # (id, T, H, token-major block heads, splits, make_inputs kwargs, exact pass: (below, mode))
