@@ -1603,12 +1603,13 @@ if HAS_GLUON:
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
         are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
-        here with P's rounding residue (no exact launch). MMA_SYNC: the consumer
-        is `_ws_sync_consumer` (mma.sync, sm_120), else `_ws_consumer` (wgmma, sm_90). ONLY_FEW
-        (wgmma): the exact launch beside `_mma_split_kernel`'s bf16-P one: only the requests
-        with at most EXACT_BELOW valid tokens, each with P's rounding residue; the others'
-        programs return after the count. SKIP_PACKED: lengths from `_pack_plan_kernel`, -1
-        for a token of a packed group (`_mma_packed_kernel` writes it): its programs exit."""
+        here with P's rounding residue (no exact launch). MMA_SYNC: the consumer is
+        `_ws_sync_consumer` (mma.sync: the sm_120 row's tiles, the few-head tile), else
+        `_ws_consumer` (wgmma, sm_90). ONLY_FEW (wgmma): the exact launch beside
+        `_mma_split_kernel`'s bf16-P one: only the requests with at most EXACT_BELOW valid
+        tokens, each with P's rounding residue; the others' programs return after the count.
+        SKIP_PACKED: lengths from `_pack_plan_kernel`, -1 for a token of a packed group
+        (`_mma_packed_kernel` writes it): its programs exit."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
@@ -2400,7 +2401,7 @@ def mma_config(
     )  # fmt: skip
     if few:
         block_h, block_n, warps, stages = WS_FEW_BLOCK_H, WS_FEW_BLOCK_N, WS_FEW_WARPS, 1
-        ws, ws_sync, token_major, one_round = True, True, False, None
+        ws, token_major, one_round = True, False, None
         exact_block_n = exact_warps = 0
         programs = B
     exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop: its own (ws_exact)
@@ -2649,9 +2650,10 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
 
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
-    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32
-    and the wide 64 x 16), V4 caches whose bytes and page strides are 16-byte aligned
-    (cp.async of 16 bytes; the bf16 view of the rope needs even strides), q rows contiguous."""
+    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32,
+    the wide 64 x 16 and the few-head 16 x 32), V4 caches whose bytes and page strides are
+    16-byte aligned (cp.async of 16 bytes; the bf16 view of the rope needs even strides), q
+    rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
     return (
         HAS_GLUON and q.is_cuda

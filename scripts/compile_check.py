@@ -288,7 +288,8 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                                    num_warps=fl.WS_FEW_WARPS)  # fmt: skip
                     kinds = [(False, False), (True, False)] + (
                         [(False, True)] if row.get("pack_rows") else [])  # fmt: skip
-                    for plan, packed in kinds:  # planned; beside the packed plan
+                    # static splits (the rule's), planned (explicit configs), beside the packed plan
+                    for plan, packed in kinds:
                         ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
                                         tile=few, skip_packed=packed)  # fmt: skip
                         label = "bf16-P-ws-few" + ("-plan" if plan else "") + (
