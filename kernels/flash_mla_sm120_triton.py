@@ -1373,6 +1373,20 @@ if HAS_GLUON:
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
+    def _ws_softmax_lazy(s, valid, m_i, l_part, qk_scale_log2):
+        """`_ws_softmax` with the row sums kept per element (`l_part`, S's shape), added up
+        once after the loop: in the mma.sync tiles a row's tokens span the warps, so each
+        tile's sum was a cross-warp reduction through shared memory and a barrier (session
+        21: 1.04-1.06x on the few-head tile, 1.06-1.11x on the sm_120 row's proxy rows; on
+        the wgmma loop, whose row spans two warpgroups, 0.93-0.96x: not used there)."""
+        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m_i - m_use)
+        p = gl.exp2(s - m_use[:, None])
+        return p, alpha, m_new, l_part * alpha[:, None] + p
+
+    @gluon.jit
     def _ws_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                      start, end, e_start, e_end,
                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
@@ -1473,9 +1487,10 @@ if HAS_GLUON:
                          mma_layout: gl.constexpr, EXACT_IN: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
-        operands of mma.sync live in registers), PV 512 wide; S and O share one layout. q is
-        in shared memory before the fork (the build measured; the loader-first order of
-        `_ws_consumer` was not run with it)."""
+        operands of mma.sync live in registers), PV 512 wide; S and O share one layout; the row
+        sums kept per element until the loop ends (`_ws_softmax_lazy`). q is in shared memory
+        before the fork (the build measured; the loader-first order of `_ws_consumer` was not
+        run with it)."""
         ROWS: gl.constexpr = 16
         L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
         g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -1483,9 +1498,9 @@ if HAS_GLUON:
         kb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, mma_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, mma_layout))
-        l_i = gl.zeros([BLOCK_H], gl.float32, gl.SliceLayout(1, mma_layout))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, mma_layout)
+        l_part = s_zero
         for i in range(n_tiles):
             slot = i % NR
             valid = _ws_tile_in(
@@ -1503,7 +1518,7 @@ if HAS_GLUON:
                 qg = q_smem.slice(gi * 64, 64, dim=1).load(qa)
                 kg = k_smem.slice(gi * 64, 64, dim=1).permute((1, 0)).load(kb)
                 s = mma_v2(qg, kg, s)
-            p, alpha, m_i, l_i = _ws_softmax(s, valid, m_i, l_i, qk_scale_log2)
+            p, alpha, m_i, l_part = _ws_softmax_lazy(s, valid, m_i, l_part, qk_scale_log2)
             acc = acc * alpha[:, None]
             p_hi = p.to(WS_OPERAND)
             acc = mma_v2(gl.convert_layout(p_hi, qa), k_smem.load(kb), acc)
@@ -1512,7 +1527,7 @@ if HAS_GLUON:
                     p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
                     acc = mma_v2(gl.convert_layout(p_lo, qa), k_smem.load(kb), acc)
             gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
-        return acc, m_i, l_i
+        return acc, m_i, gl.sum(l_part, axis=1)
 
     @gluon.jit
     def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr,
