@@ -1362,14 +1362,20 @@ if HAS_GLUON:
         return (qf * down).to(WS_OPERAND), qk_scale_log2 * up
 
     @gluon.jit
-    def _ws_softmax(s, valid, m_i, l_i, qk_scale_log2):
+    def _ws_probs(s, valid, m_i, qk_scale_log2):
         """`_online_softmax_step` for the Gluon consumers (which cannot call a `@triton.jit`
-        helper): P of the tile's scores, the old sum's rescale alpha, the new max and sum."""
+        helper), without the sum: P of the tile's scores, the old sum's rescale alpha and the
+        new max."""
         s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
+        return gl.exp2(s - m_use[:, None]), alpha, m_new
+
+    @gluon.jit
+    def _ws_softmax(s, valid, m_i, l_i, qk_scale_log2):
+        """`_ws_probs` and the new row sum."""
+        p, alpha, m_new = _ws_probs(s, valid, m_i, qk_scale_log2)
         return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
     @gluon.jit
@@ -1379,11 +1385,7 @@ if HAS_GLUON:
         tile's sum was a cross-warp reduction through shared memory and a barrier (session
         21: 1.04-1.06x on the few-head tile, 1.06-1.11x on the sm_120 row's proxy rows; on
         the wgmma loop, whose row spans two warpgroups, 0.93-0.96x: not used there)."""
-        s = gl.where(valid[None, :], s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[:, None])
+        p, alpha, m_new = _ws_probs(s, valid, m_i, qk_scale_log2)
         return p, alpha, m_new, l_part * alpha[:, None] + p
 
     @gluon.jit
