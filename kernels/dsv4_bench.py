@@ -317,6 +317,8 @@ SHAPE_SETS["v41"] = [
     make_shape(64, topk=2048, pad=True, layout="v41"),
     make_shape(64, pad=True, sink=True, lengths="partial", invalid=0.1, layout="v41_fp4", **_DUAL),
     make_shape(1024, heads=8, pad=True, layout="v41_fp4", **_PF),
+    make_shape(1024, heads=8, pad=True, layout="v41", **_PF),
+    make_shape(64, heads=8, pad=True, layout="v41", **_DUAL),
 ]
 
 # spec key (lower case) -> Shape field

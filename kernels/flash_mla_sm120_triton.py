@@ -50,13 +50,15 @@ Kernels:
     the longest split.
   * `_ws_split_kernel` (Gluon, triton 3.6): the bf16-P launch warp-specialized, a loader
     partition copying raw tiles into a ring while the consumer warps dequantize and multiply
-    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches). It computes its
+    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches; V4 caches, or V4.1
+    FP8 ones alone or paired: a V4.1 FP4 extra cache takes the Triton loops). It computes its
     few-token requests itself (P's rounding residue as a second PV product), and with
     `topk_length` passed and two or more splits it cuts each request's valid tiles into
     pieces that fit one round of programs (`_plan_piece`, computed by every program from the
     lengths), so short requests do not leave SMs idle behind long ones.
 
-  * Prefill-sized calls of <= 16 heads on V4 caches (the sm_90 row): the bf16-P launch runs
+  * Prefill-sized calls of <= 16 heads where the Gluon loop cannot run (a Triton without it,
+    V4 caches; the sm_90 row): the bf16-P launch runs
     `_split_heads_tm`, the same loop token-major (S^T = K q^T, O^T += K^T P^T: the heads are
     the products' N, 8 per program at H <= 8, and the K tile's two staged copies are not live
     at once: a third to half of the head-major program's shared memory, more per SM).
@@ -1236,13 +1238,12 @@ if HAS_GLUON:
                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                   stride_it,
                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                  stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-        """cp.async of tile j's rows into raw slot j % NR: fp8 nope (7 groups of 64 bytes),
-        bf16 rope (64 values), the 8 scale bytes; masked off past the last tile and for
+                  stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr,
+                  FMT: gl.constexpr):  # fmt: skip
+        """cp.async of tile j's rows into raw slot j % NR: V4 (FMT 0): fp8 nope (7 groups of 64
+        bytes), bf16 rope (64 values), the 8 scale bytes; V4.1 FP8 (FMT 1): the 512 fp8 bytes
+        (16 groups of 32) and the 16 scale bytes. Masked off past the last tile and for
         invalid slots (their rows are never read: S is -inf there)."""
-        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 4, 4], [4, 1, 1], [2, 1, 0])
-        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
-        cs: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
         t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
             j, n_main, b, start, end, e_start, e_end,
             KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
@@ -1251,6 +1252,21 @@ if HAS_GLUON:
         )  # fmt: skip
         slot = j % NR
         live = j < n_tiles
+        if FMT == 1:
+            _ws_issue_v41(raw8, raws, slot, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
+                          idx_row, s_it, BLOCK_N)  # fmt: skip
+        else:
+            _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page,
+                         psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
+
+    @gluon.jit
+    def _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page, psize,
+                     ntok, idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
+        """`_ws_issue` for a V4 cache: a slot's 448 fp8 bytes (7 groups of 64) and 64 bf16 rope
+        values at `slot * 576` in its page, its 8 scale bytes at `P * 576 + slot * 8`."""
+        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 4, 4], [4, 1, 1], [2, 1, 0])
+        cr: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        cs: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [4, 1], [1, 0])
         # fp8 nope
         t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
         idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
@@ -1287,13 +1303,43 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _ws_issue_v41(raw8, raws, slot, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
+                      idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
+        """`_ws_issue` for a V4.1 FP8 cache: a slot's 512 data bytes (as 16 groups of 32, the
+        scale's group) at `slot * 512` in its page, its 16 scale bytes at `P * 512 + slot *
+        16` (docs/kernel-contract.md)."""
+        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 8, 2], [4, 1, 1], [2, 1, 0])
+        cs: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
+        t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
+        idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
+        valid = (idx >= 0) & (idx < ntok)
+        idx = gl.where(valid, idx, 0)
+        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 512
+        grp = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
+        col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
+        offs = (grp * 32)[None, :, None] + col[None, None, :]
+        async_copy.async_copy_global_to_shared(
+            raw8.index(slot), kv8 + base[:, None, None] + offs, mask=valid[:, None, None]
+        )
+        ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
+        ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
+        vs = (ids >= 0) & (ids < ntok)
+        ids = gl.where(vs, ids, 0)
+        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 512
+              + (ids % psize).to(gl.int64) * 16)  # fmt: skip
+        sc = gl.arange(0, 16, layout=gl.SliceLayout(0, cs))
+        async_copy.async_copy_global_to_shared(
+            raws.index(slot), kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
+        )
+
+    @gluon.jit
     def _ws_loader(raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start, end,
                    e_start, e_end,
                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                    stride_it,
                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                    stride_eib, stride_eit, NR: gl.constexpr,
-                   BLOCK_N: gl.constexpr):  # fmt: skip
+                   BLOCK_N: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
         """Worker partition: tile i's copies once the consumer freed slot i % NR; raw_full of
         tile i - (NR - 1) arrives when this partition's copies of it have landed."""
         for i in range(n_tiles + NR - 1):
@@ -1304,7 +1350,7 @@ if HAS_GLUON:
                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                     stride_it,
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, NR, BLOCK_N,
+                    stride_eib, stride_eit, NR, BLOCK_N, FMT,
                 )  # fmt: skip
             async_copy.commit_group()  # one group per iteration (empty past the last tile)
             j = i - (NR - 1)
@@ -1320,7 +1366,7 @@ if HAS_GLUON:
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                     stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full,
                     NR: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-                    L3: gl.constexpr):  # fmt: skip
+                    L3: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
         """A consumer's tile i (both consumers): its valid slots (in `cols`' layout), and, once
         the loader's copies landed, raw slot `slot` dequantized into k_smem (x = fp8 *
         2^(e - 127), rope as is), ROWS rows at a time in layout L3 (`g`: its group index,
@@ -1335,6 +1381,17 @@ if HAS_GLUON:
         idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
         valid = (idx >= 0) & (idx < ntok)
         mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
+        if FMT == 1:
+            _ws_dequant_v41(slot, k_smem, raw8, raws, BLOCK_N, ROWS, L3)
+        else:
+            _ws_dequant_v4(slot, g, k_smem, raw8, rawr, raws, BLOCK_N, ROWS, L3)
+        return valid
+
+    @gluon.jit
+    def _ws_dequant_v4(slot, g, k_smem, raw8, rawr, raws, BLOCK_N: gl.constexpr,
+                       ROWS: gl.constexpr, L3: gl.constexpr):  # fmt: skip
+        """Raw slot `slot` of a V4 cache into k_smem: x = fp8 * 2^(e - 127) for the 7 nope
+        groups, the rope as is in group 7 (`g`), in fp16; L3 over [ROWS, 8, 64]."""
         for r in gl.static_range(BLOCK_N // ROWS):
             x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
             e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
@@ -1344,7 +1401,22 @@ if HAS_GLUON:
             x = x8.to(WS_OPERAND) * sc[:, :, None]
             val = gl.where((g == 7)[None, :, None], rope.to(WS_OPERAND)[:, None, :], x)
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val, [ROWS, 512]))
-        return valid
+
+    @gluon.jit
+    def _ws_dequant_v41(slot, k_smem, raw8, raws, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
+                        L3: gl.constexpr):  # fmt: skip
+        """Raw slot `slot` of a V4.1 FP8 cache into k_smem: x = fp8 * 2^(e - 127), one scale
+        byte per 32 values, in fp16; L3 over [ROWS, 16, 32] (a thread holds all 16 groups of
+        its row's 2 columns: one 16-byte scale load per row). Byte 255 is NaN
+        (float8_e8m0fnu), as in `_tile_k_v41`. SGLang's writer stores bytes 114 and up
+        (scale >= 2^-13), where every code times its scale is exact in fp16 up to byte 134."""
+        for r in gl.static_range(BLOCK_N // ROWS):
+            x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
+            e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+            sc = (e8.to(gl.int32) << 23).to(gl.float32, bitcast=True)
+            sc = gl.where(e8 == 255, float("nan"), sc).to(WS_OPERAND)
+            x = x8.to(WS_OPERAND) * sc[:, :, None]
+            k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
     @gluon.jit
     def _ws_q_f16(q, qk_scale_log2):
@@ -1400,7 +1472,8 @@ if HAS_GLUON:
                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
                      o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
                      EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
-                     EXACT_IN: gl.constexpr, ONLY_FEW: gl.constexpr):  # fmt: skip
+                     EXACT_IN: gl.constexpr, ONLY_FEW: gl.constexpr,
+                     FMT: gl.constexpr):  # fmt: skip
         """Default partition: q into shared memory and the request's valid-index count while
         the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
         (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
@@ -1433,11 +1506,22 @@ if HAS_GLUON:
             else:
                 skipped = few
         n_compute = gl.where(skipped, 0, n_tiles)
-        ROWS: gl.constexpr = 16
         # a thread holds all 8 groups of its row's 4 columns: the rope group's select and
         # its wasted dequantization vanish at compile time, one scale load per row
-        L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [8, 1, 1], [2, 1, 0])
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
+            if 4 * 8 <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
+                ROWS: gl.constexpr = 4 * 8
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [8, 1, 1],
+                                                    [2, 1, 0])  # fmt: skip
+            else:  # the wide tile's 16 rows: 2 columns a thread
+                ROWS: gl.constexpr = 16
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [8, 1, 1],
+                                                    [2, 1, 0])  # fmt: skip
+            g = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))  # unused
+        else:
+            ROWS: gl.constexpr = 16
+            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [8, 1, 1], [2, 1, 0])
+            g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -1452,7 +1536,7 @@ if HAS_GLUON:
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                 stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
-                BLOCK_N, ROWS, L3,
+                BLOCK_N, ROWS, L3, FMT,
             )  # fmt: skip
             fence_async_shared()  # this thread's K stores, before wgmma reads them
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
@@ -1486,16 +1570,28 @@ if HAS_GLUON:
                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                          stride_eib, stride_eit, qk_scale_log2, exact, NR: gl.constexpr,
                          BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
-                         mma_layout: gl.constexpr, EXACT_IN: gl.constexpr):  # fmt: skip
+                         mma_layout: gl.constexpr, EXACT_IN: gl.constexpr,
+                         FMT: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout; the row
         sums kept per element until the loop ends (`_ws_softmax_lazy`). q is in shared memory
         before the fork (the build measured; the loader-first order of `_ws_consumer` was not
         run with it)."""
-        ROWS: gl.constexpr = 16
-        L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
-        g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
+            if 4 * CW <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
+                ROWS: gl.constexpr = 4 * CW
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [CW, 1, 1],
+                                                    [2, 1, 0])  # fmt: skip
+            else:  # the wide tile's 16 rows: 2 columns a thread
+                ROWS: gl.constexpr = 16
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [CW, 1, 1],
+                                                    [2, 1, 0])  # fmt: skip
+            g = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))  # unused
+        else:
+            ROWS: gl.constexpr = 16
+            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
+            g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         qa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         kb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, mma_layout)
@@ -1511,7 +1607,7 @@ if HAS_GLUON:
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                 stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
-                BLOCK_N, ROWS, L3,
+                BLOCK_N, ROWS, L3, FMT,
             )  # fmt: skip
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
             mbarrier.arrive(raw_empty.index(slot), count=1)
@@ -1615,8 +1711,10 @@ if HAS_GLUON:
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
+        FMT: gl.constexpr = 0,
     ):  # fmt: skip
-        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on V4 caches: grid
+        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on caches of format
+        FMT (0: V4, 1: V4.1 FP8; both caches the same format): grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
         are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
@@ -1682,15 +1780,26 @@ if HAS_GLUON:
                                                     rank=2)  # fmt: skip
         q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
         k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
-        raw8 = gl.allocate_shared_memory(
-            gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-        )
-        rawr = gl.allocate_shared_memory(
-            gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
-        raws = gl.allocate_shared_memory(
-            gl.uint8, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
+        if FMT == 1:  # V4.1 FP8: 512 fp8 bytes (16 groups of 32) and 16 scale bytes a token
+            raw8 = gl.allocate_shared_memory(
+                gl.float8e4nv, [NR, BLOCK_N, 16, 32], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+            )
+            rawr = gl.allocate_shared_memory(  # unused: no bf16 rope in this format
+                gl.bfloat16, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+            raws = gl.allocate_shared_memory(
+                gl.uint8, [NR, BLOCK_N, 16], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+        else:  # V4: 448 fp8 bytes (7 groups of 64, an 8th unused), 64 bf16 rope, 8 scale bytes
+            raw8 = gl.allocate_shared_memory(
+                gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+            )
+            rawr = gl.allocate_shared_memory(
+                gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
+            raws = gl.allocate_shared_memory(
+                gl.uint8, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+            )
         raw_full = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
         raw_empty = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(NR):
@@ -1737,13 +1846,13 @@ if HAS_GLUON:
                                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
                                          e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
                                          qk_scale_log2, exact, NR, BLOCK_N, BLOCK_H, num_warps,
-                                         o_layout, EXACT_IN)),
+                                         o_layout, EXACT_IN, FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
                                   IDX_ptr, stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -1767,13 +1876,14 @@ if HAS_GLUON:
                                     EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
                                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
                                     e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
-                                    EXACT_BELOW, COUNT_BLOCK, EXACT_IN or ONLY_FEW, ONLY_FEW)),
+                                    EXACT_BELOW, COUNT_BLOCK, EXACT_IN or ONLY_FEW, ONLY_FEW,
+                                    FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
                                   end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
                                   stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N)),
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -2161,8 +2271,8 @@ class MMARow(NamedTuple):
     prefill_tm_programs_per_sm: int = 0
     prefill_tm16_programs_per_sm: int = 0
     # The bf16-P launch of head-major 64-head single-cache calls as the warp-specialized Gluon
-    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 caches; where
-    # Gluon is missing the launcher falls back to `_mma_split_kernel`).
+    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 or V4.1 FP8
+    # caches; elsewhere the launcher falls back to `_mma_split_kernel`).
     ws: bool = False
     # Gluon-loop calls of two or more splits with `topk_length` passed: the splits cut each
     # request's valid tiles, not topk (`_plan_piece`: every program computes the plan from
@@ -2183,7 +2293,7 @@ class MMARow(NamedTuple):
     # Proxy, 100 KB per SM (session 19): 1.15-1.27x at 496-1,986 tokens per SM, 0.86-0.95x
     # at 5-310 (the 16-token tile halves each step's work; few programs then).
     ws_wide_tokens_per_sm: int = 0
-    # Calls of at most 16 heads (a TP 8 layer's prefill and decode) on V4 caches: the Gluon
+    # Calls of at most 16 heads (a TP 8 layer's prefill and decode): the Gluon
     # loop in its few-head tile (WS_FEW_*), this many programs per SM (0: never; then the
     # token-major or head-major Triton loops). Session 20: 1.4-1.9x over those on the H200,
     # 1.5-2.3x on the sm_120 proxy at 100 KB per SM.
@@ -2219,10 +2329,10 @@ MMA_ROWS: dict[str, MMARow] = {
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
     # Dual-cache calls (the Triton loop): the exact launch as the Gluon loop computing only
     # the few-token requests (issue 20, session 18: dual edge rows 1.2-1.4x).
-    # Calls of at most 16 heads on V4 caches: the Gluon loop's few-head tile, two programs
+    # Calls of at most 16 heads: the Gluon loop's few-head tile, two programs
     # per SM (session 20: T1024 H8 dual prefill 354.8 -> 230.5 us, B64 H8 dual decode 40.4 ->
     # 27.0); the token-major loop and the packed plan's per-token launch then run only where
-    # the Gluon loop cannot (V4.1 caches, a Triton without Gluon).
+    # the Gluon loop cannot (a V4.1 FP4 extra cache, a Triton without Gluon).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True, ws_few_programs_per_sm=2,
@@ -2668,15 +2778,16 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
     a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32,
-    the wide 64 x 16 and the few-head 16 x 32), V4 caches whose bytes and page strides are
-    16-byte aligned (cp.async of 16 bytes; the bf16 view of the rope needs even strides), q
-    rows contiguous."""
+    the wide 64 x 16 and the few-head 16 x 32), both caches V4 or both V4.1 FP8 (a V4.1 FP4
+    extra cache: the Triton loops), their bytes and page strides 16-byte aligned (cp.async of
+    16 bytes; the bf16 view of V4's rope needs even strides), q rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
     return (
         HAS_GLUON and q.is_cuda
         and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
              or (cap[0] in (9, 12) and tile in WS_SYNC_TILES))
-        and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4 and q.stride(3) == 1
+        and flags["FMT"] in (FMT_V4, FMT_V41) and flags["E_FMT"] == flags["FMT"]
+        and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
     )  # fmt: skip
@@ -2706,7 +2817,8 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         LOADER_REGS=WS_LOADER_REGS, EXACT_IN=exact_in, ONLY_FEW=only_few,
-        SKIP_PACKED=flags.get("SKIP_PACKED", False), **ws_build((block_h, block_n)),
+        SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"],
+        **ws_build((block_h, block_n)),
         **(plan or {}),
     )  # fmt: skip
 
@@ -2774,8 +2886,9 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     if cfg.token_major:  # the exact launch keeps the head-major loop (>= 16 heads)
         exact_block_h = max(cfg.exact_block_h, 16)
     side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None
-    # the exact launch as the Gluon loop (ws_exact_launch): 64-head blocks (decode), V4 caches,
-    # no packed plan (whose tokens of length -1 the Gluon loop would count as few-token ones)
+    # the exact launch as the Gluon loop (ws_exact_launch): 64-head blocks (decode), the
+    # caches `_ws_runnable` takes, no packed plan (whose tokens of length -1 the Gluon loop
+    # would count as few-token ones)
     exact_ws = (
         cfg.ws_exact_launch and len(launches) == 2 and cfg.block_h == WS_BLOCK_H and plan is None
         and _ws_runnable(q, main, extra, flags, (WS_BLOCK_H, WS_BLOCK_N))

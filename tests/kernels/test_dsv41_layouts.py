@@ -237,6 +237,93 @@ def test_v41_all_invalid_and_zero_lengths():
         _run_and_check(inputs, variant, expect_all_invalid=True)
 
 
+# ----------------------------------------------------------------------------- Gluon loops
+# V4.1 FP8 caches (one, or both the main and the extra cache) in the Gluon loops: the sm_90
+# row's wgmma tile (forced: its rule takes it for one cache), its exact launch beside the
+# Triton loop, the sm_120 row's 32 x 32 and wide 64 x 16 mma.sync tiles and the few-head tile
+# of both rows. They run where Triton has the Gluon API the file is written for (3.6) on a 9.x
+# GPU (the H200 runs the sm_120 row's tiles too); each case checks that the Gluon launch ran.
+_GLUON_RUNS = ON_GPU and getattr(fl, "HAS_GLUON", False) and (
+    torch.cuda.get_device_capability()[0] == 9 if ON_GPU else False
+)  # fmt: skip
+_V41_DUAL = dict(
+    topk=320, page_size=64, extra_topk=200, extra_page_size=32, kv_layout="v41",
+    with_sink=True, topk_length="partial", page_stride="pad576", invalid_fraction=0.1,
+)  # fmt: skip
+_SM90_WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
+V41_GLUON_CASES = [
+    ("v41_ws_dual_h64", dict(_V41_DUAL, B=4, H=64), [
+        _SM90_WS,
+        _SM90_WS._replace(ws_exact=True, num_splits=1, plan_splits=0),
+        fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True),
+        fl.mma_config((12, 0), 132, 4, 64, 320, 200),
+        fl.mma_config((12, 0), 132, 32, 64, 2048, 0)._replace(plan_splits=0),  # wide tile
+    ]),
+    ("v41_ws_one_cache_h96_page1", dict(B=3, H=96, topk=300, page_size=1, kv_layout="v41",
+                                        with_sink=True, invalid_fraction=0.1), [
+        fl.mma_config((9, 0), 132, 3, 96, 300, 0)._replace(ws=True),
+        fl.mma_config((12, 0), 132, 3, 96, 300, 0),
+    ]),
+    ("v41_ws_few_h8_dual", dict(_V41_DUAL, B=5, H=8), [
+        fl.mma_config((9, 0), 132, 5, 8, 320, 200),
+        fl.mma_config((12, 0), 132, 5, 8, 320, 200),
+        fl.mma_config((9, 0), 132, 5, 8, 320, 200)._replace(ws_exact=False),
+    ]),
+    ("v41_ws_few_prefill_h16", dict(B=40, H=16, topk=192, page_size=64, extra_topk=96,
+                                    extra_page_size=16, kv_layout="v41", with_sink=True,
+                                    topk_length="partial", invalid_fraction=0.3), [
+        fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0),
+    ]),
+]  # fmt: skip
+
+
+@pytest.fixture
+def gluon_launches(monkeypatch):
+    """How many times the launcher ran `_ws_split_kernel` (the Gluon loop)."""
+    calls = []
+    real = fl._launch_ws
+    monkeypatch.setattr(fl, "_launch_ws", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    return calls
+
+
+@pytest.mark.skipif(not _GLUON_RUNS, reason="the Gluon loops need triton 3.6 and a 9.x GPU")
+@pytest.mark.parametrize(
+    "case_id,kwargs,configs", V41_GLUON_CASES, ids=[c[0] for c in V41_GLUON_CASES]
+)
+def test_v41_fp8_in_gluon_loops(case_id, kwargs, configs, gluon_launches):
+    inputs = ref.make_inputs(**kwargs, device=DEVICE, seed=_seed(case_id))
+    for cfg in configs:
+        before = len(gluon_launches)
+        _run_and_check(inputs, "mma", cfg)
+        assert len(gluon_launches) > before, cfg
+
+
+@pytest.mark.skipif(not _GLUON_RUNS, reason="the Gluon loops need triton 3.6 and a 9.x GPU")
+@pytest.mark.parametrize("H", [64, 8])
+def test_v41_nan_scale_byte_in_gluon_loops(H, gluon_launches):
+    """Scale byte 255 (float8_e8m0fnu's NaN) in a group request 0 selects: its output is NaN,
+    as in the reference, and its LSE the Triton loop's in the same config (both leave the
+    NaN-weighted token out of it: docs/kernel-contract.md); the other requests are
+    unaffected."""
+    inputs = ref.make_inputs(B=3, H=H, topk=320, page_size=16, kv_layout="v41", with_sink=True,
+                             device=DEVICE, seed=23)  # fmt: skip
+    kc = inputs["k_cache"]
+    slot = int(inputs["indices"].view(3, -1)[0, 5])
+    P, stride = kc.shape[1], kc.stride(0)
+    flat = kc.as_strided((kc.untyped_storage().nbytes(),), (1,), 0)
+    flat[(slot // P) * stride + P * 512 + (slot % P) * 16 + 9] = 255
+    cfg = fl.mma_config((9, 0), 132, 3, H, 320, 0)
+    out, lse = decode(**inputs, variant="mma", _config=cfg)
+    assert gluon_launches
+    t_out, t_lse = decode(**inputs, variant="mma", _config=cfg._replace(ws=False))
+    r_out, r_lse = ref.reference_sparse_decode(**inputs)
+    assert torch.isnan(out[0].float()).all() and torch.isnan(t_out[0].float()).all()
+    assert torch.isnan(r_out[0].float()).all()
+    torch.testing.assert_close(lse[0], t_lse[0], equal_nan=True)
+    acc = ref.check_accuracy(out[1:], lse[1:], r_out[1:], r_lse[1:])
+    assert acc["ok"], acc
+
+
 # ----------------------------------------------------------------------------- bad input
 
 
