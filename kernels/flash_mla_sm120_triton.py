@@ -1239,10 +1239,11 @@ if HAS_GLUON:
                   stride_it,
                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                   stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr,
-                  FMT: gl.constexpr):  # fmt: skip
+                  FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
         """cp.async of tile j's rows into raw slot j % NR: V4 (FMT 0): fp8 nope (7 groups of 64
         bytes), bf16 rope (64 values), the 8 scale bytes; V4.1 FP8 (FMT 1): the 512 fp8 bytes
-        (16 groups of 32) and the 16 scale bytes. Masked off past the last tile and for
+        (16 groups of 32) and the 16 scale bytes; a V4.1 FP4 extra cache (E_FMT 2): its tiles'
+        256 data bytes and 32 scale bytes. Masked off past the last tile and for
         invalid slots (their rows are never read: S is -inf there)."""
         t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
             j, n_main, b, start, end, e_start, e_end,
@@ -1253,8 +1254,17 @@ if HAS_GLUON:
         slot = j % NR
         live = j < n_tiles
         if FMT == 1:
-            _ws_issue_v41(raw8, raws, slot, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
-                          idx_row, s_it, BLOCK_N)  # fmt: skip
+            if E_FMT == 2:
+                if j < n_main:
+                    _ws_issue_v41(raw8.index(slot), raws.index(slot).slice(0, 16, dim=1), live,
+                                  t0, lim, kv8, kvu, stride_page, psize, ntok, idx_row, s_it,
+                                  BLOCK_N)  # fmt: skip
+                else:
+                    _ws_issue_fp4(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
+                                  stride_page, psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
+            else:
+                _ws_issue_v41(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
+                              stride_page, psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
         else:
             _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page,
                          psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
@@ -1303,11 +1313,11 @@ if HAS_GLUON:
         )
 
     @gluon.jit
-    def _ws_issue_v41(raw8, raws, slot, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
+    def _ws_issue_v41(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
                       idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
-        """`_ws_issue` for a V4.1 FP8 cache: a slot's 512 data bytes (as 16 groups of 32, the
-        scale's group) at `slot * 512` in its page, its 16 scale bytes at `P * 512 + slot *
-        16` (docs/kernel-contract.md)."""
+        """`_ws_issue` for a V4.1 FP8 cache into one raw slot (`raw8_s`, `raws_s`): a token's
+        512 data bytes (as 16 groups of 32, the scale's group) at `slot * 512` in its page,
+        its 16 scale bytes at `P * 512 + slot * 16` (docs/kernel-contract.md)."""
         c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 8, 2], [4, 1, 1], [2, 1, 0])
         cs: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
         t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
@@ -1319,7 +1329,7 @@ if HAS_GLUON:
         col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
         offs = (grp * 32)[None, :, None] + col[None, None, :]
         async_copy.async_copy_global_to_shared(
-            raw8.index(slot), kv8 + base[:, None, None] + offs, mask=valid[:, None, None]
+            raw8_s, kv8 + base[:, None, None] + offs, mask=valid[:, None, None]
         )
         ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
         ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
@@ -1329,7 +1339,39 @@ if HAS_GLUON:
               + (ids % psize).to(gl.int64) * 16)  # fmt: skip
         sc = gl.arange(0, 16, layout=gl.SliceLayout(0, cs))
         async_copy.async_copy_global_to_shared(
-            raws.index(slot), kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
+            raws_s, kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
+        )
+
+    @gluon.jit
+    def _ws_issue_fp4(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
+                      idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
+        """`_ws_issue` for a V4.1 FP4 extra cache into one raw slot: a token's 256 data bytes
+        (e2m1 pairs) at `slot * 256` in its page, into the first 8 of the slot row's 16
+        groups of 32 bytes; its 32 scale bytes (e4m3, one per 16 values) at `P * 256 + slot
+        * 32`."""
+        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 8, 2], [4, 1, 1], [2, 1, 0])
+        cs: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
+        t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
+        idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
+        valid = (idx >= 0) & (idx < ntok)
+        idx = gl.where(valid, idx, 0)
+        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 256
+        grp = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
+        col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
+        offs = (grp * 32)[None, :, None] + col[None, None, :]
+        async_copy.async_copy_global_to_shared(
+            raw8_s, kv8 + base[:, None, None] + offs,
+            mask=valid[:, None, None] & (grp < 8)[None, :, None],
+        )  # fmt: skip
+        ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
+        ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
+        vs = (ids >= 0) & (ids < ntok)
+        ids = gl.where(vs, ids, 0)
+        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 256
+              + (ids % psize).to(gl.int64) * 32)  # fmt: skip
+        sc = gl.arange(0, 32, layout=gl.SliceLayout(0, cs))
+        async_copy.async_copy_global_to_shared(
+            raws_s, kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
         )
 
     @gluon.jit
@@ -1339,7 +1381,7 @@ if HAS_GLUON:
                    stride_it,
                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                    stride_eib, stride_eit, NR: gl.constexpr,
-                   BLOCK_N: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+                   BLOCK_N: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
         """Worker partition: tile i's copies once the consumer freed slot i % NR; raw_full of
         tile i - (NR - 1) arrives when this partition's copies of it have landed."""
         for i in range(n_tiles + NR - 1):
@@ -1350,7 +1392,7 @@ if HAS_GLUON:
                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                     stride_it,
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, NR, BLOCK_N, FMT,
+                    stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT,
                 )  # fmt: skip
             async_copy.commit_group()  # one group per iteration (empty past the last tile)
             j = i - (NR - 1)
@@ -1366,7 +1408,8 @@ if HAS_GLUON:
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                     stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full,
                     NR: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
-                    L3: gl.constexpr, FMT: gl.constexpr):  # fmt: skip
+                    L3: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
+                    CW: gl.constexpr):  # fmt: skip
         """A consumer's tile i (both consumers): its valid slots (in `cols`' layout), and, once
         the loader's copies landed, raw slot `slot` dequantized into k_smem (x = fp8 *
         2^(e - 127), rope as is), ROWS rows at a time in layout L3 (`g`: its group index,
@@ -1382,7 +1425,14 @@ if HAS_GLUON:
         valid = (idx >= 0) & (idx < ntok)
         mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
         if FMT == 1:
-            _ws_dequant_v41(slot, k_smem, raw8, raws, BLOCK_N, ROWS, L3)
+            if E_FMT == 2:
+                if i < n_main:
+                    _ws_dequant_v41(raw8.index(slot), raws.index(slot).slice(0, 16, dim=1),
+                                    k_smem, BLOCK_N, ROWS, L3)  # fmt: skip
+                else:
+                    _ws_dequant_fp4(raw8.index(slot), raws.index(slot), k_smem, BLOCK_N, CW)
+            else:
+                _ws_dequant_v41(raw8.index(slot), raws.index(slot), k_smem, BLOCK_N, ROWS, L3)
         else:
             _ws_dequant_v4(slot, g, k_smem, raw8, rawr, raws, BLOCK_N, ROWS, L3)
         return valid
@@ -1403,19 +1453,42 @@ if HAS_GLUON:
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(val, [ROWS, 512]))
 
     @gluon.jit
-    def _ws_dequant_v41(slot, k_smem, raw8, raws, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
+    def _ws_dequant_v41(raw8_s, raws_s, k_smem, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
                         L3: gl.constexpr):  # fmt: skip
-        """Raw slot `slot` of a V4.1 FP8 cache into k_smem: x = fp8 * 2^(e - 127), one scale
-        byte per 32 values, in fp16; L3 over [ROWS, 16, 32] (a thread holds all 16 groups of
-        its row's 2 columns: one 16-byte scale load per row). Byte 255 is NaN
+        """A raw slot (`raw8_s`, `raws_s`) of a V4.1 FP8 cache into k_smem: x = fp8 *
+        2^(e - 127), one scale byte per 32 values, in fp16; L3 over [ROWS, 16, 32] (a thread
+        holds all 16 groups of its row's 4 columns, 2 in the wide tile: one 16-byte scale load
+        per row). Byte 255 is NaN
         (float8_e8m0fnu), as in `_tile_k_v41`. SGLang's writer stores bytes 114 and up
         (scale >= 2^-13), where every code times its scale is exact in fp16 up to byte 134."""
         for r in gl.static_range(BLOCK_N // ROWS):
-            x8 = raw8.index(slot).slice(r * ROWS, ROWS).load(L3)
-            e8 = raws.index(slot).slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
+            x8 = raw8_s.slice(r * ROWS, ROWS).load(L3)
+            e8 = raws_s.slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
             sc = (e8.to(gl.int32) << 23).to(gl.float32, bitcast=True)
             sc = gl.where(e8 == 255, float("nan"), sc).to(WS_OPERAND)
             x = x8.to(WS_OPERAND) * sc[:, :, None]
+            k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
+
+    @gluon.jit
+    def _ws_dequant_fp4(raw8_s, raws_s, k_smem, BLOCK_N: gl.constexpr, CW: gl.constexpr):
+        """A raw slot of a V4.1 FP4 extra cache into k_smem: x = e2m1 * e4m3 scale (one per 16
+        values), in fp16. A thread holds 2 whole scale groups of a row (16 bytes, 32 values:
+        their 2 scales in registers). An e2m1 code (sign bit 3, exponent bits 1-2, mantissa
+        bit 0) is placed in fp16's bits 15 and 9-11 (2^-14 times its value, a subnormal at
+        exponent 0) and multiplied by 2^14: exact (sm_90 has no e2m1 conversion); every code
+        times its scale is exact in fp16 too (at most 2 + 4 significant bits, 2^-10 to
+        2,688)."""
+        ROWS: gl.constexpr = 16
+        L4: gl.constexpr = gl.BlockedLayout([1, 2, 8], [2, 16, 1], [CW, 1, 1], [2, 1, 0])
+        bytes_s = raw8_s._reinterpret(gl.uint8, [BLOCK_N, 64, 8],
+                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))  # fmt: skip
+        for r in gl.static_range(BLOCK_N // ROWS):
+            b = bytes_s.slice(r * ROWS, ROWS).slice(0, 32, dim=1).load(L4).to(gl.int16)
+            s8 = raws_s.slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L4))
+            sc = s8.to(gl.float8e4nv, bitcast=True).to(WS_OPERAND)[:, :, None]
+            lo = (((b & 8) << 12) | ((b & 7) << 9)).to(WS_OPERAND, bitcast=True)
+            hi = (((b & 0x80) << 8) | ((b & 0x70) << 5)).to(WS_OPERAND, bitcast=True)
+            x = gl.join(lo * 16384.0 * sc, hi * 16384.0 * sc)  # value 2i low nibble, 2i+1 high
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
     @gluon.jit
@@ -1473,7 +1546,7 @@ if HAS_GLUON:
                      o_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
                      EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
                      EXACT_IN: gl.constexpr, ONLY_FEW: gl.constexpr,
-                     FMT: gl.constexpr):  # fmt: skip
+                     FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
         """Default partition: q into shared memory and the request's valid-index count while
         the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
         (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
@@ -1508,6 +1581,7 @@ if HAS_GLUON:
         n_compute = gl.where(skipped, 0, n_tiles)
         # a thread holds all 8 groups of its row's 4 columns: the rope group's select and
         # its wasted dequantization vanish at compile time, one scale load per row
+        CW: gl.constexpr = 8  # consumer warps
         if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
             if 4 * 8 <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
                 ROWS: gl.constexpr = 4 * 8
@@ -1536,7 +1610,7 @@ if HAS_GLUON:
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                 stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
-                BLOCK_N, ROWS, L3, FMT,
+                BLOCK_N, ROWS, L3, FMT, E_FMT, CW,
             )  # fmt: skip
             fence_async_shared()  # this thread's K stores, before wgmma reads them
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
@@ -1571,7 +1645,7 @@ if HAS_GLUON:
                          stride_eib, stride_eit, qk_scale_log2, exact, NR: gl.constexpr,
                          BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
                          mma_layout: gl.constexpr, EXACT_IN: gl.constexpr,
-                         FMT: gl.constexpr):  # fmt: skip
+                         FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout; the row
@@ -1607,7 +1681,7 @@ if HAS_GLUON:
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                 stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
-                BLOCK_N, ROWS, L3, FMT,
+                BLOCK_N, ROWS, L3, FMT, E_FMT, CW,
             )  # fmt: skip
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
             mbarrier.arrive(raw_empty.index(slot), count=1)
@@ -1711,7 +1785,7 @@ if HAS_GLUON:
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
-        FMT: gl.constexpr = 0,
+        FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on caches of format
         FMT (0: V4, 1: V4.1 FP8; both caches the same format): grid
@@ -1787,9 +1861,10 @@ if HAS_GLUON:
             rawr = gl.allocate_shared_memory(  # unused: no bf16 rope in this format
                 gl.bfloat16, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )
-            raws = gl.allocate_shared_memory(
-                gl.uint8, [NR, BLOCK_N, 16], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-            )
+            raws = gl.allocate_shared_memory(  # 32 a token with an FP4 extra cache
+                gl.uint8, [NR, BLOCK_N, 32 if E_FMT == 2 else 16],
+                gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
+            )  # fmt: skip
         else:  # V4: 448 fp8 bytes (7 groups of 64, an 8th unused), 64 bf16 rope, 8 scale bytes
             raw8 = gl.allocate_shared_memory(
                 gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
@@ -1846,13 +1921,13 @@ if HAS_GLUON:
                                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
                                          e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
                                          qk_scale_log2, exact, NR, BLOCK_N, BLOCK_H, num_warps,
-                                         o_layout, EXACT_IN, FMT)),
+                                         o_layout, EXACT_IN, FMT, E_FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
                                   IDX_ptr, stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT)),
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -1877,13 +1952,13 @@ if HAS_GLUON:
                                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
                                     e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
                                     EXACT_BELOW, COUNT_BLOCK, EXACT_IN or ONLY_FEW, ONLY_FEW,
-                                    FMT)),
+                                    FMT, E_FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b, start,
                                   end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
                                   stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT)),
+                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -2775,6 +2850,10 @@ def _head_major(cfg: MMAConfig) -> MMAConfig:
     )  # fmt: skip
 
 
+# (main, extra) cache formats the Gluon loop reads (without an extra cache E_FMT is FMT)
+_WS_FORMAT_PAIRS = ((FMT_V4, FMT_V4), (FMT_V41, FMT_V41), (FMT_V41, FMT_V41_FP4))
+
+
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
     a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32,
@@ -2786,8 +2865,7 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
         HAS_GLUON and q.is_cuda
         and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
              or (cap[0] in (9, 12) and tile in WS_SYNC_TILES))
-        and flags["FMT"] in (FMT_V4, FMT_V41) and flags["E_FMT"] == flags["FMT"]
-        and q.stride(3) == 1
+        and (flags["FMT"], flags["E_FMT"]) in _WS_FORMAT_PAIRS and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
     )  # fmt: skip
@@ -2817,7 +2895,7 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         LOADER_REGS=WS_LOADER_REGS, EXACT_IN=exact_in, ONLY_FEW=only_few,
-        SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"],
+        SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         **ws_build((block_h, block_n)),
         **(plan or {}),
     )  # fmt: skip

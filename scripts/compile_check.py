@@ -131,21 +131,28 @@ _WS_PTR_TYPES = {
 }  # fmt: skip
 
 
-_WS_FORMATS = {0: "v4", 1: "v41"}  # the Gluon loop's cache formats (both caches alike)
+# The Gluon loop's (main, extra) cache formats, by name: V4, V4.1 FP8, V4.1 FP8 + FP4 extra
+_WS_FORMATS = {"v4": (0, 0), "v41": (1, 1), "v41+v41_fp4": (1, 2)}
+
+
+def _ws_v41(has_extra: bool) -> list[str]:
+    """The V4.1 format names a Gluon build is compiled for (FP4 only as an extra cache)."""
+    return ["v41", "v41+v41_fp4"] if has_extra else ["v41"]
 
 
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
     exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
-    skip_packed: bool = False, fmt: int = 0,
+    skip_packed: bool = False, fmt: int = 0, e_fmt: int | None = None,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
     the build beside the concurrent exact launch; `plan`: the length-aware split's build;
     `only_few`: the exact launch beside the Triton loop's bf16-P launch (`ws_exact_launch`);
     `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form, the
-    few-head form); `skip_packed`: the per-token launch beside the packed plan; `fmt`: both
-    caches' format (0 V4, 1 V4.1 FP8)."""
+    few-head form); `skip_packed`: the per-token launch beside the packed plan; `fmt`, `e_fmt`:
+    the caches' formats (0 V4, 1 V4.1 FP8, 2 V4.1 FP4: extra only; `e_fmt` defaults to
+    `fmt`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -161,6 +168,7 @@ def compile_ws(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
+        E_FMT=fmt if e_fmt is None else e_fmt,
         num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:
@@ -278,43 +286,49 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
             for has_extra in (False, True):
                 # V4 caches planned or not; V4.1 FP8 caches (their own loader and
                 # dequantization) unplanned
-                for plan, fmt in ((False, 0), (True, 0), (False, 1)):
-                    ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in, fmt=fmt)
+                for plan, fmt in ((False, "v4"), (True, "v4"),
+                                  *((False, f) for f in _ws_v41(has_extra))):  # fmt: skip
+                    m, e = _WS_FORMATS[fmt]
+                    ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in, fmt=m, e_fmt=e)
                     label = ("bf16-P-ws-sync" if sync else "bf16-P-ws") + ("-plan" if plan else "")
-                    rows.append(build_report(cc, ws_row, label, has_extra, _WS_FORMATS[fmt], ck,
-                                             with_ptxas))  # fmt: skip
+                    rows.append(build_report(cc, ws_row, label, has_extra, fmt, ck, with_ptxas))
                 if sync and row.get("ws_wide_tokens_per_sm"):  # its wide tile, planned
                     wide = (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N)
                     wide_row = dict(ws_row, BLOCK_H=wide[0], BLOCK_N=wide[1])
-                    for fmt in (0, 1):
+                    for fmt in ("v4", *_ws_v41(has_extra)):
+                        m, e = _WS_FORMATS[fmt]
                         ck = compile_ws(fl, cc, has_extra, below, sync, True, exact_in, tile=wide,
-                                        fmt=fmt)  # fmt: skip
+                                        fmt=m, e_fmt=e)  # fmt: skip
                         rows.append(build_report(cc, wide_row, "bf16-P-ws-sync-wide", has_extra,
-                                                 _WS_FORMATS[fmt], ck, with_ptxas))  # fmt: skip
+                                                 fmt, ck, with_ptxas))  # fmt: skip
                 if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
                     few = (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)
                     few_row = dict(ws_row, BLOCK_H=few[0], BLOCK_N=few[1],
                                    num_warps=fl.WS_FEW_WARPS)  # fmt: skip
-                    kinds = [(False, False, 0), (True, False, 0), (False, False, 1)] + (
-                        [(False, True, 0)] if row.get("pack_rows") else [])  # fmt: skip
+                    kinds = [(False, False, "v4"), (True, False, "v4")] + [
+                        (False, False, f) for f in _ws_v41(has_extra)] + (
+                        [(False, True, "v4")] if row.get("pack_rows") else [])  # fmt: skip
                     # static splits (the rule's; V4 and V4.1 FP8), planned (explicit configs),
                     # beside the packed plan
                     for plan, packed, fmt in kinds:
+                        m, e = _WS_FORMATS[fmt]
                         ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
-                                        tile=few, skip_packed=packed, fmt=fmt)  # fmt: skip
+                                        tile=few, skip_packed=packed, fmt=m, e_fmt=e)  # fmt: skip
                         label = "bf16-P-ws-few" + ("-plan" if plan else "") + (
                             "-packed" if packed else "")  # fmt: skip
-                        rows.append(build_report(cc, few_row, label, has_extra, _WS_FORMATS[fmt],
-                                                 ck, with_ptxas))  # fmt: skip
+                        rows.append(build_report(cc, few_row, label, has_extra, fmt, ck,
+                                                 with_ptxas))  # fmt: skip
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))
                 if row.get("ws_exact_launch") and not sync:
                     # the exact launch beside the Triton loop's bf16-P launch (dual caches)
-                    ck = compile_ws(fl, cc, has_extra, fl.PV_SPLIT_MAX_TOKENS, False, False, True,
-                                    True)  # fmt: skip
-                    rows.append(build_report(cc, ws_row, "exact-ws", has_extra, "v4", ck,
-                                             with_ptxas))  # fmt: skip
+                    for fmt in ("v4", *_ws_v41(has_extra)):
+                        m, e = _WS_FORMATS[fmt]
+                        ck = compile_ws(fl, cc, has_extra, fl.PV_SPLIT_MAX_TOKENS, False, False,
+                                        True, True, fmt=m, e_fmt=e)  # fmt: skip
+                        rows.append(build_report(cc, ws_row, "exact-ws", has_extra, fmt, ck,
+                                                 with_ptxas))  # fmt: skip
     return rows
 
 

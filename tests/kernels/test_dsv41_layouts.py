@@ -238,7 +238,8 @@ def test_v41_all_invalid_and_zero_lengths():
 
 
 # ----------------------------------------------------------------------------- Gluon loops
-# V4.1 FP8 caches (one, or both the main and the extra cache) in the Gluon loops: the sm_90
+# V4.1 caches (FP8 alone, or an FP8 main cache with an FP8 or FP4 extra cache) in the Gluon
+# loops: the sm_90
 # row's wgmma tile (forced: its rule takes it for one cache), its exact launch beside the
 # Triton loop, the sm_120 row's 32 x 32 and wide 64 x 16 mma.sync tiles and the few-head tile
 # of both rows. They run where Triton has the Gluon API the file is written for (3.6) on a 9.x
@@ -272,6 +273,23 @@ V41_GLUON_CASES = [
     ("v41_ws_few_prefill_h16", dict(B=40, H=16, topk=192, page_size=64, extra_topk=96,
                                     extra_page_size=16, kv_layout="v41", with_sink=True,
                                     topk_length="partial", invalid_fraction=0.3), [
+        fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0),
+    ]),
+    # a V4.1 FP4 extra cache: each tile's loader and dequantization by its cache
+    ("v41_fp4_ws_dual_h64", dict(_V41_DUAL, extra_kv_layout="v41_fp4", B=4, H=64), [
+        _SM90_WS,
+        fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True),
+        fl.mma_config((12, 0), 132, 4, 64, 320, 200),
+        fl.mma_config((12, 0), 132, 32, 64, 2048, 0)._replace(plan_splits=0),  # wide tile
+    ]),
+    ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, extra_kv_layout="v41_fp4", B=5, H=8), [
+        fl.mma_config((9, 0), 132, 5, 8, 320, 200),
+        fl.mma_config((12, 0), 132, 5, 8, 320, 200),
+    ]),
+    ("v41_fp4_ws_few_prefill_h16", dict(B=40, H=16, topk=192, page_size=64, extra_topk=96,
+                                        extra_page_size=16, kv_layout="v41",
+                                        extra_kv_layout="v41_fp4", with_sink="inf",
+                                        topk_length="partial", invalid_fraction=0.3), [
         fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0),
     ]),
 ]  # fmt: skip
