@@ -50,8 +50,9 @@ Kernels:
     the longest split.
   * `_ws_split_kernel` (Gluon, triton 3.6): the bf16-P launch warp-specialized, a loader
     partition copying raw tiles into a ring while the consumer warps dequantize and multiply
-    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches; V4 caches, or V4.1
-    FP8 ones alone or paired: a V4.1 FP4 extra cache takes the Triton loops). It computes its
+    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches; V4 caches, V4.1
+    FP8 ones alone or paired, or a V4.1 FP8 main cache with an FP4 extra cache, each tile
+    read in its cache's format). It computes its
     few-token requests itself (P's rounding residue as a second PV product), and with
     `topk_length` passed and two or more splits it cuts each request's valid tiles into
     pieces that fit one round of programs (`_plan_piece`, computed by every program from the
@@ -2407,7 +2408,7 @@ MMA_ROWS: dict[str, MMARow] = {
     # Calls of at most 16 heads: the Gluon loop's few-head tile, two programs
     # per SM (session 20: T1024 H8 dual prefill 354.8 -> 230.5 us, B64 H8 dual decode 40.4 ->
     # 27.0); the token-major loop and the packed plan's per-token launch then run only where
-    # the Gluon loop cannot (a V4.1 FP4 extra cache, a Triton without Gluon).
+    # the Gluon loop cannot (a Triton without Gluon, odd strides).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True, ws_few_programs_per_sm=2,
