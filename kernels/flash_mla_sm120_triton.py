@@ -1412,9 +1412,9 @@ if HAS_GLUON:
                     L3: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
                     CW: gl.constexpr):  # fmt: skip
         """A consumer's tile i (both consumers): its valid slots (in `cols`' layout), and, once
-        the loader's copies landed, raw slot `slot` dequantized into k_smem (x = fp8 *
-        2^(e - 127), rope as is), ROWS rows at a time in layout L3 (`g`: its group index,
-        made once outside the tile loop)."""
+        the loader's copies landed, raw slot `slot` dequantized into k_smem in its cache's
+        format (FMT, E_FMT; CW: the consumer warps), ROWS rows at a time in layout L3 (`g`: V4's
+        group index, made once outside the tile loop)."""
         t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
             i, n_main, b, start, end, e_start, e_end,
             KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
@@ -1459,9 +1459,9 @@ if HAS_GLUON:
         """A raw slot (`raw8_s`, `raws_s`) of a V4.1 FP8 cache into k_smem: x = fp8 *
         2^(e - 127), one scale byte per 32 values, in fp16; L3 over [ROWS, 16, 32] (a thread
         holds all 16 groups of its row's 4 columns, 2 in the wide tile: one 16-byte scale load
-        per row). Byte 255 is NaN
-        (float8_e8m0fnu), as in `_tile_k_v41`. SGLang's writer stores bytes 114 and up
-        (scale >= 2^-13), where every code times its scale is exact in fp16 up to byte 134."""
+        per row). Byte 255 is NaN (float8_e8m0fnu), as in `_tile_k_v41`. SGLang's writer
+        stores bytes 114 and up (scale >= 2^-13), where every code times its scale is exact in
+        fp16 up to byte 134."""
         for r in gl.static_range(BLOCK_N // ROWS):
             x8 = raw8_s.slice(r * ROWS, ROWS).load(L3)
             e8 = raws_s.slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L3))
@@ -1580,22 +1580,22 @@ if HAS_GLUON:
             else:
                 skipped = few
         n_compute = gl.where(skipped, 0, n_tiles)
-        # a thread holds all 8 groups of its row's 4 columns: the rope group's select and
-        # its wasted dequantization vanish at compile time, one scale load per row
         CW: gl.constexpr = 8  # consumer warps
+        # V4: a thread holds all 8 groups of its row's 4 columns: the rope group's select and
+        # its wasted dequantization vanish at compile time, one scale load per row
         if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
-            if 4 * 8 <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
-                ROWS: gl.constexpr = 4 * 8
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [8, 1, 1],
+            if 4 * CW <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
+                ROWS: gl.constexpr = 4 * CW
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [CW, 1, 1],
                                                     [2, 1, 0])  # fmt: skip
-            else:  # the wide tile's 16 rows: 2 columns a thread
+            else:  # 2 columns a thread
                 ROWS: gl.constexpr = 16
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [8, 1, 1],
+                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [CW, 1, 1],
                                                     [2, 1, 0])  # fmt: skip
             g = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))  # unused
         else:
             ROWS: gl.constexpr = 16
-            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [8, 1, 1], [2, 1, 0])
+            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
             g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
@@ -1788,8 +1788,8 @@ if HAS_GLUON:
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0,
     ):  # fmt: skip
-        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on caches of format
-        FMT (0: V4, 1: V4.1 FP8; both caches the same format): grid
+        """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
+        format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
         (B * ceil(H / BLOCK_H), num_splits), the same split of the two caches' tile lists
         and the same outputs. EXACT_BELOW > 0: requests with at most that many valid tokens
         are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
