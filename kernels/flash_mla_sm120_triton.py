@@ -1259,13 +1259,14 @@ if HAS_GLUON:
                 if j < n_main:
                     _ws_issue_v41(raw8.index(slot), raws.index(slot).slice(0, 16, dim=1), live,
                                   t0, lim, kv8, kvu, stride_page, psize, ntok, idx_row, s_it,
-                                  BLOCK_N)  # fmt: skip
+                                  BLOCK_N, False)  # fmt: skip
                 else:
-                    _ws_issue_fp4(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
-                                  stride_page, psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
+                    _ws_issue_v41(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
+                                  stride_page, psize, ntok, idx_row, s_it, BLOCK_N,
+                                  True)  # fmt: skip
             else:
                 _ws_issue_v41(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
-                              stride_page, psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
+                              stride_page, psize, ntok, idx_row, s_it, BLOCK_N, False)  # fmt: skip
         else:
             _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page,
                          psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
@@ -1315,62 +1316,41 @@ if HAS_GLUON:
 
     @gluon.jit
     def _ws_issue_v41(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
-                      idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
-        """`_ws_issue` for a V4.1 FP8 cache into one raw slot (`raw8_s`, `raws_s`): a token's
-        512 data bytes (as 16 groups of 32, the scale's group) at `slot * 512` in its page,
-        its 16 scale bytes at `P * 512 + slot * 16` (docs/kernel-contract.md)."""
+                      idx_row, s_it, BLOCK_N: gl.constexpr, FP4: gl.constexpr):  # fmt: skip
+        """`_ws_issue` for a V4.1 cache into one raw slot (`raw8_s`, `raws_s`), its data row
+        as 16 groups of 32 bytes (docs/kernel-contract.md). FP8: a token's 512 data bytes at
+        `slot * 512` in its page, its 16 scale bytes (UE8M0, one per 32 values) at `P * 512 +
+        slot * 16`. FP4 (an extra cache): its 256 bytes of e2m1 pairs at `slot * 256`, into
+        the row's first 8 groups, its 32 scale bytes (e4m3, one per 16 values) at `P * 256 +
+        slot * 32`."""
         c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 8, 2], [4, 1, 1], [2, 1, 0])
-        cs: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
+        if FP4:
+            ROW_BYTES: gl.constexpr = 256
+            SCALES: gl.constexpr = 32
+            cs: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
+        else:
+            ROW_BYTES: gl.constexpr = 512
+            SCALES: gl.constexpr = 16
+            cs: gl.constexpr = gl.BlockedLayout([1, 16], [32, 1], [4, 1], [1, 0])
         t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
         idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
         valid = (idx >= 0) & (idx < ntok)
         idx = gl.where(valid, idx, 0)
-        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 512
+        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * ROW_BYTES
         grp = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
         col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
         offs = (grp * 32)[None, :, None] + col[None, None, :]
-        async_copy.async_copy_global_to_shared(
-            raw8_s, kv8 + base[:, None, None] + offs, mask=valid[:, None, None]
-        )
+        mask = valid[:, None, None]
+        if FP4:
+            mask = mask & (grp < 8)[None, :, None]
+        async_copy.async_copy_global_to_shared(raw8_s, kv8 + base[:, None, None] + offs, mask=mask)
         ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
         ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
         vs = (ids >= 0) & (ids < ntok)
         ids = gl.where(vs, ids, 0)
-        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 512
-              + (ids % psize).to(gl.int64) * 16)  # fmt: skip
-        sc = gl.arange(0, 16, layout=gl.SliceLayout(0, cs))
-        async_copy.async_copy_global_to_shared(
-            raws_s, kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
-        )
-
-    @gluon.jit
-    def _ws_issue_fp4(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
-                      idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
-        """`_ws_issue` for a V4.1 FP4 extra cache into one raw slot: a token's 256 data bytes
-        (e2m1 pairs) at `slot * 256` in its page, into the first 8 of the slot row's 16
-        groups of 32 bytes; its 32 scale bytes (e4m3, one per 16 values) at `P * 256 + slot
-        * 32`."""
-        c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 8, 2], [4, 1, 1], [2, 1, 0])
-        cs: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])
-        t = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, gl.SliceLayout(2, c8)))
-        idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
-        valid = (idx >= 0) & (idx < ntok)
-        idx = gl.where(valid, idx, 0)
-        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 256
-        grp = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
-        col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
-        offs = (grp * 32)[None, :, None] + col[None, None, :]
-        async_copy.async_copy_global_to_shared(
-            raw8_s, kv8 + base[:, None, None] + offs,
-            mask=valid[:, None, None] & (grp < 8)[None, :, None],
-        )  # fmt: skip
-        ts = t0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, cs))
-        ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
-        vs = (ids >= 0) & (ids < ntok)
-        ids = gl.where(vs, ids, 0)
-        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 256
-              + (ids % psize).to(gl.int64) * 32)  # fmt: skip
-        sc = gl.arange(0, 32, layout=gl.SliceLayout(0, cs))
+        bs = ((ids // psize).to(gl.int64) * stride_page + psize * ROW_BYTES
+              + (ids % psize).to(gl.int64) * SCALES)  # fmt: skip
+        sc = gl.arange(0, SCALES, layout=gl.SliceLayout(0, cs))
         async_copy.async_copy_global_to_shared(
             raws_s, kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
         )
