@@ -1472,6 +1472,31 @@ if HAS_GLUON:
             x = gl.join(lo * 16384.0 * sc, hi * 16384.0 * sc)  # value 2i low nibble, 2i+1 high
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
+    @gluon.constexpr_function
+    def _ws_groups(fmt):
+        """Scale groups of a main-cache row as the dequantization holds it (V4.1 FP8: 16 of
+        32 values; V4: 8 of 64, the 8th the rope)."""
+        return 16 if fmt == 1 else 8
+
+    @gluon.constexpr_function
+    def _ws_dequant_rows(fmt, cw, block_n):
+        """Rows of a K tile dequantized per step by `cw` consumer warps: V4.1 FP8 takes 4 per
+        warp where the tile has them (4 columns a thread), else 16."""
+        return 4 * cw if fmt == 1 and 4 * cw <= block_n else 16
+
+    @gluon.constexpr_function
+    def _ws_dequant_layout(fmt, cw, block_n):
+        """The main cache's dequantization layout, a thread holding all scale groups of its
+        row's columns (each value's scale in registers, one scale load per row): V4 [ROWS, 8,
+        64], 4 columns (the rope group's select and wasted dequantization vanish at compile
+        time); V4.1 FP8 [ROWS, 16, 32], 4 columns (4-byte loads, 8-byte stores) or, where the
+        tile has fewer rows (the wide tile's 16), 2."""
+        if fmt != 1:
+            return gl.BlockedLayout([1, 8, 4], [2, 1, 16], [cw, 1, 1], [2, 1, 0])
+        if 4 * cw <= block_n:
+            return gl.BlockedLayout([1, 16, 4], [4, 1, 8], [cw, 1, 1], [2, 1, 0])
+        return gl.BlockedLayout([1, 16, 2], [2, 1, 16], [cw, 1, 1], [2, 1, 0])
+
     @gluon.jit
     def _ws_q_f16(q, qk_scale_log2):
         """q (bf16) as the fp16 operand of the products, scaled by a power of two 2^-k that
@@ -1561,22 +1586,9 @@ if HAS_GLUON:
                 skipped = few
         n_compute = gl.where(skipped, 0, n_tiles)
         CW: gl.constexpr = 8  # consumer warps
-        # V4: a thread holds all 8 groups of its row's 4 columns: the rope group's select and
-        # its wasted dequantization vanish at compile time, one scale load per row
-        if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
-            if 4 * CW <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
-                ROWS: gl.constexpr = 4 * CW
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [CW, 1, 1],
-                                                    [2, 1, 0])  # fmt: skip
-            else:  # 2 columns a thread
-                ROWS: gl.constexpr = 16
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [CW, 1, 1],
-                                                    [2, 1, 0])  # fmt: skip
-            g = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))  # unused
-        else:
-            ROWS: gl.constexpr = 16
-            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
-            g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
+        L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
+        g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, o_layout)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(1, s_layout))
@@ -1633,20 +1645,9 @@ if HAS_GLUON:
         sums kept per element until the loop ends (`_ws_softmax_lazy`). q is in shared memory
         before the fork (the build measured; the loader-first order of `_ws_consumer` was not
         run with it)."""
-        if FMT == 1:  # V4.1 FP8: [ROWS, 16, 32], all 16 groups of a row's columns
-            if 4 * CW <= BLOCK_N:  # 4 columns a thread: 4-byte loads, 8-byte stores
-                ROWS: gl.constexpr = 4 * CW
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 4], [4, 1, 8], [CW, 1, 1],
-                                                    [2, 1, 0])  # fmt: skip
-            else:  # the wide tile's 16 rows: 2 columns a thread
-                ROWS: gl.constexpr = 16
-                L3: gl.constexpr = gl.BlockedLayout([1, 16, 2], [2, 1, 16], [CW, 1, 1],
-                                                    [2, 1, 0])  # fmt: skip
-            g = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))  # unused
-        else:
-            ROWS: gl.constexpr = 16
-            L3: gl.constexpr = gl.BlockedLayout([1, 8, 4], [2, 1, 16], [CW, 1, 1], [2, 1, 0])
-            g = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
+        L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
+        g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
         qa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
         kb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_layout, k_width=2)
         acc = gl.zeros([BLOCK_H, 512], gl.float32, mma_layout)
