@@ -2328,8 +2328,8 @@ class MMARow(NamedTuple):
     prefill_tm_programs_per_sm: int = 0
     prefill_tm16_programs_per_sm: int = 0
     # The bf16-P launch of head-major 64-head single-cache calls as the warp-specialized Gluon
-    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 or V4.1 FP8
-    # caches; elsewhere the launcher falls back to `_mma_split_kernel`).
+    # kernel (`_ws_split_kernel`: wgmma, so compute capability 9.x only; V4 or V4.1 caches;
+    # elsewhere the launcher falls back to `_mma_split_kernel`).
     ws: bool = False
     # Gluon-loop calls of two or more splits with `topk_length` passed: the splits cut each
     # request's valid tiles, not topk (`_plan_piece`: every program computes the plan from
@@ -2839,9 +2839,9 @@ _WS_FORMAT_PAIRS = ((FMT_V4, FMT_V4), (FMT_V41, FMT_V41), (FMT_V41, FMT_V41_FP4)
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
     a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32,
-    the wide 64 x 16 and the few-head 16 x 32), both caches V4 or both V4.1 FP8 (a V4.1 FP4
-    extra cache: the Triton loops), their bytes and page strides 16-byte aligned (cp.async of
-    16 bytes; the bf16 view of V4's rope needs even strides), q rows contiguous."""
+    the wide 64 x 16 and the few-head 16 x 32), cache formats in `_WS_FORMAT_PAIRS` (V4 and
+    V4, V4.1 FP8 and V4.1 FP8 or FP4), their bytes and page strides 16-byte aligned (cp.async
+    of 16 bytes; the bf16 view of V4's rope needs even strides), q rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
     return (
         HAS_GLUON and q.is_cuda
