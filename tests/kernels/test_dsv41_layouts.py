@@ -13,6 +13,14 @@ import pytest
 
 from . import conftest as kconf
 from .test_flash_mla_sm120_triton import (
+    _FEW,
+    _FEW120,
+    _FEW_PREFILL,
+    _FEW_PREFILL_CFG,
+    _WIDE,
+    _WS,
+    _WS_DUAL,
+    _WSX,
     DEVICE,
     ON_GPU,
     G,
@@ -239,26 +247,24 @@ def test_v41_all_invalid_and_zero_lengths():
 
 # ----------------------------------------------------------------------------- Gluon loops
 # V4.1 caches (FP8 alone, or an FP8 main cache with an FP8 or FP4 extra cache) in the Gluon
-# loops: the sm_90
-# row's wgmma tile (forced: its rule takes it for one cache), its exact launch beside the
-# Triton loop, the sm_120 row's 32 x 32 and wide 64 x 16 mma.sync tiles and the few-head tile
-# of both rows. They run where Triton has the Gluon API the file is written for (3.6) on a 9.x
+# loops, with the V4 cases' shapes and configs (test_flash_mla_sm120_triton): the sm_90 row's
+# wgmma tile (forced: its rule takes it for one cache), its exact launch beside the Triton
+# loop, the sm_120 row's 32 x 32 and wide 64 x 16 mma.sync tiles and the few-head tile of
+# both rows. They run where Triton has the Gluon API the file is written for (3.6) on a 9.x
 # GPU (the H200 runs the sm_120 row's tiles too); each case checks that the Gluon launch ran.
-_GLUON_RUNS = ON_GPU and getattr(fl, "HAS_GLUON", False) and (
-    torch.cuda.get_device_capability()[0] == 9 if ON_GPU else False
-)  # fmt: skip
-_V41_DUAL = dict(
-    topk=320, page_size=64, extra_topk=200, extra_page_size=32, kv_layout="v41",
-    with_sink=True, topk_length="partial", page_stride="pad576", invalid_fraction=0.1,
-)  # fmt: skip
-_SM90_WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
+_GLUON_RUNS = (
+    ON_GPU and getattr(fl, "HAS_GLUON", False) and torch.cuda.get_device_capability()[0] == 9
+)
+_V41_DUAL = dict(_WS_DUAL, kv_layout="v41", invalid_fraction=0.1)
+_FP4 = dict(extra_kv_layout="v41_fp4")
+_WIDE_STATIC = _WIDE._replace(plan_splits=0)  # the wide tile, static splits
 V41_GLUON_CASES = [
-    ("v41_ws_dual_h64", dict(_V41_DUAL, B=4, H=64), [
-        _SM90_WS,
-        _SM90_WS._replace(ws_exact=True, num_splits=1, plan_splits=0),
-        fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True),
+    ("v41_ws_dual_h64", dict(_V41_DUAL, B=4), [
+        _WS,
+        _WS._replace(ws_exact=True, num_splits=1, plan_splits=0),
+        _WSX,
         fl.mma_config((12, 0), 132, 4, 64, 320, 200),
-        fl.mma_config((12, 0), 132, 32, 64, 2048, 0)._replace(plan_splits=0),  # wide tile
+        _WIDE_STATIC,
     ]),
     ("v41_ws_one_cache_h96_page1", dict(B=3, H=96, topk=300, page_size=1, kv_layout="v41",
                                         with_sink=True, invalid_fraction=0.1), [
@@ -266,32 +272,16 @@ V41_GLUON_CASES = [
         fl.mma_config((12, 0), 132, 3, 96, 300, 0),
     ]),
     ("v41_ws_few_h8_dual", dict(_V41_DUAL, B=5, H=8), [
-        fl.mma_config((9, 0), 132, 5, 8, 320, 200),
-        fl.mma_config((12, 0), 132, 5, 8, 320, 200),
-        fl.mma_config((9, 0), 132, 5, 8, 320, 200)._replace(ws_exact=False),
+        _FEW, _FEW120, _FEW._replace(ws_exact=False),
     ]),
-    ("v41_ws_few_prefill_h16", dict(B=40, H=16, topk=192, page_size=64, extra_topk=96,
-                                    extra_page_size=16, kv_layout="v41", with_sink=True,
-                                    topk_length="partial", invalid_fraction=0.3), [
-        fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0),
-    ]),
+    ("v41_ws_few_prefill_h16", dict(_FEW_PREFILL, kv_layout="v41"), [_FEW_PREFILL_CFG]),
     # a V4.1 FP4 extra cache: each tile's loader and dequantization by its cache
-    ("v41_fp4_ws_dual_h64", dict(_V41_DUAL, extra_kv_layout="v41_fp4", B=4, H=64), [
-        _SM90_WS,
-        fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True),
-        fl.mma_config((12, 0), 132, 4, 64, 320, 200),
-        fl.mma_config((12, 0), 132, 32, 64, 2048, 0)._replace(plan_splits=0),  # wide tile
+    ("v41_fp4_ws_dual_h64", dict(_V41_DUAL, **_FP4, B=4), [
+        _WS, _WSX, fl.mma_config((12, 0), 132, 4, 64, 320, 200), _WIDE_STATIC,
     ]),
-    ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, extra_kv_layout="v41_fp4", B=5, H=8), [
-        fl.mma_config((9, 0), 132, 5, 8, 320, 200),
-        fl.mma_config((12, 0), 132, 5, 8, 320, 200),
-    ]),
-    ("v41_fp4_ws_few_prefill_h16", dict(B=40, H=16, topk=192, page_size=64, extra_topk=96,
-                                        extra_page_size=16, kv_layout="v41",
-                                        extra_kv_layout="v41_fp4", with_sink="inf",
-                                        topk_length="partial", invalid_fraction=0.3), [
-        fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0),
-    ]),
+    ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, **_FP4, B=5, H=8), [_FEW, _FEW120]),
+    ("v41_fp4_ws_few_prefill_h16", dict(_FEW_PREFILL, **_FP4, kv_layout="v41",
+                                        with_sink="inf"), [_FEW_PREFILL_CFG]),
 ]  # fmt: skip
 
 
@@ -308,7 +298,7 @@ def gluon_launches(monkeypatch):
 @pytest.mark.parametrize(
     "case_id,kwargs,configs", V41_GLUON_CASES, ids=[c[0] for c in V41_GLUON_CASES]
 )
-def test_v41_fp8_in_gluon_loops(case_id, kwargs, configs, gluon_launches):
+def test_v41_in_gluon_loops(case_id, kwargs, configs, gluon_launches):
     inputs = ref.make_inputs(**kwargs, device=DEVICE, seed=_seed(case_id))
     for cfg in configs:
         before = len(gluon_launches)

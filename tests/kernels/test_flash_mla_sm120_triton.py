@@ -350,6 +350,12 @@ CASES += [
 # interpreter runs the launcher's fallback (`_mma_split_kernel` in the same tiles).
 _FEW = fl.mma_config((9, 0), 132, 5, 8, 320, 200)  # 17 static splits (the rule plans none)
 _FEW120 = fl.mma_config((12, 0), 132, 5, 8, 320, 200)
+# 16 heads, prefill-sized (one split, no plan), partial lengths, 30% invalid indices
+_FEW_PREFILL = dict(
+    B=40, H=16, topk=192, page_size=64, extra_topk=96, extra_page_size=16, with_sink=True,
+    topk_length="partial", invalid_fraction=0.3,
+)  # fmt: skip
+_FEW_PREFILL_CFG = fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0)
 CASES += [
     (
         "ws_few_h8_dual_sink_partial_padded",
@@ -371,23 +377,7 @@ CASES += [
         ("mma",),
         [fl.mma_config((9, 0), 132, 3, 5, 300, 0), fl.mma_config((12, 0), 132, 3, 5, 300, 0)],
     ),
-    (
-        # 16 heads, prefill-sized (one split, no plan), partial lengths, 30% invalid indices
-        "ws_few_h16_prefill_zero_lengths",
-        dict(
-            B=40,
-            H=16,
-            topk=192,
-            page_size=64,
-            extra_topk=96,
-            extra_page_size=16,
-            with_sink=True,
-            topk_length="partial",
-            invalid_fraction=0.3,
-        ),  # fmt: skip
-        ("mma",),
-        [fl.mma_config((9, 0), 132, 1024, 16, 192, 96)._replace(pack_tokens=0)],
-    ),
+    ("ws_few_h16_prefill_zero_lengths", _FEW_PREFILL, ("mma",), [_FEW_PREFILL_CFG]),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
 # indices, sink, padded page stride.
