@@ -50,7 +50,8 @@ Kernels:
     the longest split.
   * `_ws_split_kernel` (Gluon, triton 3.6): the bf16-P launch warp-specialized, a loader
     partition copying raw tiles into a ring while the consumer warps dequantize and multiply
-    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches; V4 caches, V4.1
+    (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches, and on 9.x for
+    small dual-cache calls; V4 caches, V4.1
     FP8 ones alone or paired, or a V4.1 FP8 main cache with an FP4 extra cache, each tile
     read in its cache's format). It computes its
     few-token requests itself (P's rounding residue as a second PV product), and with
@@ -2355,6 +2356,12 @@ class MMARow(NamedTuple):
     # token-major or head-major Triton loops). Session 20: 1.4-1.9x over those on the H200,
     # 1.5-2.3x on the sm_120 proxy at 100 KB per SM.
     ws_few_programs_per_sm: int = 0
+    # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
+    # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
+    # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
+    # H200, H64: 1.05-1.19x at B1-B16 full lengths, 1.77-1.96x with partial lengths and
+    # invalid slots; 0.80-0.86x at B24 and B32.
+    ws_small_dual_programs: int = 0
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2393,6 +2400,7 @@ MMA_ROWS: dict[str, MMARow] = {
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True, ws_few_programs_per_sm=2,
+        ws_small_dual_programs=32,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2537,6 +2545,14 @@ def mma_config(
     if row.prefill_block_n and prefill:
         block_n, warps = row.prefill_block_n, row.prefill_num_warps or warps
     token_major = prefill and row.prefill_tm_block_n > 0 and not row.exact_in_launch
+    small_dual = (
+        on_gpu and cc[0] == 9 and extra_topk > 0 and topk + extra_topk > PV_SPLIT_MAX_TOKENS
+        and row.ws and H > WS_FEW_BLOCK_H and H % WS_SYNC_BLOCK_H == 0
+        and B * (H // WS_SYNC_BLOCK_H) <= row.ws_small_dual_programs
+    )  # fmt: skip
+    if small_dual:  # the mma.sync tile below (ws_sync)
+        block_h, block_n = WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N
+        programs = B * (H // block_h)
     exact_block_h = min(row.exact_block_h, block_h)
     exact_block_n = exact_warps = 0
     if token_major:
@@ -2556,7 +2572,8 @@ def mma_config(
     # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P, one
     # cache. Dual-cache calls keep the Triton loop: measured in one run (session 16, v24) the
     # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
-    # single-cache rows 1.12-1.32x over the Triton loop (H128 the least).
+    # single-cache rows 1.12-1.32x over the Triton loop (H128 the least). Small dual-cache
+    # calls (`small_dual` above) take its mma.sync form instead.
     ws_wgmma = (
         on_gpu and cc[0] == 9 and (extra_topk == 0 or row.ws_dual)
         and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)

@@ -78,6 +78,7 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "ws_exact": getattr(ws_cfg, "ws_exact", False),
             "ws_exact_launch": getattr(table, "ws_exact_launch", False),
             "ws_few": getattr(table, "ws_few_programs_per_sm", 0) > 0,
+            "ws_small_dual": getattr(table, "ws_small_dual_programs", 0) > 0,
             "pack_rows": getattr(table, "pack_rows", 0)}  # fmt: skip
 
 
@@ -301,6 +302,18 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                                         fmt=m, e_fmt=e)  # fmt: skip
                         rows.append(build_report(cc, wide_row, "bf16-P-ws-sync-wide", has_extra,
                                                  fmt, ck, with_ptxas))  # fmt: skip
+                if row.get("ws_small_dual") and has_extra and not sync:
+                    # small dual-cache calls: the mma.sync tile (32 x 32), planned or not
+                    tile = (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
+                    sd_row = dict(ws_row, BLOCK_H=tile[0], BLOCK_N=tile[1])
+                    for plan, fmt in ((False, "v4"), (True, "v4"),
+                                      *((False, f) for f in _ws_v41(has_extra))):  # fmt: skip
+                        m, e = _WS_FORMATS[fmt]
+                        ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
+                                        tile=tile, fmt=m, e_fmt=e)  # fmt: skip
+                        label = "bf16-P-ws-small-dual" + ("-plan" if plan else "")
+                        rows.append(build_report(cc, sd_row, label, has_extra, fmt, ck,
+                                                 with_ptxas))  # fmt: skip
                 if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
                     few = (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)
                     few_row = dict(ws_row, BLOCK_H=few[0], BLOCK_N=few[1],

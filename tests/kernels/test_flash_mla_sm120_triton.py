@@ -302,8 +302,12 @@ CASES += [
 # partial lengths, invalid indices, padded pages, 9 and 1 splits, few-token requests left to
 # the exact launch, beside it or after it); elsewhere (the interpreter) the launcher's
 # fallback to `_mma_split_kernel`, which must compute the same.
-_WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200)._replace(ws=True)
-_WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200)._replace(ws_exact_launch=True)
+# (from the row without its small dual-cache rule, which gives these shapes the mma.sync tile)
+_SM90_64 = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0)
+_WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200, row=_SM90_64)._replace(ws=True)
+_WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200, row=_SM90_64)._replace(ws_exact_launch=True)
+# The rule's own choice for these small dual-cache calls: the mma.sync Gluon tile (32 x 32)
+_WS_SMALL_DUAL = fl.mma_config((9, 0), 132, 4, 64, 320, 200)
 # both caches, sink, partial lengths, padded pages (B and the invalid share per case)
 _WS_DUAL = dict(
     H=64, topk=320, page_size=64, extra_topk=200, extra_page_size=32, with_sink=True,
@@ -321,6 +325,9 @@ CASES += [
             # the few-token requests in the Gluon loop itself (P's residue), planned or not
             _WS._replace(ws_exact=True),
             _WS._replace(ws_exact=True, plan_splits=0),
+            # the rule's mma.sync tile for small dual-cache calls, planned or not
+            _WS_SMALL_DUAL,
+            _WS_SMALL_DUAL._replace(plan_splits=0),
         ],
     ),
     (
@@ -942,9 +949,32 @@ def test_mma_config_rule():
     assert (b1.block_n, b1.num_splits, b1.ws) == (32, 64, False)
     b1 = fl.mma_config((9, 0), 132, 1, 64, 2048, 0)
     assert (b1.block_n, b1.num_splits, b1.ws, b1.num_stages) == (64, 32, True, 1)
-    dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512)  # 4 + 16 tiles of 32, one per split
-    assert (dual.block_n, dual.num_splits, dual.ws) == (32, 20, False)  # dual: the Triton loop
-    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws
+    dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=triton_loop)  # 4 + 16 tiles of 32
+    assert (dual.block_n, dual.num_splits, dual.ws) == (32, 20, False)  # one per split
+    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws  # dual: the Triton loop
+    # ... but dual calls of up to 32 programs of 32 heads: the mma.sync Gluon tile (the sm_120
+    # row's 32 x 32, its exact PV in the same launch), launched as the sm_120 row would on a
+    # 9.x GPU of as many SMs
+    proxy_row = fl.MMA_ROWS["sm120"]
+    for B, H in ((1, 64), (16, 64), (8, 128), (32, 32)):
+        small = fl.mma_config((9, 0), 132, B, H, 128, 512)
+        assert small.ws and (small.block_h, small.block_n) == (32, 32), (B, H)
+        like = fl.mma_config((9, 0), 132, B, H, 128, 512, row=proxy_row)
+        fields = ("block_h", "block_n", "num_splits", "num_stages", "pv_split_below", "ws",
+                  "plan_splits", "plan_round", "ws_exact", "ws_exact_launch", "exact_in_launch",
+                  "token_major", "pack_tokens")  # fmt: skip
+        assert [getattr(small, f) for f in fields] == [getattr(like, f) for f in fields]
+    assert (fl.mma_config((9, 0), 132, 1, 64, 128, 512).num_splits) == 20
+    for B, H, topk, extra in ((17, 64, 128, 512), (9, 128, 128, 512), (1, 64, 2048, 0),
+                              (1, 64, 64, 128), (4, 48, 128, 512)):  # fmt: skip
+        # more programs, one cache, the exact PV for the whole call, partly masked blocks
+        assert fl.mma_config((9, 0), 132, B, H, topk, extra).block_h == 64, (B, H, topk)
+    assert fl.mma_config((9, 0), 132, 16, 16, 128, 512).block_h == 16  # the few-head tile
+    no_small = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0)
+    assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=no_small).ws
+    assert fl.mma_config((12, 0), 188, 1, 64, 128, 512) == fl.mma_config(
+        (12, 0), 188, 1, 64, 128, 512, row=proxy_row._replace(ws_small_dual_programs=32)
+    )  # the sm_120 row's own rule: unchanged
     # not the Gluon loop: small topk (the exact PV), sm_100 (no wgmma), sm_120
     assert not fl.mma_config((9, 0), 132, 4, 64, 37, 0).ws
     assert not fl.mma_config((10, 0), 148, 64, 64, 2048, 0).ws
