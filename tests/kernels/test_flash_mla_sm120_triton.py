@@ -972,6 +972,11 @@ def test_mma_config_rule():
     assert fl.mma_config((9, 0), 132, 16, 16, 128, 512).block_h == 16  # the few-head tile
     no_small = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0)
     assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=no_small).ws
+    # where the Gluon loop cannot run the launcher asks for the row without it: the Triton
+    # loop in the row's own tile, as before
+    assert fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=triton_loop) == fl.mma_config(
+        (9, 0), 132, 1, 64, 128, 512, row=no_small._replace(ws=False)
+    )
     assert fl.mma_config((12, 0), 188, 1, 64, 128, 512) == fl.mma_config(
         (12, 0), 188, 1, 64, 128, 512, row=proxy_row._replace(ws_small_dual_programs=32)
     )  # the sm_120 row's own rule: unchanged
