@@ -964,18 +964,17 @@ def test_mma_config_rule():
                   "plan_splits", "plan_round", "ws_exact", "ws_exact_launch", "exact_in_launch",
                   "token_major", "pack_tokens")  # fmt: skip
         assert [getattr(small, f) for f in fields] == [getattr(like, f) for f in fields]
-    assert (fl.mma_config((9, 0), 132, 1, 64, 128, 512).num_splits) == 20
+    assert fl.mma_config((9, 0), 132, 1, 64, 128, 512).num_splits == 20
     for B, H, topk, extra in ((17, 64, 128, 512), (9, 128, 128, 512), (1, 64, 2048, 0),
                               (1, 64, 64, 128), (4, 48, 128, 512)):  # fmt: skip
         # more programs, one cache, the exact PV for the whole call, partly masked blocks
         assert fl.mma_config((9, 0), 132, B, H, topk, extra).block_h == 64, (B, H, topk)
     assert fl.mma_config((9, 0), 132, 16, 16, 128, 512).block_h == 16  # the few-head tile
-    no_small = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0)
-    assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=no_small).ws
+    assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=_SM90_64).ws  # rule off
     # where the Gluon loop cannot run the launcher asks for the row without it: the Triton
     # loop in the row's own tile, as before
     assert fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=triton_loop) == fl.mma_config(
-        (9, 0), 132, 1, 64, 128, 512, row=no_small._replace(ws=False)
+        (9, 0), 132, 1, 64, 128, 512, row=_SM90_64._replace(ws=False)
     )
     assert fl.mma_config((12, 0), 188, 1, 64, 128, 512) == fl.mma_config(
         (12, 0), 188, 1, 64, 128, 512, row=proxy_row._replace(ws_small_dual_programs=32)
