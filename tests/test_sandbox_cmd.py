@@ -249,3 +249,35 @@ def test_a_port_left_in_time_wait_by_a_killed_sshd_counts_as_free():
     assert not _port_free(port)  # still listening
     listener.close()
     assert _port_free(port)
+
+
+def test_a_service_between_two_programs_counts_as_running(tmp_path, monkeypatch):
+    """`sandbox up` reads the service's command line right after restart.sh started it: during
+    the execve of `nohup python ...` /proc/<pid>/cmdline is empty for a moment, and `up` once
+    reported a just-started service as stopped (a CI run). An empty read is read again."""
+    from kerneldev.sandbox import host
+
+    folder = tmp_path / "sb"
+    pidfile = folder / "service" / "service.pid"
+    pidfile.parent.mkdir(parents=True)
+    pidfile.write_text(f"{os.getpid()}\n")
+    marker = str(folder) + os.sep
+    real = Path.read_bytes
+    reads = []
+
+    def read_bytes(path):
+        if str(path) == f"/proc/{os.getpid()}/cmdline":
+            reads.append(path)
+            # empty twice (mid-exec), then a command line naming the sandbox folder
+            return b"" if len(reads) <= 2 else b"python\x00" + marker.encode() + b"x\x00"
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    assert host._pid_if_running(pidfile, marker) == os.getpid()
+    assert len(reads) == 3
+    reads.clear()
+    monkeypatch.setattr(host, "CMDLINE_RETRIES", 2)  # empty every time: not ours
+    monkeypatch.setattr(
+        Path, "read_bytes", lambda path: b"" if "cmdline" in str(path) else real(path)
+    )
+    assert host._pid_if_running(pidfile, marker) is None

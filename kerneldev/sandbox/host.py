@@ -615,6 +615,11 @@ def _service_marker(folder: Path) -> tuple[Path, str]:
     return folder / "service" / "service.pid", str(folder) + os.sep
 
 
+# A process between two programs (execve: restart.sh's `nohup python ...` just started) shows
+# an empty command line for a moment; it is read again this many times, 10 ms apart.
+CMDLINE_RETRIES = 50
+
+
 def _pid_if_running(pidfile: Path, marker: str) -> int | None:
     """The pid in `pidfile` when that process runs and is ours (its command line names
     `marker`): a stale pid file may name an unrelated process by now."""
@@ -624,7 +629,11 @@ def _pid_if_running(pidfile: Path, marker: str) -> int | None:
     except (OSError, ValueError):
         return None
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        for _ in range(CMDLINE_RETRIES):
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if cmdline:
+                break
+            time.sleep(0.01)
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return pid  # no /proc: trust the pid file
