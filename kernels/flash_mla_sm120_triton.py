@@ -51,9 +51,8 @@ Kernels:
   * `_ws_split_kernel` (Gluon, triton 3.6): the bf16-P launch warp-specialized, a loader
     partition copying raw tiles into a ring while the consumer warps dequantize and multiply
     (wgmma on 9.x for one cache; mma.sync for the sm_120 row, both caches, and on 9.x for
-    small dual-cache calls; V4 caches, V4.1
-    FP8 ones alone or paired, or a V4.1 FP8 main cache with an FP4 extra cache, each tile
-    read in its cache's format). It computes its
+    small dual-cache calls; V4 caches, V4.1 FP8 ones alone or paired, or a V4.1 FP8 main
+    cache with an FP4 extra cache, each tile read in its cache's format). It computes its
     few-token requests itself (P's rounding residue as a second PV product), and with
     `topk_length` passed and two or more splits it cuts each request's valid tiles into
     pieces that fit one round of programs (`_plan_piece`, computed by every program from the
@@ -1489,7 +1488,7 @@ if HAS_GLUON:
         (session 23)."""
         if fmt == 1 and 4 * cw <= block_n:
             return 4 * cw
-        return 32 if block_n == 64 else 16
+        return 32 if block_n == WS_BLOCK_N else 16
 
     @gluon.constexpr_function
     def _ws_dequant_layout(fmt, cw, block_n):

@@ -141,6 +141,12 @@ def _ws_v41(has_extra: bool) -> list[str]:
     return ["v41", "v41+v41_fp4"] if has_extra else ["v41"]
 
 
+def _ws_plans_and_formats(has_extra: bool) -> list[tuple[bool, str]]:
+    """(planned, format name) of a Gluon tile's builds: V4 caches planned or not, V4.1 ones
+    (their own loader and dequantization) unplanned."""
+    return [(False, "v4"), (True, "v4"), *((False, f) for f in _ws_v41(has_extra))]
+
+
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
     exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
@@ -285,10 +291,7 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
             exact_in = row.get("ws_exact", False)
             below = fl.PV_SPLIT_MAX_TOKENS if row["ws_exact_concurrent"] or exact_in else 0
             for has_extra in (False, True):
-                # V4 caches planned or not; V4.1 FP8 caches (their own loader and
-                # dequantization) unplanned
-                for plan, fmt in ((False, "v4"), (True, "v4"),
-                                  *((False, f) for f in _ws_v41(has_extra))):  # fmt: skip
+                for plan, fmt in _ws_plans_and_formats(has_extra):
                     m, e = _WS_FORMATS[fmt]
                     ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in, fmt=m, e_fmt=e)
                     label = ("bf16-P-ws-sync" if sync else "bf16-P-ws") + ("-plan" if plan else "")
@@ -306,8 +309,7 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     # small dual-cache calls: the mma.sync tile (32 x 32), planned or not
                     tile = (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
                     sd_row = dict(ws_row, BLOCK_H=tile[0], BLOCK_N=tile[1])
-                    for plan, fmt in ((False, "v4"), (True, "v4"),
-                                      *((False, f) for f in _ws_v41(has_extra))):  # fmt: skip
+                    for plan, fmt in _ws_plans_and_formats(has_extra):
                         m, e = _WS_FORMATS[fmt]
                         ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
                                         tile=tile, fmt=m, e_fmt=e)  # fmt: skip
