@@ -1551,7 +1551,7 @@ if HAS_GLUON:
                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                      stride_it,
                      EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                     stride_eib, stride_eit, qk_scale_log2,
+                     stride_eib, stride_eit, qk_scale_log2, few_pre,
                      Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length, e_topk,
                      NR: gl.constexpr,
                      BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, s_layout: gl.constexpr,
@@ -1559,13 +1559,14 @@ if HAS_GLUON:
                      EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
                      EXACT_IN: gl.constexpr, ONLY_FEW: gl.constexpr,
                      FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
-        """Default partition: q into shared memory and the request's valid-index count while
-        the loader's first copies fly; then per tile: dequantize raw tile i into k_smem
-        (x = fp8 * 2^(e - 127), rope as is), free the raw slot, S, the online softmax and PV.
-        A request left to the exact launch consumes its tiles without computing; EXACT_IN: a
-        few-token request is computed here, P's bf16 rounding residue added by a second PV
-        product (the exact launch's P_hi + P_lo, without its doubled tile). ONLY_FEW (with
-        EXACT_IN): the request is a few-token one (the kernel counted), computed exact."""
+        """Default partition: q into shared memory and the request's valid-index count (one
+        cache; with two, `few_pre`, counted before the fork) while the loader's first copies
+        fly; then per tile: dequantize raw tile i into k_smem (x = fp8 * 2^(e - 127), rope as
+        is), free the raw slot, S, the online softmax and PV. A request left to the exact
+        launch consumes its tiles without computing; EXACT_IN: a few-token request is
+        computed here, P's bf16 rounding residue added by a second PV product (the exact
+        launch's P_hi + P_lo, without its doubled tile). ONLY_FEW (with EXACT_IN): the request
+        is a few-token one (the kernel counted), computed exact."""
         ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
         qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
@@ -1583,9 +1584,12 @@ if HAS_GLUON:
         if ONLY_FEW:
             exact = n_tiles >= 0  # True
         elif EXACT_BELOW > 0:
-            few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
-                                 EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                 e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK, 8)  # fmt: skip
+            few = few_pre  # two caches: counted before the fork
+            if not HAS_EXTRA:
+                few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                     EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                     e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
+                                     8)  # fmt: skip
             if EXACT_IN:
                 exact = few
             else:
@@ -1923,6 +1927,16 @@ if HAS_GLUON:
             l_i = gl.where(keep, l_i, -1.0)  # nothing stored for a request left to the exact launch
         else:
             WG: gl.constexpr = num_warps // 4
+            # Two caches: the few-token count here, before the fork, not in the consumer
+            # beside the loader's first copies as for one cache: counted there, both caches'
+            # index rows and the exact PV's branch spilled 168 B in its tile loop (wgmma
+            # descriptors), 1.19x slower at B128 (session 24).
+            few_pre = n_tiles < 0  # False
+            if HAS_EXTRA and EXACT_BELOW > 0 and not ONLY_FEW:
+                few_pre = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
+                                         num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
+                                         e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
+                                         COUNT_BLOCK, num_warps)  # fmt: skip
             s_layout: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BLOCK_N // WG, 16]
             )
@@ -1936,7 +1950,7 @@ if HAS_GLUON:
                                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
                                     stride_ib, stride_it,
                                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                    EIDX_ptr, stride_eib, stride_eit, qk_scale_log2,
+                                    EIDX_ptr, stride_eib, stride_eit, qk_scale_log2, few_pre,
                                     Q_ptr, stride_qb, stride_qh, h0, H, length, topk, e_length,
                                     e_topk, NR, BLOCK_N, BLOCK_H, s_layout, o_layout, HAS_EXTRA,
                                     EXACT_BELOW, COUNT_BLOCK, EXACT_IN or ONLY_FEW, ONLY_FEW,
@@ -2344,9 +2358,9 @@ class MMARow(NamedTuple):
     # launch then lasting as long as the longest request's split, short requests' SMs idle).
     length_aware: bool = False
     # The Gluon loop computes the few-token requests itself, P's bf16 rounding residue added
-    # by a second PV product on their tiles (no exact launch beside it); and takes dual-cache
-    # calls on 9.x (wgmma) too.
+    # by a second PV product on their tiles (no exact launch beside it).
     ws_exact: bool = False
+    # The Gluon loop (wgmma, 9.x) takes dual-cache calls too, not only single-cache ones.
     ws_dual: bool = False
     # Calls the Triton loop runs with the exact PV as a second launch (9.x: dual caches): that
     # launch as the Gluon loop computing only the few-token requests (ONLY_FEW), where it can.
@@ -2396,16 +2410,19 @@ MMA_ROWS: dict[str, MMARow] = {
     # Head-major 64-head calls on one cache: the warp-specialized Gluon loop (v23, one run:
     # B64 topk2048 101.0 -> 81.5 us, B128 177.1 -> 143.0, B1 19.6 -> 18.6 with its 64-token
     # tiles where the Triton loop takes 32, B64 H128 topk512 53.5 -> 50.9).
-    # Dual-cache calls (the Triton loop): the exact launch as the Gluon loop computing only
+    # Dual-cache calls the Triton loop runs: the exact launch as the Gluon loop computing only
     # the few-token requests (issue 20, session 18: dual edge rows 1.2-1.4x).
+    # Dual-cache calls of 64-head blocks: the Gluon loop too (`ws_dual`, session 24: its
+    # build without the 168 B spill, 1.02-1.14x over the Triton loop at B24-B256, 1.10x V4.1
+    # FP8, 1.89x V4.1 FP4), but the small ones (`ws_small_dual_programs`).
     # Calls of at most 16 heads: the Gluon loop's few-head tile, two programs
     # per SM (session 20: T1024 H8 dual prefill 354.8 -> 230.5 us, B64 H8 dual decode 40.4 ->
     # 27.0); the token-major loop and the packed plan's per-token launch then run only where
     # the Gluon loop cannot (a Triton without Gluon, odd strides).
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
-        ws=True, length_aware=True, ws_exact=True, ws_exact_launch=True, ws_few_programs_per_sm=2,
-        ws_small_dual_programs=32,
+        ws=True, length_aware=True, ws_exact=True, ws_dual=True, ws_exact_launch=True,
+        ws_few_programs_per_sm=2, ws_small_dual_programs=32,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2574,11 +2591,11 @@ def mma_config(
     # shapes: the requests whose valid tokens are few take it (the interpreter computes in
     # fp32 and needs neither).
     pv_split = on_gpu and topk + extra_topk <= PV_SPLIT_MAX_TOKENS
-    # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P, one
-    # cache. Dual-cache calls keep the Triton loop: measured in one run (session 16, v24) the
-    # Gluon loop with the loader first was 0.80-0.93x at B32-B256 dual (1.04x at B1 dual);
-    # single-cache rows 1.12-1.32x over the Triton loop (H128 the least). Small dual-cache
-    # calls (`small_dual` above) take its mma.sync form instead.
+    # The warp-specialized loop: wgmma (compute capability 9.x), its 64 x 64 tile, bf16 P;
+    # single-cache rows 1.12-1.32x over the Triton loop (session 16, v24; H128 the least).
+    # Dual-cache calls with the row's `ws_dual`: 0.80-0.93x at B32-B256 until session 24
+    # found its dual build spilling (now counted before the fork: 1.02-1.14x). Small
+    # dual-cache calls (`small_dual` above) take its mma.sync form instead.
     ws_wgmma = (
         on_gpu and cc[0] == 9 and (extra_topk == 0 or row.ws_dual)
         and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N)

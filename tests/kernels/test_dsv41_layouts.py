@@ -20,6 +20,7 @@ from .test_flash_mla_sm120_triton import (
     _WIDE,
     _WS,
     _WS_DUAL,
+    _WS_DUAL_RULE,
     _WSX,
     DEVICE,
     ON_GPU,
@@ -262,6 +263,7 @@ V41_GLUON_CASES = [
     ("v41_ws_dual_h64", dict(_V41_DUAL, B=4), [
         _WS,
         _WS._replace(ws_exact=True, num_splits=1, plan_splits=0),
+        _WS_DUAL_RULE,  # the rule's wgmma Gluon loop for dual calls of 40+ programs
         _WSX,
         fl.mma_config((12, 0), 132, 4, 64, 320, 200),
         _WIDE_STATIC,
@@ -277,7 +279,7 @@ V41_GLUON_CASES = [
     ("v41_ws_few_prefill_h16", dict(_FEW_PREFILL, kv_layout="v41"), [_FEW_PREFILL_CFG]),
     # a V4.1 FP4 extra cache: each tile's loader and dequantization by its cache
     ("v41_fp4_ws_dual_h64", dict(_V41_DUAL, **_FP4, B=4), [
-        _WS, _WSX, fl.mma_config((12, 0), 132, 4, 64, 320, 200), _WIDE_STATIC,
+        _WS, _WS_DUAL_RULE, _WSX, fl.mma_config((12, 0), 132, 4, 64, 320, 200), _WIDE_STATIC,
     ]),
     ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, **_FP4, B=5, H=8), [_FEW, _FEW120]),
     ("v41_fp4_ws_few_prefill_h16", dict(_FEW_PREFILL, **_FP4, kv_layout="v41",

@@ -297,17 +297,20 @@ CASES += [
     ),
     ("grp_h20_masked_heads", dict(B=2, H=20, topk=21, page_size=64), ("mma",), [G(2)]),
 ]
-# The sm_90 row's config with its Gluon loop (`ws`, forced: the rule takes it for one cache
-# only, the kernel handles two): on a GPU that can run it, that loop (both caches, sink,
-# partial lengths, invalid indices, padded pages, 9 and 1 splits, few-token requests left to
-# the exact launch, beside it or after it); elsewhere (the interpreter) the launcher's
-# fallback to `_mma_split_kernel`, which must compute the same.
-# (from the row without its small dual-cache rule, which gives these shapes the mma.sync tile)
-_SM90_64 = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0)
+# The sm_90 row's Triton-loop config for a dual-cache call with its Gluon loop forced (`ws`):
+# on a GPU that can run it, that loop (both caches, sink, partial lengths, invalid indices,
+# padded pages, 9 and 1 splits, few-token requests left to the exact launch, beside it or
+# after it); elsewhere (the interpreter) the launcher's fallback to `_mma_split_kernel`, which
+# must compute the same. (From the row without its Gluon loop on dual calls and without its
+# small dual-cache rule, which give these shapes the Gluon loop's own exact PV or the
+# mma.sync tile.)
+_SM90_64 = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0, ws_dual=False)
 _WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200, row=_SM90_64)._replace(ws=True)
 _WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200, row=_SM90_64)._replace(ws_exact_launch=True)
-# The rule's own choice for these small dual-cache calls: the mma.sync Gluon tile (32 x 32)
+# The rule's own choice for these small dual-cache calls: the mma.sync Gluon tile (32 x 32);
+# for 20 requests (40 programs of 32 heads), the wgmma Gluon loop with its own exact PV
 _WS_SMALL_DUAL = fl.mma_config((9, 0), 132, 4, 64, 320, 200)
+_WS_DUAL_RULE = fl.mma_config((9, 0), 132, 20, 64, 320, 200)
 # both caches, sink, partial lengths, padded pages (B and the invalid share per case)
 _WS_DUAL = dict(
     H=64, topk=320, page_size=64, extra_topk=200, extra_page_size=32, with_sink=True,
@@ -329,6 +332,14 @@ CASES += [
             _WS_SMALL_DUAL,
             _WS_SMALL_DUAL._replace(plan_splits=0),
         ],
+    ),
+    (
+        # the rule's wgmma Gluon loop for larger dual-cache calls (the few-token count before
+        # its fork), planned or not, V4 caches (the V4.1 ones: test_dsv41_layouts.py)
+        "sm90_ws_dual_rule_sink_partial_padded",
+        dict(_WS_DUAL, B=20, invalid_fraction=0.2),
+        ("mma",),
+        [_WS_DUAL_RULE, _WS_DUAL_RULE._replace(plan_splits=0)],
     ),
     (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
@@ -951,7 +962,9 @@ def test_mma_config_rule():
     assert (b1.block_n, b1.num_splits, b1.ws, b1.num_stages) == (64, 32, True, 1)
     dual = fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=triton_loop)  # 4 + 16 tiles of 32
     assert (dual.block_n, dual.num_splits, dual.ws) == (32, 20, False)  # one per split
-    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws  # dual: the Triton loop
+    # dual calls: the wgmma Gluon loop (ws_dual) ...
+    dual = fl.mma_config((9, 0), 132, 64, 64, 128, 512)
+    assert dual.ws and (dual.block_h, dual.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
     # ... but dual calls of up to 32 programs of 32 heads: the mma.sync Gluon tile (the sm_120
     # row's 32 x 32, its exact PV in the same launch), launched as the sm_120 row would on a
     # 9.x GPU of as many SMs
@@ -970,7 +983,7 @@ def test_mma_config_rule():
         # more programs, one cache, the exact PV for the whole call, partly masked blocks
         assert fl.mma_config((9, 0), 132, B, H, topk, extra).block_h == 64, (B, H, topk)
     assert fl.mma_config((9, 0), 132, 16, 16, 128, 512).block_h == 16  # the few-head tile
-    assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=_SM90_64).ws  # rule off
+    assert not fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=_SM90_64).ws  # rules off
     # where the Gluon loop cannot run the launcher asks for the row without it: the Triton
     # loop in the row's own tile, as before
     assert fl.mma_config((9, 0), 132, 1, 64, 128, 512, row=triton_loop) == fl.mma_config(
@@ -1044,19 +1057,27 @@ def test_mma_config_rule():
     assert (b1.plan_splits, b1.plan_round) == (32, 132)  # 32 tiles: no more splits than tiles
     assert fl.mma_config((9, 0), 132, 128, 64, 2048, 0).plan_splits == 0  # one split
     assert small.plan_splits == 0  # the exact PV for the whole call
-    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512).plan_splits == 0  # the Triton loop
+    # dual-cache calls: the Gluon loop's plan too; none in the Triton loop (without ws_dual)
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512).plan_splits == 4
+    tri = fl.MMA_ROWS["sm90"]._replace(ws_dual=False)
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=tri).plan_splits == 0
     assert fl.mma_config((9, 0), 132, 8, 128, 2048, 0).plan_round == 66  # two head blocks
-    # the Gluon loop computes the few-token requests itself (no exact launch); one cache only
-    # on the sm_90 row (ws_dual off), both on the sm_120 row
-    assert sm90.ws_exact and not fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws_exact
+    # the Gluon loop computes the few-token requests itself (no exact launch), one cache or
+    # two, on both rows; the sm_90 row's dual-cache calls in its wgmma tile (ws_dual), the
+    # Triton loop without it
+    dual90 = fl.mma_config((9, 0), 132, 64, 64, 128, 512)
+    assert sm90.ws_exact and dual90.ws_exact and dual90.ws
+    assert (dual90.block_h, dual90.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
+    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=tri).ws
     assert ws120.ws_exact and fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws_exact
-    both = fl.MMA_ROWS["sm90"]._replace(ws_dual=True)
-    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=both).ws
+    rule = fl.mma_config((9, 0), 132, 20, 64, 320, 200)
+    assert rule.ws and (rule.block_h, rule.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
     off = fl.MMA_ROWS["sm90"]._replace(length_aware=False)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=off).plan_splits == 0
-    # the Triton loop's exact launch as the Gluon loop: 9.x dual-cache calls only
-    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512).ws_exact_launch
-    assert not sm90.ws_exact_launch  # one cache: the Gluon loop itself (ws_exact)
+    # the Triton loop's exact launch as the Gluon loop: 9.x dual-cache calls that loop runs
+    assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=tri).ws_exact_launch
+    assert not dual90.ws_exact_launch  # the Gluon loop itself (ws_exact)
+    assert not sm90.ws_exact_launch
     r120 = fl.MMA_ROWS["sm120"]._replace(ws_exact_launch=True)
     assert not fl.mma_config((12, 0), 188, 64, 64, 128, 512, row=r120).ws_exact_launch
     assert not fl.mma_config(None, 2, 64, 64, 128, 512).ws_exact_launch
