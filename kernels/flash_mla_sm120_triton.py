@@ -1161,6 +1161,11 @@ WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
 WS_BLOCK_N = 64  # tokens per tile
 WS_RAW_SLOTS = 2  # raw tiles in flight (2 x 37.4 KB + q 64 KB + K 64 KB: 218 KB of 227)
 WS_LOADER_REGS = 56  # the loader only computes addresses
+# ... of two caches, in the wgmma tile: at 56 its tile loop spilled a shared-memory offset
+# (4 B, a local load before each tile's scale copies); at 64 (the consumers 216, no spills)
+# B128 dual 63.2 -> 56.8 µs, B32-B64 dual 1.00x (session 24). Not for one cache: there the
+# consumers' 8 fewer registers cost 2-9% (B128 topk2048 122.6 -> 133.8 µs).
+WS_DUAL_LOADER_REGS = 64
 # The mma.sync form (the sm_120 row, 99 KB per block): 32 heads x 32 tokens, one raw slot (the
 # K tile is the second buffer: q 32 KB + K 32 KB + raw 20 KB, 88,348 B), 8 consumer warps at
 # 168 registers: one program per SM by registers as by sm_120's 100 KB of shared memory.
@@ -1189,14 +1194,17 @@ WS_SYNC_TILES = (
 )
 
 
-def ws_build(tile: tuple[int, int]) -> dict:
-    """The launch options of `_ws_split_kernel` in `tile` (heads, tokens): mma.sync or not,
-    its raw slots, its consumer warps and (where set) its register cap."""
+def ws_build(tile: tuple[int, int], has_extra: bool = False) -> dict:
+    """The launch options of `_ws_split_kernel` in `tile` (heads, tokens), on one cache or two
+    (`has_extra`): mma.sync or not, its raw slots, its consumer warps, its loader's registers
+    and (where set) its register cap."""
     if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
-                    maxnreg=WS_FEW_MAXNREG)  # fmt: skip
+                    maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS)  # fmt: skip
     sync = tile in WS_SYNC_TILES
-    return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8)
+    loader = WS_DUAL_LOADER_REGS if has_extra and not sync else WS_LOADER_REGS
+    return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
+                LOADER_REGS=loader)  # fmt: skip
 
 
 if HAS_GLUON:
@@ -2915,9 +2923,9 @@ def _launch_ws(
         part_o, part_lse, H, common["qk_scale_log2"], splits, tiles_per_split,
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
-        LOADER_REGS=WS_LOADER_REGS, EXACT_IN=exact_in, ONLY_FEW=only_few,
+        EXACT_IN=exact_in, ONLY_FEW=only_few,
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
-        **ws_build((block_h, block_n)),
+        **ws_build((block_h, block_n), flags["HAS_EXTRA"]),
         **(plan or {}),
     )  # fmt: skip
 

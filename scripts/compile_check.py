@@ -169,11 +169,12 @@ def compile_ws(
         bh, bn = tile or (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
     else:
         bh, bn = fl.WS_BLOCK_H, fl.WS_BLOCK_N
-    build = fl.ws_build((bh, bn))  # as `_launch_ws` launches it: raw slots, warps, register cap
+    # as `_launch_ws` launches it: raw slots, warps, loader's registers, register cap
+    build = fl.ws_build((bh, bn), has_extra)
     options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
-        COUNT_BLOCK=1024, LOADER_REGS=fl.WS_LOADER_REGS, PLAN=plan, EXACT_IN=exact_in,
+        COUNT_BLOCK=1024, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
         E_FMT=fmt if e_fmt is None else e_fmt,
         num_warps=options["num_warps"], **build,
