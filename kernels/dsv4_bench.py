@@ -28,10 +28,10 @@ compiles it with DISABLE_MMA_V3=1, so on Hopper it runs mma.sync instead of wgmm
 `--sm120-proxy` adds the variant `sm120`: the sm_120 row that way, next to the device's own
 row (with triton 3.6 the row's bf16-P launch is its Gluon loop, whose mma.sync the kernel
 writes itself; `--config LABEL=row:sm120,mma_v2:1,ws:0` is the row's Triton loop;
-`length_aware:0`, `ws_exact:0` and `ws_dual:1` turn the Gluon loop's length-aware split and
-its own exact PV off, or give it the sm_90 row's dual-cache calls; `ws_exact_launch:0` gives
-those calls' exact launch back to the Triton loop; `ws_wide_tokens_per_sm:0` keeps the sm_120
-row's Gluon loop in its 32 x 32 tile). Every
+`length_aware:0`, `ws_exact:0` and `ws_dual:0` turn the Gluon loop's length-aware split and
+its own exact PV off, or give the sm_90 row's dual-cache calls back to its Triton loop;
+`ws_exact_launch:0` gives that loop's exact launch back to the Triton loop too;
+`ws_wide_tokens_per_sm:0` keeps the sm_120 row's Gluon loop in its 32 x 32 tile). Every
 variant's JSON entry lists the compiled kernels it launched (registers, spills, shared
 memory, wgmma / mma.sync counts in the PTX).
 
