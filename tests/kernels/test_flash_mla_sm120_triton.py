@@ -1083,6 +1083,20 @@ def test_mma_config_rule():
     assert not fl.mma_config(None, 2, 64, 64, 128, 512).ws_exact_launch
 
 
+def test_gluon_builds_loader_registers():
+    """The wgmma loop's loader gets more registers on two caches only (at the one-cache
+    count its dual build spilled in the tile loop; one-cache builds lose with more); the
+    mma.sync tiles keep theirs whatever the caches."""
+    wgmma = (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
+    assert fl.ws_build(wgmma, True)["LOADER_REGS"] == fl.WS_DUAL_LOADER_REGS
+    assert fl.ws_build(wgmma, False)["LOADER_REGS"] == fl.WS_LOADER_REGS
+    assert fl.WS_DUAL_LOADER_REGS > fl.WS_LOADER_REGS
+    for tile in fl.WS_SYNC_TILES:
+        for has_extra in (False, True):
+            build = fl.ws_build(tile, has_extra)
+            assert build["MMA_SYNC"] and build["LOADER_REGS"] == fl.WS_LOADER_REGS, tile
+
+
 def test_prefill_rule_only_for_many_programs_of_16_heads():
     """The Triton loops' rule (where the Gluon loop's few-head tile cannot run: no Gluon, V4.1
     caches): prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take
