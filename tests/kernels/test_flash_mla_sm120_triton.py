@@ -342,6 +342,14 @@ CASES += [
         [_WS_DUAL_RULE, _WS_DUAL_RULE._replace(plan_splits=0)],
     ),
     (
+        # ... with a partly masked head block (96 heads: 33 programs of 32 heads, past the
+        # small-call bound)
+        "sm90_ws_dual_rule_h96",
+        dict(_WS_DUAL, B=11, H=96, invalid_fraction=0.1),
+        ("mma",),
+        [fl.mma_config((9, 0), 132, 11, 96, 320, 200)],
+    ),
+    (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
         # tile
         "sm90_ws_h96_page1_topk300",
