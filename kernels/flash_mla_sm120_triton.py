@@ -1592,8 +1592,9 @@ if HAS_GLUON:
         if ONLY_FEW:
             exact = n_tiles >= 0  # True
         elif EXACT_BELOW > 0:
-            few = few_pre  # two caches: counted before the fork
-            if not HAS_EXTRA:
+            if HAS_EXTRA:
+                few = few_pre  # counted before the fork
+            else:
                 few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
                                      EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
                                      e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,

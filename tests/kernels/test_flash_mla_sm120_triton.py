@@ -1073,18 +1073,16 @@ def test_mma_config_rule():
     # the Gluon loop computes the few-token requests itself (no exact launch), one cache or
     # two, on both rows; the sm_90 row's dual-cache calls in its wgmma tile (ws_dual), the
     # Triton loop without it
-    dual90 = fl.mma_config((9, 0), 132, 64, 64, 128, 512)
-    assert sm90.ws_exact and dual90.ws_exact and dual90.ws
-    assert (dual90.block_h, dual90.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
+    assert sm90.ws_exact and dual.ws_exact and dual.ws  # `dual`: B64 H64 main 128 + extra 512
     assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=tri).ws
     assert ws120.ws_exact and fl.mma_config((12, 0), 188, 64, 64, 128, 512).ws_exact
-    rule = fl.mma_config((9, 0), 132, 20, 64, 320, 200)
+    rule = _WS_DUAL_RULE  # 20 requests: 40 programs of 32 heads, past the small-call bound
     assert rule.ws and (rule.block_h, rule.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
     off = fl.MMA_ROWS["sm90"]._replace(length_aware=False)
     assert fl.mma_config((9, 0), 132, 64, 64, 2048, 0, row=off).plan_splits == 0
     # the Triton loop's exact launch as the Gluon loop: 9.x dual-cache calls that loop runs
     assert fl.mma_config((9, 0), 132, 64, 64, 128, 512, row=tri).ws_exact_launch
-    assert not dual90.ws_exact_launch  # the Gluon loop itself (ws_exact)
+    assert not dual.ws_exact_launch  # the Gluon loop itself (ws_exact)
     assert not sm90.ws_exact_launch
     r120 = fl.MMA_ROWS["sm120"]._replace(ws_exact_launch=True)
     assert not fl.mma_config((12, 0), 188, 64, 64, 128, 512, row=r120).ws_exact_launch
