@@ -1992,9 +1992,22 @@ if HAS_GLUON:
             else:
                 total2 = lse2
             coef = gl.where(l_i > 0, gl.exp2(lse2 - total2) / l_i, 0.0)
-            out = acc * coef[:, None]
-            o_ptrs = O_ptr + b.to(gl.int64) * stride_ob + heads[:, None].to(gl.int64) * stride_oh
-            gl.store(o_ptrs + d[None, :], out.to(gl.bfloat16), mask=hmask[:, None])
+            out = (acc * coef[:, None]).to(gl.bfloat16)
+            if MMA_SYNC:
+                o_ptrs = (O_ptr + b.to(gl.int64) * stride_ob
+                          + heads[:, None].to(gl.int64) * stride_oh)  # fmt: skip
+                gl.store(o_ptrs + d[None, :], out, mask=hmask[:, None])
+            else:
+                # 16-byte stores, the tile passed through shared memory (the fork's buffers
+                # are free by now), not the wgmma layout's 4-byte ones, whose queue stalled
+                # the program's end: 1.04-1.14x on single-split rows (session 25; the
+                # split partials' fp32 stores lost 2-5% that way and stay direct)
+                st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+                hs = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
+                ds = gl.arange(0, 512, layout=gl.SliceLayout(0, st))
+                keep = gl.convert_layout(hmask, gl.SliceLayout(1, st))
+                o_ptrs = O_ptr + b.to(gl.int64) * stride_ob + hs[:, None].to(gl.int64) * stride_oh
+                gl.store(o_ptrs + ds[None, :], gl.convert_layout(out, st), mask=keep[:, None])
             gl.store(LSE_ptr + b.to(gl.int64) * stride_lb + heads * stride_lh,
                      total2 * 0.6931471805599453, mask=hmask)  # fmt: skip
         else:
