@@ -311,6 +311,7 @@ _WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200, row=_SM90_64)._replace(ws_exa
 # for 20 requests (40 programs of 32 heads), the wgmma Gluon loop with its own exact PV
 _WS_SMALL_DUAL = fl.mma_config((9, 0), 132, 4, 64, 320, 200)
 _WS_DUAL_RULE = fl.mma_config((9, 0), 132, 20, 64, 320, 200)
+_WS_DUAL_RULE_H96 = fl.mma_config((9, 0), 132, 11, 96, 320, 200)
 _WS_H96 = fl.mma_config((9, 0), 132, 3, 96, 300, 0)._replace(ws=True)  # one cache, 96 heads
 # both caches, sink, partial lengths, padded pages (B and the invalid share per case)
 _WS_DUAL = dict(
@@ -348,12 +349,9 @@ CASES += [
         "sm90_ws_dual_rule_h96",
         dict(_WS_DUAL, B=11, H=96, invalid_fraction=0.1),
         ("mma",),
-        [
-            fl.mma_config((9, 0), 132, 11, 96, 320, 200),
-            # one split: the final outputs' 16-byte stores through shared memory, 32 rows
-            # masked
-            fl.mma_config((9, 0), 132, 11, 96, 320, 200)._replace(num_splits=1, plan_splits=0),
-        ],
+        # the rule's splits, then one split (the final outputs' 16-byte stores through shared
+        # memory, 32 rows masked)
+        [_WS_DUAL_RULE_H96, _WS_DUAL_RULE_H96._replace(num_splits=1, plan_splits=0)],
     ),
     (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
