@@ -1161,10 +1161,13 @@ WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
 WS_BLOCK_N = 64  # tokens per tile
 WS_RAW_SLOTS = 2  # raw tiles in flight (2 x 37.4 KB + q 64 KB + K 64 KB: 218 KB of 227)
 WS_LOADER_REGS = 56  # the loader only computes addresses
-# ... of two caches, in the wgmma tile: at 56 its tile loop spilled a shared-memory offset
-# (4 B, a local load before each tile's scale copies); at 64 (the consumers 216, no spills)
-# B128 dual 63.2 -> 56.8 µs, B32-B64 dual 1.00x (session 24). Not for one cache: there the
-# consumers' 8 fewer registers cost 2-9% (B128 topk2048 122.6 -> 133.8 µs).
+# ... of two caches in the wgmma tile where 56 spill in its tile loop: a V4.1 FP4 extra cache
+# (72 B at 56, 40 at 64; session 26: V4.1 FP8 + FP4 dual 44.7 against 43.9 µs) or a page size
+# not a power of two (the loader divides: 4 B reloaded every tile at 56; session 24: B128 dual
+# 63.2 -> 56.8 µs at 64). Two V4 or V4.1 FP8 caches of SGLang's page sizes (64, 256) take 56:
+# their loader pages tokens by shifts (`_ws_page_slot`), no spills, the consumers keep 224
+# (session 26: B128 dual 45.5 -> 44.3 µs at 56). One cache: 56 (at 64 the consumers' 8 fewer
+# registers cost 2-9%, session 24).
 WS_DUAL_LOADER_REGS = 64
 # The mma.sync form (the sm_120 row, 99 KB per block): 32 heads x 32 tokens, one raw slot (the
 # K tile is the second buffer: q 32 KB + K 32 KB + raw 20 KB, 88,348 B), 8 consumer warps at
@@ -1194,15 +1197,19 @@ WS_SYNC_TILES = (
 )
 
 
-def ws_build(tile: tuple[int, int], has_extra: bool = False) -> dict:
+def ws_build(
+    tile: tuple[int, int], has_extra: bool = False, e_fmt: int = FMT_V4, pow2_pages: bool = True
+) -> dict:
     """The launch options of `_ws_split_kernel` in `tile` (heads, tokens), on one cache or two
-    (`has_extra`): mma.sync or not, its raw slots, its consumer warps, its loader's registers
-    and (where set) its register cap."""
+    (`has_extra`, the extra one of format `e_fmt`; `pow2_pages`: both page sizes powers of
+    two): mma.sync or not, its raw slots, its consumer warps, its loader's registers and (where
+    set) its register cap."""
     if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
                     maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS)  # fmt: skip
     sync = tile in WS_SYNC_TILES
-    loader = WS_DUAL_LOADER_REGS if has_extra and not sync else WS_LOADER_REGS
+    more = has_extra and not sync and (e_fmt == FMT_V41_FP4 or not pow2_pages)
+    loader = WS_DUAL_LOADER_REGS if more else WS_LOADER_REGS
     return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
                 LOADER_REGS=loader)  # fmt: skip
 
@@ -1217,6 +1224,16 @@ if HAS_GLUON:
     # past 57,344) the largest codes overflow (docs/kernel-contract.md). q is scaled per
     # program (`_ws_q_f16`), P in [0, 1] gains precision (2^-11 against bf16's 2^-8).
     WS_OPERAND = gl.constexpr(gl.float16)
+
+    @gluon.jit
+    def _ws_page_slot(idx, psize, pshift, POW2: gl.constexpr):
+        """(page, slot) of non-negative token ids: shifts where both caches' page sizes are
+        powers of two (SGLang's 64 and 256), else a division by the runtime page size (~20
+        instructions each: the loader computes 13 a thread per tile)."""
+        if POW2:
+            return idx >> pshift, idx & (psize - 1)
+        else:
+            return idx // psize, idx % psize
 
     @gluon.jit
     def _ws_tile(j, n_main, b, start, end, e_start, e_end,
@@ -1247,8 +1264,9 @@ if HAS_GLUON:
                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                   stride_it,
                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                  stride_eib, stride_eit, NR: gl.constexpr, BLOCK_N: gl.constexpr,
-                  FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
+                  stride_eib, stride_eit, page_shift, e_page_shift, NR: gl.constexpr,
+                  BLOCK_N: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
+                  POW2: gl.constexpr):  # fmt: skip
         """cp.async of tile j's rows into raw slot j % NR: V4 (FMT 0): fp8 nope (7 groups of 64
         bytes), bf16 rope (64 values), the 8 scale bytes; V4.1 FP8 (FMT 1): the 512 fp8 bytes
         (16 groups of 32) and the 16 scale bytes; a V4.1 FP4 extra cache (E_FMT 2): its tiles'
@@ -1262,26 +1280,29 @@ if HAS_GLUON:
         )  # fmt: skip
         slot = j % NR
         live = j < n_tiles
+        pshift = gl.where(j < n_main, page_shift, e_page_shift)
         if FMT == 1:
             if E_FMT == 2:
                 if j < n_main:
                     _ws_issue_v41(raw8.index(slot), raws.index(slot).slice(0, 16, dim=1), live,
-                                  t0, lim, kv8, kvu, stride_page, psize, ntok, idx_row, s_it,
-                                  BLOCK_N, False)  # fmt: skip
+                                  t0, lim, kv8, kvu, stride_page, psize, pshift, ntok, idx_row,
+                                  s_it, BLOCK_N, False, POW2)  # fmt: skip
                 else:
                     _ws_issue_v41(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
-                                  stride_page, psize, ntok, idx_row, s_it, BLOCK_N,
-                                  True)  # fmt: skip
+                                  stride_page, psize, pshift, ntok, idx_row, s_it, BLOCK_N,
+                                  True, POW2)  # fmt: skip
             else:
                 _ws_issue_v41(raw8.index(slot), raws.index(slot), live, t0, lim, kv8, kvu,
-                              stride_page, psize, ntok, idx_row, s_it, BLOCK_N, False)  # fmt: skip
+                              stride_page, psize, pshift, ntok, idx_row, s_it, BLOCK_N, False,
+                              POW2)  # fmt: skip
         else:
             _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page,
-                         psize, ntok, idx_row, s_it, BLOCK_N)  # fmt: skip
+                         psize, pshift, ntok, idx_row, s_it, BLOCK_N, POW2)  # fmt: skip
 
     @gluon.jit
     def _ws_issue_v4(raw8, rawr, raws, slot, live, t0, lim, kv8, kvu, kvb, stride_page, psize,
-                     ntok, idx_row, s_it, BLOCK_N: gl.constexpr):  # fmt: skip
+                     pshift, ntok, idx_row, s_it, BLOCK_N: gl.constexpr,
+                     POW2: gl.constexpr):  # fmt: skip
         """`_ws_issue` for a V4 cache: a slot's 448 fp8 bytes (7 groups of 64) and 64 bf16 rope
         values at `slot * 576` in its page, its 8 scale bytes at `P * 576 + slot * 8`."""
         c8: gl.constexpr = gl.BlockedLayout([1, 1, 16], [2, 4, 4], [4, 1, 1], [2, 1, 0])
@@ -1292,7 +1313,8 @@ if HAS_GLUON:
         idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
         valid = (idx >= 0) & (idx < ntok)
         idx = gl.where(valid, idx, 0)
-        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * 576
+        pg, sl = _ws_page_slot(idx, psize, pshift, POW2)
+        base = pg.to(gl.int64) * stride_page + sl.to(gl.int64) * 576
         grp = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
         col = gl.arange(0, 64, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
         offs = (grp * 64)[None, :, None] + col[None, None, :]
@@ -1305,7 +1327,8 @@ if HAS_GLUON:
         idr = gl.load(idx_row + tr * s_it, mask=(tr < lim) & live, other=-1)
         vr = (idr >= 0) & (idr < ntok)
         idr = gl.where(vr, idr, 0)
-        br = (idr // psize).to(gl.int64) * stride_page + (idr % psize).to(gl.int64) * 576
+        pg, sl = _ws_page_slot(idr, psize, pshift, POW2)
+        br = pg.to(gl.int64) * stride_page + sl.to(gl.int64) * 576
         rc = gl.arange(0, 64, layout=gl.SliceLayout(0, cr))
         async_copy.async_copy_global_to_shared(
             rawr.index(slot), kvb + (br[:, None] + 448) // 2 + rc[None, :], mask=vr[:, None]
@@ -1315,16 +1338,17 @@ if HAS_GLUON:
         ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
         vs = (ids >= 0) & (ids < ntok)
         ids = gl.where(vs, ids, 0)
-        bs = ((ids // psize).to(gl.int64) * stride_page + psize * 576
-              + (ids % psize).to(gl.int64) * 8)  # fmt: skip
+        pg, sl = _ws_page_slot(ids, psize, pshift, POW2)
+        bs = pg.to(gl.int64) * stride_page + psize * 576 + sl.to(gl.int64) * 8
         sc = gl.arange(0, 8, layout=gl.SliceLayout(0, cs))
         async_copy.async_copy_global_to_shared(
             raws.index(slot), kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
         )
 
     @gluon.jit
-    def _ws_issue_v41(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, ntok,
-                      idx_row, s_it, BLOCK_N: gl.constexpr, FP4: gl.constexpr):  # fmt: skip
+    def _ws_issue_v41(raw8_s, raws_s, live, t0, lim, kv8, kvu, stride_page, psize, pshift, ntok,
+                      idx_row, s_it, BLOCK_N: gl.constexpr, FP4: gl.constexpr,
+                      POW2: gl.constexpr):  # fmt: skip
         """`_ws_issue` for a V4.1 cache into one raw slot (`raw8_s`, `raws_s`), its data row
         as 16 groups of 32 bytes (docs/kernel-contract.md). FP8: a token's 512 data bytes at
         `slot * 512` in its page, its 16 scale bytes (UE8M0, one per 32 values) at `P * 512 +
@@ -1344,7 +1368,8 @@ if HAS_GLUON:
         idx = gl.load(idx_row + t * s_it, mask=(t < lim) & live, other=-1)
         valid = (idx >= 0) & (idx < ntok)
         idx = gl.where(valid, idx, 0)
-        base = (idx // psize).to(gl.int64) * stride_page + (idx % psize).to(gl.int64) * ROW_BYTES
+        pg, sl = _ws_page_slot(idx, psize, pshift, POW2)
+        base = pg.to(gl.int64) * stride_page + sl.to(gl.int64) * ROW_BYTES
         grp = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, c8)))
         col = gl.arange(0, 32, layout=gl.SliceLayout(0, gl.SliceLayout(1, c8)))
         offs = (grp * 32)[None, :, None] + col[None, None, :]
@@ -1356,8 +1381,8 @@ if HAS_GLUON:
         ids = gl.load(idx_row + ts * s_it, mask=(ts < lim) & live, other=-1)
         vs = (ids >= 0) & (ids < ntok)
         ids = gl.where(vs, ids, 0)
-        bs = ((ids // psize).to(gl.int64) * stride_page + psize * ROW_BYTES
-              + (ids % psize).to(gl.int64) * SCALES)  # fmt: skip
+        pg, sl = _ws_page_slot(ids, psize, pshift, POW2)
+        bs = pg.to(gl.int64) * stride_page + psize * ROW_BYTES + sl.to(gl.int64) * SCALES
         sc = gl.arange(0, SCALES, layout=gl.SliceLayout(0, cs))
         async_copy.async_copy_global_to_shared(
             raws_s, kvu + bs[:, None] + sc[None, :], mask=vs[:, None]
@@ -1369,8 +1394,9 @@ if HAS_GLUON:
                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                    stride_it,
                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                   stride_eib, stride_eit, NR: gl.constexpr,
-                   BLOCK_N: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
+                   stride_eib, stride_eit, page_shift, e_page_shift, NR: gl.constexpr,
+                   BLOCK_N: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
+                   POW2: gl.constexpr):  # fmt: skip
         """Worker partition: tile i's copies once the consumer freed slot i % NR; raw_full of
         tile i - (NR - 1) arrives when this partition's copies of it have landed."""
         for i in range(n_tiles + NR - 1):
@@ -1381,7 +1407,8 @@ if HAS_GLUON:
                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                     stride_it,
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT,
+                    stride_eib, stride_eit, page_shift, e_page_shift, NR, BLOCK_N, FMT, E_FMT,
+                    POW2,
                 )  # fmt: skip
             async_copy.commit_group()  # one group per iteration (empty past the last tile)
             j = i - (NR - 1)
@@ -1786,7 +1813,8 @@ if HAS_GLUON:
         MMA_SYNC: gl.constexpr, num_warps: gl.constexpr, PIECES_ptr=None, B=0, per_round=0,
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
-        FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0,
+        FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
+        POW2_PAGES: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -1928,7 +1956,8 @@ if HAS_GLUON:
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
                                   IDX_ptr, stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT)),
+                                  EIDX_ptr, stride_eib, stride_eit, page_shift, e_page_shift, NR,
+                                  BLOCK_N, FMT, E_FMT, POW2_PAGES)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -1969,7 +1998,8 @@ if HAS_GLUON:
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
                                   stride_ib, stride_it,
                                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                                  EIDX_ptr, stride_eib, stride_eit, NR, BLOCK_N, FMT, E_FMT)),
+                                  EIDX_ptr, stride_eib, stride_eit, page_shift, e_page_shift, NR,
+                                  BLOCK_N, FMT, E_FMT, POW2_PAGES)),
                 ],
                 [4],
                 [LOADER_REGS],
@@ -2923,6 +2953,8 @@ def _launch_ws(
     exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
+    ps, eps = main["page_size"], extra["e_page_size"]
+    pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -2939,7 +2971,8 @@ def _launch_ws(
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         EXACT_IN=exact_in, ONLY_FEW=only_few,
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
-        **ws_build((block_h, block_n), flags["HAS_EXTRA"]),
+        page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
+        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2),
         **(plan or {}),
     )  # fmt: skip
 

@@ -354,6 +354,22 @@ CASES += [
         [_WS_DUAL_RULE_H96, _WS_DUAL_RULE_H96._replace(num_splits=1, plan_splits=0)],
     ),
     (
+        # page sizes not powers of two: the Gluon loader pages by division (`_ws_page_slot`),
+        # its dual build with more registers (`ws_build`); one cache of the two so (main 256,
+        # extra 48), then both (48, 100)
+        "sm90_ws_dual_rule_pages_not_pow2",
+        dict(_WS_DUAL, B=20, page_size=256, extra_page_size=48, invalid_fraction=0.1),
+        ("mma",),
+        [_WS_DUAL_RULE],
+    ),
+    (
+        "sm90_ws_dual_rule_pages_48_100",
+        dict(_WS_DUAL, B=20, page_size=48, extra_page_size=100, invalid_fraction=0.1),
+        ("mma",),
+        # the wgmma loop, then the mma.sync tile (the same loader)
+        [_WS_DUAL_RULE._replace(plan_splits=0), _WS_SMALL_DUAL._replace(plan_splits=0)],
+    ),
+    (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
         # tile
         "sm90_ws_h96_page1_topk300",
@@ -1094,17 +1110,21 @@ def test_mma_config_rule():
 
 
 def test_gluon_builds_loader_registers():
-    """The wgmma loop's loader gets more registers on two caches only (at the one-cache
-    count its dual build spilled in the tile loop; one-cache builds lose with more); the
+    """The wgmma loop's loader gets more registers only on two caches whose loader would
+    spill in its tile loop at the one-cache count: a V4.1 FP4 extra cache, or a page size
+    that is not a power of two (the loader divides); one-cache builds lose with more. The
     mma.sync tiles keep theirs whatever the caches."""
     wgmma = (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
-    assert fl.ws_build(wgmma, True)["LOADER_REGS"] == fl.WS_DUAL_LOADER_REGS
-    assert fl.ws_build(wgmma, False)["LOADER_REGS"] == fl.WS_LOADER_REGS
+    regs = lambda *a: fl.ws_build(wgmma, *a)["LOADER_REGS"]  # noqa: E731
+    assert regs(True) == regs(True, fl.FMT_V41) == fl.WS_LOADER_REGS  # SGLang's pages: shifts
+    assert regs(True, fl.FMT_V41_FP4) == regs(True, fl.FMT_V4, False) == fl.WS_DUAL_LOADER_REGS
+    assert regs(False) == regs(False, fl.FMT_V4, False) == fl.WS_LOADER_REGS
     assert fl.WS_DUAL_LOADER_REGS > fl.WS_LOADER_REGS
     for tile in fl.WS_SYNC_TILES:
         for has_extra in (False, True):
-            build = fl.ws_build(tile, has_extra)
-            assert build["MMA_SYNC"] and build["LOADER_REGS"] == fl.WS_LOADER_REGS, tile
+            for e_fmt in (fl.FMT_V4, fl.FMT_V41_FP4):
+                build = fl.ws_build(tile, has_extra, e_fmt, False)
+                assert build["MMA_SYNC"] and build["LOADER_REGS"] == fl.WS_LOADER_REGS, tile
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
