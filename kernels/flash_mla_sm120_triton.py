@@ -1681,16 +1681,38 @@ if HAS_GLUON:
                          KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                          stride_it,
                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                         stride_eib, stride_eit, qk_scale_log2, exact, NR: gl.constexpr,
+                         stride_eib, stride_eit, qk_scale_log2, keep, Q_ptr, stride_qb,
+                         stride_qh, h0, H, length, topk, e_length, e_topk, NR: gl.constexpr,
                          BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
-                         mma_layout: gl.constexpr, EXACT_IN: gl.constexpr,
-                         FMT: gl.constexpr, E_FMT: gl.constexpr):  # fmt: skip
+                         mma_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
+                         EXACT_IN: gl.constexpr, FMT: gl.constexpr,
+                         E_FMT: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (q's group and K's loaded per product: the
         operands of mma.sync live in registers), PV 512 wide; S and O share one layout; the row
-        sums kept per element until the loop ends (`_ws_softmax_lazy`). q is in shared memory
-        before the fork (the build measured; the loader-first order of `_ws_consumer` was not
-        run with it)."""
+        sums kept per element until the loop ends (`_ws_softmax_lazy`). As in `_ws_consumer`,
+        q (zero for a request `keep` leaves to the exact launch) and, with EXACT_IN, the
+        few-token count come here, while the loader's first copies fly."""
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CW, 1], [1, 0])
+        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+        q = gl.load(
+            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
+            + qd[None, :],
+            mask=(qh < H)[:, None] & keep,
+            other=0.0,
+        )  # fmt: skip
+        q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
+        q_smem.store(q16)
+        exact = n_tiles < 0  # False
+        if EXACT_IN:
+            if EXACT_BELOW > 0:
+                exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
+                                       num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
+                                       e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
+                                       COUNT_BLOCK, CW)  # fmt: skip
+        gl.thread_barrier()  # q stored by every consumer warp before the first product
         ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
         L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
         g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -1912,30 +1934,17 @@ if HAS_GLUON:
         fence_async_shared()
 
         if MMA_SYNC:
+            # The loader first: q and (EXACT_IN) the few-token count in the consumer, beside
+            # the loader's first copies; only a count that decides the loader's tiles (a
+            # request left to the exact launch) before the fork.
             keep = n_tiles >= 0
-            exact = n_tiles < 0
-            if EXACT_BELOW > 0:
+            if EXACT_BELOW > 0 and not EXACT_IN:
                 few = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
                                      num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
                                      e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
                                      COUNT_BLOCK, num_warps)  # fmt: skip
-                if EXACT_IN:
-                    exact = few
-                else:
-                    keep = not few
-                    n_tiles = gl.where(keep, n_tiles, 0)
-            ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-            qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
-            qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
-            q = gl.load(
-                Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
-                + qd[None, :],
-                mask=(qh < H)[:, None] & keep,
-                other=0.0,
-            )  # fmt: skip
-            q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
-            q_smem.store(q16)
-            gl.thread_barrier()
+                keep = not few
+                n_tiles = gl.where(keep, n_tiles, 0)
             o_layout: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[2, 0],
                 warps_per_cta=[BLOCK_H // 16, num_warps // (BLOCK_H // 16)],
@@ -1949,8 +1958,10 @@ if HAS_GLUON:
                                          IDX_ptr, stride_ib, stride_it,
                                          EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
                                          e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
-                                         qk_scale_log2, exact, NR, BLOCK_N, BLOCK_H, num_warps,
-                                         o_layout, EXACT_IN, FMT, E_FMT)),
+                                         qk_scale_log2, keep, Q_ptr, stride_qb, stride_qh, h0, H,
+                                         length, topk, e_length, e_topk, NR, BLOCK_N, BLOCK_H,
+                                         num_warps, o_layout, HAS_EXTRA, EXACT_BELOW,
+                                         COUNT_BLOCK, EXACT_IN, FMT, E_FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
