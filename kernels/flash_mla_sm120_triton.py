@@ -1554,6 +1554,25 @@ if HAS_GLUON:
         return (qf * down).to(WS_OPERAND), qk_scale_log2 * up
 
     @gluon.jit
+    def _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep, qk_scale_log2,
+                      BLOCK_H: gl.constexpr, NW: gl.constexpr):  # fmt: skip
+        """A consumer's q rows h0.. of request b (zero where `keep` is false or past H) into
+        q_smem as `_ws_q_f16`'s operand (NW: the consumer's warps); returns the softmax's
+        scale that undoes its power of two."""
+        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
+        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
+        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
+        q = gl.load(
+            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
+            + qd[None, :],
+            mask=(qh < H)[:, None] & keep,
+            other=0.0,
+        )  # fmt: skip
+        q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
+        q_smem.store(q16)
+        return qk_scale_log2
+
+    @gluon.jit
     def _ws_probs(s, valid, m_i, qk_scale_log2):
         """`_online_softmax_step` for the Gluon consumers (which cannot call a `@triton.jit`
         helper), without the sum: P of the tile's scores, the old sum's rescale alpha and the
@@ -1602,16 +1621,8 @@ if HAS_GLUON:
         computed here, P's bf16 rounding residue added by a second PV product (the exact
         launch's P_hi + P_lo, without its doubled tile). ONLY_FEW (with EXACT_IN): the request
         is a few-token one (the kernel counted), computed exact."""
-        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
-        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
-        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
-        q = gl.load(
-            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh + qd[None, :],
-            mask=(qh < H)[:, None],
-            other=0.0,
-        )
-        q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
-        q_smem.store(q16)
+        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H,
+                                      True, qk_scale_log2, BLOCK_H, 8)  # fmt: skip
         fence_async_shared()
         gl.thread_barrier()  # q stored by every consumer warp before the first wgmma
         skipped = n_tiles < 0  # False: a scalar to assign below
@@ -1694,24 +1705,14 @@ if HAS_GLUON:
         sums kept per element until the loop ends (`_ws_softmax_lazy`). As in `_ws_consumer`,
         q (zero for a request `keep` leaves to the exact launch) and, with EXACT_IN, the
         few-token count come here, while the loader's first copies fly."""
-        ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CW, 1], [1, 0])
-        qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
-        qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
-        q = gl.load(
-            Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
-            + qd[None, :],
-            mask=(qh < H)[:, None] & keep,
-            other=0.0,
-        )  # fmt: skip
-        q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
-        q_smem.store(q16)
+        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
+                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
         exact = n_tiles < 0  # False
-        if EXACT_IN:
-            if EXACT_BELOW > 0:
-                exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk,
-                                       num_tokens, EIDX_ptr, stride_eib, stride_eit, e_length,
-                                       e_topk, e_num_tokens, HAS_EXTRA, EXACT_BELOW,
-                                       COUNT_BLOCK, CW)  # fmt: skip
+        if EXACT_IN and EXACT_BELOW > 0:
+            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
+                                   CW)  # fmt: skip
         gl.thread_barrier()  # q stored by every consumer warp before the first product
         ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
         L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
@@ -2046,9 +2047,9 @@ if HAS_GLUON:
                 st: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
                 hs = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
                 ds = gl.arange(0, 512, layout=gl.SliceLayout(0, st))
-                keep = gl.convert_layout(hmask, gl.SliceLayout(1, st))
+                hmask_st = gl.convert_layout(hmask, gl.SliceLayout(1, st))
                 o_ptrs = O_ptr + b.to(gl.int64) * stride_ob + hs[:, None].to(gl.int64) * stride_oh
-                gl.store(o_ptrs + ds[None, :], gl.convert_layout(out, st), mask=keep[:, None])
+                gl.store(o_ptrs + ds[None, :], gl.convert_layout(out, st), mask=hmask_st[:, None])
             gl.store(LSE_ptr + b.to(gl.int64) * stride_lb + heads * stride_lh,
                      total2 * 0.6931471805599453, mask=hmask)  # fmt: skip
         else:

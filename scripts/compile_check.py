@@ -170,13 +170,14 @@ def compile_ws(
     else:
         bh, bn = fl.WS_BLOCK_H, fl.WS_BLOCK_N
     # as `_launch_ws` launches it: raw slots, warps, loader's registers, register cap
-    build = fl.ws_build((bh, bn), has_extra, fmt if e_fmt is None else e_fmt)
+    e_fmt = fmt if e_fmt is None else e_fmt
+    build = fl.ws_build((bh, bn), has_extra, e_fmt)
     options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
-        E_FMT=fmt if e_fmt is None else e_fmt, POW2_PAGES=True,  # SGLang's page sizes
+        E_FMT=e_fmt, POW2_PAGES=True,  # SGLang's page sizes
         num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:
