@@ -79,6 +79,7 @@ kerneldev.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import NamedTuple
 
@@ -107,6 +108,28 @@ FORMAT_NAMES = {584: "V4", 528: "V4.1 FP8", 288: "V4.1 FP4"}
 
 # Triton decides at decoration (import) time whether kernels run in its CPU interpreter.
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Programmatic dependent launch (sm_90 on): the combine is queued behind the split kernel and
+# its programs start while the split's last programs still run, each waiting (`gdc_wait`) only
+# before it reads their partials, so the gap between the two launches is not paid. FlashMLA's
+# combine is launched so too. Triton 3.4 on; older ones launch the combine plainly.
+try:
+    from triton.language.extra.cuda import gdc_wait
+
+    HAS_PDL = not _INTERPRET
+except ImportError:  # pragma: no cover  (older Triton)
+    HAS_PDL = False
+
+    @triton.jit
+    def gdc_wait():
+        pass
+
+
+# The Gluon split kernel's programs (wgmma tile) signal the combine
+# (`griddepcontrol.launch_dependents`) once their tiles are done, before their partial stores:
+# its programs are then placed on the SMs as the split's leave them, not after the last one
+# has finished. Without the signal the early launch alone measured 1.00x (session 27).
+SPLIT_LAUNCHES_DEPENDENTS = True
 
 # `variant=None` follows this, read once at import as the deployed original does.
 _DEFAULT_VARIANT = "mma" if os.environ.get("SGLANG_SM120_MMA_FLASHMLA", "0") == "1" else "simt"
@@ -1092,15 +1115,19 @@ def _combine_kernel(
     RNE_BY_HAND: tl.constexpr,
     PIECES_ptr=None,
     PLAN: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """Merge the splits of one (request, head) by their base-2 LSE, adding the sink. PLAN: only
-    the request's first PIECES[b] splits (`_plan_piece`; the others stored nothing)."""
+    the request's first PIECES[b] splits (`_plan_piece`; the others stored nothing). PDL:
+    launched as the split kernel's programmatic dependent: waits for it before reading."""
     pid = tl.program_id(0)  # b * H + h
     b = pid // H
     h = pid % H
     s = tl.arange(0, SPLITS_POW2)
     row0 = pid.to(tl.int64) * num_splits
     live = s < num_splits
+    if PDL:
+        gdc_wait()  # the split kernel has finished and its partials are visible
     lse = tl.load(PLSE_ptr + row0 + s, mask=live, other=float("-inf"))
     if PLAN:  # loaded beside the partial LSEs; the splits past it hold stale values
         live = live & (s < tl.load(PIECES_ptr + b))
@@ -1837,7 +1864,7 @@ if HAS_GLUON:
         PLAN: gl.constexpr = False, B_POW2: gl.constexpr = 1, EXACT_IN: gl.constexpr = False,
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
-        POW2_PAGES: gl.constexpr = False,
+        POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2017,6 +2044,9 @@ if HAS_GLUON:
                 [LOADER_REGS],
             )  # fmt: skip
 
+        if LAUNCH_DEPENDENTS:  # tiles done: the combine's programs may be placed
+            gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // $0", "=r", [],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
         heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_layout))
         d = gl.arange(0, 512, layout=gl.SliceLayout(0, o_layout))
         hmask = (heads < H) & (l_i != -1.0)  # a NaN row (NaN in q) is stored: NaN out
@@ -2828,6 +2858,13 @@ def _launch_simt(q, main, extra, common, flags):
 _SIDE_STREAMS: dict = {}
 
 
+@functools.cache
+def _pdl(device: torch.device) -> bool:
+    """Whether the combine is launched as the split kernel's programmatic dependent: a 9.x or
+    newer GPU (`griddepcontrol`) and a Triton that has it."""
+    return HAS_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _side_stream(device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
@@ -2958,7 +2995,7 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, block_n, plan=None, exact_in=False, only_few=False,
+    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
@@ -2982,6 +3019,8 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         EXACT_IN=exact_in, ONLY_FEW=only_few,
+        # the wgmma tile only: the mma.sync builds measured 0.94-1.04x with it (session 27)
+        LAUNCH_DEPENDENTS=dependents and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N),
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
         **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2),
@@ -3059,6 +3098,10 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg.ws_exact_launch and len(launches) == 2 and cfg.block_h == WS_BLOCK_H and plan is None
         and _ws_runnable(q, main, extra, flags, (WS_BLOCK_H, WS_BLOCK_N))
     )  # fmt: skip
+    # The combine as the last split launch's programmatic dependent; after a join it has two
+    # predecessors and is launched plainly.
+    pdl = splits > 1 and _pdl(q.device) and not (side is not None and len(launches) == 2)
+    dependents = pdl and SPLIT_LAUNCHES_DEPENDENTS
     if side is not None and len(launches) == 2:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
         # orders the combine (and the caller) after both. Device-side only: no host sync, and
@@ -3081,13 +3124,13 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
-                           cfg.block_n, split_plan, exact_in)  # fmt: skip
+                           cfg.block_n, split_plan, exact_in, dependents=dependents)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,
                            max(triton.cdiv(_tiles(topk, e_topk, WS_BLOCK_N), splits), 1),
                            part_o, part_lse, below, WS_BLOCK_H, WS_BLOCK_N, None, True,
-                           True)  # fmt: skip
+                           True, dependents)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
@@ -3113,7 +3156,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             H, splits,
             SPLITS_POW2=splits_pow2, BLOCK_D=block_d,
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"],
-            **(combine_plan or {}), num_warps=4,
+            **(combine_plan or {}), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     if plan is not None:
         _launch_packed(q, main, extra, common, flags, plan)

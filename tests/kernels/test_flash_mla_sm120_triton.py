@@ -1373,6 +1373,97 @@ def test_exact_side_stream_in_cuda_graph_and_from_another_stream(form):
     check(sets[1])
 
 
+class _LaunchSpy:
+    """Stands in for a Triton kernel object: records each launch's keyword arguments and
+    launches the real kernel with them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def test_combine_launched_as_programmatic_dependent_only_on_9x_gpus(monkeypatch):
+    """The combine is the split kernel's programmatic dependent (`launch_pdl`, waiting in the
+    kernel before it reads the partials) on a 9.x or newer GPU; on the CPU interpreter (and
+    older GPUs) it is launched plainly, so nothing there depends on `griddepcontrol`."""
+    spy = _LaunchSpy(fl._combine_kernel)
+    monkeypatch.setattr(fl, "_combine_kernel", spy)
+    inputs = ref.make_inputs(B=2, H=16, topk=64, page_size=16, extra_topk=32, with_sink=True,
+                             device=DEVICE, seed=_seed("pdl-launch"))  # fmt: skip
+    cfg = MMAConfig(16, BN, 2, W, 1, ON_GPU)  # the exact PV on the GPU: 96 tokens
+    out, lse = decode(**inputs, variant="mma", _config=cfg)
+    assert len(spy.launches) == 1
+    expect = ON_GPU and torch.cuda.get_device_capability()[0] >= 9 and fl.HAS_PDL
+    assert spy.launches[0].get("launch_pdl", False) is expect
+    assert spy.launches[0]["PDL"] is expect
+    acc = ref.check_accuracy(out, lse, *ref.reference_sparse_decode(**inputs))
+    assert acc["ok"], acc
+
+
+@pytest.mark.skipif(not ON_GPU, reason="programmatic dependent launch needs a GPU")
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(B=32, H=64, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
+        dict(B=4, H=64, topk=128, page_size=256, extra_topk=512, extra_page_size=64),
+        dict(B=1, H=64, topk=2048, page_size=64),
+        dict(B=16, H=64, topk=2048, page_size=64, topk_length="partial", invalid_fraction=0.1),
+    ],
+    ids=["B32-dual", "B4-dual", "B1-topk2048", "B16-topk2048-partial"],
+)
+def test_programmatic_combine_matches_plain_launch_eagerly_and_in_graph(shape):
+    """The combine launched early (programmatic dependent launch, the wgmma tile's programs
+    signalling it before their partial stores) must read the finished partials: its outputs
+    equal, bit for bit, those of the plain launch, called eagerly and replayed in one CUDA
+    graph that runs two decodes back to back (the second's split kernel after the first's
+    early-launched combine) on new data."""
+    kw = dict(shape, with_sink=True, device=DEVICE)
+    sets = [ref.make_inputs(**kw, seed=_seed(f"pdl-{i}-{shape['B']}")) for i in range(2)]
+    B, H = shape["B"], shape["H"]
+
+    def run(inputs, pdl):
+        saved = fl.HAS_PDL
+        fl.HAS_PDL = saved and pdl
+        fl._pdl.cache_clear()
+        try:
+            return decode(**inputs, variant="mma")
+        finally:
+            fl.HAS_PDL = saved
+            fl._pdl.cache_clear()
+
+    for inputs in sets:
+        plain, early = run(inputs, False), run(inputs, True)
+        assert torch.equal(plain[0], early[0]) and torch.equal(plain[1], early[1])
+        acc = ref.check_accuracy(*early, *ref.reference_sparse_decode(**inputs))
+        assert acc["ok"], acc
+    static = [{k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()}
+              for s in sets]  # fmt: skip
+    outs = [(torch.empty(B, 1, H, 512, dtype=torch.bfloat16, device=DEVICE),
+             torch.empty(B, H, 1, dtype=torch.float32, device=DEVICE)) for _ in sets]  # fmt: skip
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for st, (o, lse) in zip(static, outs, strict=True):
+            decode(**st, variant="mma", out=o, lse=lse)
+    for k in static[0]:  # new data: each decode gets the other's inputs
+        if isinstance(static[0][k], torch.Tensor):
+            static[0][k].copy_(sets[1][k])
+            static[1][k].copy_(sets[0][k])
+    for o, lse in outs:
+        o.fill_(float("nan"))
+        lse.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for inputs, (o, lse) in zip((sets[1], sets[0]), outs, strict=True):
+        expect = run(inputs, False)
+        assert torch.equal(o, expect[0]) and torch.equal(lse, expect[1])
+
+
 # ----------------------------------------------------------------------------- packed tokens
 
 bench_mod = _load("_kd_test_dsv4_bench", "dsv4_bench.py")
