@@ -112,11 +112,13 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # Programmatic dependent launch (sm_90 on): the combine is queued behind the split kernel and
 # its programs start while the split's last programs still run, each waiting (`gdc_wait`) only
 # before it reads their partials, so the gap between the two launches is not paid. FlashMLA's
-# combine is launched so too. Triton 3.4 on; older ones launch the combine plainly.
+# combine is launched so too. Needs Triton's `gdc_wait` and its CUDA launcher's `launch_pdl`
+# option; without them (older Triton, the interpreter) the combine is launched plainly.
 try:
+    from triton.backends.nvidia.compiler import CUDAOptions
     from triton.language.extra.cuda import gdc_wait
 
-    HAS_PDL = not _INTERPRET
+    HAS_PDL = not _INTERPRET and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 except ImportError:  # pragma: no cover  (older Triton)
     HAS_PDL = False
 
@@ -2862,7 +2864,10 @@ _SIDE_STREAMS: dict = {}
 def _pdl(device: torch.device) -> bool:
     """Whether the combine is launched as the split kernel's programmatic dependent: a 9.x or
     newer GPU (`griddepcontrol`) and a Triton that has it."""
-    return HAS_PDL and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+    return (
+        HAS_PDL and device.type == "cuda" and torch.version.hip is None
+        and torch.cuda.get_device_capability(device)[0] >= 9
+    )  # fmt: skip
 
 
 def _side_stream(device: torch.device):

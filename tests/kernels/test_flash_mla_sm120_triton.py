@@ -1399,6 +1399,8 @@ def test_combine_launched_as_programmatic_dependent_only_on_9x_gpus(monkeypatch)
     cfg = MMAConfig(16, BN, 2, W, 1, ON_GPU)  # the exact PV on the GPU: 96 tokens
     out, lse = decode(**inputs, variant="mma", _config=cfg)
     assert len(spy.launches) == 1
+    if ON_GPU and tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 4):
+        assert fl.HAS_PDL  # its launcher has `launch_pdl` and the language `gdc_wait`
     expect = ON_GPU and torch.cuda.get_device_capability()[0] >= 9 and fl.HAS_PDL
     assert spy.launches[0].get("launch_pdl", False) is expect
     assert spy.launches[0]["PDL"] is expect
