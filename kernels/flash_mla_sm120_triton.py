@@ -3009,6 +3009,7 @@ def _launch_ws(
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
     pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
+    build = ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2)
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -3025,11 +3026,10 @@ def _launch_ws(
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         EXACT_IN=exact_in, ONLY_FEW=only_few,
         # the wgmma tile only: the mma.sync builds measured 0.94-1.04x with it (session 27)
-        LAUNCH_DEPENDENTS=dependents and (block_h, block_n) == (WS_BLOCK_H, WS_BLOCK_N),
+        LAUNCH_DEPENDENTS=dependents and not build["MMA_SYNC"],
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
-        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2),
-        **(plan or {}),
+        **build, **(plan or {}),
     )  # fmt: skip
 
 
@@ -3103,11 +3103,12 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg.ws_exact_launch and len(launches) == 2 and cfg.block_h == WS_BLOCK_H and plan is None
         and _ws_runnable(q, main, extra, flags, (WS_BLOCK_H, WS_BLOCK_N))
     )  # fmt: skip
-    # The combine as the last split launch's programmatic dependent; after a join it has two
+    forked = side is not None and len(launches) == 2  # the exact launch on the side stream
+    # The combine as the last split launch's programmatic dependent; after the join it has two
     # predecessors and is launched plainly.
-    pdl = splits > 1 and _pdl(q.device) and not (side is not None and len(launches) == 2)
+    pdl = splits > 1 and _pdl(q.device) and not forked
     dependents = pdl and SPLIT_LAUNCHES_DEPENDENTS
-    if side is not None and len(launches) == 2:
+    if forked:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
         # orders the combine (and the caller) after both. Device-side only: no host sync, and
         # CUDA-graph capture records it as two branches. part_o / part_lse are allocated on the
@@ -3124,7 +3125,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             block_n, warps = cfg.exact_block_n or block_n, cfg.exact_num_warps or warps
         # tiles per split over the two caches' tile lists laid end to end, in this launch's tiles
         tiles_per_split = max(triton.cdiv(_tiles(topk, e_topk, block_n), splits), 1)
-        with torch.cuda.stream(side) if side is not None and n == 1 else contextlib.nullcontext():
+        with torch.cuda.stream(side) if forked and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
@@ -3149,7 +3150,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
                 **triton_plan, num_warps=warps, num_stages=stages,
             )  # fmt: skip
-    if side is not None and len(launches) == 2:
+    if forked:
         current.wait_stream(side)  # join
     if splits > 1:
         splits_pow2 = triton.next_power_of_2(splits)

@@ -179,7 +179,8 @@ def compile_ws(
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
         E_FMT=e_fmt, POW2_PAGES=True,  # SGLang's page sizes
         # the wgmma tile's programs signal the combine (programmatic dependent launch)
-        LAUNCH_DEPENDENTS=getattr(fl, "SPLIT_LAUNCHES_DEPENDENTS", False) and not sync,
+        LAUNCH_DEPENDENTS=getattr(fl, "SPLIT_LAUNCHES_DEPENDENTS", False)
+        and not build["MMA_SYNC"],
         num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:

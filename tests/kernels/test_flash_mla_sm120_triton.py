@@ -1254,23 +1254,28 @@ def test_token_major_loop_matches_reference(case_id, T, H, block_h, splits, kw, 
     _run_and_check(inputs, "mma", cfg, expect_all_invalid=kw.get("topk_length") == "zero")
 
 
+class _LaunchSpy:
+    """Stands in for a Triton kernel object: records each launch's keyword arguments and
+    launches the real kernel with them."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
 @pytest.mark.parametrize("layouts", [("v41", None), ("v41", "v41_fp4")])
 def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts):
     """A DSv4.1 cache (either one) takes the head-major loop even under a token-major config
     (their token-major builds spill): the kernel is launched with TOKEN_MAJOR off and 16-head
     blocks, and the result is accurate."""
-    seen = []
-    kernel = fl._mma_split_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.append((kw["TOKEN_MAJOR"], kw["BLOCK_H"], kw["BLOCK_N"], kw["num_warps"]))
-                return kernel[grid](*args, **kw)
-
-            return launch
-
-    monkeypatch.setattr(fl, "_mma_split_kernel", Spy())
+    spy = _LaunchSpy(fl._mma_split_kernel)
+    monkeypatch.setattr(fl, "_mma_split_kernel", spy)
     main_layout, extra_layout = layouts
     inputs = ref.make_inputs(
         4, 8, device=DEVICE, seed=_seed(str(layouts)), kv_layout=main_layout,
@@ -1280,6 +1285,8 @@ def test_token_major_config_runs_head_major_for_v41_caches(monkeypatch, layouts)
         token_major=True, exact_block_h=16, exact_block_n=32, exact_num_warps=4
     )
     _run_and_check(inputs, "mma", cfg)
+    seen = [(kw["TOKEN_MAJOR"], kw["BLOCK_H"], kw["BLOCK_N"], kw["num_warps"])
+            for kw in spy.launches]  # fmt: skip
     assert seen and all(s == (False, 16, 32, 4) for s in seen), seen
     assert fl._head_major(cfg) == cfg._replace(
         block_h=16, block_n=32, num_warps=4, token_major=False, exact_block_n=0,
@@ -1373,21 +1380,6 @@ def test_exact_side_stream_in_cuda_graph_and_from_another_stream(form):
     check(sets[1])
 
 
-class _LaunchSpy:
-    """Stands in for a Triton kernel object: records each launch's keyword arguments and
-    launches the real kernel with them."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 def test_combine_launched_as_programmatic_dependent_only_on_9x_gpus(monkeypatch):
     """The combine is the split kernel's programmatic dependent (`launch_pdl`, waiting in the
     kernel before it reads the partials) on a 9.x or newer GPU; on the CPU interpreter (and
@@ -1430,14 +1422,13 @@ def test_programmatic_combine_matches_plain_launch_eagerly_and_in_graph(shape):
     B, H = shape["B"], shape["H"]
 
     def run(inputs, pdl):
-        saved = fl.HAS_PDL
-        fl.HAS_PDL = saved and pdl
-        fl._pdl.cache_clear()
         try:
-            return decode(**inputs, variant="mma")
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(fl, "HAS_PDL", fl.HAS_PDL and pdl)
+                fl._pdl.cache_clear()
+                return decode(**inputs, variant="mma")
         finally:
-            fl.HAS_PDL = saved
-            fl._pdl.cache_clear()
+            fl._pdl.cache_clear()  # read again with HAS_PDL restored
 
     for inputs in sets:
         plain, early = run(inputs, False), run(inputs, True)
