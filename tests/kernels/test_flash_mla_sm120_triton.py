@@ -1127,6 +1127,17 @@ def test_gluon_builds_loader_registers():
                 assert build["MMA_SYNC"] and build["LOADER_REGS"] == fl.WS_LOADER_REGS, tile
 
 
+def test_gluon_builds_s_products():
+    """The mma.sync tiles hold some of q's 64-dim groups in registers and sum S in 1, 2 or 4
+    independent accumulators (the consumer knows no other count); the wgmma tile, whose q is
+    wgmma's shared-memory operand, neither."""
+    for tile in fl.WS_SYNC_TILES:
+        build = fl.ws_build(tile)
+        assert 0 <= build["Q_HELD"] < 8 and build["S_CHAINS"] in (1, 2, 4), tile
+    wgmma = fl.ws_build((fl.WS_BLOCK_H, fl.WS_BLOCK_N))
+    assert (wgmma["Q_HELD"], wgmma["S_CHAINS"]) == (0, 1)
+
+
 def test_prefill_rule_only_for_many_programs_of_16_heads():
     """The Triton loops' rule (where the Gluon loop's few-head tile cannot run: no Gluon, V4.1
     caches): prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take
