@@ -1219,17 +1219,18 @@ WS_FEW_BLOCK_N = 32
 WS_FEW_RAW_SLOTS = 2
 WS_FEW_WARPS = 4
 WS_FEW_MAXNREG = 128
-# The mma.sync tiles' S: (q's 64-dim groups held in registers across the tiles, independent
-# sums of the 8 groups' products). ncu (session 28, the wide tile at B64 topk2048 on the
-# proxy): 55% of the consumer warps' stall samples in S's products, each waiting for the
-# ldmatrix issued just before it (ptxas keeps them next to their product however the source
-# orders them). Two groups held (32 registers; three or more spill) and two sums: the sm_120
-# row 1.04-1.10x on the proxy, the small dual tile and the few-head tile (one group held:
-# 128 registers) 1.02-1.03x on the H200; four sums slower on the wide tile (a 16 B spill).
-WS_SYNC_S = {
-    (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N): (2, 2),
-    (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N): (2, 2),
-    (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N): (1, 2),
+# The mma.sync tiles' S: q's first 64-dim groups held in registers across the tiles (the
+# consumer sums the 8 groups' products in two independent accumulators). ncu (session 28, the
+# wide tile at B64 topk2048 on the proxy): 55% of the consumer warps' stall samples in S's
+# products, each waiting for the ldmatrix issued just before it (ptxas keeps them next to
+# their product however the source orders them). Two groups held (32 registers; three or
+# more spill) and two sums: the sm_120 row 1.04-1.10x on the proxy, the small dual tile and
+# the few-head tile (one group held: 128 registers) 1.02-1.03x on the H200; two sums alone
+# 0.99-1.01x, four slower on the wide tile (a 16 B spill).
+WS_SYNC_Q_HELD = {
+    (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N): 2,
+    (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N): 2,
+    (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N): 1,
 }
 WS_SYNC_TILES = (
     (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
@@ -1244,17 +1245,18 @@ def ws_build(
     """The launch options of `_ws_split_kernel` in `tile` (heads, tokens), on one cache or two
     (`has_extra`, the extra one of format `e_fmt`; `pow2_pages`: both page sizes powers of
     two): mma.sync or not, its raw slots, its consumer warps, its loader's registers, (where
-    set) its register cap, and for an mma.sync tile S's held q groups and sums (`WS_SYNC_S`)."""
-    q_held, chains = WS_SYNC_S.get(tile, (0, 1))
+    set) its register cap, and q's groups an mma.sync tile holds in registers
+    (`WS_SYNC_Q_HELD`)."""
+    q_held = WS_SYNC_Q_HELD.get(tile, 0)
     if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
-                    maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS, Q_HELD=q_held,
-                    S_CHAINS=chains)  # fmt: skip
+                    maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS,
+                    Q_HELD=q_held)  # fmt: skip
     sync = tile in WS_SYNC_TILES
     more = has_extra and not sync and (e_fmt == FMT_V41_FP4 or not pow2_pages)
     loader = WS_DUAL_LOADER_REGS if more else WS_LOADER_REGS
     return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
-                LOADER_REGS=loader, Q_HELD=q_held, S_CHAINS=chains)  # fmt: skip
+                LOADER_REGS=loader, Q_HELD=q_held)  # fmt: skip
 
 
 if HAS_GLUON:
@@ -1741,12 +1743,11 @@ if HAS_GLUON:
                          mma_layout: gl.constexpr, HAS_EXTRA: gl.constexpr,
                          EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
                          EXACT_IN: gl.constexpr, FMT: gl.constexpr,
-                         E_FMT: gl.constexpr, Q_HELD: gl.constexpr,
-                         S_CHAINS: gl.constexpr):  # fmt: skip
+                         E_FMT: gl.constexpr, Q_HELD: gl.constexpr):  # fmt: skip
         """`_ws_consumer` with mma.sync (the sm_120 row; 99 KB): the same dequantized K tile in
         shared memory, S as 8 products 64 deep (the operands of mma.sync live in registers:
         q's first Q_HELD 64-dim groups loaded once, the others and K's per product; the
-        products summed in S_CHAINS independent accumulators), PV 512 wide; S and O share one
+        products summed in two independent accumulators), PV 512 wide; S and O share one
         layout; the row sums kept per element until the loop ends (`_ws_softmax_lazy`). As in
         `_ws_consumer`, q (zero for a request `keep` leaves to the exact launch) and, with
         EXACT_IN, the few-token count come here, while the loader's first copies fly."""
@@ -1787,29 +1788,19 @@ if HAS_GLUON:
             )  # fmt: skip
             gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
             mbarrier.arrive(raw_empty.index(slot), count=1)
-            s0 = s_zero  # S_CHAINS (1, 2 or 4) sums of the groups' products
-            s1 = s_zero
-            s2 = s_zero
-            s3 = s_zero
+            s_even = s_zero  # the even and the odd groups' products
+            s_odd = s_zero
             for gi in gl.static_range(8):
                 if gi < Q_HELD:
                     qg = q_held[gi]
                 else:
                     qg = q_smem.slice(gi * 64, 64, dim=1).load(qa)
                 kg = k_smem.slice(gi * 64, 64, dim=1).permute((1, 0)).load(kb)
-                if gi % S_CHAINS == 0:
-                    s0 = mma_v2(qg, kg, s0)
-                elif gi % S_CHAINS == 1:
-                    s1 = mma_v2(qg, kg, s1)
-                elif gi % S_CHAINS == 2:
-                    s2 = mma_v2(qg, kg, s2)
+                if gi % 2 == 0:
+                    s_even = mma_v2(qg, kg, s_even)
                 else:
-                    s3 = mma_v2(qg, kg, s3)
-            s = s0
-            if S_CHAINS > 1:
-                s = s + s1
-            if S_CHAINS > 2:
-                s = s + (s2 + s3)
+                    s_odd = mma_v2(qg, kg, s_odd)
+            s = s_even + s_odd
             p, alpha, m_i, l_part = _ws_softmax_lazy(s, valid, m_i, l_part, qk_scale_log2)
             acc = acc * alpha[:, None]
             p_hi = p.to(WS_OPERAND)
@@ -1907,7 +1898,7 @@ if HAS_GLUON:
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
-        Q_HELD: gl.constexpr = 0, S_CHAINS: gl.constexpr = 1,
+        Q_HELD: gl.constexpr = 0,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2032,8 +2023,7 @@ if HAS_GLUON:
                                          qk_scale_log2, keep, Q_ptr, stride_qb, stride_qh, h0, H,
                                          length, topk, e_length, e_topk, NR, BLOCK_N, BLOCK_H,
                                          num_warps, o_layout, HAS_EXTRA, EXACT_BELOW,
-                                         COUNT_BLOCK, EXACT_IN, FMT, E_FMT, Q_HELD,
-                                         S_CHAINS)),
+                                         COUNT_BLOCK, EXACT_IN, FMT, E_FMT, Q_HELD)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
