@@ -1979,8 +1979,14 @@ if HAS_GLUON:
                 gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
             )  # fmt: skip
         else:  # V4: 448 fp8 bytes (7 groups of 64, an 8th unused), 64 bf16 rope, 8 scale bytes
+            # Stored group-major (order [2, 0, 1]: a group's 64 bytes of every token, then the
+            # next group): the dequantization's ldmatrix reads two tokens' bytes of one group
+            # per 8 x 8 matrix, 512 bytes apart token-major (the same banks: twice the
+            # wavefronts), 64 apart here. ncu (session 29): that excess was 6.8% of the few-head
+            # tile's shared-memory wavefronts (its pipe 79% busy); group-major, 1.02-1.04x on
+            # its rows, 1.01-1.03x on the wgmma loop's.
             raw8 = gl.allocate_shared_memory(
-                gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+                gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 0, 1])
             )
             rawr = gl.allocate_shared_memory(
                 gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
