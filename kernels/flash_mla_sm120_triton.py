@@ -1240,23 +1240,30 @@ WS_SYNC_TILES = (
 
 
 def ws_build(
-    tile: tuple[int, int], has_extra: bool = False, e_fmt: int = FMT_V4, pow2_pages: bool = True
+    tile: tuple[int, int],
+    has_extra: bool = False,
+    e_fmt: int = FMT_V4,
+    pow2_pages: bool = True,
+    dependents: bool = False,
 ) -> dict:
     """The launch options of `_ws_split_kernel` in `tile` (heads, tokens), on one cache or two
     (`has_extra`, the extra one of format `e_fmt`; `pow2_pages`: both page sizes powers of
     two): mma.sync or not, its raw slots, its consumer warps, its loader's registers, (where
-    set) its register cap, and q's groups an mma.sync tile holds in registers
-    (`WS_SYNC_Q_HELD`)."""
+    set) its register cap, q's groups an mma.sync tile holds in registers (`WS_SYNC_Q_HELD`),
+    and whether its programs signal the combine launched as their programmatic dependent
+    (`dependents`): the wgmma tile only, the mma.sync builds measured 0.94-1.04x with it
+    (session 27)."""
     q_held = WS_SYNC_Q_HELD.get(tile, 0)
     if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
                     maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS,
-                    Q_HELD=q_held)  # fmt: skip
+                    Q_HELD=q_held, LAUNCH_DEPENDENTS=False)  # fmt: skip
     sync = tile in WS_SYNC_TILES
     more = has_extra and not sync and (e_fmt == FMT_V41_FP4 or not pow2_pages)
     loader = WS_DUAL_LOADER_REGS if more else WS_LOADER_REGS
     return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
-                LOADER_REGS=loader, Q_HELD=q_held)  # fmt: skip
+                LOADER_REGS=loader, Q_HELD=q_held,
+                LAUNCH_DEPENDENTS=dependents and not sync)  # fmt: skip
 
 
 if HAS_GLUON:
@@ -3047,7 +3054,6 @@ def _launch_ws(
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
     pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
-    build = ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2)
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -3063,11 +3069,10 @@ def _launch_ws(
         SINGLE_SPLIT=splits == 1, HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"],
         EXACT_BELOW=exact_below, COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n,
         EXACT_IN=exact_in, ONLY_FEW=only_few,
-        # the wgmma tile only: the mma.sync builds measured 0.94-1.04x with it (session 27)
-        LAUNCH_DEPENDENTS=dependents and not build["MMA_SYNC"],
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
-        **build, **(plan or {}),
+        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
+        **(plan or {}),
     )  # fmt: skip
 
 

@@ -171,16 +171,14 @@ def compile_ws(
         bh, bn = fl.WS_BLOCK_H, fl.WS_BLOCK_N
     # as `_launch_ws` launches it: raw slots, warps, loader's registers, register cap
     e_fmt = fmt if e_fmt is None else e_fmt
-    build = fl.ws_build((bh, bn), has_extra, e_fmt)
+    # (and, as it runs, the wgmma tile's programs signal the combine: programmatic dependent launch)
+    build = fl.ws_build((bh, bn), has_extra, e_fmt, dependents=fl.SPLIT_LAUNCHES_DEPENDENTS)
     options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
         COUNT_BLOCK=1024, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
         E_FMT=e_fmt, POW2_PAGES=True,  # SGLang's page sizes
-        # the wgmma tile's programs signal the combine (programmatic dependent launch)
-        LAUNCH_DEPENDENTS=getattr(fl, "SPLIT_LAUNCHES_DEPENDENTS", False)
-        and not build["MMA_SYNC"],
         num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:

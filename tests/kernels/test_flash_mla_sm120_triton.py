@@ -1135,6 +1135,18 @@ def test_gluon_builds_s_products():
     assert fl.ws_build((fl.WS_BLOCK_H, fl.WS_BLOCK_N))["Q_HELD"] == 0
 
 
+def test_gluon_builds_signal_the_combine_only_from_the_wgmma_tile():
+    """Launched as the combine's predecessor (`dependents`), only the wgmma tile's programs
+    signal it early; the mma.sync tiles never do, and no build does without a dependent."""
+    wgmma = (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
+    assert fl.ws_build(wgmma, dependents=True)["LAUNCH_DEPENDENTS"] is True
+    assert fl.ws_build(wgmma, True, dependents=True)["LAUNCH_DEPENDENTS"] is True
+    for tile in (wgmma, *fl.WS_SYNC_TILES):
+        assert fl.ws_build(tile)["LAUNCH_DEPENDENTS"] is False, tile
+    for tile in fl.WS_SYNC_TILES:
+        assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
+
+
 def test_prefill_rule_only_for_many_programs_of_16_heads():
     """The Triton loops' rule (where the Gluon loop's few-head tile cannot run: no Gluon, V4.1
     caches): prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take
