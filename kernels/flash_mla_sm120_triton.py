@@ -1560,6 +1560,19 @@ if HAS_GLUON:
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
     @gluon.constexpr_function
+    def _ws_raw_v4_layout(block_n):
+        """A V4 raw tile [tokens, 8 groups, 64 bytes] in shared memory: in planes of two groups
+        (128 bytes, a token's line as the loader copies it), token after token, the plane's
+        two 64-byte halves swapped on odd tokens, so that the two tokens of an ldmatrix
+        matrix (one group) fall in different banks and a copied line stays whole."""
+        bases = [[0, 0, 1 << i] for i in range(6)]  # the 64 bytes of a group
+        bases.append([0, 1, 0])  # the half: the group's low bit ...
+        bases.append([1, 1, 0])  # ... xor the token's low bit
+        bases += [[1 << i, 0, 0] for i in range(1, block_n.bit_length() - 1)]  # the token
+        bases += [[0, 2, 0], [0, 4, 0]]  # the plane
+        return gl.SharedLinearLayout(bases)
+
+    @gluon.constexpr_function
     def _ws_groups(fmt):
         """Scale groups of a main-cache row as the dequantization holds it (V4.1 FP8: 16 of
         32 values; V4: 8 of 64, the 8th the rope)."""
@@ -1986,15 +1999,13 @@ if HAS_GLUON:
                 gl.SwizzledSharedLayout(1, 1, 1, [1, 0]),
             )  # fmt: skip
         else:  # V4: 448 fp8 bytes (7 groups of 64, an 8th unused), 64 bf16 rope, 8 scale bytes
-            # Stored group-major (order [2, 0, 1]: a group's 64 bytes of every token, then the
-            # next group): the dequantization's ldmatrix reads two tokens' bytes of one group
-            # per 8 x 8 matrix, 512 bytes apart token-major (the same banks: twice the
-            # wavefronts), 64 apart here. ncu (session 29): that excess was 6.8% of the few-head
-            # tile's shared-memory wavefronts (its pipe 79% busy); group-major, 1.02-1.04x on
-            # its rows, 1.01-1.03x on the wgmma loop's.
-            raw8 = gl.allocate_shared_memory(
-                gl.float8e4nv, [NR, BLOCK_N, 8, 64], gl.SwizzledSharedLayout(1, 1, 1, [2, 0, 1])
-            )
+            # The dequantization's ldmatrix reads two tokens' bytes of one group per 8 x 8
+            # matrix: token-major they were 512 bytes apart (the same banks: twice the
+            # wavefronts; 6.8% of the few-head tile's, session 29). Group-major fixed that but
+            # split each token's 128-byte line in two for the loader's copies (their excess
+            # 1.40 M -> 3.85 M wavefronts); `_ws_raw_v4_layout` keeps the line whole.
+            raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 8, 64],
+                                             _ws_raw_v4_layout(BLOCK_N))  # fmt: skip
             rawr = gl.allocate_shared_memory(
                 gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )
