@@ -1560,11 +1560,15 @@ if HAS_GLUON:
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
     @gluon.constexpr_function
-    def _ws_raw_v4_layout(block_n):
-        """A V4 raw tile [tokens, 8 groups, 64 bytes] in shared memory: in planes of two groups
-        (128 bytes, a token's line as the loader copies it), token after token, the plane's
-        two 64-byte halves swapped on odd tokens, so that the two tokens of an ldmatrix
-        matrix (one group) fall in different banks and a copied line stays whole."""
+    def _ws_raw_v4_layout(block_n, lines):
+        """A V4 raw tile [tokens, 8 groups, 64 bytes] in shared memory. lines (the mma.sync
+        tiles): in planes of two groups (128 bytes, a token's line as the loader copies it),
+        token after token, the plane's two 64-byte halves swapped on odd tokens, so that the
+        two tokens of an ldmatrix matrix (one group) fall in different banks and a copied
+        line stays whole. Else group-major (a group's 64 bytes of every token, then the next
+        group): the wgmma loop's B128 dual row read 3% slower in lines (session 30)."""
+        if not lines:
+            return gl.SwizzledSharedLayout(1, 1, 1, [2, 0, 1])
         bases = [[0, 0, 1 << i] for i in range(6)]  # the 64 bytes of a group
         bases.append([0, 1, 0])  # the half: the group's low bit ...
         bases.append([1, 1, 0])  # ... xor the token's low bit
@@ -2003,9 +2007,10 @@ if HAS_GLUON:
             # matrix: token-major they were 512 bytes apart (the same banks: twice the
             # wavefronts; 6.8% of the few-head tile's, session 29). Group-major fixed that but
             # split each token's 128-byte line in two for the loader's copies (their excess
-            # 1.40 M -> 3.85 M wavefronts); `_ws_raw_v4_layout` keeps the line whole.
+            # 1.40 M -> 3.85 M wavefronts); `_ws_raw_v4_layout` keeps the line whole for the
+            # mma.sync tiles (1.01-1.02x on the few-head rows, session 30).
             raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 8, 64],
-                                             _ws_raw_v4_layout(BLOCK_N))  # fmt: skip
+                                             _ws_raw_v4_layout(BLOCK_N, MMA_SYNC))  # fmt: skip
             rawr = gl.allocate_shared_memory(
                 gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )
