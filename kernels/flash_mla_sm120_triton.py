@@ -1239,6 +1239,21 @@ WS_SYNC_TILES = (
 )
 
 
+def ws_raw_v4_line_bases(block_n):
+    """The mma.sync tiles' V4 raw tile [tokens, 8 groups, 64 bytes] in shared memory, as a
+    linear layout's bases (what each bit of a byte's offset adds, by xor, to its [token,
+    group, byte]): planes of two groups (128 bytes, a token's line as the loader copies
+    it), token after token, the plane's two 64-byte halves swapped on odd tokens, so that
+    the two tokens of an ldmatrix matrix (one group) fall in different banks and a copied
+    line stays whole."""
+    bases = [[0, 0, 1 << i] for i in range(6)]  # the 64 bytes of a group
+    bases.append([0, 1, 0])  # the half: the group's low bit ...
+    bases.append([1, 1, 0])  # ... xor the token's low bit
+    bases += [[1 << i, 0, 0] for i in range(1, block_n.bit_length() - 1)]  # the token
+    bases += [[0, 2, 0], [0, 4, 0]]  # the plane
+    return bases
+
+
 def ws_build(
     tile: tuple[int, int],
     has_extra: bool = False,
@@ -1559,22 +1574,18 @@ if HAS_GLUON:
             x = gl.join(lo * 16384.0 * sc, hi * 16384.0 * sc)  # value 2i low nibble, 2i+1 high
             k_smem.slice(r * ROWS, ROWS).store(gl.reshape(x, [ROWS, 512]))
 
+    # (Triton's compiler follows only its own kinds of function from a kernel.)
+    _ws_raw_v4_line_bases = gluon.constexpr_function(ws_raw_v4_line_bases)
+
     @gluon.constexpr_function
     def _ws_raw_v4_layout(block_n, lines):
         """A V4 raw tile [tokens, 8 groups, 64 bytes] in shared memory. lines (the mma.sync
-        tiles): in planes of two groups (128 bytes, a token's line as the loader copies it),
-        token after token, the plane's two 64-byte halves swapped on odd tokens, so that the
-        two tokens of an ldmatrix matrix (one group) fall in different banks and a copied
-        line stays whole. Else group-major (a group's 64 bytes of every token, then the next
-        group): the wgmma loop's B128 dual row read 3% slower in lines (session 30)."""
+        tiles): `ws_raw_v4_line_bases`. Else group-major (a group's 64 bytes of every token,
+        then the next group): the wgmma loop's B128 dual row read 3% slower in lines
+        (session 30)."""
         if not lines:
             return gl.SwizzledSharedLayout(1, 1, 1, [2, 0, 1])
-        bases = [[0, 0, 1 << i] for i in range(6)]  # the 64 bytes of a group
-        bases.append([0, 1, 0])  # the half: the group's low bit ...
-        bases.append([1, 1, 0])  # ... xor the token's low bit
-        bases += [[1 << i, 0, 0] for i in range(1, block_n.bit_length() - 1)]  # the token
-        bases += [[0, 2, 0], [0, 4, 0]]  # the plane
-        return gl.SharedLinearLayout(bases)
+        return gl.SharedLinearLayout(_ws_raw_v4_line_bases(block_n))
 
     @gluon.constexpr_function
     def _ws_groups(fmt):

@@ -1147,6 +1147,38 @@ def test_gluon_builds_signal_the_combine_only_from_the_wgmma_tile():
         assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
 
 
+def _raw_v4_offsets(block_n):
+    """Each [token, group, byte] of a V4 raw tile -> its byte offset in the mma.sync tiles'
+    layout (the inverse of the bases' map from offset bits to coordinates)."""
+    bases = fl.ws_raw_v4_line_bases(block_n)
+    offsets = {}
+    for off in range(block_n * 8 * 64):
+        coord = [0, 0, 0]
+        for bit, base in enumerate(bases):
+            if off >> bit & 1:
+                coord = [c ^ b for c, b in zip(coord, base, strict=True)]
+        offsets[tuple(coord)] = off
+    return offsets
+
+
+@pytest.mark.parametrize("block_n", sorted({n for _, n in fl.WS_SYNC_TILES}))
+def test_raw_v4_lines_keep_copies_whole_and_ldmatrix_conflict_free(block_n):
+    """The layout places every byte of the tile once; a token's two-group line (the 128 bytes
+    one copy lands) is one aligned 128-byte run; and the two tokens of one ldmatrix matrix
+    (an even token and the next, one group) cover the 128 bytes of a bank row once each."""
+    offsets = _raw_v4_offsets(block_n)
+    coords = {(t, g, x) for t in range(block_n) for g in range(8) for x in range(64)}
+    assert set(offsets) == coords  # a bijection: 2^k offsets onto as many coordinates
+    for t in range(block_n):
+        for plane in range(4):
+            line = sorted(offsets[t, 2 * plane + h, x] for h in range(2) for x in range(64))
+            assert line == list(range(line[0], line[0] + 128)) and line[0] % 128 == 0
+    for t in range(0, block_n, 2):
+        for g in range(8):
+            pair = {offsets[t + d, g, x] % 128 for d in range(2) for x in range(64)}
+            assert pair == set(range(128)), (t, g)
+
+
 def test_prefill_rule_only_for_many_programs_of_16_heads():
     """The Triton loops' rule (where the Gluon loop's few-head tile cannot run: no Gluon, V4.1
     caches): prefill-sized calls (>= 4 programs per resident slot) with a 16-head block take
