@@ -1254,6 +1254,20 @@ def ws_raw_v4_line_bases(block_n):
     return bases
 
 
+def ws_raw_v41_bases(block_n):
+    """A V4.1 FP8 raw tile [tokens, 16 groups, 32 bytes] in shared memory, as a linear
+    layout's bases: token after token (its 512-byte row whole, as the loader copies it),
+    each group's 32 bytes whole, the group's low two bits xor the token's, so that the four
+    tokens a warp's dequantization load reads of one group (4 rows x 32 bytes) fall in
+    different banks (token-major they were 512 bytes apart: the same 8 banks, four times the
+    wavefronts)."""
+    bases = [[0, 0, 1 << i] for i in range(5)]  # the 32 bytes of a group
+    bases += [[0, 1 << i, 0] for i in range(4)]  # the group
+    bases += [[1, 1, 0], [2, 2, 0]]  # the token's low two bits, xor the group's
+    bases += [[1 << i, 0, 0] for i in range(2, block_n.bit_length() - 1)]  # the token
+    return bases
+
+
 def ws_build(
     tile: tuple[int, int],
     has_extra: bool = False,
@@ -1576,6 +1590,16 @@ if HAS_GLUON:
 
     # (Triton's compiler follows only its own kinds of function from a kernel.)
     _ws_raw_v4_line_bases = gluon.constexpr_function(ws_raw_v4_line_bases)
+    _ws_raw_v41_bases = gluon.constexpr_function(ws_raw_v41_bases)
+
+    @gluon.constexpr_function
+    def _ws_raw_v41_layout(block_n, fp4_extra):
+        """A V4.1 FP8 raw tile [tokens, 16 groups, 32 bytes] in shared memory:
+        `ws_raw_v41_bases`, or token-major where the extra cache is FP4 (its dequantization
+        reinterprets the same buffer token-major)."""
+        if fp4_extra:
+            return gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        return gl.SharedLinearLayout(_ws_raw_v41_bases(block_n))
 
     @gluon.constexpr_function
     def _ws_raw_v4_layout(block_n, lines):
@@ -2003,9 +2027,8 @@ if HAS_GLUON:
         q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
         k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
         if FMT == 1:  # V4.1 FP8: 512 fp8 bytes (16 groups of 32) and 16 scale bytes a token
-            raw8 = gl.allocate_shared_memory(
-                gl.float8e4nv, [NR, BLOCK_N, 16, 32], gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
-            )
+            raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 16, 32],
+                                             _ws_raw_v41_layout(BLOCK_N, E_FMT == 2))  # fmt: skip
             rawr = gl.allocate_shared_memory(  # unused: no bf16 rope in this format
                 gl.bfloat16, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )

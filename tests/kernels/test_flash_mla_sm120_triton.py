@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import itertools
 import math
 import os
 import subprocess
@@ -1147,13 +1148,12 @@ def test_gluon_builds_signal_the_combine_only_from_the_wgmma_tile():
         assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
 
 
-def _raw_v4_offsets(block_n):
-    """Each [token, group, byte] of a V4 raw tile -> its byte offset in the mma.sync tiles'
-    layout (the inverse of the bases' map from offset bits to coordinates)."""
-    bases = fl.ws_raw_v4_line_bases(block_n)
+def _layout_offsets(bases, shape):
+    """Each coordinate of a shared-memory tile -> its offset, from a linear layout's bases
+    (what each bit of an offset adds, by xor, to its coordinate)."""
     offsets = {}
-    for off in range(block_n * 8 * 64):
-        coord = [0, 0, 0]
+    for off in range(math.prod(shape)):
+        coord = [0] * len(shape)
         for bit, base in enumerate(bases):
             if off >> bit & 1:
                 coord = [c ^ b for c, b in zip(coord, base, strict=True)]
@@ -1166,7 +1166,7 @@ def test_raw_v4_lines_keep_copies_whole_and_ldmatrix_conflict_free(block_n):
     """The layout places every byte of the tile once; a token's two-group line (the 128 bytes
     one copy lands) is one aligned 128-byte run; and the two tokens of one ldmatrix matrix
     (an even token and the next, one group) cover the 128 bytes of a bank row once each."""
-    offsets = _raw_v4_offsets(block_n)
+    offsets = _layout_offsets(fl.ws_raw_v4_line_bases(block_n), (block_n, 8, 64))
     coords = {(t, g, x) for t in range(block_n) for g in range(8) for x in range(64)}
     assert set(offsets) == coords  # a bijection: 2^k offsets onto as many coordinates
     for t in range(block_n):
@@ -1177,6 +1177,28 @@ def test_raw_v4_lines_keep_copies_whole_and_ldmatrix_conflict_free(block_n):
         for g in range(8):
             pair = {offsets[t + d, g, x] % 128 for d in range(2) for x in range(64)}
             assert pair == set(range(128)), (t, g)
+
+
+@pytest.mark.parametrize("block_n", sorted({n for _, n in fl.WS_SYNC_TILES} | {fl.WS_BLOCK_N}))
+def test_raw_v41_tile_keeps_rows_whole_and_dequant_loads_conflict_free(block_n):
+    """The V4.1 FP8 raw tile places every byte once, each token's 512-byte row is one aligned
+    run (the loader's copies) with each group's 32 bytes whole, and the dequantization's
+    loads of one group (4 aligned tokens x 32 bytes, or 2 x 32 in the wide tile) cover
+    distinct banks (token-major: the same 8 banks)."""
+    shape = (block_n, 16, 32)
+    offsets = _layout_offsets(fl.ws_raw_v41_bases(block_n), shape)
+    assert set(offsets) == set(itertools.product(*map(range, shape)))
+    for t in range(block_n):
+        row = sorted(offsets[t, g, x] for g in range(16) for x in range(32))
+        assert row == list(range(t * 512, t * 512 + 512))
+        for g in range(16):
+            group = [offsets[t, g, x] for x in range(32)]
+            assert group == list(range(group[0], group[0] + 32)) and group[0] % 32 == 0
+    for tokens in (4, 2):
+        for t in range(0, block_n, tokens):
+            for g in range(16):
+                banks = [offsets[t + d, g, 0] % 128 // 32 for d in range(tokens)]
+                assert len(set(banks)) == tokens, (t, g, banks)
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
