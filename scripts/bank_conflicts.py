@@ -5,7 +5,9 @@ Triton's own model (`get_shared_bank_conflicts`, what Gluon's `bank_conflicts` b
 returns) about every shared-memory load, store and asynchronous copy whose registers are in a
 blocked, linear or slice layout: the dequantization's reads of the raw tile and stores of the
 K tile, the loader's copies, q's store. ldmatrix / mma operands are not modelled (their
-swizzles are the compiler's own). A conflict of N is N excess wavefronts per wavefront: 1
+swizzles are the compiler's own). The model is of ld.shared / st.shared: where the compiler
+lowers a blocked load to ldmatrix anyway (the V4 dequantization's 8-bit reads: `LDSM` in the
+SASS), check the SASS and ncu. A conflict of N is N excess wavefronts per wavefront: 1
 doubles an access's shared-memory traffic, 3 quadruples it.
 
     python3 scripts/bank_conflicts.py [--cc 90] [--tile few|sync|wide|wgmma ...]
