@@ -274,6 +274,35 @@ def test_the_holders_relay_passes_frames_that_came_together_in_one_write(
         connection.close()
 
 
+def test_a_client_opening_after_the_agent_is_lost_sees_its_connection_lost(
+    sshd_server, tmp_path, isolated_home
+):
+    """The holder's agent connection is gone (its host went away) but the holder has not
+    ended yet: a client that opens a request then is cut, as the ones connected at the loss
+    were, and reads a lost connection, not an EXIT that looks like the command's failure."""
+    connection, chan, seen = _raw_agent_channel(sshd_server, tmp_path)
+    reader = wire.Prefixed(seen.split(MAGIC, 1)[1], chan.recv)
+    link = AgentLink(reader.read, chan.sendall, chan.close, {})
+    assert link.read_frame()[0] == HELLO
+    relay = Relay(link, refresh=lambda: None, on_failed=lambda err: None)
+    connection.close()  # the SSH connection ends: the relay's agent reader sees EOF
+    deadline = time.monotonic() + 30
+    while not relay.agent_lost.is_set():
+        assert time.monotonic() < deadline, "the relay did not see the agent go"
+        time.sleep(0.01)
+    ours, theirs = socket.socketpair()
+    served = threading.Thread(target=relay.serve, args=(Client(theirs, 0), lambda: None))
+    served.start()
+    try:
+        ours.sendall(wire.frame(OPEN, 3, json.dumps({"command": "true"}).encode()))
+        ours.settimeout(30)
+        assert wire.read_frame(ours.recv) is None  # EOF: no EXIT frame
+        served.join(30)
+        assert not served.is_alive() and not relay.clients
+    finally:
+        ours.close()
+
+
 # --- pipelines: OPEN "after" ----------------------------------------------------------------
 
 

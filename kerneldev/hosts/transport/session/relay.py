@@ -266,10 +266,11 @@ class Relay:
         with self._lock:
             if cid in client.owned:
                 return False
-            if self.agent_lost.is_set():  # nothing can run: the client sees the loss
-                client.send(wire.frame(EXIT, cid, b'{"error": "the connection was lost"}'))
-                client.finish()
-                return True
+            if self.agent_lost.is_set():
+                # Nothing can run: the client is cut, as those connected at the loss were, so
+                # it sees a lost connection (an EXIT with an error read as the command's own
+                # failure, exit 127: `kerneldev diff` then exited 1, not 3).
+                return False
             if not self._routes:
                 try:
                     self._refresh()
