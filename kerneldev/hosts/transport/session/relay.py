@@ -120,11 +120,6 @@ class Client:
                 self._backlog -= len(data)
         self.drop()
 
-    def finish(self) -> None:
-        """Close the connection once what is queued has been sent."""
-        self.alive = False
-        self._queue.put(None)
-
     def drop(self) -> None:
         """Cut the connection now: the client's reader sees EOF and the relay ends its
         requests."""
@@ -218,7 +213,7 @@ class Relay:
         reader = wire.Buffered(client.sock.recv)
         self._held.frames = []
         try:
-            while True:  # until EOF: also after `finish`, whose writer closes when done
+            while True:  # until EOF
                 try:
                     got = wire.read_frame(reader.read)
                 except (OSError, ValueError):
