@@ -67,7 +67,6 @@ class _Ttgir:
     """A TTGIR module's text: its layout aliases and source locations."""
 
     def __init__(self, text: str):
-        self.text = text
         self.alias = dict(re.findall(r"^(#[a-z_0-9]+) = (#ttg\.[^\n]*)$", text, re.M))
         self.locs = dict(re.findall(r"^(#loc[0-9]*) = loc\((.*)\)$", text, re.M))
 
