@@ -33,6 +33,8 @@ _BITS = {"f16": 16, "bf16": 16, "f32": 32, "i32": 32, "i16": 16, "i8": 8, "i64":
          "f8E4M3FN": 8, "f8E5M2": 8}  # fmt: skip
 # (cache format, extra cache format) codes of `_ws_split_kernel` (FMT, E_FMT)
 _FORMATS = {"v4": (0, 0), "v41": (1, 1), "v41_fp4": (1, 2)}
+_SHORT_OPS = {"local_load": "load", "local_store": "store",
+              "async_copy_global_to_local": "async copy"}  # fmt: skip
 _ACCESS = re.compile(
     r"\b(local_load|local_store|async_copy_global_to_local)\b.*?: (.*?) loc\((#loc\d*)\)"
 )
@@ -192,25 +194,28 @@ def main() -> int:
     ap.add_argument("--all", action="store_true", help="also the accesses without conflicts")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    if os.environ.get("TRITON_INTERPRET"):
-        print("error: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
+
+    def fail(message: str) -> int:
+        if args.json:  # scripts read the failure too
+            print(json.dumps({"error": message}))
+        print(f"error: {message}", file=sys.stderr)
         return 2
+
+    if os.environ.get("TRITON_INTERPRET"):
+        return fail("unset TRITON_INTERPRET (the interpreter compiles nothing)")
     if args.ttgir:
         try:
             with open(args.ttgir) as f:
                 reports = [(args.ttgir, audit(f.read()))]
         except (OSError, RuntimeError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return fail(str(e))
     else:
         sys.path[:0] = [HERE, os.path.join(HERE, "..", "kernels")]
         import compile_check as cc
         import flash_mla_sm120_triton as fl
 
         if not fl.HAS_GLUON:
-            print("error: the Gluon loop needs triton 3.6 (found another release)",
-                  file=sys.stderr)  # fmt: skip
-            return 2
+            return fail("the Gluon loop needs triton 3.6 (found another release)")
         tiles = {"few": (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N),
                  "sync": (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N),
                  "wide": (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N),
@@ -234,7 +239,8 @@ def main() -> int:
             )
             for a in accesses:
                 c = "not modelled" if a.conflicts is None else str(a.conflicts)
-                print(f"  {a.source:30} {a.op:27} {a.shape:10} {a.dtype:8} x{a.count:<2} {c}")
+                op = _SHORT_OPS[a.op]  # 80 columns
+                print(f"  {a.source:30} {op:10} {a.shape:10} {a.dtype:8} x{a.count:<2} {c}")
     return 1 if any(a.conflicts for _, accesses in reports for a in accesses) else 0
 
 

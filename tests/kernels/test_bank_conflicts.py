@@ -6,6 +6,7 @@ checked."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,9 @@ def test_other_triton_releases_and_bad_input_are_clear_errors(tmp_path):
     res = subprocess.run([*script, "--ttgir", str(tmp_path / "missing.ttgir")],
                          capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "missing.ttgir" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([*script, "--json", "--ttgir", str(tmp_path / "missing.ttgir")],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert res.returncode == 2 and "missing.ttgir" in json.loads(res.stdout)["error"]
     res = subprocess.run([*script, "--ttgir", "x"], capture_output=True, text=True,
                          env={**env, "TRITON_INTERPRET": "1"}, timeout=120)  # fmt: skip
     assert res.returncode == 2 and "TRITON_INTERPRET" in res.stderr
