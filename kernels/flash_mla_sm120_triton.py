@@ -1255,17 +1255,71 @@ def ws_raw_v4_line_bases(block_n):
 
 
 def ws_raw_v41_bases(block_n):
-    """A V4.1 FP8 raw tile [tokens, 16 groups, 32 bytes] in shared memory, as a linear
-    layout's bases: token after token (its 512-byte row whole, as the loader copies it),
-    each group's 32 bytes whole, the group's low two bits xor the token's, so that the four
-    tokens a warp's dequantization load reads of one group (4 rows x 32 bytes) fall in
-    different banks (token-major they were 512 bytes apart: the same 8 banks, four times the
-    wavefronts)."""
+    """A V4.1 raw tile [tokens, 16 groups, 32 bytes] in shared memory, as a linear layout's
+    bases (what each bit of a byte's offset adds, by xor, to its [token, group, byte]):
+    token after token (its 512-byte row whole, as the loader copies it), in 16-byte pieces
+    whose place within the row is the piece's xor the token's low three bits (the group's
+    low two bits with the token's bits 0 and 2, the half with bit 1). A warp's FP8
+    dequantization load of one group reads tokens {0, 1, 4, 5} (+2, +8k;
+    `ws_dequant_v41_bases`): their 32-byte pieces then fall in different banks. An FP4
+    extra cache's dequantization reads 8 tokens' same 16-byte piece per quarter-warp
+    (`ws_dequant_fp4_bases`, the same bytes seen as `ws_raw_fp4_view_bases`): in 8 banks'
+    quads. Token-major, both read 512 bytes apart: the same banks."""
     bases = [[0, 0, 1 << i] for i in range(5)]  # the 32 bytes of a group
     bases += [[0, 1 << i, 0] for i in range(4)]  # the group
-    bases += [[1, 1, 0], [2, 2, 0]]  # the token's low two bits, xor the group's
-    bases += [[1 << i, 0, 0] for i in range(2, block_n.bit_length() - 1)]  # the token
+    bases += [[1, 1, 0], [2, 0, 16], [4, 2, 0]]  # the token's bits 0-2, xor the piece's
+    bases += [[1 << i, 0, 0] for i in range(3, block_n.bit_length() - 1)]  # the token
     return bases
+
+
+def ws_raw_fp4_view_bases(block_n):
+    """`ws_raw_v41_bases` seen as [tokens, 64 pieces of 8 bytes, 8 bytes]: the FP4 extra
+    cache's view of the same buffer (its dequantization reinterprets it)."""
+    bases = [[0, 0, 1 << i] for i in range(3)]  # the 8 bytes of a scale group's codes
+    bases += [[0, 1 << i, 0] for i in range(6)]  # the 8-byte piece
+    bases += [[1, 4, 0], [2, 2, 0], [4, 8, 0]]  # as `ws_raw_v41_bases`, in 8-byte pieces
+    bases += [[1 << i, 0, 0] for i in range(3, block_n.bit_length() - 1)]  # the token
+    return bases
+
+
+def ws_dequant_fp4_bases(cw):
+    """The FP4 dequantization's register layout over one step's [16 rows, 32 pieces of 8
+    bytes, 8 bytes] (`cw` = 4 or 8 warps), as (register, lane, warp bases, shape): a thread
+    holds 2 whole scale groups of a row (16 bytes, 32 values: their 2 scales in
+    registers); lanes 0-7 of each quarter-warp take rows 0-7 at the same column, so that
+    its 16-byte stores into the K tile (16-byte pieces xor the row mod 8) fill a bank row
+    (one thread's 64 contiguous bytes, 8 lanes of a row 64 bytes apart, took four times
+    the wavefronts)."""
+    reg = [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0]]
+    lane = [[1, 0, 0], [2, 0, 0], [4, 0, 0], [0, 2, 0], [0, 4, 0]]
+    warp = [[0, 8, 0], [0, 16, 0]]
+    if cw == 8:
+        warp.append([8, 0, 0])
+    else:
+        reg.append([8, 0, 0])
+    return reg, lane, warp, [16, 32, 8]
+
+
+def ws_dequant_v41_bases(cw, block_n):
+    """The V4.1 FP8 dequantization's register layout over one step's [rows, 16 groups, 32
+    bytes] (`cw` warps), as (register, lane, warp bases, shape): a thread holds all 16 groups
+    of its row's 4 byte columns, one scale load per row; a warp's lanes take rows 0 and 4
+    (lanes 0-15) and 1 and 5 (16-31), not 4 consecutive rows: each half-warp's 8-byte stores
+    to the K tile (64 bytes a row per group, in the tile's swizzle of 16-byte pieces by row
+    mod 8) then fill both halves of a bank row, where rows 0 and 1 land in the same half
+    (twice the wavefronts; Triton's own bank model agrees: `scripts/bank_conflicts.py`).
+    The wide tile (16 tokens: fewer than 4 rows a warp): 2 byte columns a thread, 2
+    consecutive rows a warp, as before."""
+    warp_bits = (cw - 1).bit_length()
+    if 4 * cw <= block_n:
+        reg = [[0, 0, 1], [0, 0, 2]] + [[0, 1 << i, 0] for i in range(4)]
+        lane = [[0, 0, 4], [0, 0, 8], [0, 0, 16], [4, 0, 0], [1, 0, 0]]
+        rows = [2] + [8 << i for i in range(warp_bits - 1)]
+        return reg, lane, [[r, 0, 0] for r in rows], [4 * cw, 16, 32]
+    reg = [[0, 0, 1]] + [[0, 1 << i, 0] for i in range(4)]
+    lane = [[0, 0, 2], [0, 0, 4], [0, 0, 8], [0, 0, 16], [4, 0, 0]]
+    rows = [1, 2] + [8 << i for i in range(warp_bits - 2)]
+    return reg, lane, [[r, 0, 0] for r in rows], [2 * cw, 16, 32]
 
 
 def ws_build(
@@ -1576,9 +1630,9 @@ if HAS_GLUON:
         times its scale is exact in fp16 too (at most 2 + 4 significant bits, 2^-10 to
         2,688)."""
         ROWS: gl.constexpr = 16
-        L4: gl.constexpr = gl.BlockedLayout([1, 2, 8], [2, 16, 1], [CW, 1, 1], [2, 1, 0])
+        L4: gl.constexpr = _ws_dequant_fp4_layout(CW)
         bytes_s = raw8_s._reinterpret(gl.uint8, [BLOCK_N, 64, 8],
-                                      gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0]))  # fmt: skip
+                                      _ws_raw_fp4_view_layout(BLOCK_N))  # fmt: skip
         for r in gl.static_range(BLOCK_N // ROWS):
             b = bytes_s.slice(r * ROWS, ROWS).slice(0, 32, dim=1).load(L4).to(gl.int16)
             s8 = raws_s.slice(r * ROWS, ROWS).load(gl.SliceLayout(2, L4))
@@ -1591,15 +1645,25 @@ if HAS_GLUON:
     # (Triton's compiler follows only its own kinds of function from a kernel.)
     _ws_raw_v4_line_bases = gluon.constexpr_function(ws_raw_v4_line_bases)
     _ws_raw_v41_bases = gluon.constexpr_function(ws_raw_v41_bases)
+    _ws_raw_fp4_view_bases = gluon.constexpr_function(ws_raw_fp4_view_bases)
+    _ws_dequant_v41_bases = gluon.constexpr_function(ws_dequant_v41_bases)
+    _ws_dequant_fp4_bases = gluon.constexpr_function(ws_dequant_fp4_bases)
 
     @gluon.constexpr_function
-    def _ws_raw_v41_layout(block_n, fp4_extra):
-        """A V4.1 FP8 raw tile [tokens, 16 groups, 32 bytes] in shared memory:
-        `ws_raw_v41_bases`, or token-major where the extra cache is FP4 (its dequantization
-        reinterprets the same buffer token-major)."""
-        if fp4_extra:
-            return gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+    def _ws_raw_v41_layout(block_n):
+        """A V4.1 raw tile [tokens, 16 groups, 32 bytes] in shared memory (FP8, and an FP4
+        extra cache's tiles in the same buffer): `ws_raw_v41_bases`."""
         return gl.SharedLinearLayout(_ws_raw_v41_bases(block_n))
+
+    @gluon.constexpr_function
+    def _ws_raw_fp4_view_layout(block_n):
+        """The same buffer as [tokens, 64, 8] bytes (`ws_raw_fp4_view_bases`)."""
+        return gl.SharedLinearLayout(_ws_raw_fp4_view_bases(block_n))
+
+    @gluon.constexpr_function
+    def _ws_dequant_fp4_layout(cw):
+        reg, lane, warp, shape = _ws_dequant_fp4_bases(cw)
+        return gl.DistributedLinearLayout(reg, lane, warp, [], shape)
 
     @gluon.constexpr_function
     def _ws_raw_v4_layout(block_n, lines):
@@ -1638,9 +1702,8 @@ if HAS_GLUON:
         tile has fewer rows (the wide tile's 16), 2."""
         if fmt != 1:
             return gl.BlockedLayout([1, 8, 4], [2, 1, 16], [cw, 1, 1], [2, 1, 0])
-        if 4 * cw <= block_n:
-            return gl.BlockedLayout([1, 16, 4], [4, 1, 8], [cw, 1, 1], [2, 1, 0])
-        return gl.BlockedLayout([1, 16, 2], [2, 1, 16], [cw, 1, 1], [2, 1, 0])
+        reg, lane, warp, shape = _ws_dequant_v41_bases(cw, block_n)
+        return gl.DistributedLinearLayout(reg, lane, warp, [], shape)
 
     @gluon.jit
     def _ws_q_f16(q, qk_scale_log2):
@@ -2028,7 +2091,7 @@ if HAS_GLUON:
         k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
         if FMT == 1:  # V4.1 FP8: 512 fp8 bytes (16 groups of 32) and 16 scale bytes a token
             raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 16, 32],
-                                             _ws_raw_v41_layout(BLOCK_N, E_FMT == 2))  # fmt: skip
+                                             _ws_raw_v41_layout(BLOCK_N))  # fmt: skip
             rawr = gl.allocate_shared_memory(  # unused: no bf16 rope in this format
                 gl.bfloat16, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
             )

@@ -1179,26 +1179,122 @@ def test_raw_v4_lines_keep_copies_whole_and_ldmatrix_conflict_free(block_n):
             assert pair == set(range(128)), (t, g)
 
 
-@pytest.mark.parametrize("block_n", sorted({n for _, n in fl.WS_SYNC_TILES} | {fl.WS_BLOCK_N}))
-def test_raw_v41_tile_keeps_rows_whole_and_dequant_loads_conflict_free(block_n):
+def _wavefronts(byte_runs):
+    """Shared-memory wavefronts of one warp access: its lanes' (offset, bytes) runs, in lane
+    order. Accesses wider than 4 bytes a lane go in phases of 128 bytes (half-warps for 8,
+    quarter-warps for 16); within a phase each 4-byte word is in one of 32 banks, and words of
+    one bank cost a wavefront each."""
+    per_phase = 128 // max(4, byte_runs[0][1])
+    total = 0
+    for p in range(0, len(byte_runs), per_phase):
+        words = collections.defaultdict(set)
+        for off, size in byte_runs[p : p + per_phase]:
+            for w in range(off // 4, (off + size) // 4):
+                words[w % 32].add(w)
+        total += max(len(v) for v in words.values())
+    return total
+
+
+def _k_tile_offset(row, col):
+    """Byte offset of fp16 element (row, col) of a [tokens, 512] K tile in the mma.sync tiles'
+    shared layout (16-byte pieces xor the row mod 8: `SwizzledSharedLayout(8, 1, 8)`)."""
+    piece = col // 8
+    return row * 1024 + ((piece & ~7) | ((piece & 7) ^ (row % 8))) * 16 + col % 8 * 2
+
+
+# (consumer warps, tokens a tile) of the V4.1 dequantizing tiles: few-head, 32 x 32, wide, wgmma
+_V41_TILES = [(4, 32), (8, 32), (8, 16), (8, 64)]
+
+
+@pytest.mark.parametrize("cw,block_n", _V41_TILES)
+def test_raw_v41_tile_keeps_rows_whole_and_dequant_is_conflict_free(cw, block_n):
     """The V4.1 FP8 raw tile places every byte once, each token's 512-byte row is one aligned
-    run (the loader's copies) with each group's 32 bytes whole, and the dequantization's
-    loads of one group (4 aligned tokens x 32 bytes, or 2 x 32 in the wide tile) cover
-    distinct banks (token-major: the same 8 banks)."""
+    run (the loader's copies) with each group's 32 bytes whole; the dequantization's loads of
+    one group per warp take the fewest wavefronts their bytes need, and (4 byte columns a
+    thread, 8-byte stores) so do its stores to the K tile. Token-major raw rows and 4
+    consecutive rows a warp took 4 wavefronts a load and twice the stores' (sessions 29-30)."""
     shape = (block_n, 16, 32)
     offsets = _layout_offsets(fl.ws_raw_v41_bases(block_n), shape)
     assert set(offsets) == set(itertools.product(*map(range, shape)))
     for t in range(block_n):
         row = sorted(offsets[t, g, x] for g in range(16) for x in range(32))
         assert row == list(range(t * 512, t * 512 + 512))
-        for g in range(16):
+        for g in range(16):  # one aligned 32-byte slot, in two whole 16-byte pieces
             group = [offsets[t, g, x] for x in range(32)]
-            assert group == list(range(group[0], group[0] + 32)) and group[0] % 32 == 0
-    for tokens in (4, 2):
-        for t in range(0, block_n, tokens):
+            assert sorted(group) == list(range(min(group), min(group) + 32))
+            assert min(group) % 32 == 0
+            for half in (group[:16], group[16:]):
+                assert half == list(range(half[0], half[0] + 16)) and half[0] % 16 == 0
+    reg, lane, warp, (rows, _, _) = fl.ws_dequant_v41_bases(cw, block_n)
+    assert len(warp) == (cw - 1).bit_length()
+
+    def coord(bases, index):
+        c = [0, 0, 0]
+        for bit, base in enumerate(bases):
+            if index >> bit & 1:
+                c = [a ^ b for a, b in zip(c, base, strict=True)]
+        return c
+
+    width = 1 << sum(1 for b in reg if b[1] == 0)  # bytes a thread holds of a group
+    held = set()
+    for step in range(0, block_n, rows):
+        for w in range(cw):
             for g in range(16):
-                banks = [offsets[t + d, g, 0] % 128 // 32 for d in range(tokens)]
-                assert len(set(banks)) == tokens, (t, g, banks)
+                lanes = []
+                for ln in range(32):
+                    r, _, x = (a ^ b for a, b in zip(coord(lane, ln), coord(warp, w), strict=True))
+                    lanes.append((step + r, x))
+                    held.update((step + r, g, x + k) for k in range(width))
+                loads = [(offsets[r, g, x], width) for r, x in lanes]
+                assert _wavefronts(loads) == max(1, width * 32 // 128), (w, g)
+                if width == 4:  # 4 values a thread, 8 bytes of fp16 a store
+                    stores = [(_k_tile_offset(r, g * 32 + x), 8) for r, x in lanes]
+                    assert _wavefronts(stores) == 2, (w, g)
+    assert held == set(itertools.product(*map(range, shape)))  # each value dequantized
+
+
+@pytest.mark.parametrize("cw,block_n", _V41_TILES)
+def test_fp4_view_is_the_same_bytes_and_its_dequant_is_conflict_free(cw, block_n):
+    """An FP4 extra cache's tiles land in the V4.1 raw buffer through its FP8 view (the
+    loader) and are read through `ws_raw_fp4_view_bases`: each byte of a token's row at the
+    same offset in both. The FP4 dequantization (16 rows a step; a thread's 16 bytes, 2 scale
+    groups) reads and stores (16-byte pieces, quarter-warp phases) at the fewest wavefronts;
+    a thread's 64 contiguous bytes of fp16 with 8 lanes of one row took four times those."""
+    fp8 = _layout_offsets(fl.ws_raw_v41_bases(block_n), (block_n, 16, 32))
+    fp4 = _layout_offsets(fl.ws_raw_fp4_view_bases(block_n), (block_n, 64, 8))
+    for t in range(block_n):
+        for i in range(512):
+            assert fp8[t, i // 32, i % 32] == fp4[t, i // 8, i % 8], (t, i)
+    reg, lane, warp, shape = fl.ws_dequant_fp4_bases(cw)
+
+    def coord(bases, index):
+        c = [0, 0, 0]
+        for bit, base in enumerate(bases):
+            if index >> bit & 1:
+                c = [a ^ b for a, b in zip(c, base, strict=True)]
+        return c
+
+    held = set()
+    piece_regs = [i for i, b in enumerate(reg) if b[0] == 0]  # a thread's 16 bytes of a row
+    row_regs = [i for i, b in enumerate(reg) if b[0] != 0]
+    assert [reg[i] for i in piece_regs] == [[0, 0, 1], [0, 0, 2], [0, 0, 4], [0, 1, 0]]
+    for step in range(0, block_n, shape[0]):
+        for w in range(cw):
+            for rr in range(1 << len(row_regs)):
+                row_bits = coord([reg[i] for i in row_regs], rr)
+                lanes = []
+                for ln in range(32):
+                    r, c, _ = (a ^ b ^ d for a, b, d in zip(
+                        coord(lane, ln), coord(warp, w), row_bits, strict=True))  # fmt: skip
+                    assert c % 2 == 0
+                    lanes.append((step + r, c))
+                    held.update((step + r, c + k // 8, k % 8) for k in range(16))
+                loads = [(fp4[r, c, 0], 16) for r, c in lanes]
+                assert _wavefronts(loads) == 4, (w, rr)
+                for k in range(4):  # the 32 values' 16-byte stores, 8 values each
+                    stores = [(_k_tile_offset(r, c * 16 + k * 8), 16) for r, c in lanes]
+                    assert _wavefronts(stores) == 4, (w, rr, k)
+    assert held == {(t, c, k) for t in range(block_n) for c in range(32) for k in range(8)}
 
 
 def test_prefill_rule_only_for_many_programs_of_16_heads():
