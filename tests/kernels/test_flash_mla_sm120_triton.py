@@ -1202,6 +1202,15 @@ def _k_tile_offset(row, col):
     return row * 1024 + ((piece & ~7) | ((piece & 7) ^ (row % 8))) * 16 + col % 8 * 2
 
 
+def _coord(bases, index):
+    """The [row, group, byte] a linear layout's bases give `index` (xor of the set bits')."""
+    c = [0, 0, 0]
+    for bit, base in enumerate(bases):
+        if index >> bit & 1:
+            c = [a ^ b for a, b in zip(c, base, strict=True)]
+    return c
+
+
 # (consumer warps, tokens a tile) of the V4.1 dequantizing tiles: few-head, 32 x 32, wide, wgmma
 _V41_TILES = [(4, 32), (8, 32), (8, 16), (8, 64)]
 
@@ -1228,13 +1237,6 @@ def test_raw_v41_tile_keeps_rows_whole_and_dequant_is_conflict_free(cw, block_n)
     reg, lane, warp, (rows, _, _) = fl.ws_dequant_v41_bases(cw, block_n)
     assert len(warp) == (cw - 1).bit_length()
 
-    def coord(bases, index):
-        c = [0, 0, 0]
-        for bit, base in enumerate(bases):
-            if index >> bit & 1:
-                c = [a ^ b for a, b in zip(c, base, strict=True)]
-        return c
-
     width = 1 << sum(1 for b in reg if b[1] == 0)  # bytes a thread holds of a group
     held = set()
     for step in range(0, block_n, rows):
@@ -1242,7 +1244,8 @@ def test_raw_v41_tile_keeps_rows_whole_and_dequant_is_conflict_free(cw, block_n)
             for g in range(16):
                 lanes = []
                 for ln in range(32):
-                    r, _, x = (a ^ b for a, b in zip(coord(lane, ln), coord(warp, w), strict=True))
+                    at = zip(_coord(lane, ln), _coord(warp, w), strict=True)
+                    r, _, x = (a ^ b for a, b in at)
                     lanes.append((step + r, x))
                     held.update((step + r, g, x + k) for k in range(width))
                 loads = [(offsets[r, g, x], width) for r, x in lanes]
@@ -1267,13 +1270,6 @@ def test_fp4_view_is_the_same_bytes_and_its_dequant_is_conflict_free(cw, block_n
             assert fp8[t, i // 32, i % 32] == fp4[t, i // 8, i % 8], (t, i)
     reg, lane, warp, shape = fl.ws_dequant_fp4_bases(cw)
 
-    def coord(bases, index):
-        c = [0, 0, 0]
-        for bit, base in enumerate(bases):
-            if index >> bit & 1:
-                c = [a ^ b for a, b in zip(c, base, strict=True)]
-        return c
-
     held = set()
     piece_regs = [i for i, b in enumerate(reg) if b[0] == 0]  # a thread's 16 bytes of a row
     row_regs = [i for i, b in enumerate(reg) if b[0] != 0]
@@ -1281,11 +1277,11 @@ def test_fp4_view_is_the_same_bytes_and_its_dequant_is_conflict_free(cw, block_n
     for step in range(0, block_n, shape[0]):
         for w in range(cw):
             for rr in range(1 << len(row_regs)):
-                row_bits = coord([reg[i] for i in row_regs], rr)
+                row_bits = _coord([reg[i] for i in row_regs], rr)
                 lanes = []
                 for ln in range(32):
                     r, c, _ = (a ^ b ^ d for a, b, d in zip(
-                        coord(lane, ln), coord(warp, w), row_bits, strict=True))  # fmt: skip
+                        _coord(lane, ln), _coord(warp, w), row_bits, strict=True))  # fmt: skip
                     assert c % 2 == 0
                     lanes.append((step + r, c))
                     held.update((step + r, c + k // 8, k % 8) for k in range(16))
