@@ -1148,17 +1148,20 @@ def test_gluon_builds_signal_the_combine_only_from_the_wgmma_tile():
         assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
 
 
+def _coord(bases, index, rank=3):
+    """The coordinate ([row, group, byte] by default) a linear layout's bases give `index`:
+    the xor of its set bits' bases."""
+    c = [0] * rank
+    for bit, base in enumerate(bases):
+        if index >> bit & 1:
+            c = [a ^ b for a, b in zip(c, base, strict=True)]
+    return c
+
+
 def _layout_offsets(bases, shape):
     """Each coordinate of a shared-memory tile -> its offset, from a linear layout's bases
     (what each bit of an offset adds, by xor, to its coordinate)."""
-    offsets = {}
-    for off in range(math.prod(shape)):
-        coord = [0] * len(shape)
-        for bit, base in enumerate(bases):
-            if off >> bit & 1:
-                coord = [c ^ b for c, b in zip(coord, base, strict=True)]
-        offsets[tuple(coord)] = off
-    return offsets
+    return {tuple(_coord(bases, off, len(shape))): off for off in range(math.prod(shape))}
 
 
 @pytest.mark.parametrize("block_n", sorted({n for _, n in fl.WS_SYNC_TILES}))
@@ -1200,15 +1203,6 @@ def _k_tile_offset(row, col):
     shared layout (16-byte pieces xor the row mod 8: `SwizzledSharedLayout(8, 1, 8)`)."""
     piece = col // 8
     return row * 1024 + ((piece & ~7) | ((piece & 7) ^ (row % 8))) * 16 + col % 8 * 2
-
-
-def _coord(bases, index):
-    """The [row, group, byte] a linear layout's bases give `index` (xor of the set bits')."""
-    c = [0, 0, 0]
-    for bit, base in enumerate(bases):
-        if index >> bit & 1:
-            c = [a ^ b for a, b in zip(c, base, strict=True)]
-    return c
 
 
 # (consumer warps, tokens a tile) of the V4.1 dequantizing tiles: few-head, 32 x 32, wide, wgmma
