@@ -1204,6 +1204,13 @@ WS_DUAL_LOADER_REGS = 64
 WS_SYNC_BLOCK_H = 32
 WS_SYNC_BLOCK_N = 32
 WS_SYNC_RAW_SLOTS = 1
+# Its long form, Hopper only (143,900 B): 32 heads x 64 tokens, for the sm_90 row's small
+# dual-cache calls where fewer, longer tiles per split cost less (`small_dual_block_n`).
+WS_SYNC_LONG_BLOCK_N = 64
+# What a tile of the small dual-cache calls costs beyond its tokens (its barriers, softmax
+# and raw-slot hand-over), in tokens: fitted to session 32's H200 A/B of the two forms (B1,
+# B8: 32 tokens faster; B4, B16: 64), which bound it between 16 and 32.
+WS_SYNC_TILE_COST_TOKENS = 24
 # Its wide form: 64 heads x 16 tokens (q 64 KB + K 16 KB + raw 10 KB: 94,364 B, one program
 # per SM as well), for calls with many selected tokens per SM (`ws_wide_tokens_per_sm`): each
 # K tile is gathered and dequantized once for 64 heads instead of twice (two 32-head blocks).
@@ -1229,11 +1236,14 @@ WS_FEW_MAXNREG = 128
 # 0.99-1.01x, four slower on the wide tile (a 16 B spill).
 WS_SYNC_Q_HELD = {
     (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N): 2,
+    (WS_SYNC_BLOCK_H, WS_SYNC_LONG_BLOCK_N): 1,  # two spill 28-36 B (its 64-token S)
     (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N): 2,
     (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N): 1,
 }
+WS_SYNC_LONG_TILE = (WS_SYNC_BLOCK_H, WS_SYNC_LONG_BLOCK_N)  # 9.x only
 WS_SYNC_TILES = (
     (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
+    WS_SYNC_LONG_TILE,
     (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N),
     (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N),
 )
@@ -2635,6 +2645,10 @@ class MMARow(NamedTuple):
     # H200, H64: 1.05-1.19x at B1-B16 full lengths, 1.77-1.96x with partial lengths and
     # invalid slots; 0.80-0.86x at B24 and B32.
     ws_small_dual_programs: int = 0
+    # Those calls may take the tile's long form (32 x 64, Hopper's shared memory) where its
+    # fewer tiles per split cost less (`small_dual_block_n`). Session 32 (v40), H200: B4
+    # dual 1.13-1.16x, B16 1.05-1.06x (and with +-inf sinks, V4.1, H128 B8), B1 / B8 stay 32.
+    ws_small_dual_long: bool = False
 
 
 # Shared memory per block: sm_90 227 KB, sm_120 / sm_89 99 KB (`scripts/compile_check.py`
@@ -2676,7 +2690,7 @@ MMA_ROWS: dict[str, MMARow] = {
     "sm90": MMARow(
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_dual=True, ws_exact_launch=True,
-        ws_few_programs_per_sm=2, ws_small_dual_programs=32,
+        ws_few_programs_per_sm=2, ws_small_dual_programs=32, ws_small_dual_long=True,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2827,8 +2841,9 @@ def mma_config(
         and B * (H // WS_SYNC_BLOCK_H) <= row.ws_small_dual_programs
     )  # fmt: skip
     if small_dual:  # the mma.sync tile below (ws_sync)
-        block_h, block_n = WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N
+        block_h = WS_SYNC_BLOCK_H
         programs = B * (H // block_h)
+        block_n = small_dual_block_n(row, sm_count, programs, topk, extra_topk)
     exact_block_h = min(row.exact_block_h, block_h)
     exact_block_n = exact_warps = 0
     if token_major:
@@ -2859,8 +2874,8 @@ def mma_config(
     # 32-head blocks. Measured on the H200 as a proxy (session 16, v24, residency capped at
     # sm_120's 100 KB per SM): 1.43-1.58x faster than the Triton loop at B >= 64.
     ws_sync = (
-        on_gpu and cc[0] in (9, 12) and (block_h, block_n) == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N)
-        and H % block_h == 0
+        on_gpu and cc[0] in (9, 12) and H % block_h == 0
+        and ((block_h, block_n) == (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N) or small_dual)
     )  # fmt: skip
     ws = row.ws and not token_major and not pv_split and (ws_wgmma or ws_sync)
     wide = WS_SYNC_WIDE_BLOCK_H
@@ -2925,6 +2940,23 @@ def mma_config(
     )  # fmt: skip
 
 
+def small_dual_block_n(row: MMARow, sm_count: int, programs: int, topk: int, e_topk: int) -> int:
+    """The tokens a tile of the sm_90 row's small dual-cache calls: 32, or (the row's
+    `ws_small_dual_long`) 64 where the longest split's tiles cost less so, a tile costing its
+    tokens plus WS_SYNC_TILE_COST_TOKENS. One program per SM, as `mma_config` splits them: B1
+    dual (2 programs) keeps 32 (one tile of 32 tokens against one of 64), B4 takes 64 (two
+    tiles against one), B8 32 (three against two), B16 64 (five against three)."""
+    if not row.ws_small_dual_long:
+        return WS_SYNC_BLOCK_N
+
+    def cost(block_n):
+        tiles = _tiles(topk, e_topk, block_n)
+        splits = max(1, min(sm_count // programs, tiles, MAX_SPLITS))
+        return triton.cdiv(tiles, splits) * (block_n + WS_SYNC_TILE_COST_TOKENS)
+
+    return min((WS_SYNC_LONG_BLOCK_N, WS_SYNC_BLOCK_N), key=cost)  # ties: the longer tile
+
+
 def tm_one_round(
     row: MMARow, sm_count: int, B: int, H: int, topk: int, extra_topk: int
 ) -> tuple[int, int] | None:
@@ -2958,15 +2990,22 @@ def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
 
 
 def _device_mma_config(
-    device: torch.device, B: int, H: int, topk: int, e_topk: int, ws: bool = True
+    device: torch.device, B: int, H: int, topk: int, e_topk: int, ws: bool = True,
+    fp4_extra: bool = False,
 ):  # fmt: skip
-    """`mma_config` for this device; `ws` off: its row without the Gluon loop."""
+    """`mma_config` for this device; `ws` off: its row without the Gluon loop; `fp4_extra`
+    (a V4.1 FP4 extra cache): without the small dual-cache tile's long form, whose FP4 build
+    spills (16 B; session 32, B16 dual 0.96-0.97x)."""
     if device.type != "cuda":
         return mma_config(None, 2, B, H, topk, e_topk)
     cc = torch.cuda.get_device_capability(device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     row = MMA_ROWS[mma_row_name(cc)]
-    return mma_config(cc, sms, B, H, topk, e_topk, row if ws else row._replace(ws=False))
+    if not ws:
+        row = row._replace(ws=False)
+    if fp4_extra:
+        row = row._replace(ws_small_dual_long=False)
+    return mma_config(cc, sms, B, H, topk, e_topk, row)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -3141,15 +3180,16 @@ _WS_FORMAT_PAIRS = ((FMT_V4, FMT_V4), (FMT_V41, FMT_V41), (FMT_V41, FMT_V41_FP4)
 
 def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
     """Whether `_ws_split_kernel` can run this call with `tile` (heads, tokens): Gluon present,
-    a 9.x GPU (wgmma's 64 x 64 tile) or a 9.x / 12.x one (mma.sync's `WS_SYNC_TILES`: 32 x 32,
-    the wide 64 x 16 and the few-head 16 x 32), cache formats in `_WS_FORMAT_PAIRS` (V4 and
-    V4, V4.1 FP8 and V4.1 FP8 or FP4), their bytes and page strides 16-byte aligned (cp.async
-    of 16 bytes; the bf16 view of V4's rope needs even strides), q rows contiguous."""
+    a 9.x GPU (wgmma's 64 x 64 tile, mma.sync's long 32 x 64) or a 9.x / 12.x one (mma.sync's
+    other `WS_SYNC_TILES`: 32 x 32, the wide 64 x 16 and the few-head 16 x 32), cache formats
+    in `_WS_FORMAT_PAIRS` (V4 and V4, V4.1 FP8 and V4.1 FP8 or FP4), their bytes and page
+    strides 16-byte aligned (cp.async of 16 bytes; the bf16 view of V4's rope needs even
+    strides), q rows contiguous."""
     cap = torch.cuda.get_device_capability(q.device) if q.is_cuda else (0, 0)
     return (
         HAS_GLUON and q.is_cuda
-        and ((cap[0] == 9 and tile == (WS_BLOCK_H, WS_BLOCK_N))
-             or (cap[0] in (9, 12) and tile in WS_SYNC_TILES))
+        and ((cap[0] == 9 and tile in ((WS_BLOCK_H, WS_BLOCK_N), WS_SYNC_LONG_TILE))
+             or (cap[0] in (9, 12) and tile in WS_SYNC_TILES and tile != WS_SYNC_LONG_TILE))
         and (flags["FMT"], flags["E_FMT"]) in _WS_FORMAT_PAIRS and q.stride(3) == 1
         and main["KV_ptr"].data_ptr() % 16 == 0 and extra["EKV_ptr"].data_ptr() % 16 == 0
         and main["stride_kv_page"] % 16 == 0 and extra["stride_ekv_page"] % 16 == 0
@@ -3193,8 +3233,9 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     B, _, H, _ = q.shape
     topk, e_topk = main["topk"], (extra["e_topk"] if flags["HAS_EXTRA"] else 0)
     derived = cfg is None
+    fp4_extra = flags["HAS_EXTRA"] and flags["E_FMT"] == FMT_V41_FP4
     if cfg is None:
-        cfg = _device_mma_config(q.device, B, H, topk, e_topk)
+        cfg = _device_mma_config(q.device, B, H, topk, e_topk, fp4_extra=fp4_extra)
     ws_ok = not cfg.token_major and not cfg.pv_split and not cfg.exact_in_launch
     if cfg.ws and not (ws_ok and _ws_runnable(q, main, extra, flags, (cfg.block_h, cfg.block_n))):
         # the Triton loop instead, with the tile its row takes then

@@ -79,6 +79,7 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "ws_exact_launch": getattr(table, "ws_exact_launch", False),
             "ws_few": getattr(table, "ws_few_programs_per_sm", 0) > 0,
             "ws_small_dual": getattr(table, "ws_small_dual_programs", 0) > 0,
+            "ws_small_dual_long": getattr(table, "ws_small_dual_long", False),
             "pack_rows": getattr(table, "pack_rows", 0)}  # fmt: skip
 
 
@@ -309,16 +310,21 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                         rows.append(build_report(cc, wide_row, "bf16-P-ws-sync-wide", has_extra,
                                                  fmt, ck, with_ptxas))  # fmt: skip
                 if row.get("ws_small_dual") and has_extra and not sync:
-                    # small dual-cache calls: the mma.sync tile (32 x 32), planned or not
-                    tile = (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)
-                    sd_row = dict(ws_row, BLOCK_H=tile[0], BLOCK_N=tile[1])
-                    for plan, fmt in _ws_plans_and_formats(has_extra):
-                        m, e = _WS_FORMATS[fmt]
-                        ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
-                                        tile=tile, fmt=m, e_fmt=e)  # fmt: skip
-                        label = "bf16-P-ws-small-dual" + ("-plan" if plan else "")
-                        rows.append(build_report(cc, sd_row, label, has_extra, fmt, ck,
-                                                 with_ptxas))  # fmt: skip
+                    # small dual-cache calls: the mma.sync tile (32 x 32) and, where the row
+                    # takes it, its long form (32 x 64), planned or not
+                    tiles = [(fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)]
+                    if row.get("ws_small_dual_long"):
+                        tiles.append(fl.WS_SYNC_LONG_TILE)
+                    for tile in tiles:
+                        sd_row = dict(ws_row, BLOCK_H=tile[0], BLOCK_N=tile[1])
+                        long = "-long" if tile == getattr(fl, "WS_SYNC_LONG_TILE", None) else ""
+                        for plan, fmt in _ws_plans_and_formats(has_extra):
+                            m, e = _WS_FORMATS[fmt]
+                            ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
+                                            tile=tile, fmt=m, e_fmt=e)  # fmt: skip
+                            label = "bf16-P-ws-small-dual" + long + ("-plan" if plan else "")
+                            rows.append(build_report(cc, sd_row, label, has_extra, fmt, ck,
+                                                     with_ptxas))  # fmt: skip
                 if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
                     few = (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)
                     few_row = dict(ws_row, BLOCK_H=few[0], BLOCK_N=few[1],

@@ -21,6 +21,8 @@ from .test_flash_mla_sm120_triton import (
     _WS,
     _WS_DUAL,
     _WS_DUAL_RULE,
+    _WS_SMALL_DUAL,
+    _WS_SMALL_DUAL_32,
     _WSX,
     DEVICE,
     ON_GPU,
@@ -264,6 +266,7 @@ V41_GLUON_CASES = [
         _WS,
         _WS._replace(ws_exact=True, num_splits=1, plan_splits=0),
         _WS_DUAL_RULE,  # the rule's wgmma Gluon loop for dual calls of 40+ programs
+        _WS_SMALL_DUAL, _WS_SMALL_DUAL_32,  # the small dual-cache tile's two forms
         _WSX,
         fl.mma_config((12, 0), 132, 4, 64, 320, 200),
         _WIDE_STATIC,
@@ -280,6 +283,7 @@ V41_GLUON_CASES = [
     # a V4.1 FP4 extra cache: each tile's loader and dequantization by its cache
     ("v41_fp4_ws_dual_h64", dict(_V41_DUAL, **_FP4, B=4), [
         _WS, _WS_DUAL_RULE, _WSX, fl.mma_config((12, 0), 132, 4, 64, 320, 200), _WIDE_STATIC,
+        _WS_SMALL_DUAL_32, _WS_SMALL_DUAL,  # the rule's own form, then the long one forced
     ]),
     ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, **_FP4, B=5, H=8), [_FEW, _FEW120]),
     ("v41_fp4_ws_few_prefill_h16", dict(_FEW_PREFILL, **_FP4, kv_layout="v41",

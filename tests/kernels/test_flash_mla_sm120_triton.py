@@ -308,9 +308,13 @@ CASES += [
 _SM90_64 = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_programs=0, ws_dual=False)
 _WS = fl.mma_config((9, 0), 132, 4, 64, 320, 200, row=_SM90_64)._replace(ws=True)
 _WSX = fl.mma_config((9, 0), 132, 6, 64, 320, 200, row=_SM90_64)._replace(ws_exact_launch=True)
-# The rule's own choice for these small dual-cache calls: the mma.sync Gluon tile (32 x 32);
-# for 20 requests (40 programs of 32 heads), the wgmma Gluon loop with its own exact PV
+# The rule's own choice for these small dual-cache calls: the mma.sync Gluon tile (here its
+# long form, 32 x 64; then 32 x 32); for 20 requests (40 programs of 32 heads), the wgmma
+# Gluon loop with its own exact PV
 _WS_SMALL_DUAL = fl.mma_config((9, 0), 132, 4, 64, 320, 200)
+_WS_SMALL_DUAL_32 = fl.mma_config(
+    (9, 0), 132, 4, 64, 320, 200, row=fl.MMA_ROWS["sm90"]._replace(ws_small_dual_long=False)
+)
 _WS_DUAL_RULE = fl.mma_config((9, 0), 132, 20, 64, 320, 200)
 _WS_DUAL_RULE_H96 = fl.mma_config((9, 0), 132, 11, 96, 320, 200)
 _WS_H96 = fl.mma_config((9, 0), 132, 3, 96, 300, 0)._replace(ws=True)  # one cache, 96 heads
@@ -331,9 +335,12 @@ CASES += [
             # the few-token requests in the Gluon loop itself (P's residue), planned or not
             _WS._replace(ws_exact=True),
             _WS._replace(ws_exact=True, plan_splits=0),
-            # the rule's mma.sync tile for small dual-cache calls, planned or not
+            # the rule's mma.sync tile for small dual-cache calls (32 x 64 or 32 x 32),
+            # planned or not
             _WS_SMALL_DUAL,
             _WS_SMALL_DUAL._replace(plan_splits=0),
+            _WS_SMALL_DUAL_32,
+            _WS_SMALL_DUAL_32._replace(plan_splits=0),
         ],
     ),
     (
@@ -367,8 +374,12 @@ CASES += [
         "sm90_ws_dual_rule_pages_48_100",
         dict(_WS_DUAL, B=20, page_size=48, extra_page_size=100, invalid_fraction=0.1),
         ("mma",),
-        # the wgmma loop, then the mma.sync tile (the same loader)
-        [_WS_DUAL_RULE._replace(plan_splits=0), _WS_SMALL_DUAL._replace(plan_splits=0)],
+        # the wgmma loop, then the mma.sync tile in its two forms (the same loader)
+        [
+            _WS_DUAL_RULE._replace(plan_splits=0),
+            _WS_SMALL_DUAL._replace(plan_splits=0),
+            _WS_SMALL_DUAL_32._replace(plan_splits=0),
+        ],
     ),
     (
         # a partly masked head block (96 heads), one-slot pages, topk not a multiple of the
@@ -968,6 +979,24 @@ def test_split_plan_skewed_lengths_match_reference(exact):
     torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
 
 
+def test_small_dual_long_tile_not_with_an_fp4_extra_cache(monkeypatch):
+    """The launcher's own config (`_device_mma_config`, here for an H200 as the driver would
+    report it) takes the small dual-cache tile's long form for B16 dual, but not where the
+    extra cache is V4.1 FP4 (its build spills there); the sm_120 row never."""
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(
+        fl.torch.cuda, "get_device_properties",
+        lambda device=None: type("Props", (), {"multi_processor_count": 132}),
+    )  # fmt: skip
+    gpu = torch.device("cuda", 0)
+    assert fl._device_mma_config(gpu, 16, 64, 128, 512).block_n == fl.WS_SYNC_LONG_BLOCK_N
+    fp4 = fl._device_mma_config(gpu, 16, 64, 128, 512, fp4_extra=True)
+    assert (fp4.block_h, fp4.block_n, fp4.ws) == (32, 32, True)
+    assert not fl._device_mma_config(gpu, 16, 64, 128, 512, ws=False).ws
+    monkeypatch.setattr(fl.torch.cuda, "get_device_capability", lambda device=None: (12, 0))
+    assert fl._device_mma_config(gpu, 16, 64, 128, 512).block_n == 32
+
+
 def test_mma_config_rule():
     """The public, pure config rule: table rows per compute capability, one wave of splits,
     small tiles where the tile count caps the grid, the exact PV where topk is small."""
@@ -996,10 +1025,11 @@ def test_mma_config_rule():
     assert dual.ws and (dual.block_h, dual.block_n) == (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
     # ... but dual calls of up to 32 programs of 32 heads: the mma.sync Gluon tile (the sm_120
     # row's 32 x 32, its exact PV in the same launch), launched as the sm_120 row would on a
-    # 9.x GPU of as many SMs
+    # 9.x GPU of as many SMs (without its long form: below)
     proxy_row = fl.MMA_ROWS["sm120"]
+    short_row = fl.MMA_ROWS["sm90"]._replace(ws_small_dual_long=False)
     for B, H in ((1, 64), (16, 64), (8, 128), (32, 32)):
-        small = fl.mma_config((9, 0), 132, B, H, 128, 512)
+        small = fl.mma_config((9, 0), 132, B, H, 128, 512, row=short_row)
         assert small.ws and (small.block_h, small.block_n) == (32, 32), (B, H)
         like = fl.mma_config((9, 0), 132, B, H, 128, 512, row=proxy_row)
         fields = ("block_h", "block_n", "num_splits", "num_stages", "pv_split_below", "ws",
@@ -1007,6 +1037,15 @@ def test_mma_config_rule():
                   "token_major", "pack_tokens")  # fmt: skip
         assert [getattr(small, f) for f in fields] == [getattr(like, f) for f in fields]
     assert fl.mma_config((9, 0), 132, 1, 64, 128, 512).num_splits == 20
+    # its long form (32 x 64) where the longest split's tiles cost less so (session 32's H200
+    # A/B: B4 and B16 64 tokens, B1 and B8 32), sm_120's own row never (99 KB)
+    for B, H, block_n, splits in ((1, 64, 32, 20), (4, 64, 64, 10), (8, 64, 32, 8),
+                                  (16, 64, 64, 4), (8, 128, 64, 4), (16, 32, 32, 8)):  # fmt: skip
+        small = fl.mma_config((9, 0), 132, B, H, 128, 512)
+        assert small.ws and (small.block_h, small.block_n, small.num_splits) == (
+            32, block_n, splits), (B, H)  # fmt: skip
+        assert fl.mma_config((12, 0), 188, B, H, 128, 512).block_n != 64, (B, H)
+    assert fl.small_dual_block_n(short_row, 132, 32, 128, 512) == 32
     for B, H, topk, extra in ((17, 64, 128, 512), (9, 128, 128, 512), (1, 64, 2048, 0),
                               (1, 64, 64, 128), (4, 48, 128, 512)):  # fmt: skip
         # more programs, one cache, the exact PV for the whole call, partly masked blocks
