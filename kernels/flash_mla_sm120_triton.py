@@ -1344,7 +1344,8 @@ def ws_build(
     two): mma.sync or not, its raw slots, its consumer warps, its loader's registers, (where
     set) its register cap, q's groups an mma.sync tile holds in registers (`WS_SYNC_Q_HELD`),
     and whether its programs signal the combine launched as their programmatic dependent
-    (`dependents`): the wgmma tile only, the mma.sync builds measured 0.94-1.04x with it
+    (`dependents`): the wgmma tile and the small dual-cache calls' long mma.sync tile (session
+    32: 1.01-1.04x, both orders); the other mma.sync builds measured 0.94-1.04x with it
     (session 27)."""
     q_held = WS_SYNC_Q_HELD.get(tile, 0)
     if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
@@ -1354,9 +1355,9 @@ def ws_build(
     sync = tile in WS_SYNC_TILES
     more = has_extra and not sync and (e_fmt == FMT_V41_FP4 or not pow2_pages)
     loader = WS_DUAL_LOADER_REGS if more else WS_LOADER_REGS
+    signals = dependents and (not sync or tile == WS_SYNC_LONG_TILE)
     return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
-                LOADER_REGS=loader, Q_HELD=q_held,
-                LAUNCH_DEPENDENTS=dependents and not sync)  # fmt: skip
+                LOADER_REGS=loader, Q_HELD=q_held, LAUNCH_DEPENDENTS=signals)  # fmt: skip
 
 
 if HAS_GLUON:

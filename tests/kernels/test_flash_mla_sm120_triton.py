@@ -1175,16 +1175,19 @@ def test_gluon_builds_s_products():
     assert fl.ws_build((fl.WS_BLOCK_H, fl.WS_BLOCK_N))["Q_HELD"] == 0
 
 
-def test_gluon_builds_signal_the_combine_only_from_the_wgmma_tile():
-    """Launched as the combine's predecessor (`dependents`), only the wgmma tile's programs
-    signal it early; the mma.sync tiles never do, and no build does without a dependent."""
+def test_gluon_builds_signal_the_combine_only_from_the_wgmma_and_long_tiles():
+    """Launched as the combine's predecessor (`dependents`), only the wgmma tile's and the
+    long mma.sync tile's programs signal it early; the other mma.sync tiles never do, and no
+    build does without a dependent."""
     wgmma = (fl.WS_BLOCK_H, fl.WS_BLOCK_N)
-    assert fl.ws_build(wgmma, dependents=True)["LAUNCH_DEPENDENTS"] is True
-    assert fl.ws_build(wgmma, True, dependents=True)["LAUNCH_DEPENDENTS"] is True
+    for tile in (wgmma, fl.WS_SYNC_LONG_TILE):
+        assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is True, tile
+        assert fl.ws_build(tile, True, dependents=True)["LAUNCH_DEPENDENTS"] is True, tile
     for tile in (wgmma, *fl.WS_SYNC_TILES):
         assert fl.ws_build(tile)["LAUNCH_DEPENDENTS"] is False, tile
     for tile in fl.WS_SYNC_TILES:
-        assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
+        if tile != fl.WS_SYNC_LONG_TILE:
+            assert fl.ws_build(tile, dependents=True)["LAUNCH_DEPENDENTS"] is False, tile
 
 
 def _coord(bases, index, rank=3):
