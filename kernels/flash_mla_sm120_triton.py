@@ -2942,7 +2942,7 @@ def mma_config(
 
 
 def small_dual_block_n(row: MMARow, sm_count: int, programs: int, topk: int, e_topk: int) -> int:
-    """The tokens a tile of the sm_90 row's small dual-cache calls: 32, or (the row's
+    """The tokens of a tile of the sm_90 row's small dual-cache calls: 32, or (the row's
     `ws_small_dual_long`) 64 where the longest split's tiles cost less so, a tile costing its
     tokens plus WS_SYNC_TILE_COST_TOKENS. One program per SM, as `mma_config` splits them: B1
     dual (2 programs) keeps 32 (one tile of 32 tokens against one of 64), B4 takes 64 (two
