@@ -2908,7 +2908,7 @@ def mma_config(
         # one or two tiles per split: smaller tiles, nothing to pipeline
         block_n, stages = row.small_grid_block_n, 1
     tiles = _tiles(topk, extra_topk, block_n)
-    splits = max(1, min(slots // programs, tiles, MAX_SPLITS))
+    splits = _wave_splits(slots, programs, tiles)
     if one_round:
         splits = one_round[1]
     below = PV_SPLIT_MAX_TOKENS if on_gpu else 0
@@ -2916,7 +2916,7 @@ def mma_config(
         block_h, token_major = exact_block_h, False
         block_n, warps = exact_block_n or block_n, exact_warps or warps
         exact_block_n = exact_warps = 0
-        splits = max(1, min(slots // (B * triton.cdiv(H, block_h)), tiles, MAX_SPLITS))
+        splits = _wave_splits(slots, B * triton.cdiv(H, block_h), tiles)
     concurrent = triton.cdiv(tiles, splits) >= EXACT_CONCURRENT_MIN_TILES
     pack = 0
     if row.pack_rows and block_h <= 16 and programs >= PREFILL_PROGRAMS_PER_SLOT * prefill_slots:
@@ -2952,8 +2952,9 @@ def small_dual_block_n(row: MMARow, sm_count: int, programs: int, topk: int, e_t
 
     def cost(block_n):
         tiles = _tiles(topk, e_topk, block_n)
-        splits = max(1, min(sm_count // programs, tiles, MAX_SPLITS))
-        return triton.cdiv(tiles, splits) * (block_n + WS_SYNC_TILE_COST_TOKENS)
+        return triton.cdiv(tiles, _wave_splits(sm_count, programs, tiles)) * (
+            block_n + WS_SYNC_TILE_COST_TOKENS
+        )
 
     return min((WS_SYNC_LONG_BLOCK_N, WS_SYNC_BLOCK_N), key=cost)  # ties: the longer tile
 
@@ -2988,6 +2989,12 @@ def tm_one_round(
 
 def _tiles(topk: int, extra_topk: int, block_n: int) -> int:
     return max(triton.cdiv(topk, block_n) + triton.cdiv(extra_topk, block_n), 1)
+
+
+def _wave_splits(slots: int, programs: int, tiles: int) -> int:
+    """Splits per program that fill one wave of `slots` (at least 1, at most the tiles and
+    MAX_SPLITS)."""
+    return max(1, min(slots // programs, tiles, MAX_SPLITS))
 
 
 def _device_mma_config(

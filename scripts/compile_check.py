@@ -312,17 +312,16 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                 if row.get("ws_small_dual") and has_extra and not sync:
                     # small dual-cache calls: the mma.sync tile (32 x 32) and, where the row
                     # takes it, its long form (32 x 64), planned or not
-                    tiles = [(fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N)]
+                    tiles = [("", (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N))]
                     if row.get("ws_small_dual_long"):
-                        tiles.append(fl.WS_SYNC_LONG_TILE)
-                    for tile in tiles:
+                        tiles.append(("-long", fl.WS_SYNC_LONG_TILE))
+                    for form, tile in tiles:
                         sd_row = dict(ws_row, BLOCK_H=tile[0], BLOCK_N=tile[1])
-                        long = "-long" if tile == getattr(fl, "WS_SYNC_LONG_TILE", None) else ""
                         for plan, fmt in _ws_plans_and_formats(has_extra):
                             m, e = _WS_FORMATS[fmt]
                             ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
                                             tile=tile, fmt=m, e_fmt=e)  # fmt: skip
-                            label = "bf16-P-ws-small-dual" + long + ("-plan" if plan else "")
+                            label = "bf16-P-ws-small-dual" + form + ("-plan" if plan else "")
                             rows.append(build_report(cc, sd_row, label, has_extra, fmt, ck,
                                                      with_ptxas))  # fmt: skip
                 if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
