@@ -20,6 +20,9 @@ variant:
    small shape cannot be served from the 50 MB L2 by the previous call's data. A throwaway
    graph is captured and timed first (`settle_cuda_graphs`): a process's first graph replays
    ~0.9 µs a call faster than its later ones, which would favour the first entry timed.
+   `--graph-each` captures each call in a graph of its own and replays them in turn, one
+   call after each flush, as the peers harness and FlashMLA's own benchmarks do: every call
+   then starts cold (a small call's first loads, the flush's dirty lines in L2).
 3. reports µs (median, p20, p80), effective GB/s (the minimal bytes of the spec's roofline
    over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
    TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
@@ -77,6 +80,7 @@ import argparse
 import datetime
 import hashlib
 import importlib.util
+import itertools
 import json
 import math
 import os
@@ -1015,9 +1019,12 @@ class _KernelRecorder:
         return list(self.seen.values())
 
 
-def time_cuda_graph(torch, triton, calls: list, warmup_ms: int, rep_ms: int):
+def time_cuda_graph(torch, triton, calls: list, warmup_ms: int, rep_ms: int, each: bool = False):
     """Capture every call once into one CUDA graph, time its replays (L2 flushed before each
-    replay by do_bench); return ([median, p20, p80] µs per call, the graph's outputs)."""
+    replay by do_bench); return ([median, p20, p80] µs per call, the graph's outputs, the
+    graphs). `each`: one graph per call instead, the graphs replayed in turn, each replay one
+    call after the flush (no call follows another: the peers harness's and FlashMLA's own
+    way; a small call then pays its cold start every time instead of once per set)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # compile / autotune outside the capture
@@ -1025,16 +1032,21 @@ def time_cuda_graph(torch, triton, calls: list, warmup_ms: int, rep_ms: int):
             call()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = [call() for call in calls]
-    graph.replay()
+    groups = [[call] for call in calls] if each else [calls]
+    graphs, outputs = [], []
+    for group in groups:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs += [call() for call in group]
+        graphs.append(graph)
+    for graph in graphs:
+        graph.replay()
     torch.cuda.synchronize()
-    ms = triton.testing.do_bench(
-        graph.replay, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES)
-    )
-    per_call = [m * 1e3 / len(calls) for m in ms]
-    return per_call, outputs, graph
+    turn = itertools.cycle(graphs)
+    replay = (lambda: next(turn).replay()) if each else graphs[0].replay
+    ms = triton.testing.do_bench(replay, warmup=warmup_ms, rep=rep_ms, quantiles=list(QUANTILES))
+    per_call = [m * 1e3 / len(groups[0]) for m in ms]
+    return per_call, outputs, graphs
 
 
 def settle_cuda_graphs(torch, triton) -> None:
@@ -1173,9 +1185,9 @@ def _run_calls(ctx: dict, shape: Shape, kernel: dict, result: dict, calls: list,
         else:
             try:
                 quant, graph_outputs, graph = time_cuda_graph(
-                    torch, triton, calls, args.warmup, args.rep
+                    torch, triton, calls, args.warmup, args.rep, each=args.graph_each
                 )
-                result["timing_method"] = "cuda-graph"
+                result["timing_method"] = "cuda-graph-each" if args.graph_each else "cuda-graph"
                 # The replayed graph must compute what the eager calls did.
                 replay = check_sets(ctx["reference"], graph_outputs, refs, convert)
                 if not replay["ok"] and not ablated:
@@ -1328,6 +1340,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     p.add_argument("--rotate", type=int, default=3, help="input sets per shape (default 3)")
+    p.add_argument(
+        "--graph-each",
+        action="store_true",
+        help="time each call in a graph of its own (the sets' graphs in turn, each replay "
+        "after the L2 flush) instead of the sets' calls back to back in one graph: the peers "
+        "harness's way",
+    )
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (default 25)")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms (default 100)")
     p.add_argument("--seed", type=int, default=0, help="base seed of the input sets")
@@ -1405,6 +1424,8 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         raise HarnessError("--config / --sm120-proxy need a CUDA device", EXIT_USAGE)
     if args.smem_per_sm is not None and (cpu or args.smem_per_sm < 1):
         raise HarnessError("--smem-per-sm needs a CUDA device and KB >= 1", EXIT_USAGE)
+    if args.graph_each and cpu:  # the interpreter's wall clock has no graphs to split
+        raise HarnessError("--graph-each needs a CUDA device (it times CUDA graphs)", EXIT_USAGE)
     kernel_paths = _parse_kernels(args.kernel, here)
     phases = parse_phases(args.phases)
     if phases and all(v in _NOT_ABLATED_VARIANTS for v in variants):
@@ -1511,7 +1532,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
     report = {
         "schema": SCHEMA,
         "timestamp": _now(),
-        "timing": "cpu-wallclock" if cpu else "cuda-graph",
+        "timing": "cpu-wallclock" if cpu else f"cuda-graph{'-each' if args.graph_each else ''}",
         "ok": True,
         "exit_code": EXIT_OK,
         "device": device_info(torch, device),
@@ -1526,6 +1547,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         "settings": {
             "variants": variants,
             "rotate": args.rotate,
+            "graph_each": args.graph_each,
             "warmup_ms": args.warmup,
             "rep_ms": args.rep,
             "quantiles": list(QUANTILES),

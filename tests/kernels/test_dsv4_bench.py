@@ -3,6 +3,7 @@ GPU: parsing, the config each variant resolves to, and the usage errors."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -93,6 +94,38 @@ def test_smem_per_sm_needs_a_gpu(capsys):
     assert "--smem-per-sm needs a CUDA device" in capsys.readouterr().err
 
 
+def test_graph_each_needs_a_gpu(capsys):
+    code = bench.main(["--cpu-mode", "--shapes", "smoke", "--graph-each"])
+    assert code == bench.EXIT_USAGE
+    assert "--graph-each needs a CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not kconf.ON_GPU, reason="needs a CUDA GPU")
+def test_graph_each_times_every_call_in_a_graph_of_its_own(tmp_path, monkeypatch):
+    """--graph-each: one graph per input set, replayed in turn (one call after each L2
+    flush), the replays' outputs checked like the single graph's, the mode recorded."""
+    seen = []
+    real = bench.time_cuda_graph
+
+    def recording(torch, triton, calls, warmup_ms, rep_ms, **kw):
+        result = real(torch, triton, calls, warmup_ms, rep_ms, **kw)
+        seen.append((len(calls), kw.get("each", False), len(result[2])))
+        return result
+
+    monkeypatch.setattr(bench, "time_cuda_graph", recording)
+    out = tmp_path / "r.json"
+    code = bench.main(["--variants", "mma", "--shapes", "B=1,H=64,topk=128", "--rotate", "2",
+                       "--warmup", "1", "--rep", "2", "--graph-each", "--out", str(out),
+                       "--no-table"])  # fmt: skip
+    assert code == bench.EXIT_OK
+    data = json.loads(out.read_text())
+    assert data["settings"]["graph_each"] is True
+    (entry,) = data["results"]
+    assert entry["timing_method"] == "cuda-graph-each" and entry["status"] == "ok"
+    assert entry["median_us"] > 0
+    assert seen[-1] == (2, True, 2)  # the entry's two sets, a graph each
+
+
 def test_carveout_percent_lands_on_the_configuration_asked_for():
     """Rounded down: the driver rounds the hint up to its next configuration (H200: 228 KB per
     SM, configurations 0, 8, 16, 32, 64, 100, 132, 164, 196, 228 KB)."""
@@ -109,8 +142,6 @@ def test_smem_per_sm_keeps_sm120s_residency_on_the_proxy(tmp_path):
     leaves one program of the sm_120 row (98 KB with triton 3.6, 82-84 KB with 3.9) per SM,
     where two fit without it; the JSON records what the driver reports. A subprocess: the load
     hook stays for the life of the process."""
-    import json
-
     import torch
 
     if torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor <= 200 * 1024:
@@ -142,8 +173,8 @@ def test_a_throwaway_graph_is_timed_before_the_first_entry(tmp_path, monkeypatch
     timed = []
     real = bench.time_cuda_graph
 
-    def recording(torch, triton, calls, warmup_ms, rep_ms):
-        result = real(torch, triton, calls, warmup_ms, rep_ms)
+    def recording(torch, triton, calls, warmup_ms, rep_ms, **kw):
+        result = real(torch, triton, calls, warmup_ms, rep_ms, **kw)
         timed.append(len(calls))
         return result
 
