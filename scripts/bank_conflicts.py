@@ -218,7 +218,7 @@ def main() -> int:
             return fail("the Gluon loop needs triton 3.6 (found another release)")
         tiles = {"few": (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N),
                  "sync": (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N),
-                 "long": (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_LONG_BLOCK_N),  # Hopper only
+                 "long": fl.WS_SYNC_LONG_TILE,  # Hopper only
                  "wide": (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N),
                  "wgmma": (fl.WS_BLOCK_H, fl.WS_BLOCK_N)}  # fmt: skip
         reports = []
