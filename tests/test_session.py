@@ -281,6 +281,40 @@ def test_status_list_and_stop_show_the_session(env: Env):
     assert env.session().pid != session.pid
 
 
+def test_stop_without_host_ends_the_chosen_hosts_and_a_default_group(kept, tmp_path, sshd_server):
+    """Bare `session stop` takes the host other commands would choose: with `default: GROUP`
+    every host of the group (it used to refuse the group), with `default: HOST` that one only."""
+    env = make_env(tmp_path, sshd_server)
+    data = yaml.safe_load(env.config.read_text())
+    second = dict(data["hosts"]["h"], workspace="ws2")
+    data["hosts"]["g"] = second
+    data["groups"] = {"both": ["h", "g"]}
+    data["default"] = "both"
+    env.config.write_text(yaml.safe_dump(data))
+    kept.append(env)
+    hosts = load_config(env.config).hosts
+    try:
+        assert env.kd("pull").exit_code == 0  # the group: one session per host
+        pids = {name: control.status(hosts[name]).pid for name in ("h", "g")}
+        assert all(control.status(hosts[name]).alive for name in pids)
+        stopped = env.kd("session", "stop")
+        assert stopped.exit_code == 0, stopped.stderr
+        for name, pid in pids.items():
+            assert f"{name}: stopped the session (pid {pid})" in stopped.stderr
+            wait_for(lambda pid=pid: not alive(pid), what=f"{name}'s holder to exit")
+
+        data["default"] = "h"
+        env.config.write_text(yaml.safe_dump(data))
+        hosts = load_config(env.config).hosts
+        assert env.kd("pull", "--host", "both").exit_code == 0
+        assert env.kd("session", "stop").exit_code == 0
+        assert not control.status(hosts["h"]).alive
+        assert control.status(hosts["g"]).alive  # not chosen: left running
+    finally:
+        for host in hosts.values():
+            control.stop(host)
+
+
 # --- the socket is private ------------------------------------------------------------
 
 

@@ -37,6 +37,16 @@ HOSTS_OPTION = typer.Option(
     help="A host, a group or a comma list of them (default: every host of the config).",
     show_default=False,
 )
+# `stop` ends work in progress, so without --host it takes the host (or group) every other
+# command would choose, not every host: --all says that.
+STOP_HOSTS_OPTION = typer.Option(
+    None,
+    "--host",
+    metavar="NAME|GROUP|LIST",
+    help="A host, a group or a comma list of them (default: the host or group other "
+    "commands choose; --all for every host of the config).",
+    show_default=False,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -107,12 +117,12 @@ _showing_command(
 @session_app.command("stop")
 def stop_command(
     ctx: typer.Context,
-    host_spec: str | None = HOSTS_OPTION,
+    host_spec: str | None = STOP_HOSTS_OPTION,
     every: bool = flag("--all", help="Stop the sessions of every host of the config."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """End the kept session of the host (or of every host): its connection closes, and
-    requests still running through it are ended on the host."""
+    """End the kept session of the host (a group's hosts, or with --all every host): its
+    connection closes, and requests still running through it are ended on the host."""
     from kerneldev.hosts.transport.session import control
 
     if every and host_spec is not None:
@@ -120,7 +130,7 @@ def stop_command(
     if not every and host_spec is None:
         from kerneldev.config import load_config
 
-        hosts = [load_config(config_path(ctx)).host(None)]
+        hosts = load_config(config_path(ctx)).hosts_for(None)
     else:
         hosts = _hosts(ctx, host_spec, every)
     stopped = [control.stop(h) for h in hosts]
