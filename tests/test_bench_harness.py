@@ -423,6 +423,16 @@ def test_shape_specs_parse_and_deduplicate():
     assert first.name == "B2 H128 main64/p32+extra16/p16 sink"
 
 
+def test_the_cli_help_names_every_shape_set_and_key_the_harness_takes():
+    """`bench --help` / `watch --help` spell the sets and keys out (no harness import for
+    --help): they must be what the harness parses, aliases (issue4, batch, ...) aside."""
+    from kerneldev.cli.common import SHAPE_KEYS, SHAPE_SET_NAMES
+
+    assert set(SHAPE_SET_NAMES) == set(harness.SHAPE_SETS) - {"issue4"}
+    fields = {harness._SPEC_KEYS[key.lower()] for key in SHAPE_KEYS}
+    assert fields == set(harness._SPEC_KEYS.values())
+
+
 # --- on a GPU (skipped in CI): the CUDA-graph timing path -----------------------------------
 
 

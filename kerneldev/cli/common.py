@@ -35,6 +35,17 @@ PARALLEL_OPTION = typer.Option(
     metavar="N",
     help="With a group of hosts: work on at most N hosts at a time (one connection each).",
 )
+# What `bench --shapes` and `watch --bench` accept, as kernels/dsv4_bench.py parses it (its
+# SHAPE_SETS and spec keys; tests/test_bench_harness.py keeps the two in step). Spelled out
+# here so that --help imports no harness.
+SHAPE_SET_NAMES = ("decode", "flashmla", "paths", "prefill", "v41", "smoke")
+SHAPE_KEYS = (
+    "B H topk page extra_topk extra_page sink lengths invalid pad layout share prefill".split()
+)
+SHAPES_HELP = (
+    f"a named set ({', '.join(SHAPE_SET_NAMES)}) or one shape such as B=1,H=64,topk=512 "
+    f"(keys: {' '.join(SHAPE_KEYS)}; see docs/usage.md)"
+)
 JSON_OPTION = flag("--json", help="Print the result as JSON on stdout (also on failure).")
 # Every command that pushes (push, rollback, watch) can skip the import checks.
 NO_IMPORT_CHECK_OPTION = flag(

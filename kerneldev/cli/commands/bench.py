@@ -12,6 +12,7 @@ from kerneldev.cli.common import (
     HOST_OPTION,
     JSON_OPTION,
     PARALLEL_OPTION,
+    SHAPES_HELP,
     config_path,
     flag,
     select_hosts,
@@ -55,9 +56,7 @@ SHAPES_OPTION = typer.Option(
     None,
     "--shapes",
     metavar="SHAPES",
-    help="A named set (decode, flashmla, paths, smoke) or one shape such as "
-    "B=1,H=64,topk=512 (keys: B H topk page extra_topk extra_page sink lengths invalid pad; "
-    "see docs/usage.md); "
+    help=SHAPES_HELP[0].upper() + SHAPES_HELP[1:] + "; "
     "repeatable, or ';'-separated. Default: decode (smoke with --cpu).",
     show_default=False,
 )

@@ -13,6 +13,7 @@ from kerneldev.cli.common import (
     HOST_OPTION,
     JSON_OPTION,
     NO_IMPORT_CHECK_OPTION,
+    SHAPES_HELP,
     config_path,
     flag,
     variants_option,
@@ -53,12 +54,14 @@ def watch_command(
         None,
         "--bench",
         metavar="QUICK-SPEC",
-        help="After each push, check and time the kernel variants on the host on these shapes: "
-        "a shape set name (smoke, decode, flashmla, paths) or one shape such as "
-        "B=1,H=64,topk=512 (as `bench --shapes`).",
+        help="After each push, check and time the kernel variants on the host on these shapes "
+        "(as `bench --shapes`): " + SHAPES_HELP + ".",
         show_default=False,
     ),
-    variants: str = variants_option("With --bench: the variants to check (simt, mma, dispatch)."),
+    variants: str = variants_option(
+        "With --bench: the variants to check (simt, mma, dispatch, flashinfer; as "
+        "`bench --variants`)."
+    ),
     cpu: bool = flag(
         "--cpu",
         help="With --bench: run under the Triton interpreter on the host's CPU (tiny shapes; "
