@@ -70,11 +70,16 @@ COMPARE_OPTION = typer.Option(
 )
 
 
-ALLOW_SAME_KERNEL_OPTION = flag(
-    "--allow-same-kernel",
-    help="With --service (and in profile): measure even when every variant runs the same "
-    "attention kernel (refused otherwise: a variable that did not take effect).",
-)
+def allow_same_kernel_option(what: str):
+    """--allow-same-kernel; `what` is done anyway (bench: measure, only with --service)."""
+    return flag(
+        "--allow-same-kernel",
+        help=f"{what} even when every variant runs the same attention kernel "
+        "(refused otherwise: a variable that did not take effect).",
+    )
+
+
+ALLOW_SAME_KERNEL_OPTION = allow_same_kernel_option("With --service: measure")
 
 
 # The options of one of bench's two modes (parameter names): given in the other mode they are

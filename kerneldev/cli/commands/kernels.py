@@ -69,6 +69,7 @@ def status_command(
         "--heads",
         min=1,
         max=MAX_HEADS,
+        metavar="N",
         help="Query heads per GPU of the server's attention layers (tp_q_head_num): the "
         "probe's decode and prefill calls use them.",
     ),

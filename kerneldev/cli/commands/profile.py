@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kerneldev.cli.commands.bench import ALLOW_SAME_KERNEL_OPTION
+from kerneldev.cli.commands.bench import allow_same_kernel_option
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
 
@@ -29,7 +29,7 @@ def profile_command(
         32, "--steps", min=1, metavar="N", help="Decode steps to profile (new tokens per request)."
     ),
     top: int = typer.Option(15, "--top", min=1, metavar="K", help="Kernels to show per variant."),
-    allow_same_kernel: bool = ALLOW_SAME_KERNEL_OPTION,
+    allow_same_kernel: bool = allow_same_kernel_option("Profile"),
     host_name: str | None = HOST_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
