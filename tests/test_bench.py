@@ -171,6 +171,29 @@ def test_live_and_workspace_sources_and_a_failing_variant(tmp_path):
     assert data["kernels"][0]["path"] != str(ws)  # a copy in the host's temporary folder
 
 
+def test_a_group_bench_prints_each_hosts_table_under_its_name(tmp_path):
+    """Two hosts of a group: each table on stdout is headed by its host's name (the `saved:`
+    lines are on stderr), so output saved to a file still says which host measured what."""
+    config = write_config(tmp_path)
+    data = yaml.safe_load(config.read_text())
+    for name in ("gpu1", "gpu2"):
+        root = tmp_path / f"live-{name}"
+        (root / KERNEL).parent.mkdir(parents=True)
+        (root / KERNEL).write_text(FAKE_KERNEL)  # its simt is right and fast
+        data["hosts"][name] = dict(data["hosts"]["gpu1"], root=str(root), workspace=f"ws-{name}")
+    data["groups"] = {"pair": ["gpu1", "gpu2"]}
+    config.write_text(yaml.safe_dump(data))
+    args = ("bench", "--host", "pair", "--cpu", "--source", "live", "--variants", "simt")
+    proc = kerneldev(config, *args, "--shapes", TINY, "--rotate", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    first, second = lines.index("gpu1:"), lines.index("gpu2:")
+    assert first < second
+    assert any("B1 H16 topk16/p16" in line for line in lines[first:second])
+    assert any("B1 H16 topk16/p16" in line for line in lines[second:])
+    assert "gpu1: saved: " in proc.stderr and "gpu2: saved: " in proc.stderr
+
+
 def test_bad_request_is_refused_before_connecting(tmp_path):
     # Nothing listens on port 1: a connection attempt would fail differently.
     config = write_config(tmp_path, "ssh", _NoServer(), port=1)

@@ -211,6 +211,14 @@ def test_diff_across_hosts_flags_the_host_whose_file_differs(tmp_path, servers):
     summary = next(x for x in text.stdout.splitlines() if x.startswith("node2 "))
     assert "live differs from the other hosts: k/b.py" in summary
 
+    # --patch: the patches in stdout say whose they are (saved to a file, stderr is gone).
+    patched = f.kd("diff", "--host", "fleet", "--patch").stdout.splitlines()
+    assert "node2:" in patched and "node0:" not in patched and "node1:" not in patched
+    after = patched[patched.index("node2:") + 1 :]
+    assert after[0].startswith("--- ") and "k/b.py" in after[0]
+    assert "+# hand edit on node2" not in after  # live -> workspace: the edit is removed
+    assert "-# hand edit on node2" in after
+
     # pull from the group compares the others with the reference (--from node1).
     pull = f.kd("pull", "--host", "fleet", "--from", "node1", "--json")
     assert pull.returncode == 1

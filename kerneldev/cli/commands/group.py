@@ -25,6 +25,7 @@ from kerneldev.cli.output import (
     print_error,
     print_info,
     print_json,
+    print_line,
     print_warning,
     to_jsonable,
 )
@@ -131,6 +132,12 @@ class HostsView:
             if self.live is None:
                 tail = f": {_first_line(o.message)}" if o.message else ""
                 print_info(f"{name}: {self.state[name]} ({o.elapsed:.1f}s){tail}")
+
+
+def host_heading(name: str) -> None:
+    """`NAME:` on stdout above a host's own table or patches, so that the output saved from a
+    group command still says whose they are (a patch tool skips the line)."""
+    print_line(f"{name}:")
 
 
 def _first_line(text: str | None) -> str:
@@ -355,11 +362,12 @@ def diff(
         )
         if patch:
             for o in outcomes:
-                for f in o.result.files if o.result is not None else []:
-                    for text in (f.patch, f.mirror_patch):
-                        if text:
-                            print_info(f"--- {o.host}:")
-                            print_patch(text)
+                files = o.result.files if o.result is not None else []
+                texts = [t for f in files for t in (f.patch, f.mirror_patch) if t]
+                if texts:
+                    host_heading(o.host)
+                for text in texts:
+                    print_patch(text)
 
     def describe(o: HostOutcome) -> str:
         return f"{len(o.result.files)} file(s) in sync"
@@ -512,6 +520,7 @@ def bench(
 
     outcomes = run_each(hosts, one, parallel)
     for o in succeeded(outcomes, as_json):
+        host_heading(o.host)
         render(o.result, None)
         print_info(f"{o.host}: saved: {o.result.saved_to}")
 
@@ -559,7 +568,7 @@ def service_bench(
 
     outcomes = run_each(hosts, one, parallel)
     for o in succeeded(outcomes, as_json):
-        print_info(f"--- {o.host}:")
+        host_heading(o.host)
         service_bench_cmd.render(o.result.data)
         print_info(f"{o.host}: saved: {o.result.saved_to}")
 
