@@ -395,4 +395,6 @@ def out_line(text: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("bench")(bench_command)
+    app.command("bench", short_help="Check and time kernel variants (or the service): A/B.")(
+        bench_command
+    )

@@ -94,4 +94,6 @@ def demo_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo_command)
+    app.command("demo", short_help="Run the whole loop against a sandbox host on this machine.")(
+        demo_command
+    )

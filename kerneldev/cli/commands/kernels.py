@@ -18,7 +18,7 @@ kernels_app = typer.Typer(
 )
 
 
-@kernels_app.command("install")
+@kernels_app.command("install", short_help="Put the bundled kernel file over the workspace copy.")
 def install_command(
     ctx: typer.Context,
     with_wrapper: bool = flag(
@@ -61,7 +61,7 @@ def install_command(
         print_info("next: `kerneldev diff` and `kerneldev push --restart` (import-checked)")
 
 
-@kernels_app.command("status")
+@kernels_app.command("status", short_help="Is the live kernel the bundled one; which backend runs.")
 def status_command(
     ctx: typer.Context,
     heads: int = typer.Option(
@@ -115,4 +115,8 @@ def status_command(
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(kernels_app, name="kernels")
+    app.add_typer(
+        kernels_app,
+        name="kernels",
+        short_help="Install the bundled DSv4 kernels; show what runs live.",
+    )

@@ -646,8 +646,16 @@ def render_import_check(report) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("pull")(pull_command)
+    app.command("pull", short_help="Copy the live files into the workspace (what changed).")(
+        pull_command
+    )
     app.command("diff")(diff_command)
-    app.command("push")(push_command)
-    app.command("rollback")(rollback_command)
-    app.command("log")(log_command)
+    app.command("push", short_help="Upload the edited files: atomic, backed up, recorded.")(
+        push_command
+    )
+    app.command("rollback", short_help="Put back the files the last deploy replaced.")(
+        rollback_command
+    )
+    app.command("log", short_help="List the host's deploys: id, time, who, files, outcome.")(
+        log_command
+    )

@@ -122,4 +122,6 @@ def _short(name: str, width: int = 48) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("profile")(profile_command)
+    app.command("profile", short_help="Top GPU kernels of the service's decode, per variant.")(
+        profile_command
+    )

@@ -31,7 +31,7 @@ DIR_OPTION = typer.Option(
 )
 
 
-@app.command("up")
+@app.command("up", short_help="Start the sandbox's sshd and fake service.")
 def up_command(folder: Path = DIR_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Start the sandbox's sshd and fake service (a new or empty folder gets a new sandbox)."""
     from kerneldev.sandbox.host import sandbox_up
@@ -95,4 +95,6 @@ def render(status: SandboxStatus) -> None:
 
 
 def register(root: typer.Typer) -> None:
-    root.add_typer(app, name="sandbox")
+    root.add_typer(
+        app, name="sandbox", short_help="Start, stop or show a sandbox host on this machine."
+    )

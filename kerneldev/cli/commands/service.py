@@ -63,4 +63,6 @@ def _connect(transport: Transport) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("restart")(restart_command)
+    app.command("restart", short_help="Restart the service and wait until it is healthy.")(
+        restart_command
+    )

@@ -50,7 +50,7 @@ STOP_HOSTS_OPTION = typer.Option(
 
 
 def register(app: typer.Typer) -> None:
-    app.add_typer(session_app)
+    app.add_typer(session_app, short_help="The kept sessions: one connection per host, reused.")
 
 
 def _hosts(ctx: typer.Context, host_spec: str | None, every: bool):
@@ -74,7 +74,7 @@ def _statuses(ctx: typer.Context, host_spec: str | None, as_json: bool) -> list 
     return statuses
 
 
-def _showing_command(name: str, show, doc: str) -> None:
+def _showing_command(name: str, show, short: str, doc: str) -> None:
     """Register `session list` or `session status`: one signature, two renderings of the same
     statuses (their `--json` is the same object)."""
 
@@ -88,7 +88,7 @@ def _showing_command(name: str, show, doc: str) -> None:
             show(statuses)
 
     command.__doc__ = doc
-    session_app.command(name)(command)
+    session_app.command(name, short_help=short)(command)
 
 
 def _show_rows(statuses: list) -> None:
@@ -103,18 +103,20 @@ def _show_details(statuses: list) -> None:
 _showing_command(
     "list",
     _show_rows,
+    "One row per host: alive, pid, age, idle, commands served.",
     """One row per host: session alive, pid, age of its connection, idle time, commands
     served (`session status` adds the socket and log).""",
 )
 _showing_command(
     "status",
     _show_details,
+    "Each host's kept session in full, its socket and log too.",
     """Each host's kept session in full: connection, idle and age limits, clients, socket
     and log.""",
 )
 
 
-@session_app.command("stop")
+@session_app.command("stop", short_help="End the kept session of the host, a group or --all.")
 def stop_command(
     ctx: typer.Context,
     host_spec: str | None = STOP_HOSTS_OPTION,

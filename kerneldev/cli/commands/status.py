@@ -52,8 +52,12 @@ STYLES = {
 
 
 def register(app: typer.Typer) -> None:
-    app.command("status")(_hosts_command(status))
-    app.command("doctor")(_hosts_command(doctor))
+    app.command("status", short_help="Per host: reachable, last deploy, drift, health, GPUs.")(
+        _hosts_command(status)
+    )
+    app.command("doctor", short_help="Check config, SSH, login, write access, Python, GPUs.")(
+        _hosts_command(doctor)
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from kerneldev.hosts import trust as trust_core
 
 
 def register(app: typer.Typer) -> None:
-    app.command("trust")(trust)
+    app.command("trust", short_help="Show the host's SSH key and add it to known_hosts.")(trust)
 
 
 def trust(

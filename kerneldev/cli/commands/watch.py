@@ -262,4 +262,6 @@ def _check_part(check: watch.CheckSummary) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("watch")(watch_command)
+    app.command("watch", short_help="Push each save; optionally restart and bench. Ctrl-C stops.")(
+        watch_command
+    )
