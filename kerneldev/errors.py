@@ -58,6 +58,10 @@ class DeployTally:
     deployed: tuple[str, ...] = ()
     not_deployed: tuple[str, ...] | None = ()  # None: stopped before the upload (everything)
     deploy_id: str | None = None  # named after the deployed files (watch's line has no other)
+    # The connection was lost before the host reported on `not_deployed`: the host may have
+    # renamed some of them (each holds its old or its new bytes), so they are not confirmed
+    # rather than not deployed.
+    unconfirmed: bool = False
 
 
 class KerneldevError(Exception):

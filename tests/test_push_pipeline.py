@@ -55,6 +55,35 @@ def test_attach_adds_the_summary_once():
     assert err.message == "stopped\nDeployed: k/a.py\nNot deployed: (none)"
 
 
+def test_the_tally_is_the_json_report_of_an_error_without_one():
+    """`--json` on failure prints the error's report: a stopped push's says what landed."""
+    err = deploy_tally.attach(KerneldevError("stopped"), DeployTally(("k/a.py",), ("k/b.py",)))
+    assert err.report == {
+        "deployed": ["k/a.py"],
+        "not_deployed": ["k/b.py"],
+        "deploy_id": None,
+        "unconfirmed": False,
+    }
+    before = deploy_tally.attach(KerneldevError("stopped"), DeployTally((), None))
+    assert before.report["not_deployed"] is None  # stopped before the upload
+    # A report the error already has keeps its own keys (a push object's `deployed`).
+    own = KerneldevError("unhealthy", report={"host": "h", "deployed": ["k/a.py", "k/b.py"]})
+    deploy_tally.attach(own, DeployTally(("k/a.py", "k/b.py"), (), "d1"))
+    assert own.report["host"] == "h" and own.report["deployed"] == ["k/a.py", "k/b.py"]
+    assert own.report["not_deployed"] == [] and own.report["deploy_id"] == "d1"
+
+
+def test_files_whose_answer_a_lost_connection_cut_off_are_not_confirmed():
+    tally = DeployTally(("k/a.py",), ("k/b.py", "k/c.py"), unconfirmed=True)
+    text = deploy_tally.summary(tally)
+    assert text.startswith("Deployed: k/a.py\nNot confirmed: k/b.py, k/c.py (the connection ")
+    assert "Not deployed" not in text and "`kerneldev diff` shows which" in text
+    # Nothing in question: as before.
+    assert deploy_tally.summary(DeployTally(("k/a.py",), (), unconfirmed=True)) == (
+        "Deployed: k/a.py\nNot deployed: (none)"
+    )
+
+
 def test_a_partial_push_carries_what_landed_as_data(host):
     _edit_all(host)
     with pytest.raises(PartialDeployError) as caught:

@@ -10,6 +10,7 @@ import pytest
 
 from kerneldev.config import HostConfig, ServiceConfig
 from kerneldev.errors import (
+    ConnectionLostError,
     NothingToRollBackError,
     RefusedError,
     ServiceError,
@@ -89,6 +90,61 @@ def test_partial_push_records_what_landed(host, transport):
     assert {f.path: f.status for f in report.files}["k/b.py"] == drift.EDITED
     sync.rollback(transport, host)
     assert (live / "k" / "a.py").read_text() == "a.py v1\n"
+
+
+class AnswerLostTransport(LocalTransport):
+    """Lands `lost_on` on the host, then loses the connection before saying so: what a cut
+    between the host's rename and its answer looks like."""
+
+    def __init__(self, host, lost_on: str) -> None:
+        super().__init__(host)
+        self.lost_on = lost_on
+
+    def put_file(self, path, source, **kwargs):
+        super().put_file(path, source, **kwargs)
+        if path.endswith(self.lost_on) and "/backups/" not in path:
+            raise ConnectionLostError("the connection to host 'h' was lost while uploading")
+
+
+def test_a_push_whose_answer_was_lost_says_not_confirmed_not_not_deployed(host, transport):
+    sync.pull(transport, host)
+    ws = Path(host.workspace)
+    for name in ("a.py", "b.py", "c.py"):
+        (ws / "k" / name).write_text(f"{name} v2\n")
+    with pytest.raises(sync.PartialDeployError) as caught:
+        sync.push(AnswerLostTransport(host, "k/b.py"), host)
+    err = caught.value
+    assert err.tally.unconfirmed and err.tally.not_deployed == ("k/b.py", "k/c.py")
+    assert "Deployed: k/a.py" in err.message and "Not confirmed: k/b.py, k/c.py" in err.message
+    assert "Not deployed" not in err.message
+    assert err.report["unconfirmed"] is True
+    # b.py did land; the diff the message points to tells the two apart.
+    statuses = {f.path: f.status for f in drift.compute_drift(transport, host).files}
+    assert statuses["k/b.py"] == drift.IN_SYNC and statuses["k/c.py"] == drift.EDITED
+
+
+def test_a_workspace_whose_state_cannot_be_written_changes_nothing_on_the_host(host, transport):
+    """The deploy's record goes into the workspace's state after the upload: a workspace that
+    cannot take it (read-only, or here its state lock not a writable file) is refused before
+    anything lands, rather than deploying bytes it then cannot record."""
+    sync.pull(transport, host)
+    ws, live = Path(host.workspace), Path(host.root)
+    (ws / "k" / "a.py").write_text("a.py v2\n")
+    sync.push(transport, host)  # a deploy to roll back below
+    (ws / "k" / "a.py").write_text("a.py v3\n")
+    lock = state_path(ws).parent / "state.lock"
+    lock.unlink(missing_ok=True)
+    lock.mkdir()
+    before = sorted(p.relative_to(live) for p in live.rglob("*"))
+    with pytest.raises(StateError, match="push refused, nothing changed on the host"):
+        sync.push(transport, host)
+    with pytest.raises(StateError, match="rollback refused, nothing changed on the host"):
+        sync.rollback(transport, host)
+    assert (live / "k" / "a.py").read_text() == "a.py v2\n"
+    assert sorted(p.relative_to(live) for p in live.rglob("*")) == before
+    lock.rmdir()
+    sync.push(transport, host)
+    assert (live / "k" / "a.py").read_text() == "a.py v3\n"
 
 
 def test_created_file_is_removed_by_rollback_and_back_on_redo(host, transport):

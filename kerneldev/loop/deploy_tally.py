@@ -30,16 +30,42 @@ def summary(tally: DeployTally) -> str:
     deployed = names(tally.deployed)
     if tally.deploy_id and tally.deployed:
         deployed += f" as {tally.deploy_id}"
-    left = BEFORE_UPLOAD if tally.not_deployed is None else names(tally.not_deployed)
-    return f"Deployed: {deployed}\nNot deployed: {left}"
+    if tally.not_deployed is None:
+        return f"Deployed: {deployed}\nNot deployed: {BEFORE_UPLOAD}"
+    if tally.unconfirmed and tally.not_deployed:
+        return f"Deployed: {deployed}\nNot confirmed: {names(tally.not_deployed)} {UNCONFIRMED}"
+    return f"Deployed: {deployed}\nNot deployed: {names(tally.not_deployed)}"
+
+
+UNCONFIRMED = (
+    "(the connection was lost before the host said whether they landed: each holds its old or "
+    "its new bytes; `kerneldev diff` shows which, the next push records them)"
+)
+
+
+def report(tally: DeployTally) -> dict:
+    """The tally as `--json` gives it on failure (`not_deployed` null: stopped before the
+    upload, nothing was deployed; `unconfirmed` true: see `DeployTally`)."""
+    left = None if tally.not_deployed is None else list(tally.not_deployed)
+    return {
+        "deployed": list(tally.deployed),
+        "not_deployed": left,
+        "deploy_id": tally.deploy_id,
+        "unconfirmed": tally.unconfirmed,
+    }
 
 
 def attach(err: KerneldevError, tally: DeployTally) -> KerneldevError:
-    """Give `err` its tally and end its message with the summary (once: an error that has a
-    tally keeps the one it has). Returns `err`."""
+    """Give `err` its tally, end its message with the summary and add the tally to its
+    `--json` report (once: an error that has a tally keeps the one it has; a report's own keys
+    stay). Returns `err`."""
     if err.tally is None:
         err.tally = tally
         err.message += "\n" + summary(tally)
+        if err.report is None:
+            err.report = report(tally)
+        elif isinstance(err.report, dict):
+            err.report = {**report(tally), **err.report}
     return err
 
 

@@ -395,7 +395,9 @@ def run_deploy(
             # The lock is another command's now: nothing more is written on the host.
             record_stopped(transport, deploy, on_host=not isinstance(err, LockLostError))
             done, left = deploy.landed, deploy.not_landed
-            tally = DeployTally(tuple(done), tuple(left))
+            tally = DeployTally(
+                tuple(done), tuple(left), unconfirmed=isinstance(err, ConnectionLostError)
+            )
             if stopped_by_signal:
                 stopped = interrupt.Interrupted(
                     err.signum, f"{record.kind} {record.id} {err.message}"

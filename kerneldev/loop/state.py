@@ -200,6 +200,25 @@ def _write(workspace: Path, content: dict[str, Any]) -> None:
         raise StateError(f"cannot write the state file {path}: {err}") from None
 
 
+def check_writable(workspace: Path, doing: str) -> None:
+    """StateError unless this workspace's state can be written (its lock file opened for
+    writing, a new file made beside the state file): checked before a push or rollback changes
+    the host, so that a read-only workspace never deploys bytes it cannot then record."""
+    folder = Path(workspace) / STATE_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        os.close(os.open(folder / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644))
+        if not os.access(folder, os.W_OK):
+            raise PermissionError(f"no write access to {folder}")
+    except OSError as err:
+        raise StateError(
+            f"{doing} refused, nothing changed on the host: the workspace's state in {folder} "
+            f"cannot be written ({err}), so the deploy could not be recorded",
+            hint="make the workspace writable (or point `workspace:` at a writable folder), "
+            "then run it again",
+        ) from None
+
+
 def update_state(
     workspace: Path, change: Callable[[State], None], host: str | None = None
 ) -> State:

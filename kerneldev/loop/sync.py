@@ -69,6 +69,7 @@ from kerneldev.loop.state import (
     DeployedFile,
     DeployRecord,
     State,
+    check_writable,
     load_state,
     new_deploy_id,
     now_iso,
@@ -535,6 +536,7 @@ def push(
             report=plan,
         )
     plan.dry_run = False
+    check_writable(Path(host.workspace), "push")
     if on_plan is not None:
         on_plan(plan)
     plan.notes += push_pipeline.clean_leftovers(transport, host, snap.leftovers)
@@ -745,6 +747,7 @@ def rollback(
     if dry_run:
         return result
 
+    check_writable(Path(host.workspace), "rollback")
     result.notes += push_pipeline.clean_leftovers(transport, host)
     record = DeployRecord(
         id=new_deploy_id(),
