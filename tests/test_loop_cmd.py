@@ -469,6 +469,9 @@ def test_control_characters_in_names_are_escaped_in_human_output(env_factory):
     assert "new\nline" not in terminal.stdout and "esc\x1b" not in terminal.stdout  # rich's own
     assert all(s in terminal.stdout for s in shown)  # colours aside, the names are escaped
     assert {f["path"] for f in env.kd("diff", "--json").json()["files"]} == set(names)
+    patch = env.kd("diff", "--patch")  # the headers name the files escaped too
+    assert_escaped(patch.stdout)
+    assert all(f"--- {repr('live/' + n)}" in patch.stdout for n in names), patch.stdout
 
     push = env.kd("push", "--no-import-check")
     assert push.exit_code == 0, push.stderr

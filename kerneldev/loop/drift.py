@@ -33,6 +33,7 @@ from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import RemoteFile, Transport
 from kerneldev.loop.history import Leftovers
 from kerneldev.loop.workspace import LocalFile, local_file, resolve_paths, snapshot
+from kerneldev.printable import printable
 from kerneldev.status_words import StatusWord
 
 
@@ -233,14 +234,16 @@ def _add_patches(
     mirror: Path | None,
 ) -> None:
     path = entry.path
+    # The labels are escaped (`printable`): a control character in a name cannot drive the
+    # terminal through a patch header, as it cannot through a table.
     live_v = Version(
-        f"live/{path}",
+        printable(f"live/{path}"),
         live.size if live else None,
         live.sha256 if live else None,
         _cached(lambda: transport.read_bytes(posixpath.join(host.root, path))),
     )
     ws_v = Version(
-        f"workspace/{path}",
+        printable(f"workspace/{path}"),
         local.size if local else None,
         local.sha256 if local else None,
         _cached(lambda: (Path(host.workspace) / path).read_bytes()),
@@ -250,7 +253,7 @@ def _add_patches(
     if mirror is not None and entry.mirror == MIRROR_DIFFERS:
         m = local_file(mirror, path)
         mirror_v = Version(
-            f"mirror/{path}",
+            printable(f"mirror/{path}"),
             m.size if m else None,
             m.sha256 if m else None,
             lambda: (mirror / path).read_bytes(),
