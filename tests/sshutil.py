@@ -107,6 +107,20 @@ def kill_sshd_and_sessions(server: SSHServer) -> None:
     server.process = None
 
 
+def stall_sessions(server: SSHServer, sig: int = signal.SIGSTOP) -> list[int]:
+    """SIGSTOP (or, to end it, SIGCONT) every per-connection process of the sshd, the listener
+    left running: the established connections stop answering while their TCP stays up, as on
+    a stalled link. Returns the pids signalled."""
+    assert server.process is not None
+    victims = [pid for pid in _process_tree(server.process.pid) if pid != server.process.pid]
+    for pid in victims:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return victims
+
+
 def _cmdline(pid: int) -> list[bytes]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]

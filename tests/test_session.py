@@ -33,13 +33,13 @@ from kerneldev.config import HostConfig, load_config
 from kerneldev.errors import ConfigError, ConnectionLostError
 from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.over_agent import AgentTransport
-from kerneldev.hosts.transport.session import control, location, wire
+from kerneldev.hosts.transport.session import control, liveness, location, wire
 from kerneldev.hosts.transport.session.identity import connection_fields, session_key
 from kerneldev.loop.sum_cache import SUMS_FILE
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import REPO, start_kerneldev
 from tests.leftovers import end_test_processes
-from tests.sshutil import kill_sshd_and_sessions, ssh_entry
+from tests.sshutil import kill_sshd_and_sessions, ssh_entry, stall_sessions
 
 pytestmark = pytest.mark.skipif(find_sshd() is None, reason="sshd is not installed")
 
@@ -558,6 +558,36 @@ def test_a_killed_sshd_gives_a_clear_error_then_works_again(kept, tmp_path, fres
     run = env.kd("diff")
     assert run.exit_code == 0, run.stderr
     assert env.session().alive
+
+
+def test_a_host_that_stops_answering_ends_the_session_with_exit_3(
+    kept, tmp_path, fresh_sshd, monkeypatch
+):
+    """A stalled link (here the host's sshd processes of the connection stopped, its TCP still
+    up) is noticed by the holder's keepalive requests going unanswered: the waiting command
+    ends as over a lost connection, exit 3, where it used to wait for good."""
+    monkeypatch.setenv(liveness.INTERVAL_ENV, "1")  # the holder inherits it: gone after 3 s
+    env = make_env(tmp_path, fresh_sshd)
+    kept.append(env)
+    assert env.kd("pull").exit_code == 0
+    holder = env.session().pid
+    stalled = stall_sessions(fresh_sshd)
+    try:
+        assert stalled
+        diff = env.kd_process("diff")
+        try:  # the bound is for a loaded machine; it used to wait for good
+            _, stderr = diff.communicate(timeout=60)
+        finally:
+            diff.kill()
+    finally:
+        stall_sessions(fresh_sshd, signal.SIGCONT)
+    assert diff.returncode == 3, stderr
+    assert "was lost" in stderr and "Traceback" not in stderr
+    wait_for(lambda: not alive(holder), what="the holder to end")
+    assert "the host stopped answering" in env.log()
+    run = env.kd("diff")  # a new session
+    assert run.exit_code == 0, run.stderr
+    assert env.session().pid != holder
 
 
 def test_a_changed_host_key_ends_the_session_with_the_host_key_error(

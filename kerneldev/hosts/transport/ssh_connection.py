@@ -225,6 +225,11 @@ class SSHConnection:
             identity_file=hc.identity_file,
         )
 
+    def current_transport(self) -> paramiko.Transport | None:
+        """The logged-in transport as it is (None before the first login), without the
+        reconnect `transport()` makes: what a liveness check asks for a reply."""
+        return self._transport
+
     def is_active(self) -> bool:
         """Connected, and the connection still up."""
         return self._transport is not None and self._transport.is_active()

@@ -47,6 +47,7 @@ from kerneldev.hosts.transport.agent_client import (
 )
 from kerneldev.hosts.transport.session import wire
 from kerneldev.hosts.transport.session.freshness import Freshness
+from kerneldev.hosts.transport.session.liveness import Liveness
 from kerneldev.hosts.transport.session.relay import AgentLink, Client, Relay
 from kerneldev.hosts.transport.ssh import agent_channel, agent_failure
 from kerneldev.hosts.transport.ssh_connection import SSHConnection, describe_error
@@ -100,6 +101,7 @@ class Holder:
         self.listener: socket.socket | None = None
         self.terminate = threading.Event()  # set by SIGTERM (a handler may not take locks)
         self.served = 0  # commands that have used the session
+        self.stalled = False  # the host stopped answering keepalives: the connection was closed
 
     # --- connecting -----------------------------------------------------------------------
     def start(self) -> None:
@@ -107,6 +109,7 @@ class Holder:
         self.connection, link = self.connect()
         self.freshness = Freshness(self.host, self.connection, self.ssh_config, self.config_path)
         self.relay = Relay(link, self._refresh, self._refresh_failed)
+        self.liveness = Liveness(lambda: self.connection.current_transport())
         self.listener = self._bind()
 
     def connect(self) -> tuple[SSHConnection, AgentLink]:
@@ -243,6 +246,15 @@ class Holder:
             return
         if self.relay.agent_lost.is_set():
             self.retire("the connection to the host was lost", cut=True)
+            return
+        silent = self.liveness.check()
+        if silent is not None and not self.stalled:
+            self.stalled = True
+            self.retire(
+                f"the host stopped answering (no keepalive reply in {silent:.0f}s)", cut=True
+            )
+            # Closing it ends the reads the requests wait on: each client sees a lost connection.
+            self.connection.close()
             return
         verdict = self.freshness.check()
         if verdict.retire:
