@@ -75,6 +75,31 @@ def test_env_file_restore_gives_back_the_original_bytes(tmp_path):
     assert not absent.exists()
 
 
+def test_a_sourced_env_file_keeps_export_and_the_restart_sees_the_variant(tmp_path):
+    # A restart script that only sources the file (no `set -a`): only exported variables
+    # reach the process it starts.
+    env = tmp_path / "svc.env"
+    original = "# sourced\nexport SGLANG_SM120_MMA_FLASHMLA=0\nexport CUDA_VISIBLE_DEVICES=0\n"
+    env.write_text(original)
+    seen = tmp_path / "seen.log"
+    restart = (
+        f". {env}; sh -c 'echo \"$SGLANG_SM120_MMA_FLASHMLA/$SGLANG_SM120_FLASHMLA_BACKEND\"'"
+        f" >> {seen}"
+    )
+    variants = {"mma": MMA, "none": {}, "simt": SIMT}
+    host = _host(tmp_path, restart=restart, health="true", env_file=str(env), variants=variants)
+    with VariantSwitcher(LocalTransport(host), host) as switcher:
+        switcher.switch("mma")  # one key rewritten, one added
+        assert "export SGLANG_SM120_MMA_FLASHMLA=1\n" in env.read_text()
+        assert "export SGLANG_SM120_FLASHMLA_BACKEND=triton\n" in env.read_text()
+        switcher.switch("none")  # every managed line removed ...
+        switcher.switch("simt")  # ... and added back, still exported
+    assert seen.read_text().splitlines() == ["1/triton", "/", "0/triton", "0/"]
+    assert env.read_text() == original
+    # No managed line yet: a key added to a file of export lines is exported too.
+    assert render("export A=1\n", {"K"}, {"K": "v"}) == "export A=1\nexport K=v\n"
+
+
 def _host(tmp_path: Path, **service) -> HostConfig:
     return local_host(
         tmp_path,
