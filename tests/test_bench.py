@@ -171,6 +171,33 @@ def test_live_and_workspace_sources_and_a_failing_variant(tmp_path):
     assert data["kernels"][0]["path"] != str(ws)  # a copy in the host's temporary folder
 
 
+@pytest.mark.parametrize("blocker", [".kerneldev", ".kerneldev/results"])
+def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, blocker):
+    """A file where the results folder should be: the finished run is not lost. The table (or
+    the JSON, with an `error` object) comes first, then one error line naming the folder."""
+    config = write_config(tmp_path)
+    (tmp_path / "live" / KERNEL).write_text(FAKE_KERNEL)
+    in_the_way = config.parent / blocker
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.touch()
+    args = ("bench", "--cpu", "--source", "live", "--variants", "simt", "--shapes", TINY)
+    proc = kerneldev(config, *args, "--rotate", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "B1 H16 topk16/p16" in proc.stdout  # the table
+    results = config.parent / ".kerneldev" / "results"
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
+    assert "hint: the result is printed but not saved" in proc.stderr
+    assert "saved: " not in proc.stderr
+
+    proc = kerneldev(config, *args, "--rotate", "1", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)  # one document: the result and the error
+    assert report["result"]["results"][0]["status"] == "ok" and report["saved_to"] is None
+    assert report["error"]["message"].startswith(f"cannot save the result to {results}: ")
+    assert in_the_way.is_file()
+
+
 def test_a_group_bench_prints_each_hosts_table_under_its_name(tmp_path):
     """Two hosts of a group: each table on stdout is headed by its host's name (the `saved:`
     lines are on stderr), so output saved to a file still says which host measured what."""

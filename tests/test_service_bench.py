@@ -628,16 +628,44 @@ def test_bench_service_and_profile_over_ssh(ssh_box):
 def test_bench_service_and_profile_on_the_local_transport(ssh_box, tmp_path):
     """The same sandbox reached through the local transport (the engineer on the GPU box);
     one variant, to keep CI short (the ssh test runs the A/B)."""
-    data = yaml.safe_load(ssh_box.config_path.read_text())
-    entry = data["hosts"][ssh_box.host_name]
+    _check_bench_and_profile(ssh_box, _local_config(ssh_box, tmp_path), ["mma"])
+
+
+def _local_config(box, tmp_path: Path) -> Path:
+    """hosts.yaml in `tmp_path` reaching the sandbox `box` through the local transport."""
+    data = yaml.safe_load(box.config_path.read_text())
+    entry = data["hosts"][box.host_name]
     for key in ("hostname", "port", "user", "identity_file", "known_hosts"):
         entry.pop(key, None)
     entry["transport"] = "local"
-    entry["workspace"] = str(ssh_box.workspace)
-    entry["mirror"] = str(ssh_box.mirror)
+    entry["workspace"] = str(box.workspace)
+    entry["mirror"] = str(box.mirror)
     config = tmp_path / "hosts.yaml"
     config.write_text(yaml.safe_dump(data))
-    _check_bench_and_profile(ssh_box, config, ["mma"])
+    return config
+
+
+@needs_service
+def test_a_service_result_that_cannot_be_saved_is_still_printed_then_an_error(ssh_box, tmp_path):
+    """`.kerneldev` is a file, so the results folder cannot be made: the finished A/B is not
+    lost (the JSON has the result and an `error` object; the table comes before the error)."""
+    config = _local_config(ssh_box, tmp_path)
+    (tmp_path / ".kerneldev").touch()
+    args = ["bench", "--service", "--variants", "mma", "--concurrency", "1", "--requests", "1"]
+    args += ["--input-len", "4", "--max-new-tokens", "2", "--rounds", "1", "--warmup", "0"]
+    results = tmp_path / ".kerneldev" / "results"
+    proc = _kerneldev(config, *args, "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["result"]["ok"] and report["saved_to"] is None
+    assert report["error"]["message"].startswith(f"cannot save the result to {results}: ")
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
+
+    proc = _kerneldev(config, *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "service decode timings" in proc.stdout and "mma" in proc.stdout  # the table
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
 
 
 def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monkeypatch):

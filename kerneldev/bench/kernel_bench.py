@@ -87,6 +87,8 @@ class BenchResult:
     data: dict  # the harness's JSON (schema kerneldev.bench/1) plus the "kerneldev" section
     saved_to: Path | None
     ab: ABSummary
+    # Why it was not saved (`saved_to` None): the run is kept, the caller shows it, then this.
+    save_error: BenchError | None = None
 
     @property
     def ok(self) -> bool:
@@ -229,8 +231,8 @@ def run_bench(
         "gpu": None if cpu_mode else gpu,
         "command": command,
     }
-    saved = save_result(data, results_dir or RESULTS_DIR, host.name)
-    return BenchResult(data=data, saved_to=saved, ab=ab_summary(data))
+    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, host.name)
+    return BenchResult(data=data, saved_to=saved, ab=ab_summary(data), save_error=save_error)
 
 
 def harness_command(
@@ -342,20 +344,49 @@ def _local_git_commit(path: str) -> str | None:
 
 
 def save_result(data: dict, results_dir: Path, host_name: str) -> Path:
-    """Write the result as `<results_dir>/<UTC time>-<host>.json`; never overwrites."""
-    results_dir.mkdir(parents=True, exist_ok=True)
+    """Write the result as `<results_dir>/<UTC time>-<host>.json`; never overwrites. BenchError
+    ("cannot save the result to ...") when the folder cannot be made or the file written."""
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder should be, no permission
+        raise _cannot_save(results_dir, results_dir, err) from None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_name)
     for n in range(1000):
         path = results_dir / f"{stamp}-{safe_host}{f'-{n}' if n else ''}.json"
         try:
-            with open(path, "x", encoding="utf-8") as f:
-                json.dump(data, f, indent=2)
-                f.write("\n")
-            return path
+            f = open(path, "x", encoding="utf-8")
         except FileExistsError:
             continue
+        except OSError as err:
+            raise _cannot_save(path, results_dir, err) from None
+        try:
+            with f:
+                json.dump(data, f, indent=2)
+                f.write("\n")
+        except OSError as err:  # disk full: no half-written result for a later --compare
+            path.unlink(missing_ok=True)
+            raise _cannot_save(path, results_dir, err) from None
+        return path
     raise BenchError(f"cannot find a free result file name in {results_dir}")
+
+
+def try_save_result(
+    data: dict, results_dir: Path, host_name: str
+) -> tuple[Path | None, BenchError | None]:
+    """`save_result`, its error returned rather than raised: a finished run is still shown."""
+    try:
+        return save_result(data, results_dir, host_name), None
+    except BenchError as err:
+        return None, err
+
+
+def _cannot_save(path: Path, results_dir: Path, err: OSError) -> BenchError:
+    return BenchError(
+        f"cannot save the result to {path}: {err.strerror or err}",
+        hint=f"the result is printed but not saved; make {results_dir} a folder you can "
+        "write (a file may be in the way), then run again",
+    )
 
 
 # --- reading and checking results ---------------------------------------------------------
