@@ -13,6 +13,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from kerneldev.bench import kernel_bench as bench
+from kerneldev.errors import UsageError
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry
@@ -287,6 +289,51 @@ def _fake_result(entries: list[dict], device: str = "NVIDIA H200") -> dict:
         "device": {"name": device},
         "results": entries,
     }
+
+
+def _set_label_list(data):
+    data["results"][0]["label"] = ["simt"]
+
+
+def _set_device_string(data):
+    data["device"] = "H200"
+
+
+def _set_median_infinity(data):
+    data["results"][0]["median_us"] = float("inf")
+
+
+def _set_p80_nan(data):
+    data["results"][0]["p80_us"] = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "named"),
+    [
+        (_set_label_list, "results[0].label must be a string, not a list"),
+        (_set_device_string, "'device' must be an object, not a string"),
+        (_set_median_infinity, "results[0].median_us must be a finite number or null"),
+        (_set_p80_nan, "results[0].p80_us must be a finite number or null"),
+    ],
+)
+def test_a_baseline_with_odd_types_exits_2_naming_the_field_before_connecting(
+    tmp_path, spoil, named
+):
+    """Such a baseline once crashed after the run (unhashable label, `.get` on a string) or
+    made --json print Infinity; it is refused like any bad --compare file."""
+    baseline = _fake_result([_entry("S1", "simt", 100, 95, 105)])
+    spoil(baseline)
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(baseline))  # Python writes Infinity/NaN, as a hand edit may
+    with pytest.raises(UsageError, match=re.escape(named)):
+        bench.load_result(path)
+    # Nothing listens on port 1: a connection attempt would fail differently (exit 3).
+    config = write_config(tmp_path, "ssh", _NoServer(), port=1)
+    proc = kerneldev(config, "bench", "--compare", str(path), "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"kerneldev: error: {path}: {named}" in proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == 2
 
 
 def test_compare_verdicts_from_the_spread():

@@ -411,6 +411,47 @@ def check_schema(data: Any, where: str) -> None:
         for key in ("shape", "label", "status", "median_us", "p20_us", "p80_us"):
             if key not in r:
                 raise BenchError(f"{where}: results[{i}] has no {key!r}")
+        # The types compare() and the table rely on: a list label cannot be a key, and an
+        # Infinity time would make --json print Infinity (not JSON).
+        for key in ("shape", "label", "status"):
+            if not isinstance(r[key], str):
+                raise BenchError(
+                    f"{where}: results[{i}].{key} must be a string, not {_kind(r[key])}"
+                )
+        for key in ("median_us", "p20_us", "p80_us"):
+            if r[key] is not None and not _finite(r[key]):
+                raise BenchError(
+                    f"{where}: results[{i}].{key} must be a finite number or null, not {r[key]!r}"
+                )
+    device = data.get("device")
+    if device is not None and not isinstance(device, dict):
+        raise BenchError(f"{where}: 'device' must be an object, not {_kind(device)}")
+    if device and device.get("name") is not None and not isinstance(device["name"], str):
+        raise BenchError(f"{where}: device.name must be a string, not {_kind(device['name'])}")
+    for key in ("timing", "timestamp"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BenchError(f"{where}: {key!r} must be a string, not {_kind(data[key])}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 def load_result(path: Path | str) -> dict:
