@@ -668,6 +668,83 @@ def test_a_service_result_that_cannot_be_saved_is_still_printed_then_an_error(ss
     assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
 
 
+def test_the_hosts_temporary_folders_go_although_ctrl_c_is_pending(tmp_path, monkeypatch):
+    """Removing them runs `rm -rf` on the host (Transport.remove's default, as over SSH and the
+    agent), which a pending Ctrl-C stops at once unless the clean-up is shielded."""
+    from kerneldev.bench.profile import TraceFolders
+    from kerneldev.hosts.transport.base import Transport
+    from kerneldev.service.variants import HostScripts
+
+    class RmOnTheHost(LocalTransport):
+        remove = Transport.remove
+
+    host_tmp = tmp_path / "host-tmp"
+    host_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(host_tmp))
+    host = _host(tmp_path, restart="true", health="true", url="http://127.0.0.1:9")
+    transport = RmOnTheHost(host)
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.deferred_signals():
+            with HostScripts(transport, host) as scripts, TraceFolders(transport, host) as traces:
+                traces.folder("mma")
+                assert sorted(p.name.split(".")[0] for p in host_tmp.iterdir()) == [
+                    "kerneldev-service",
+                    "kerneldev-traces",
+                ]
+                assert scripts.dir
+                os.kill(os.getpid(), signal.SIGINT)
+                interrupt.check()
+    assert list(host_tmp.iterdir()) == []
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("command", ["bench --service", "profile"])
+def test_ctrl_c_removes_the_hosts_temporary_folders(command, sshd_server, tmp_path, isolated_home):
+    """Ctrl-C while the load generator runs: the scripts' folder (kerneldev-service.*) and
+    profile's trace folder (kerneldev-traces.*) on the host are removed, as the kernel bench's
+    is. The host's `python` is a wrapper that records where it runs and then hangs."""
+    from tests.clirun import start_kerneldev
+    from tests.test_bench import write_config
+    from tests.test_reliability import _wait_for
+
+    marker = tmp_path / "load-started"
+    wrapper = tmp_path / "python-for-this-test"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in */service_load.py) echo "$PWD $*" > "{marker}"; exec sleep 60;; esac\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("SGLANG_SM120_MMA_FLASHMLA=0\n")
+    service = {
+        "restart": "true",
+        "health": "true",
+        "env_file": str(env_file),
+        "url": "http://127.0.0.1:9",
+        "variants": {"mma": MMA},
+    }
+    config = write_config(tmp_path, "ssh", sshd_server, python=str(wrapper), service=service)
+    proc = start_kerneldev("--config", str(config), *command.split(), "--variants", "mma")
+    try:
+        assert _wait_for(marker.exists, 120), proc.stderr.read() if proc.poll() else "no start"
+        assert _wait_for(lambda: marker.read_text().strip(), 10)
+        words = marker.read_text().split()
+        folders = [Path(words[0])]  # the scripts' folder, the load generator's working folder
+        if "--output-dir" in words:
+            folders.append(Path(words[words.index("--output-dir") + 1]).parent)
+        assert all(f.is_dir() for f in folders), folders
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert [f for f in folders if f.exists()] == []
+    assert env_file.read_text() == "SGLANG_SM120_MMA_FLASHMLA=0\n"  # and restored
+
+
 def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monkeypatch):
     """profile's trace folder: SGLANG_TORCH_PROFILER_DIR of the env file when set, else a fresh
     mode-1777 folder (a server running as another user can write it), removed at the end; when
