@@ -299,6 +299,20 @@ def test_a_service_option_without_service_exits_2_naming_it(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # nothing ran, no result
 
 
+def test_a_concurrency_level_given_twice_exits_2_before_anything_runs(tmp_path):
+    """`--concurrency 1,1` ran the level twice, duplicated its results and turned the "one
+    round" verdict into better/worse; refused as `--variants simt,simt` is."""
+    config, restarts = _bench_config(tmp_path)
+    for levels, named in (("1,1", "1"), ("4,1,4,2,1", "1, 4"), (" 2, 2", "2")):
+        code, out, err = _bench_main(config, "bench", "--service", "--concurrency", levels)
+        assert code == 2, (levels, out, err)
+        assert f"error: --concurrency names a level twice: {named} " in err, err
+        assert "--rounds N repeats every level" in err and out == ""
+    assert sb.parse_concurrency("1,16,64") == [1, 16, 64]
+    assert not restarts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # nothing ran
+
+
 def test_a_kernel_bench_option_with_service_exits_2_naming_it(tmp_path):
     config, restarts = _bench_config(tmp_path)
     for option in KERNEL_ONLY_OPTIONS:

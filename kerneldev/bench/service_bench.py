@@ -90,6 +90,14 @@ def parse_concurrency(text: str) -> list[int]:
         raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
     if not levels or any(c < 1 for c in levels):
         raise UsageError(f"--concurrency must list integers >= 1, got {text!r}")
+    # A level given twice would run twice, its results doubled and the one-round verdict
+    # turned into better/worse between two runs of the same variant.
+    twice = sorted({c for c in levels if levels.count(c) > 1})
+    if twice:
+        raise UsageError(
+            f"--concurrency names a level twice: {', '.join(map(str, twice))} (in {text!r})",
+            hint="list each level once; --rounds N repeats every level",
+        )
     return levels
 
 
