@@ -200,6 +200,36 @@ def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, bl
     assert in_the_way.is_file()
 
 
+def test_a_kernel_file_that_does_not_import_is_named_as_the_user_knows_it(tmp_path):
+    """A syntax error or a missing entry point names the workspace / live file (not the
+    deleted temporary copy) with a hint to fix it, not the one about torch and triton."""
+    config = write_config(tmp_path)
+    ws = config.parent / "ws" / KERNEL
+    ws.parent.mkdir(parents=True)
+    ws.write_text("def flash_mla_sparse_decode_triton(:\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "workspace", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot import kernel file {ws}: SyntaxError" in proc.stderr
+    assert "kerneldev-bench." not in proc.stderr  # the temporary copy is gone: not named
+    assert f"hint: fix {ws} (your workspace copy)" in proc.stderr
+    assert "torch and triton" not in proc.stderr and "Traceback" not in proc.stderr
+
+    ws.write_text("def something_else():\n    pass\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "workspace", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{ws} has no function flash_mla_sparse_decode_triton()" in proc.stderr
+    assert "define flash_mla_sparse_decode_triton()" in proc.stderr
+    assert "torch and triton" not in proc.stderr
+
+    live = tmp_path / "live" / KERNEL
+    live.write_text("import no_such_module_here\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "live", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot import kernel file {live}: ModuleNotFoundError" in proc.stderr
+    assert "kerneldev push --host gpu1" in proc.stderr
+    assert "install the module it imports" in proc.stderr
+
+
 def test_a_group_bench_prints_each_hosts_table_under_its_name(tmp_path):
     """Two hosts of a group: each table on stdout is headed by its host's name (the `saved:`
     lines are on stderr), so output saved to a file still says which host measured what."""

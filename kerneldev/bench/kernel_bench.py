@@ -196,7 +196,9 @@ def run_bench(
         done = transport.run(command, timeout=timeout, on_output=on_output)
         output = done.stdout + done.stderr
         if done.exited not in (harness.EXIT_OK, harness.EXIT_FAILED):
-            raise _harness_failure(host, done.exited, output)
+            raise _harness_failure(
+                host, done.exited, output, KernelFile(source, kernel_path, kernel_origin)
+            )
         try:
             data = json.loads(transport.read_bytes(result_path))
         except (KerneldevError, ValueError) as err:
@@ -265,10 +267,51 @@ def harness_command(
     return f"cd {q(tmp)} && {env} {host.python} {script} {' '.join(args)} 2>&1"
 
 
-def _harness_failure(host: HostConfig, exited: int, output: str) -> BenchError:
+@dataclass(frozen=True)
+class KernelFile:
+    """The kernel file a run benchmarks: `path` as the harness was given it on the host (for
+    bundled and workspace a copy in the run's temporary folder), `origin` the file the user
+    knows (bundled, workspace: this machine's; live: the host's)."""
+
+    source: str
+    path: str
+    origin: str
+
+
+def _kernel_file_hint(host: HostConfig, kernel: KernelFile, message: str) -> str:
+    """What to do when the kernel file itself does not import or lacks the entry point."""
+    entry = f"import cleanly and define {harness.ENTRY_POINT}()"
+    if kernel.source == "workspace":
+        hint = f"fix {kernel.origin} (your workspace copy): it must {entry}; then bench again"
+    elif kernel.source == "live":
+        hint = (
+            f"the file the server runs on {host.name} must {entry}: fix it with "
+            f"`kerneldev push --host {host.name}`, or `kerneldev rollback --host {host.name}`"
+        )
+    else:
+        hint = (
+            f"this kerneldev's bundled kernel file must {entry}: reinstall kerneldev, or bench "
+            "your copy with --source workspace"
+        )
+    if "ModuleNotFoundError" in message:
+        hint += f"; or install the module it imports into `{host.python}` on {host.name}"
+    return hint
+
+
+def _harness_failure(
+    host: HostConfig, exited: int, output: str, kernel: KernelFile | None = None
+) -> BenchError:
     lines = [line for line in output.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]
     message = errors[-1].split("error:", 1)[1].strip() if errors else None
+    if exited == harness.EXIT_ENV and message and kernel is not None and kernel.path in message:
+        # The kernel file, not the interpreter: its error names the path the harness was given,
+        # for bundled and workspace a copy in a temporary folder that is gone by now.
+        message = message.replace(kernel.path, kernel.origin)
+        return BenchError(
+            f"the benchmark harness failed on {host.name} (exit {exited}): {message}",
+            hint=_kernel_file_hint(host, kernel, message),
+        )
     if exited in (126, 127) and not errors:
         return BenchError(
             f"cannot run the host's python ({host.python!r}) on {host.name}: "
