@@ -16,6 +16,7 @@ import importlib.util
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -2031,6 +2032,27 @@ def test_invalid_input_raises_value_error_naming_the_argument(argname, mutate):
     inputs = mutate(_valid_inputs())
     with pytest.raises(ValueError, match=argname):
         decode(**inputs, variant="mma")
+
+
+def test_odd_cache_pages_say_whether_the_stride_or_the_start_is_odd():
+    """The rope's bf16 needs every page on an even byte: the message names which is odd (it
+    named the even stride for an odd start)."""
+    inputs = _valid_inputs()
+    cache = inputs["k_cache"]  # [4, 64, 1, 584], contiguous
+    shape, stride = (2, 64, 1, 584), cache.stride()
+    cases = [
+        (cache.as_strided(shape, stride, storage_offset=1), "the view starts at an odd address"),
+        (cache.as_strided(shape, (stride[0] + 1, *stride[1:])), "page stride stride(0) 37377"),
+        (
+            cache.as_strided(shape, (stride[0] + 1, *stride[1:]), storage_offset=1),
+            "37377 is odd and the view starts at an odd address (storage_offset 1)",
+        ),
+    ]
+    for view, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            decode(**dict(inputs, k_cache=view), variant="mma")
+    with pytest.raises(ValueError, match=r"even bytes \(bf16 rope\): the view starts"):
+        decode(**dict(inputs, k_cache=cases[0][0]), variant="simt")
 
 
 def test_invalid_variant_and_outputs():
