@@ -1273,9 +1273,46 @@ def table(report: dict) -> str:
 
 
 def write_json(path: Path, report: dict) -> None:
+    """Whole or not at all (a temporary file beside it, renamed); HarnessError when it cannot
+    be written, with no temporary file left behind."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise HarnessError(f"cannot write --out {path}: {err.strerror or err}") from None
+
+
+def check_out(text: str) -> Path:
+    """--out, checked before anything runs (exit 2): a file path whose folder exists and takes
+    a new file (the result is written beside it, then renamed over it)."""
+    if not text:
+        raise HarnessError("--out is empty: give a file path (e.g. --out result.json)", EXIT_USAGE)
+    path = Path(text)
+    if path.is_dir() or text.endswith("/"):
+        raise HarnessError(
+            f"--out {text} is a folder: give a file path (e.g. --out {path / 'result.json'})",
+            EXIT_USAGE,
+        )
+    if not path.resolve().parent.is_dir():
+        raise HarnessError(f"--out {text}: its folder does not exist", EXIT_USAGE)
+    if path.exists() and not path.is_file():
+        raise HarnessError(f"--out {text} is not a regular file", EXIT_USAGE)
+    # Try it: permissions, read-only mounts, /proc. A fresh file beside it, removed at once.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.resolve().parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise HarnessError(
+            f"--out {text}: cannot write in {path.resolve().parent}: {err.strerror or err}",
+            EXIT_USAGE,
+        ) from None
+    return path
 
 
 def progress(message: str) -> None:
@@ -1345,7 +1382,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Triton interpreter on the CPU, tiny shapes; times are meaningless",
     )
-    p.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    p.add_argument("--out", default=None, help="write the JSON result here")
     p.add_argument("--rotate", type=int, default=3, help="input sets per shape (default 3)")
     p.add_argument(
         "--graph-each",
@@ -1444,8 +1481,8 @@ def _main(args, argv: list[str], scratch: Path) -> int:
     copies = ablated_copies(kernel_paths, phases)  # before any import: a bad pattern is exit 2
     if args.rotate < 1 or args.warmup < 0 or args.rep < 1:
         raise HarnessError("--rotate and --rep must be >= 1, --warmup >= 0", EXIT_USAGE)
-    if args.out is not None and not args.out.resolve().parent.is_dir():
-        raise HarnessError(f"--out {args.out}: its folder does not exist", EXIT_USAGE)
+    if args.out is not None:
+        args.out = check_out(args.out)
 
     if cpu:
         # Must be set before triton is imported: the interpreter is chosen at import time.

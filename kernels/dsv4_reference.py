@@ -124,6 +124,10 @@ def reference_sparse_decode(
     return out.reshape(B, 1, H, D_QK), lse.reshape(B, H, 1)
 
 
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def check_accuracy(
     out: torch.Tensor,
     lse: torch.Tensor,
@@ -137,7 +141,8 @@ def check_accuracy(
     difference `1 - 2 <x, y> / (|x|^2 + |y|^2)` below its bound; lse: finite entries within
     `abs + rel * |ref|`, and -inf exactly where the reference is -inf. A non-finite reference
     element (NaN input) must be matched exactly; out must be finite wherever the reference is.
-    Returns a JSON-able dict.
+    Returns a JSON-able dict; an error figure (`*_err`, `*_cos_diff*`) is None when it is not
+    finite, as when the kernel gave NaN or inf where the reference is finite.
 
     As in FlashMLA's own test (its reference returns `out.to(bfloat16)`), the reference output
     is first rounded to the kernel's output dtype when that is narrower than float32: the bf16
@@ -175,7 +180,8 @@ def check_accuracy(
     if not math.isfinite(cos_diff):  # (a non-finite kernel value where the reference is finite)
         cos_diff = math.inf
     denom_u = float((xs * xs + ys_full * ys_full).sum())
-    cos_diff_u = 1.0 - 2.0 * float((xs * ys_full).sum()) / denom_u if denom_u > 0 else 0.0
+    # `!= 0`, as above: a NaN sum (a NaN output) gives a NaN figure, reported as null, not 0.0.
+    cos_diff_u = 1.0 - 2.0 * float((xs * ys_full).sum()) / denom_u if denom_u != 0 else 0.0
 
     # Infinite entries (-inf: nothing valid; +inf: a +inf sink) must match exactly, and NaN
     # (a NaN input) only where the reference is NaN.
@@ -190,15 +196,21 @@ def check_accuracy(
     lse_max_rel = (
         float((lse_diff / r.abs()[fin].clamp_min(1e-12)).max()) if lse_diff.numel() else 0.0
     )
+    if bool((~ref_inf & ~torch.isfinite(a)).any()):
+        # NaN or inf where the reference is finite: the error there is unbounded, so the max is
+        # too (null below), not the max over the other entries (0.0 when every one is NaN).
+        lse_max_abs = lse_max_rel = math.inf
 
+    # A figure that is not finite (the kernel's NaN or inf where the reference is finite) is
+    # None: valid JSON, and never read as a perfect 0.0.
     result = {
-        "out_max_abs_err": max_abs,
-        "out_max_rel_err": max_rel if math.isfinite(max_rel) else None,
+        "out_max_abs_err": _finite_or_none(max_abs),
+        "out_max_rel_err": _finite_or_none(max_rel),
         "out_mismatched": out_bad,
-        "out_cos_diff": cos_diff if math.isfinite(cos_diff) else None,
-        "out_cos_diff_unrounded": cos_diff_u if math.isfinite(cos_diff_u) else None,
-        "lse_max_abs_err": lse_max_abs,
-        "lse_max_rel_err": lse_max_rel,
+        "out_cos_diff": _finite_or_none(cos_diff),
+        "out_cos_diff_unrounded": _finite_or_none(cos_diff_u),
+        "lse_max_abs_err": _finite_or_none(lse_max_abs),
+        "lse_max_rel_err": _finite_or_none(lse_max_rel),
         "lse_mismatched": lse_bad,
         "out_finite": out_finite,
         "out_allclose_ok": out_finite and out_bad == 0,

@@ -3411,7 +3411,13 @@ def _check_cache(name: str, cache, device, token_sizes=(584, 528)) -> None:
             f"bytes, got {stride0}"
         )
     if token_bytes == TOKEN_BYTES and (stride0 % 2 or cache.data_ptr() % 2):
-        raise ValueError(f"{name}: pages must start on even bytes (bf16 rope), stride {stride0}")
+        # Name what is odd: the page stride, the view's start address, or both.
+        odd = [f"page stride stride(0) {stride0} is odd"] if stride0 % 2 else []
+        if cache.data_ptr() % 2:
+            odd.append(
+                f"the view starts at an odd address (storage_offset {cache.storage_offset()})"
+            )
+        raise ValueError(f"{name}: pages must start on even bytes (bf16 rope): {' and '.join(odd)}")
     if pages > 0:
         need = (pages - 1) * stride0 + page_bytes
         have = cache.untyped_storage().nbytes() - cache.storage_offset()

@@ -13,6 +13,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from kerneldev.bench import kernel_bench as bench
+from kerneldev.errors import UsageError
 from kerneldev.sandbox.host import find_sshd
 from tests.clirun import run_kerneldev
 from tests.sshutil import ssh_entry
@@ -171,6 +173,63 @@ def test_live_and_workspace_sources_and_a_failing_variant(tmp_path):
     assert data["kernels"][0]["path"] != str(ws)  # a copy in the host's temporary folder
 
 
+@pytest.mark.parametrize("blocker", [".kerneldev", ".kerneldev/results"])
+def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, blocker):
+    """A file where the results folder should be: the finished run is not lost. The table (or
+    the JSON, with an `error` object) comes first, then one error line naming the folder."""
+    config = write_config(tmp_path)
+    (tmp_path / "live" / KERNEL).write_text(FAKE_KERNEL)
+    in_the_way = config.parent / blocker
+    in_the_way.parent.mkdir(parents=True, exist_ok=True)
+    in_the_way.touch()
+    args = ("bench", "--cpu", "--source", "live", "--variants", "simt", "--shapes", TINY)
+    proc = kerneldev(config, *args, "--rotate", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "B1 H16 topk16/p16" in proc.stdout  # the table
+    results = config.parent / ".kerneldev" / "results"
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
+    assert "hint: the result is printed but not saved" in proc.stderr
+    assert "saved: " not in proc.stderr
+
+    proc = kerneldev(config, *args, "--rotate", "1", "--json")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)  # one document: the result and the error
+    assert report["result"]["results"][0]["status"] == "ok" and report["saved_to"] is None
+    assert report["error"]["message"].startswith(f"cannot save the result to {results}: ")
+    assert in_the_way.is_file()
+
+
+def test_a_kernel_file_that_does_not_import_is_named_as_the_user_knows_it(tmp_path):
+    """A syntax error or a missing entry point names the workspace / live file (not the
+    deleted temporary copy) with a hint to fix it, not the one about torch and triton."""
+    config = write_config(tmp_path)
+    ws = config.parent / "ws" / KERNEL
+    ws.parent.mkdir(parents=True)
+    ws.write_text("def flash_mla_sparse_decode_triton(:\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "workspace", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot import kernel file {ws}: SyntaxError" in proc.stderr
+    assert "kerneldev-bench." not in proc.stderr  # the temporary copy is gone: not named
+    assert f"hint: fix {ws} (your workspace copy)" in proc.stderr
+    assert "torch and triton" not in proc.stderr and "Traceback" not in proc.stderr
+
+    ws.write_text("def something_else():\n    pass\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "workspace", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"{ws} has no function flash_mla_sparse_decode_triton()" in proc.stderr
+    assert "define flash_mla_sparse_decode_triton()" in proc.stderr
+    assert "torch and triton" not in proc.stderr
+
+    live = tmp_path / "live" / KERNEL
+    live.write_text("import no_such_module_here\n")
+    proc = kerneldev(config, "bench", "--cpu", "--source", "live", "--shapes", TINY)
+    assert proc.returncode == 1, proc.stderr
+    assert f"cannot import kernel file {live}: ModuleNotFoundError" in proc.stderr
+    assert "kerneldev push --host gpu1" in proc.stderr
+    assert "install the module it imports" in proc.stderr
+
+
 def test_a_group_bench_prints_each_hosts_table_under_its_name(tmp_path):
     """Two hosts of a group: each table on stdout is headed by its host's name (the `saved:`
     lines are on stderr), so output saved to a file still says which host measured what."""
@@ -260,6 +319,51 @@ def _fake_result(entries: list[dict], device: str = "NVIDIA H200") -> dict:
         "device": {"name": device},
         "results": entries,
     }
+
+
+def _set_label_list(data):
+    data["results"][0]["label"] = ["simt"]
+
+
+def _set_device_string(data):
+    data["device"] = "H200"
+
+
+def _set_median_infinity(data):
+    data["results"][0]["median_us"] = float("inf")
+
+
+def _set_p80_nan(data):
+    data["results"][0]["p80_us"] = float("nan")
+
+
+@pytest.mark.parametrize(
+    ("spoil", "named"),
+    [
+        (_set_label_list, "results[0].label must be a string, not a list"),
+        (_set_device_string, "'device' must be an object, not a string"),
+        (_set_median_infinity, "results[0].median_us must be a finite number or null"),
+        (_set_p80_nan, "results[0].p80_us must be a finite number or null"),
+    ],
+)
+def test_a_baseline_with_odd_types_exits_2_naming_the_field_before_connecting(
+    tmp_path, spoil, named
+):
+    """Such a baseline once crashed after the run (unhashable label, `.get` on a string) or
+    made --json print Infinity; it is refused like any bad --compare file."""
+    baseline = _fake_result([_entry("S1", "simt", 100, 95, 105)])
+    spoil(baseline)
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(baseline))  # Python writes Infinity/NaN, as a hand edit may
+    with pytest.raises(UsageError, match=re.escape(named)):
+        bench.load_result(path)
+    # Nothing listens on port 1: a connection attempt would fail differently (exit 3).
+    config = write_config(tmp_path, "ssh", _NoServer(), port=1)
+    proc = kerneldev(config, "bench", "--compare", str(path), "--json")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"kerneldev: error: {path}: {named}" in proc.stderr
+    assert json.loads(proc.stdout)["error"]["code"] == 2
 
 
 def test_compare_verdicts_from_the_spread():

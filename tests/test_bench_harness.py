@@ -368,6 +368,32 @@ def test_bad_shape_spec_is_one_clear_line(spec, message, tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_bad_out_path_is_one_clear_line_before_anything_runs(tmp_path):
+    """--out a folder, '' or a file that cannot be replaced once ran the whole benchmark, then
+    died with a traceback and left `DIR.tmp` beside the target."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    cases = [
+        (str(folder), "is a folder"),
+        ("", "--out is empty"),
+        (str(tmp_path / "missing" / "r.json"), "its folder does not exist"),
+    ]
+    if os.access("/proc", os.F_OK):
+        cases.append(("/proc/version", "cannot write in /proc"))
+    for out, message in cases:
+        proc = run_harness("--cpu-mode", "--shapes", TINY, "--out", out)
+        assert proc.returncode == 2, (out, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("dsv4_bench.py: error: "), proc.stderr
+        assert message in lines[0], lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]  # no results.tmp
+    assert list(folder.iterdir()) == []
+    # A target that turns into a folder during the run: an error, and no temporary file left.
+    with pytest.raises(harness.HarnessError, match="cannot write --out"):
+        harness.write_json(folder, {"ok": True})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
 def test_kernel_file_that_does_not_import(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def flash_mla_sparse_decode_triton(:\n")

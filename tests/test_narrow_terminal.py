@@ -128,3 +128,43 @@ def test_every_help_fits_80_columns(monkeypatch):
         if cut:
             long[" ".join(path) + " (cut summaries)"] = cut
     assert not long, long
+
+
+def test_profile_at_80_columns_hides_an_ab_pair_together():
+    """`profile`'s A/B columns come in pairs (`simt ms`, `mma ms`): at 80 columns it hid
+    `simt ms` and kept `mma ms`, so the columns no longer paired. Columns of one drop order go
+    together."""
+    from kerneldev.bench.profile import ProfileResult, VariantProfile
+    from kerneldev.cli import environment
+    from kerneldev.cli.commands import profile as profile_cmd
+
+    def summary(scale: float) -> dict:
+        top = [
+            {"name": name, "family": family, "calls": 128, "total_ms": 1234.56 * scale * k,
+             "share": 0.4 / k, "mean_us": 9645.0 * scale * k}
+            for k, (name, family) in enumerate(
+                [("flash_mla_sparse_decode_mma_kernel", "attention"), ("nvjet_tst_gemm", "gemm")], 1
+            )
+        ]  # fmt: skip
+        families = [{"family": "attention", "share": 0.4, "total_ms": 1234.56 * scale}]
+        return {"top": top, "families": families, "total_ms": 3086.4 * scale}
+
+    result = ProfileResult(
+        "kerneldev.service-profile/1", "2026-12-01T00:00:00Z", "h", "http://x", 8, 32, 15, "gpu"
+    )
+    for name, scale in (("simt", 1.0), ("mma", 0.5)):
+        result.variants.append(VariantProfile(name, summary(scale), "/t", 1, None, 0.4))
+    out = io.StringIO()
+    env = Environment(stdout=out, stdout_isatty=True, width=WIDTH)
+    with environment.use(env):
+        profile_cmd.render(result)
+    text = ANSI.sub("", out.getvalue())
+    assert not too_long(text.splitlines()), text
+    header = next(line for line in text.splitlines() if line.lstrip().startswith("kernel"))
+    hidden = re.search(r"hidden at 80 columns: (.*);", text)
+    assert hidden, text  # the table is too wide for 80 columns: some pair goes
+    for column in ("calls", "ms", "%", "µs"):
+        shown = [f"{v} {column}" in header for v in ("simt", "mma")]
+        assert shown[0] == shown[1], (column, header, hidden.group(1))
+        gone = [f"{v} {column}" in hidden.group(1).split(", ") for v in ("simt", "mma")]
+        assert gone[0] == gone[1] == (not shown[0]), (column, header, hidden.group(1))

@@ -75,6 +75,31 @@ def test_env_file_restore_gives_back_the_original_bytes(tmp_path):
     assert not absent.exists()
 
 
+def test_a_sourced_env_file_keeps_export_and_the_restart_sees_the_variant(tmp_path):
+    # A restart script that only sources the file (no `set -a`): only exported variables
+    # reach the process it starts.
+    env = tmp_path / "svc.env"
+    original = "# sourced\nexport SGLANG_SM120_MMA_FLASHMLA=0\nexport CUDA_VISIBLE_DEVICES=0\n"
+    env.write_text(original)
+    seen = tmp_path / "seen.log"
+    restart = (
+        f". {env}; sh -c 'echo \"$SGLANG_SM120_MMA_FLASHMLA/$SGLANG_SM120_FLASHMLA_BACKEND\"'"
+        f" >> {seen}"
+    )
+    variants = {"mma": MMA, "none": {}, "simt": SIMT}
+    host = _host(tmp_path, restart=restart, health="true", env_file=str(env), variants=variants)
+    with VariantSwitcher(LocalTransport(host), host) as switcher:
+        switcher.switch("mma")  # one key rewritten, one added
+        assert "export SGLANG_SM120_MMA_FLASHMLA=1\n" in env.read_text()
+        assert "export SGLANG_SM120_FLASHMLA_BACKEND=triton\n" in env.read_text()
+        switcher.switch("none")  # every managed line removed ...
+        switcher.switch("simt")  # ... and added back, still exported
+    assert seen.read_text().splitlines() == ["1/triton", "/", "0/triton", "0/"]
+    assert env.read_text() == original
+    # No managed line yet: a key added to a file of export lines is exported too.
+    assert render("export A=1\n", {"K"}, {"K": "v"}) == "export A=1\nexport K=v\n"
+
+
 def _host(tmp_path: Path, **service) -> HostConfig:
     return local_host(
         tmp_path,
@@ -272,6 +297,20 @@ def test_a_service_option_without_service_exits_2_naming_it(tmp_path):
     }
     assert not restarts.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # nothing ran, no result
+
+
+def test_a_concurrency_level_given_twice_exits_2_before_anything_runs(tmp_path):
+    """`--concurrency 1,1` ran the level twice, duplicated its results and turned the "one
+    round" verdict into better/worse; refused as `--variants simt,simt` is."""
+    config, restarts = _bench_config(tmp_path)
+    for levels, named in (("1,1", "1"), ("4,1,4,2,1", "1, 4"), (" 2, 2", "2")):
+        code, out, err = _bench_main(config, "bench", "--service", "--concurrency", levels)
+        assert code == 2, (levels, out, err)
+        assert f"error: --concurrency names a level twice: {named} " in err, err
+        assert "--rounds N repeats every level" in err and out == ""
+    assert sb.parse_concurrency("1,16,64") == [1, 16, 64]
+    assert not restarts.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hosts.yaml"]  # nothing ran
 
 
 def test_a_kernel_bench_option_with_service_exits_2_naming_it(tmp_path):
@@ -603,16 +642,121 @@ def test_bench_service_and_profile_over_ssh(ssh_box):
 def test_bench_service_and_profile_on_the_local_transport(ssh_box, tmp_path):
     """The same sandbox reached through the local transport (the engineer on the GPU box);
     one variant, to keep CI short (the ssh test runs the A/B)."""
-    data = yaml.safe_load(ssh_box.config_path.read_text())
-    entry = data["hosts"][ssh_box.host_name]
+    _check_bench_and_profile(ssh_box, _local_config(ssh_box, tmp_path), ["mma"])
+
+
+def _local_config(box, tmp_path: Path) -> Path:
+    """hosts.yaml in `tmp_path` reaching the sandbox `box` through the local transport."""
+    data = yaml.safe_load(box.config_path.read_text())
+    entry = data["hosts"][box.host_name]
     for key in ("hostname", "port", "user", "identity_file", "known_hosts"):
         entry.pop(key, None)
     entry["transport"] = "local"
-    entry["workspace"] = str(ssh_box.workspace)
-    entry["mirror"] = str(ssh_box.mirror)
+    entry["workspace"] = str(box.workspace)
+    entry["mirror"] = str(box.mirror)
     config = tmp_path / "hosts.yaml"
     config.write_text(yaml.safe_dump(data))
-    _check_bench_and_profile(ssh_box, config, ["mma"])
+    return config
+
+
+@needs_service
+def test_a_service_result_that_cannot_be_saved_is_still_printed_then_an_error(ssh_box, tmp_path):
+    """`.kerneldev` is a file, so the results folder cannot be made: the finished A/B is not
+    lost (the JSON has the result and an `error` object; the table comes before the error)."""
+    config = _local_config(ssh_box, tmp_path)
+    (tmp_path / ".kerneldev").touch()
+    args = ["bench", "--service", "--variants", "mma", "--concurrency", "1", "--requests", "1"]
+    args += ["--input-len", "4", "--max-new-tokens", "2", "--rounds", "1", "--warmup", "0"]
+    results = tmp_path / ".kerneldev" / "results"
+    proc = _kerneldev(config, *args, "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["result"]["ok"] and report["saved_to"] is None
+    assert report["error"]["message"].startswith(f"cannot save the result to {results}: ")
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
+
+    proc = _kerneldev(config, *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "service decode timings" in proc.stdout and "mma" in proc.stdout  # the table
+    assert f"kerneldev: error: cannot save the result to {results}: " in proc.stderr
+
+
+def test_the_hosts_temporary_folders_go_although_ctrl_c_is_pending(tmp_path, monkeypatch):
+    """Removing them runs `rm -rf` on the host (Transport.remove's default, as over SSH and the
+    agent), which a pending Ctrl-C stops at once unless the clean-up is shielded."""
+    from kerneldev.bench.profile import TraceFolders
+    from kerneldev.hosts.transport.base import Transport
+    from kerneldev.service.variants import HostScripts
+
+    class RmOnTheHost(LocalTransport):
+        remove = Transport.remove
+
+    host_tmp = tmp_path / "host-tmp"
+    host_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(host_tmp))
+    host = _host(tmp_path, restart="true", health="true", url="http://127.0.0.1:9")
+    transport = RmOnTheHost(host)
+    with pytest.raises(interrupt.Interrupted):
+        with interrupt.deferred_signals():
+            with HostScripts(transport, host) as scripts, TraceFolders(transport, host) as traces:
+                traces.folder("mma")
+                assert sorted(p.name.split(".")[0] for p in host_tmp.iterdir()) == [
+                    "kerneldev-service",
+                    "kerneldev-traces",
+                ]
+                assert scripts.dir
+                os.kill(os.getpid(), signal.SIGINT)
+                interrupt.check()
+    assert list(host_tmp.iterdir()) == []
+
+
+@pytest.mark.ssh
+@pytest.mark.parametrize("command", ["bench --service", "profile"])
+def test_ctrl_c_removes_the_hosts_temporary_folders(command, sshd_server, tmp_path, isolated_home):
+    """Ctrl-C while the load generator runs: the scripts' folder (kerneldev-service.*) and
+    profile's trace folder (kerneldev-traces.*) on the host are removed, as the kernel bench's
+    is. The host's `python` is a wrapper that records where it runs and then hangs."""
+    from tests.clirun import start_kerneldev
+    from tests.test_bench import write_config
+    from tests.test_reliability import _wait_for
+
+    marker = tmp_path / "load-started"
+    wrapper = tmp_path / "python-for-this-test"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in */service_load.py) echo "$PWD $*" > "{marker}"; exec sleep 60;; esac\n'
+        f'exec "{sys.executable}" "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("SGLANG_SM120_MMA_FLASHMLA=0\n")
+    service = {
+        "restart": "true",
+        "health": "true",
+        "env_file": str(env_file),
+        "url": "http://127.0.0.1:9",
+        "variants": {"mma": MMA},
+    }
+    config = write_config(tmp_path, "ssh", sshd_server, python=str(wrapper), service=service)
+    proc = start_kerneldev("--config", str(config), *command.split(), "--variants", "mma")
+    try:
+        assert _wait_for(marker.exists, 120), proc.stderr.read() if proc.poll() else "no start"
+        assert _wait_for(lambda: marker.read_text().strip(), 10)
+        words = marker.read_text().split()
+        folders = [Path(words[0])]  # the scripts' folder, the load generator's working folder
+        if "--output-dir" in words:
+            folders.append(Path(words[words.index("--output-dir") + 1]).parent)
+        assert all(f.is_dir() for f in folders), folders
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert [f for f in folders if f.exists()] == []
+    assert env_file.read_text() == "SGLANG_SM120_MMA_FLASHMLA=0\n"  # and restored
 
 
 def test_trace_folder_is_the_env_files_or_one_any_user_can_write(tmp_path, monkeypatch):

@@ -12,6 +12,8 @@ here; tests/test_bench.py runs both sides together):
 - `SCHEMA`, the schema id of the result JSON it writes (docs/bench-json.md);
 - its exit statuses `EXIT_OK` (ran, all passed), `EXIT_FAILED` (ran, a variant failed accuracy)
   and `EXIT_ENV` (torch, triton or the GPU is missing);
+- `ENTRY_POINT`, the function a kernel file must define (named in its import errors, which
+  also name the kernel file's path as given);
 - `DISPATCH`, its pseudo-variant name for "call without `variant=`", and `FLASHINFER`, the one
   for FlashInfer's sm_120 DSv4 decode (skipped, with a reason in the JSON's `skipped`, where the
   host lacks it);
@@ -40,6 +42,8 @@ HarnessError = _harness.HarnessError  # what the parsers raise; `str(err)` is th
 DISPATCH: str = _harness.DISPATCH
 # The pseudo-variant "FlashInfer's sm_120 DSv4 decode", run where the host has it.
 FLASHINFER: str = _harness.FLASHINFER
+# The function a kernel file must define.
+ENTRY_POINT: str = _harness.ENTRY_POINT
 
 SCRIPT = "dsv4_bench.py"
 # The harness and what it imports, copied next to each other on the host (the interpreter

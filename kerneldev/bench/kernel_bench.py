@@ -87,6 +87,8 @@ class BenchResult:
     data: dict  # the harness's JSON (schema kerneldev.bench/1) plus the "kerneldev" section
     saved_to: Path | None
     ab: ABSummary
+    # Why it was not saved (`saved_to` None): the run is kept, the caller shows it, then this.
+    save_error: BenchError | None = None
 
     @property
     def ok(self) -> bool:
@@ -194,7 +196,9 @@ def run_bench(
         done = transport.run(command, timeout=timeout, on_output=on_output)
         output = done.stdout + done.stderr
         if done.exited not in (harness.EXIT_OK, harness.EXIT_FAILED):
-            raise _harness_failure(host, done.exited, output)
+            raise _harness_failure(
+                host, done.exited, output, KernelFile(source, kernel_path, kernel_origin)
+            )
         try:
             data = json.loads(transport.read_bytes(result_path))
         except (KerneldevError, ValueError) as err:
@@ -229,8 +233,8 @@ def run_bench(
         "gpu": None if cpu_mode else gpu,
         "command": command,
     }
-    saved = save_result(data, results_dir or RESULTS_DIR, host.name)
-    return BenchResult(data=data, saved_to=saved, ab=ab_summary(data))
+    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, host.name)
+    return BenchResult(data=data, saved_to=saved, ab=ab_summary(data), save_error=save_error)
 
 
 def harness_command(
@@ -263,10 +267,51 @@ def harness_command(
     return f"cd {q(tmp)} && {env} {host.python} {script} {' '.join(args)} 2>&1"
 
 
-def _harness_failure(host: HostConfig, exited: int, output: str) -> BenchError:
+@dataclass(frozen=True)
+class KernelFile:
+    """The kernel file a run benchmarks: `path` as the harness was given it on the host (for
+    bundled and workspace a copy in the run's temporary folder), `origin` the file the user
+    knows (bundled, workspace: this machine's; live: the host's)."""
+
+    source: str
+    path: str
+    origin: str
+
+
+def _kernel_file_hint(host: HostConfig, kernel: KernelFile, message: str) -> str:
+    """What to do when the kernel file itself does not import or lacks the entry point."""
+    entry = f"import cleanly and define {harness.ENTRY_POINT}()"
+    if kernel.source == "workspace":
+        hint = f"fix {kernel.origin} (your workspace copy): it must {entry}; then bench again"
+    elif kernel.source == "live":
+        hint = (
+            f"the file the server runs on {host.name} must {entry}: fix it with "
+            f"`kerneldev push --host {host.name}`, or `kerneldev rollback --host {host.name}`"
+        )
+    else:
+        hint = (
+            f"this kerneldev's bundled kernel file must {entry}: reinstall kerneldev, or bench "
+            "your copy with --source workspace"
+        )
+    if "ModuleNotFoundError" in message:
+        hint += f"; or install the module it imports into `{host.python}` on {host.name}"
+    return hint
+
+
+def _harness_failure(
+    host: HostConfig, exited: int, output: str, kernel: KernelFile | None = None
+) -> BenchError:
     lines = [line for line in output.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error:" in line]
     message = errors[-1].split("error:", 1)[1].strip() if errors else None
+    if exited == harness.EXIT_ENV and message and kernel is not None and kernel.path in message:
+        # The kernel file, not the interpreter: its error names the path the harness was given,
+        # for bundled and workspace a copy in a temporary folder that is gone by now.
+        message = message.replace(kernel.path, kernel.origin)
+        return BenchError(
+            f"the benchmark harness failed on {host.name} (exit {exited}): {message}",
+            hint=_kernel_file_hint(host, kernel, message),
+        )
     if exited in (126, 127) and not errors:
         return BenchError(
             f"cannot run the host's python ({host.python!r}) on {host.name}: "
@@ -342,20 +387,49 @@ def _local_git_commit(path: str) -> str | None:
 
 
 def save_result(data: dict, results_dir: Path, host_name: str) -> Path:
-    """Write the result as `<results_dir>/<UTC time>-<host>.json`; never overwrites."""
-    results_dir.mkdir(parents=True, exist_ok=True)
+    """Write the result as `<results_dir>/<UTC time>-<host>.json`; never overwrites. BenchError
+    ("cannot save the result to ...") when the folder cannot be made or the file written."""
+    try:
+        results_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file where a folder should be, no permission
+        raise _cannot_save(results_dir, results_dir, err) from None
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe_host = re.sub(r"[^A-Za-z0-9_.-]", "_", host_name)
     for n in range(1000):
         path = results_dir / f"{stamp}-{safe_host}{f'-{n}' if n else ''}.json"
         try:
-            with open(path, "x", encoding="utf-8") as f:
-                json.dump(data, f, indent=2)
-                f.write("\n")
-            return path
+            f = open(path, "x", encoding="utf-8")
         except FileExistsError:
             continue
+        except OSError as err:
+            raise _cannot_save(path, results_dir, err) from None
+        try:
+            with f:
+                json.dump(data, f, indent=2)
+                f.write("\n")
+        except OSError as err:  # disk full: no half-written result for a later --compare
+            path.unlink(missing_ok=True)
+            raise _cannot_save(path, results_dir, err) from None
+        return path
     raise BenchError(f"cannot find a free result file name in {results_dir}")
+
+
+def try_save_result(
+    data: dict, results_dir: Path, host_name: str
+) -> tuple[Path | None, BenchError | None]:
+    """`save_result`, its error returned rather than raised: a finished run is still shown."""
+    try:
+        return save_result(data, results_dir, host_name), None
+    except BenchError as err:
+        return None, err
+
+
+def _cannot_save(path: Path, results_dir: Path, err: OSError) -> BenchError:
+    return BenchError(
+        f"cannot save the result to {path}: {err.strerror or err}",
+        hint=f"the result is printed but not saved; make {results_dir} a folder you can "
+        "write (a file may be in the way), then run again",
+    )
 
 
 # --- reading and checking results ---------------------------------------------------------
@@ -380,6 +454,47 @@ def check_schema(data: Any, where: str) -> None:
         for key in ("shape", "label", "status", "median_us", "p20_us", "p80_us"):
             if key not in r:
                 raise BenchError(f"{where}: results[{i}] has no {key!r}")
+        # The types compare() and the table rely on: a list label cannot be a key, and an
+        # Infinity time would make --json print Infinity (not JSON).
+        for key in ("shape", "label", "status"):
+            if not isinstance(r[key], str):
+                raise BenchError(
+                    f"{where}: results[{i}].{key} must be a string, not {_kind(r[key])}"
+                )
+        for key in ("median_us", "p20_us", "p80_us"):
+            if r[key] is not None and not _finite(r[key]):
+                raise BenchError(
+                    f"{where}: results[{i}].{key} must be a finite number or null, not {r[key]!r}"
+                )
+    device = data.get("device")
+    if device is not None and not isinstance(device, dict):
+        raise BenchError(f"{where}: 'device' must be an object, not {_kind(device)}")
+    if device and device.get("name") is not None and not isinstance(device["name"], str):
+        raise BenchError(f"{where}: device.name must be a string, not {_kind(device['name'])}")
+    for key in ("timing", "timestamp"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise BenchError(f"{where}: {key!r} must be a string, not {_kind(data[key])}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _kind(value: Any) -> str:
+    """The JSON name of a value's type, for messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 def load_result(path: Path | str) -> dict:

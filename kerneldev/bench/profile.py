@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kerneldev import interrupt
 from kerneldev.atomic_file import write_bytes_atomic
 from kerneldev.bench import ab_kernels
 from kerneldev.config import HostConfig
@@ -118,10 +119,12 @@ class TraceFolders:
 
     def __exit__(self, *exc) -> None:
         if self.made:
-            try:
-                self.transport.run(f"rm -rf {shlex.quote(self.made)}", timeout=120)
-            except KerneldevError:
-                pass  # a leftover trace folder must not hide the real outcome
+            # Shielded: after Ctrl-C the folder still goes (a pending one would stop the rm).
+            with interrupt.shield():
+                try:
+                    self.transport.run(f"rm -rf {shlex.quote(self.made)}", timeout=120)
+                except KerneldevError:
+                    pass  # a leftover trace folder must not hide the real outcome
 
 
 def attention_of(summary: dict) -> tuple[float | None, str | None]:

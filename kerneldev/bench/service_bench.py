@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kerneldev.bench import ab_kernels
-from kerneldev.bench.kernel_bench import RESULTS_DIR, save_result
+from kerneldev.bench.kernel_bench import RESULTS_DIR, try_save_result
 from kerneldev.config import HostConfig
 from kerneldev.errors import BenchError, KerneldevError, UsageError
 from kerneldev.hosts.transport.base import Transport
@@ -90,6 +90,14 @@ def parse_concurrency(text: str) -> list[int]:
         raise UsageError(f"--concurrency must be comma-separated integers, got {text!r}") from None
     if not levels or any(c < 1 for c in levels):
         raise UsageError(f"--concurrency must list integers >= 1, got {text!r}")
+    # A level given twice would run twice, its results doubled and the one-round verdict
+    # turned into better/worse between two runs of the same variant.
+    twice = sorted({c for c in levels if levels.count(c) > 1})
+    if twice:
+        raise UsageError(
+            f"--concurrency names a level twice: {', '.join(map(str, twice))} (in {text!r})",
+            hint="list each level once; --rounds N repeats every level",
+        )
     return levels
 
 
@@ -194,6 +202,8 @@ class ServiceBenchResult:
     saved_to: Path | None
     restart_skipped: str | None = None
     warnings: list[str] = field(default_factory=list)
+    # Why it was not saved (`saved_to` None): the run is kept, the caller shows it, then this.
+    save_error: BenchError | None = None
 
     @property
     def ok(self) -> bool:
@@ -290,8 +300,8 @@ def run_service_bench(
     add_server_settings(data, servers)
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
     _record_kernels(data, ab.kernels)
-    saved = save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
-    return ServiceBenchResult(data, saved, ab.switcher.restart_skipped)
+    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
+    return ServiceBenchResult(data, saved, ab.switcher.restart_skipped, save_error=save_error)
 
 
 # --- the server's settings ---------------------------------------------------------------

@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "0b75deef8ffdd39f7d4833f56ea1b8641dc7df9b4c1599ae23adc0e4835f55d3": "c898f33 2026-12-04",
         "451d8ca3988d33674157ab69dff72833558580c538fe04e41df8807462753d8d": "f69b51a 2026-11-30",
         "2e489ed4e1d8f92f8c439b5f562a39b0025835898c96a22dd9cd00b8a3910a2a": "5fe03d5 2026-11-30",
         "224f031a86995921792f234c70b9b844a01504a9204801939fe8cf9e88090ed0": "df16a77 2026-11-30",

@@ -194,7 +194,8 @@ class Column:
     to fit the terminal, words at spaces (a word too long for the line then at `/`); a hash
     is shortened (12 characters, 8 on a narrow terminal). Columns with a `drop_order` are
     left out, 1 first, where the terminal is too narrow for the table (a note under it names
-    them); pipes and --json always have them."""
+    them), all columns of one drop order together (an A/B's pair); pipes and --json always
+    have them."""
 
     name: str
     kind: str = TEXT
@@ -308,14 +309,17 @@ def print_table(
         ]
         return sum(least) + GAP * (len(keep) - 1)
 
+    # Columns of one drop order go together: an A/B's `simt ms` never leaves without `mma ms`.
     keep = list(range(len(cols)))
     hidden: list[str] = []
-    droppable = sorted((c.drop_order, i) for i, c in enumerate(cols) if c.drop_order is not None)
-    for _, i in droppable:
+    orders = sorted({c.drop_order for c in cols if c.drop_order is not None})
+    for order in orders:
         if needed(keep) <= width:
             break
-        keep.remove(i)
-        hidden.append(cols[i].name)
+        for i, c in enumerate(cols):
+            if c.drop_order == order:
+                keep.remove(i)
+                hidden.append(c.name)
     cols = [cols[i] for i in keep]
     natural = [natural[i] for i in keep]
     cells = [[row[i] for i in keep] for row in cells]

@@ -7,9 +7,11 @@ a push imports the pushed modules with it, as the server would.
 Editing (`bench --service`, `profile`): `EnvFileEdit` only touches the lines of the keys it
 manages (every key named by any `service.variants` entry): `apply` replaces or appends those
 lines and removes the managed keys the variant does not set; every other line stays as it was,
-byte for byte. Writes are atomic (temporary file + rename). `restore()` puts the managed lines
-back as they were before the first `apply` (and removes a file that did not exist before and
-now holds nothing else).
+byte for byte. A replaced line keeps its `export ` prefix; an appended one gets it when the
+file's managed lines have it (else when any line has it: a shell script that is sourced,
+where a plain `K=V` would not reach the server). Writes are atomic (temporary file + rename).
+`restore()` puts the managed lines back as they were before the first `apply` (and removes a
+file that did not exist before and now holds nothing else).
 """
 
 from __future__ import annotations
@@ -59,13 +61,18 @@ def export_prefix(env: dict[str, str]) -> str:
 
 # --- editing --------------------------------------------------------------------------
 
-_LINE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
+_LINE = re.compile(r"^\s*(export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=")
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_./:,+@%-]*")
 
 
 def line_key(line: str) -> str | None:
     m = _LINE.match(line)
-    return m.group(1) if m else None
+    return m.group(2) if m else None
+
+
+def _exports(line: str) -> bool:
+    m = _LINE.match(line)
+    return bool(m and m.group(1))
 
 
 def format_value(value: str) -> str:
@@ -73,24 +80,45 @@ def format_value(value: str) -> str:
     return value if _SAFE_VALUE.fullmatch(value) else shlex.quote(value)
 
 
-def render(text: str, managed: Iterable[str], assignments: dict[str, str]) -> str:
-    """`text` with the managed keys' lines set to `assignments` (others of `managed` removed)."""
+def uses_export(text: str, managed: Iterable[str] = ()) -> bool:
+    """Whether a key added to `text` should be exported: as the file's lines of the `managed`
+    keys are when it has some (a mixed file's author chose for these), else when any line is
+    (a shell script that is sourced: a plain `K=V` would not reach the server)."""
+    managed = set(managed)
+    lines = [line for line in text.splitlines() if line_key(line) is not None]
+    own = [line for line in lines if line_key(line) in managed]
+    return any(_exports(line) for line in (own or lines))
+
+
+def render(
+    text: str,
+    managed: Iterable[str],
+    assignments: dict[str, str],
+    export: bool | None = None,
+) -> str:
+    """`text` with the managed keys' lines set to `assignments` (others of `managed` removed).
+    A rewritten line keeps its `export `; a new line gets one when `export` (default:
+    `uses_export(text, managed)`)."""
     managed = set(managed) | set(assignments)
+    lines = text.splitlines(keepends=True)
+    export_new = uses_export(text, managed) if export is None else export
     out: list[str] = []
     placed: set[str] = set()
-    for line in text.splitlines(keepends=True):
+    for line in lines:
         key = line_key(line)
         if key is None or key not in managed:
             out.append(line)
             continue
         if key in assignments and key not in placed:
-            out.append(f"{key}={format_value(assignments[key])}\n")
+            prefix = "export " if _exports(line) else ""
+            out.append(f"{prefix}{key}={format_value(assignments[key])}\n")
             placed.add(key)
     if out and not out[-1].endswith("\n"):
         out[-1] += "\n"
+    prefix = "export " if export_new else ""
     for key, value in assignments.items():
         if key not in placed:
-            out.append(f"{key}={format_value(value)}\n")
+            out.append(f"{prefix}{key}={format_value(value)}\n")
     return "".join(out)
 
 
@@ -122,7 +150,9 @@ class EnvFileEdit:
         current = self.read()
         if not self.touched:
             self.original = current
-        text = render(current or "", self.managed, assignments)
+        # The original file decides: an earlier variant may have removed its managed lines.
+        export = uses_export(self.original or "", self.managed)
+        text = render(current or "", self.managed, assignments, export=export)
         self.transport.write_atomic(self.path, text.encode("utf-8"))
         self.touched = True
         return text

@@ -212,7 +212,9 @@ class HostScripts:
 
     def __exit__(self, *exc) -> None:
         if self.dir:
-            try:
-                self.transport.remove(self.dir)
-            except KerneldevError:
-                pass  # a leftover temp folder must not hide the real outcome
+            # Shielded: after Ctrl-C the folder still goes (a pending one would stop the rm).
+            with interrupt.shield():
+                try:
+                    self.transport.remove(self.dir)
+                except KerneldevError:
+                    pass  # a leftover temp folder must not hide the real outcome

@@ -14,8 +14,10 @@ from __future__ import annotations
 import collections
 import importlib.util
 import itertools
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 import zlib
@@ -2033,6 +2035,27 @@ def test_invalid_input_raises_value_error_naming_the_argument(argname, mutate):
         decode(**inputs, variant="mma")
 
 
+def test_odd_cache_pages_say_whether_the_stride_or_the_start_is_odd():
+    """The rope's bf16 needs every page on an even byte: the message names which is odd (it
+    named the even stride for an odd start)."""
+    inputs = _valid_inputs()
+    cache = inputs["k_cache"]  # [4, 64, 1, 584], contiguous
+    shape, stride = (2, 64, 1, 584), cache.stride()
+    cases = [
+        (cache.as_strided(shape, stride, storage_offset=1), "the view starts at an odd address"),
+        (cache.as_strided(shape, (stride[0] + 1, *stride[1:])), "page stride stride(0) 37377"),
+        (
+            cache.as_strided(shape, (stride[0] + 1, *stride[1:]), storage_offset=1),
+            "37377 is odd and the view starts at an odd address (storage_offset 1)",
+        ),
+    ]
+    for view, message in cases:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            decode(**dict(inputs, k_cache=view), variant="mma")
+    with pytest.raises(ValueError, match=r"even bytes \(bf16 rope\): the view starts"):
+        decode(**dict(inputs, k_cache=cases[0][0]), variant="simt")
+
+
 def test_invalid_variant_and_outputs():
     inputs = _valid_inputs()
     with pytest.raises(ValueError, match="variant"):
@@ -2147,6 +2170,29 @@ def test_check_accuracy_nan_in_the_reference_is_not_a_free_pass():
     assert not ref.check_accuracy(x_nan, lse.float(), y_nan, lse_nan)["lse_ok"]
     assert ref.check_accuracy(x, lse_nan.float(), y, lse_nan)["lse_ok"]  # NaN matched
     assert not ref.check_accuracy(x, lse_nan.float(), y, lse)["lse_ok"]  # NaN not in the ref
+
+
+def test_check_accuracy_of_an_all_nan_output_reports_no_perfect_figures():
+    """An all-NaN out and lse failed, yet reported out_cos_diff_unrounded and lse_max_abs_err
+    as 0.0; every error figure is now None (valid JSON, as the harness writes it)."""
+    gen = torch.Generator().manual_seed(5)
+    y = torch.randn(2, 1, 4, 512, generator=gen, dtype=torch.float64)
+    lse = torch.randn(2, 4, 1, generator=gen, dtype=torch.float64)
+    x_nan = torch.full(y.shape, math.nan, dtype=torch.bfloat16)
+    acc = ref.check_accuracy(x_nan, torch.full(lse.shape, math.nan), y, lse)
+    assert not acc["ok"] and not acc["lse_ok"] and not acc["out_finite"]
+    figures = [k for k in acc if k.endswith("_err") or "cos_diff" in k]
+    assert len(figures) == 6 and all(acc[k] is None for k in figures), acc
+    json.dumps(acc, allow_nan=False)
+    # One NaN lse entry among finite ones: the max error is unknown, not the others' max.
+    lse_one = lse.float().clone()
+    lse_one[1, 2] = math.nan
+    acc = ref.check_accuracy(y.to(torch.bfloat16), lse_one, y, lse)
+    assert acc["lse_max_abs_err"] is None and acc["lse_max_rel_err"] is None
+    assert acc["out_cos_diff_unrounded"] is not None and acc["out_max_abs_err"] is not None
+    # A passing check keeps its numbers.
+    acc = ref.check_accuracy(y.to(torch.bfloat16), lse.float(), y, lse)
+    assert acc["ok"] and all(isinstance(acc[k], float) for k in figures)
 
 
 def test_reference_against_naive_loop():

@@ -28,7 +28,7 @@ from kerneldev.cli.output import (
     print_table,
     print_warning,
 )
-from kerneldev.errors import ExitCode, UsageError
+from kerneldev.errors import BenchError, ExitCode, UsageError
 
 if TYPE_CHECKING:
     from kerneldev.bench import kernel_bench as bench
@@ -272,17 +272,24 @@ def bench_command(
     comparison = (
         bench.compare(result.data, baseline, str(compare_to)) if baseline is not None else None
     )
-    if as_json:
-        print_json(bench.bench_report(result, comparison))
-    else:
+    report = bench.bench_report(result, comparison)
+    if not as_json:
         render(result, comparison)
+    elif result.save_error is None:
+        print_json(report)  # else the error's JSON below carries it: one document on stdout
     if comparison:
         for warning in comparison.warnings:
             print_warning(warning)
-    print_info(f"saved: {result.saved_to}")
+    if result.save_error is None:
+        print_info(f"saved: {result.saved_to}")
     if not result.ok:
         bad = [f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"]
         print_warning("failed accuracy or did not run: " + "; ".join(bad))
+    if result.save_error is not None:
+        # The run is shown (or in --json's report) before the error: nothing measured is lost.
+        err = result.save_error
+        raise BenchError(err.message, err.hint, report=report if as_json else None)
+    if not result.ok:
         raise typer.Exit(int(ExitCode.FAILURE))
 
 

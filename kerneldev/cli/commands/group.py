@@ -30,7 +30,7 @@ from kerneldev.cli.output import (
     to_jsonable,
 )
 from kerneldev.config import Config, HostConfig
-from kerneldev.errors import ExitCode, KerneldevError, UsageError
+from kerneldev.errors import BenchError, ExitCode, KerneldevError, UsageError
 from kerneldev.hosts import fleet
 from kerneldev.hosts.fleet import HostEvent, HostOutcome, OutcomeStatus
 from kerneldev.loop import fleet_ops
@@ -508,6 +508,9 @@ def bench(
     def one(host, transport, progress):
         progress("running the harness")
         result = run_harness(transport, host)
+        if result.save_error is not None:  # the run is in the report (--json), not lost
+            err = result.save_error
+            raise BenchError(err.message, err.hint, report=bench_core.bench_report(result))
         if not result.ok:
             bad = [
                 f"{r['shape']} {r['label']}" for r in result.data["results"] if r["status"] != "ok"
@@ -559,11 +562,12 @@ def service_bench(
             results_dir=config.path.parent / sb.RESULTS_DIR,
             allow_same_kernel=allow_same_kernel,
         )
+        report = service_bench_cmd.service_report(result)
+        if result.save_error is not None:  # the run is in the report (--json), not lost
+            err = result.save_error
+            raise BenchError(err.message, err.hint, report=report)
         if not result.ok:
-            raise KerneldevError(
-                "some requests failed (see `failed` in the result)",
-                report={"result": result.data, "saved_to": str(result.saved_to)},
-            )
+            raise KerneldevError("some requests failed (see `failed` in the result)", report=report)
         return result
 
     outcomes = run_each(hosts, one, parallel)
@@ -574,7 +578,7 @@ def service_bench(
 
     def result_json(value):
         if isinstance(value, sb.ServiceBenchResult):
-            return {"result": value.data, "saved_to": str(value.saved_to)}
+            return service_bench_cmd.service_report(value)
         return value
 
     finish(

@@ -21,7 +21,7 @@ from kerneldev.cli.output import (
     print_warning,
 )
 from kerneldev.config import Config, HostConfig
-from kerneldev.errors import ExitCode
+from kerneldev.errors import BenchError, ExitCode
 from kerneldev.hosts.transport import open_transport
 from kerneldev.service.variants import check_variants, parse_variants
 
@@ -128,15 +128,25 @@ def run(
             results_dir=config.path.parent / service_bench.RESULTS_DIR,
             allow_same_kernel=allow_same_kernel,
         )
-    if as_json:
-        print_json({"result": result.data, "saved_to": str(result.saved_to)})
-    else:
+    report = service_report(result)
+    if not as_json:
         render(result.data)
-    print_info(f"saved: {result.saved_to}")
+    elif result.save_error is None:
+        print_json(report)  # else the error's JSON below carries it: one document on stdout
+    if result.save_error is None:
+        print_info(f"saved: {result.saved_to}")
     if not result.ok:
         print_warning("some requests failed (see `failed` in the result)")
-        return int(ExitCode.FAILURE)
-    return int(ExitCode.OK)
+    if result.save_error is not None:
+        # The run is shown (or in --json's report) before the error: nothing measured is lost.
+        err = result.save_error
+        raise BenchError(err.message, err.hint, report=report if as_json else None)
+    return int(ExitCode.FAILURE if not result.ok else ExitCode.OK)
+
+
+def service_report(result: service_bench.ServiceBenchResult) -> dict:
+    """The object `bench --service --json` prints."""
+    return {"result": result.data, "saved_to": str(result.saved_to) if result.saved_to else None}
 
 
 def _f(value, spec: str = ".1f") -> str:
