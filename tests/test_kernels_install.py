@@ -682,3 +682,52 @@ def test_the_probe_runs_a_job_in_a_fresh_interpreter_where_fork_fails(tmp_path, 
     assert answer["SM120_DECODE_MAX_TOKENS"] == len("torch")  # read at the wrapper's import
     assert "defines no flash_mla_with_kvcache_sm120" in answer["error"]
     assert list(tmp_path.rglob("__pycache__")) == []
+
+
+def _main_versions(path: str) -> dict[str, str] | None:
+    """sha256 -> commit of every version of `path` that main has had (first parent: what a
+    checkout of main held), or None where this checkout has no git history to read."""
+    import hashlib
+
+    repo = Path(__file__).resolve().parent.parent
+    log = subprocess.run(
+        ["git", "-C", str(repo), "log", "--first-parent", "--format=%h", "HEAD", "--", path],
+        capture_output=True,
+        text=True,
+    )
+    if log.returncode != 0 or not log.stdout.strip():
+        return None
+    shallow = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--is-shallow-repository"],
+        capture_output=True,
+        text=True,
+    )
+    if shallow.stdout.strip() != "false":
+        return None
+    versions = {}
+    for commit in log.stdout.split():
+        shown = subprocess.run(
+            ["git", "-C", str(repo), "show", f"{commit}:{path}"], capture_output=True
+        )
+        if shown.returncode == 0:
+            versions.setdefault(hashlib.sha256(shown.stdout).hexdigest(), commit)
+    return versions
+
+
+@pytest.mark.parametrize("name", ["flash_mla_sm120_triton.py", "flash_mla_sm120.py"])
+def test_every_earlier_version_of_a_bundled_file_is_a_known_release(name):
+    """`kernels status` names a live file's release from `bundled/releases.py`: a version main
+    once shipped that is missing there is reported as someone else's file. Each commit that
+    changes a bundled file must add the version it replaces (the failure says which)."""
+    versions = _main_versions(f"kernels/{name}")
+    if versions is None:
+        pytest.skip("no full git history here (an sdist, a shallow clone)")
+    current = kernel_deploy.classify_file(name, None)  # warm the bundled bytes' path
+    assert current[0] == kernel_deploy.MISSING
+    import hashlib
+
+    from kerneldev.bundled.releases import RELEASED
+
+    now = hashlib.sha256(kernel_deploy.bundled_bytes(name)).hexdigest()
+    missing = {sha: c for sha, c in versions.items() if sha != now and sha not in RELEASED[name]}
+    assert not missing, f"add to RELEASED[{name!r}] in kerneldev/bundled/releases.py: {missing}"
