@@ -25,7 +25,7 @@ from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
 from kerneldev.sandbox.host import free_port
 from tests.clirun import run_kerneldev
-from tests.sshutil import run_cli, ssh_host, write_hosts_yaml
+from tests.sshutil import run_cli, ssh_host, start_on_terminal, write_hosts_yaml
 from tests.test_loop_cmd import A, B, Env, kd, make_env
 
 
@@ -421,20 +421,17 @@ def test_a_mirror_that_is_a_file_is_named_so(env: Env):
 def test_ctrl_c_at_the_trust_prompt_is_interrupted_not_unanswered(sshd_server, tmp_path):
     host = ssh_host(sshd_server, tmp_path, trusted=False)
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kerneldev", "--config", str(config), "trust"],
-        stdin=subprocess.PIPE,  # kept open: the prompt waits, as on a terminal
-        stderr=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    asked = b""
-    while b"[y/N]" not in asked:
-        byte = proc.stderr.read(1)
-        assert byte, asked
-        asked += byte
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its job
-    _, err = proc.communicate(timeout=60)
+    proc, typing = start_on_terminal("trust", config=config)  # the prompt waits on it
+    try:
+        asked = b""
+        while b"[y/N]" not in asked:
+            byte = proc.stderr.read(1)
+            assert byte, asked
+            asked += byte
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its job
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(typing)
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert b"interrupted by Ctrl-C" in err and b"nobody answered" not in err
     assert b"Traceback" not in err and not Path(host.known_hosts).exists()
