@@ -418,6 +418,23 @@ def test_a_mirror_that_is_a_file_is_named_so(env: Env):
     assert f"the mirror folder {a_file} is not a folder" in run.stderr
 
 
+@pytest.mark.parametrize("under", [False, True])
+def test_a_workspace_that_is_a_file_is_a_config_error(env: Env, under):
+    a_file = env.root.parent / "wsfile"
+    a_file.write_text("not a folder\n")
+    env.set_host(workspace=str(a_file / "sub" if under else a_file))
+    for command in ("pull", "diff", "push", "log"):
+        run = env.kd(command)
+        assert run.exit_code == 2, (command, run.stderr)
+        assert "`workspace:` in hosts.yaml" in run.stderr, run.stderr
+        assert (f"lies under a file, {a_file}" if under else "is a file") in run.stderr
+        assert "hint: point `workspace:` at a folder" in run.stderr
+        assert "state file" not in run.stderr
+    error = env.kd("diff", "--json").json()["error"]
+    assert error["code"] == 2 and error["type"] == "ConfigError"
+    assert a_file.read_text() == "not a folder\n"
+
+
 def test_ctrl_c_at_the_trust_prompt_is_interrupted_not_unanswered(sshd_server, tmp_path):
     host = ssh_host(sshd_server, tmp_path, trusted=False)
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
