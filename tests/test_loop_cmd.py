@@ -211,6 +211,34 @@ def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
     assert (env.root / A).read_bytes() == ORIGINAL_A and lock.exists()
 
 
+def test_ctrl_c_after_the_pull_completed_is_a_success(env: Env, monkeypatch):
+    """Ctrl-C arriving while the pull records its bases (its last, shielded step): every file
+    has landed, so the pull exits 0 and says it had completed, as push does."""
+    import signal
+
+    from kerneldev import interrupt
+    from kerneldev.loop import sync
+
+    record = sync.update_state
+
+    def ctrl_c_then_record(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            pass
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(sync, "update_state", ctrl_c_then_record)
+    run = env.kd("pull")
+    assert run.exit_code == 0, run.stderr
+    assert "2 transferred" in run.stderr
+    assert "Ctrl-C came after the pull had completed; nothing was interrupted" in run.stderr
+    assert (env.workspace / A).read_bytes() == ORIGINAL_A
+    assert set(env.state()["files"]) == {A, B}
+    run = env.kd("pull", "--json")  # one JSON document: the result, no error object
+    assert run.exit_code == 0 and "error" not in run.json(), run.stderr
+    assert "Ctrl-C came after the pull" in run.stderr
+
+
 def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     """Ctrl-C arriving while the push writes its record (its last, shielded step): the files
     are live and recorded, so the push exits 0 and says it had completed; --json is the
