@@ -415,6 +415,41 @@ def test_rollback_restores_exact_bytes(env: Env):
     assert env.statuses()[A] == ("in-sync", "differs")
 
 
+def test_a_pushed_file_that_does_not_parse_is_refused_with_a_fix_hint(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"BLOCK_N = 64\ndef kernel(:\n    pass\n")
+    run = env.kd("push")
+    assert run.exit_code == 1, run.stderr
+    assert f"{A} does not parse: line 2:" in run.stderr
+    hint = run.stderr.split("hint: ", 1)[1]
+    assert hint.startswith(f"fix the syntax error in {A} at the line named above")
+    assert f"python -m py_compile {A}" in hint and "then push again" in hint
+    assert "keep" not in hint and "--no-import-check" not in hint  # skipping deploys it broken
+    assert (env.root / A).read_bytes() == ORIGINAL_A
+
+
+def test_the_import_refusal_hints_fit_what_was_found():
+    from kerneldev.errors import ImportRefusedError
+    from kerneldev.loop import import_check
+
+    gap = import_check.MissingImport("k/user.py", "k.a", "BLOCK_N", 3)
+    names = import_check.ImportScan(modules={"k/a.py": "k.a"}, missing=[gap])
+    broken = import_check.ImportScan(
+        modules={"k/a.py": "k.a", "k/b.py": "k.b"},
+        unparsable=["k/b.py does not parse: line 2: invalid syntax"],
+        missing=[gap],
+    )
+    hints = []
+    for scan in (names, broken):
+        with pytest.raises(ImportRefusedError) as caught:
+            import_check.refuse_gaps(scan)
+        hints.append(caught.value.hint)
+    assert hints[0].startswith("keep the missing names in the new file")
+    assert hints[0].endswith("or skip this check with --no-import-check")
+    assert hints[1].startswith("fix the syntax error in k/b.py at the line named above")
+    assert "; keep the missing names" in hints[1] and "--no-import-check" not in hints[1]
+
+
 def test_pull_refuses_unpushed_edits(env: Env):
     env.kd("pull")
     (env.workspace / A).write_bytes(b"my unpushed work\n")
