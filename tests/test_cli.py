@@ -23,6 +23,7 @@ from kerneldev.cli.main import hoist_global_options
 from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
+from kerneldev.printable import printable
 from kerneldev.sandbox.host import free_port
 from tests.clirun import run_kerneldev
 from tests.sshutil import run_cli, ssh_host, start_on_terminal, write_hosts_yaml
@@ -144,6 +145,30 @@ def test_wrap_path_breaks_after_slashes():
     assert wrap_path("abc/def/ghi.py", 8) == "abc/def/\nghi.py"
     assert wrap_path("short.py", 20) == "short.py"
     assert all(len(line) <= 4 for line in wrap_path("abcdefghij/k", 4).splitlines())
+    # A part longer than the line: broken before an escape or after `_` `.` `-`, not cut.
+    quoted = printable("odd/esc\x1b[31mred.py")  # 'odd/esc\x1b[31mred.py'
+    assert wrap_path(quoted, 17) == "'odd/\nesc\\x1b[31mred.\npy'"
+    assert wrap_path("a/flash_mla_sm120_triton.py", 16) == "a/\nflash_mla_sm120_\ntriton.py"
+
+
+def test_log_at_80_columns_never_cuts_an_escaped_name_inside(tmp_path, isolated_home):
+    name = "odd/esc\x1b[31mred.py"
+    env = make_env(tmp_path, "local", files=(A, B, "odd/*"))
+    (env.root / "odd").mkdir()
+    (env.root / name).write_bytes(b"x = 1\n")
+    assert env.kd("pull").exit_code == 0
+    (env.workspace / name).write_bytes(b"x = 2\n")
+    (env.workspace / A).write_bytes(b"y = 2\n")
+    assert env.kd("push", "--no-import-check").exit_code == 0
+    run = kd("--config", str(env.config), "log", stdout_isatty=True, width=80)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    rows = [row for row in text.splitlines() if row.strip()]
+    assert all(len(row) <= 80 for row in rows), rows
+    cells = [row[row.index("'odd/") :].strip() for row in rows if "'odd/" in row]
+    assert cells == ["'odd/"], rows
+    after = rows[[i for i, row in enumerate(rows) if "'odd/" in row][0] + 1 :]
+    # Too long for the path column: broken after the `.`, never inside `red.py` or `\x1b`.
+    assert [row.split()[-1] for row in after[:2]] == ["esc\\x1b[31mred.", "py'"], rows
 
 
 # --- JSON on failure ------------------------------------------------------------------------

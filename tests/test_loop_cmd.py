@@ -602,6 +602,31 @@ def test_restart_never_healthy_shows_logs(env_factory):
     assert "LOG-MARKER" in run.stderr and "not healthy" in run.stderr
 
 
+def test_unhealthy_logs_are_whole_lines_in_a_pipe_and_wrapped_at_a_slash_on_a_terminal(
+    tmp_path, isolated_home
+):
+    line = f'  File "/srv/checkouts/sglang-dsv4/{A}", line 42, in flash_mla_sm120_entry_point'
+    logs = tmp_path / "service.log"
+    logs.write_text(f"CUDA error: LOG-MARKER\n{line}\n")
+    service = {"restart": "true", "health": "false", "timeout": 0.5, "logs": f"cat '{logs}'"}
+    env = make_env(tmp_path, "local", service=service)
+    run = env.kd("restart")
+    assert run.exit_code == 1
+    assert f"\n{line}\n" in run.stderr  # one line, whole, for grep
+    assert "--- service logs (cat " in run.stderr and "--- end of service logs" in run.stderr
+
+    run = kd("--config", str(env.config), "restart", stderr_isatty=True, width=80)
+    assert run.exit_code == 1
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", run.stderr)  # colour and cursor codes
+    shown = text[text.index("LOG-MARKER") :].splitlines()[1:]
+    rows = shown[: next(i for i, row in enumerate(shown) if row.startswith("─"))]
+    assert len(rows) > 1 and all(len(row) <= 80 for row in rows), rows
+    # Broken at spaces and after a `/`, nothing lost: no name is cut inside.
+    assert "".join(row.strip().replace(" ", "") for row in rows) == line.replace(" ", "")
+    assert any(row.endswith("/") for row in rows), rows
+    assert any(row.strip().startswith("flash_mla_sm120_triton.py") for row in rows), rows
+
+
 def test_restart_failing_command(env_factory):
     env = env_factory(service={"restart": "echo boom >&2; exit 3", "health": "true"})
     run = env.kd("restart")
