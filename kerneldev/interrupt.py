@@ -21,6 +21,7 @@ from kerneldev.errors import Interrupted as Interrupted  # re-exported: it was d
 
 _pending: int | None = None
 _active = False
+_at_prompt = False
 
 
 class _Shields(threading.local):
@@ -84,11 +85,26 @@ def set_aside() -> Iterator[None]:
             _pending = saved
 
 
+@contextmanager
+def prompt() -> Iterator[None]:
+    """A question waiting for the user's answer: a signal ends the wait at once, as a
+    `KeyboardInterrupt` (pending too, so `requested()` says so); a flag alone would leave the
+    read of the answer waiting, since Python resumes a read after the handler returns."""
+    global _at_prompt
+    _at_prompt = True
+    try:
+        yield
+    finally:
+        _at_prompt = False
+
+
 def _handler(signum: int, _frame) -> None:
     global _pending
     if _pending is not None and not _shields.count:
         raise Interrupted(signum)  # second signal: stop now, wherever we are
     _pending = signum
+    if _at_prompt:
+        raise KeyboardInterrupt
 
 
 @contextmanager

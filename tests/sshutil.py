@@ -5,12 +5,15 @@ isolated home folder is the `isolated_home` fixture in conftest.py.)"""
 from __future__ import annotations
 
 import os
+import pty
 import signal
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 from kerneldev.config import HostConfig
-from tests.clirun import run_kerneldev
+from tests.clirun import REPO, run_kerneldev
 from tests.faults import OnceTrue
 from tests.sshd import SSHServer
 
@@ -68,6 +71,25 @@ def run_cli(*args: str, config: Path | None = None, input: str | None = None):
     """Run `python -m kerneldev ARGS` as a user would; returns the CompletedProcess."""
     env = {"KERNELDEV_CONFIG": str(config)} if config is not None else None
     return run_kerneldev(*args, env=env, timeout=60, input=input if input is not None else "")
+
+
+def start_on_terminal(*args: str, config: Path) -> tuple[subprocess.Popen, int]:
+    """`python -m kerneldev ARGS` with a terminal (a pty) on stdin, as someone typing at a
+    prompt; stdout and stderr piped as bytes. Returns the process and the pty's side to type on
+    (the caller closes it)."""
+    typing, stdin = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kerneldev", "--config", str(config), *args],
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            cwd=REPO,
+        )
+    finally:
+        os.close(stdin)
+    return proc, typing
 
 
 def _process_tree(root: int) -> list[int]:

@@ -288,6 +288,47 @@ def test_a_host_symlink_out_of_root_is_never_written_through(ssh_env, tmp_path):
     assert (root / "k/link.py").is_symlink() and not temp_files(root)
 
 
+def test_a_host_symlink_out_of_root_shows_where_the_file_set_names_it(ssh_env, tmp_path):
+    """docs/usage.md: a glob matches only regular files inside root, so a link out of root that
+    nothing else names is not listed; a literal entry, a synced file or a workspace file that
+    is such a link on the host is `missing-live` (and push refuses to create it)."""
+    from kerneldev.loop import drift
+
+    host = replace(ssh_env, files=("odd/*", "lit/named.py"))
+    root, ws = Path(host.root), Path(host.workspace)
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(b"not yours\n")
+    for folder in ("odd", "lit"):
+        (root / folder).mkdir()
+    (root / "odd/a.py").write_bytes(b"A = 1\n")
+    (root / "odd/synced.py").write_bytes(b"S = 1\n")
+    (root / "odd/evil.py").symlink_to(outside)
+    (root / "lit/named.py").symlink_to(outside)
+
+    def statuses():
+        with open_transport(host) as t:
+            return {f.path: f.status for f in drift.compute_drift(t, host).files}
+
+    with open_transport(host) as t:
+        sync.pull(t, host)
+    assert not (ws / "odd/evil.py").exists() and not (ws / "lit/named.py").exists()
+    assert statuses() == {
+        "odd/a.py": "in-sync",
+        "odd/synced.py": "in-sync",
+        "lit/named.py": "missing-live",
+    }
+    (root / "odd/synced.py").unlink()
+    (root / "odd/synced.py").symlink_to(outside)
+    (ws / "odd/evil.py").write_bytes(b"mine\n")
+    assert statuses() == {
+        "odd/a.py": "in-sync",
+        "odd/evil.py": "missing-live",
+        "odd/synced.py": "missing-live",
+        "lit/named.py": "missing-live",
+    }
+    assert outside.read_bytes() == b"not yours\n"
+
+
 def test_pull_never_writes_through_a_workspace_symlink_leading_out(tmp_path):
     """`ln -s /outside ws/k/dir; kerneldev pull --force` used to write the host's files into
     /outside. Such a file is refused (exit 1, named with where it leads); the others are pulled.

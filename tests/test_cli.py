@@ -23,9 +23,10 @@ from kerneldev.cli.main import hoist_global_options
 from kerneldev.cli.output import NUMBER, Column, print_table, wrap_path
 from kerneldev.config import load_config
 from kerneldev.errors import ExitCode
+from kerneldev.printable import printable
 from kerneldev.sandbox.host import free_port
 from tests.clirun import run_kerneldev
-from tests.sshutil import run_cli, ssh_host, write_hosts_yaml
+from tests.sshutil import run_cli, ssh_host, start_on_terminal, write_hosts_yaml
 from tests.test_loop_cmd import A, B, Env, kd, make_env
 
 
@@ -144,6 +145,30 @@ def test_wrap_path_breaks_after_slashes():
     assert wrap_path("abc/def/ghi.py", 8) == "abc/def/\nghi.py"
     assert wrap_path("short.py", 20) == "short.py"
     assert all(len(line) <= 4 for line in wrap_path("abcdefghij/k", 4).splitlines())
+    # A part longer than the line: broken before an escape or after `_` `.` `-`, not cut.
+    quoted = printable("odd/esc\x1b[31mred.py")  # 'odd/esc\x1b[31mred.py'
+    assert wrap_path(quoted, 17) == "'odd/\nesc\\x1b[31mred.\npy'"
+    assert wrap_path("a/flash_mla_sm120_triton.py", 16) == "a/\nflash_mla_sm120_\ntriton.py"
+
+
+def test_log_at_80_columns_never_cuts_an_escaped_name_inside(tmp_path, isolated_home):
+    name = "odd/esc\x1b[31mred.py"
+    env = make_env(tmp_path, "local", files=(A, B, "odd/*"))
+    (env.root / "odd").mkdir()
+    (env.root / name).write_bytes(b"x = 1\n")
+    assert env.kd("pull").exit_code == 0
+    (env.workspace / name).write_bytes(b"x = 2\n")
+    (env.workspace / A).write_bytes(b"y = 2\n")
+    assert env.kd("push", "--no-import-check").exit_code == 0
+    run = kd("--config", str(env.config), "log", stdout_isatty=True, width=80)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", run.stdout)
+    rows = [row for row in text.splitlines() if row.strip()]
+    assert all(len(row) <= 80 for row in rows), rows
+    cells = [row[row.index("'odd/") :].strip() for row in rows if "'odd/" in row]
+    assert cells == ["'odd/"], rows
+    after = rows[[i for i, row in enumerate(rows) if "'odd/" in row][0] + 1 :]
+    # Too long for the path column: broken after the `.`, never inside `red.py` or `\x1b`.
+    assert [row.split()[-1] for row in after[:2]] == ["esc\\x1b[31mred.", "py'"], rows
 
 
 # --- JSON on failure ------------------------------------------------------------------------
@@ -418,23 +443,37 @@ def test_a_mirror_that_is_a_file_is_named_so(env: Env):
     assert f"the mirror folder {a_file} is not a folder" in run.stderr
 
 
+@pytest.mark.parametrize("under", [False, True])
+def test_a_workspace_that_is_a_file_is_a_config_error(env: Env, under):
+    a_file = env.root.parent / "wsfile"
+    a_file.write_text("not a folder\n")
+    env.set_host(workspace=str(a_file / "sub" if under else a_file))
+    for command in ("pull", "diff", "push", "log"):
+        run = env.kd(command)
+        assert run.exit_code == 2, (command, run.stderr)
+        assert "`workspace:` in hosts.yaml" in run.stderr, run.stderr
+        assert (f"lies under a file, {a_file}" if under else "is a file") in run.stderr
+        assert "hint: point `workspace:` at a folder" in run.stderr
+        assert "state file" not in run.stderr
+    error = env.kd("diff", "--json").json()["error"]
+    assert error["code"] == 2 and error["type"] == "ConfigError"
+    assert a_file.read_text() == "not a folder\n"
+
+
 def test_ctrl_c_at_the_trust_prompt_is_interrupted_not_unanswered(sshd_server, tmp_path):
     host = ssh_host(sshd_server, tmp_path, trusted=False)
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kerneldev", "--config", str(config), "trust"],
-        stdin=subprocess.PIPE,  # kept open: the prompt waits, as on a terminal
-        stderr=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        start_new_session=True,
-    )
-    asked = b""
-    while b"[y/N]" not in asked:
-        byte = proc.stderr.read(1)
-        assert byte, asked
-        asked += byte
-    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its job
-    _, err = proc.communicate(timeout=60)
+    proc, typing = start_on_terminal("trust", config=config)  # the prompt waits on it
+    try:
+        asked = b""
+        while b"[y/N]" not in asked:
+            byte = proc.stderr.read(1)
+            assert byte, asked
+            asked += byte
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal sends it to its job
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(typing)
     assert proc.returncode == ExitCode.INTERRUPTED, err
     assert b"interrupted by Ctrl-C" in err and b"nobody answered" not in err
     assert b"Traceback" not in err and not Path(host.known_hosts).exists()

@@ -211,6 +211,34 @@ def test_ctrl_c_before_any_upload_still_prints_the_summary(env: Env):
     assert (env.root / A).read_bytes() == ORIGINAL_A and lock.exists()
 
 
+def test_ctrl_c_after_the_pull_completed_is_a_success(env: Env, monkeypatch):
+    """Ctrl-C arriving while the pull records its bases (its last, shielded step): every file
+    has landed, so the pull exits 0 and says it had completed, as push does."""
+    import signal
+
+    from kerneldev import interrupt
+    from kerneldev.loop import sync
+
+    record = sync.update_state
+
+    def ctrl_c_then_record(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            pass
+        return record(*args, **kwargs)
+
+    monkeypatch.setattr(sync, "update_state", ctrl_c_then_record)
+    run = env.kd("pull")
+    assert run.exit_code == 0, run.stderr
+    assert "2 transferred" in run.stderr
+    assert "Ctrl-C came after the pull had completed; nothing was interrupted" in run.stderr
+    assert (env.workspace / A).read_bytes() == ORIGINAL_A
+    assert set(env.state()["files"]) == {A, B}
+    run = env.kd("pull", "--json")  # one JSON document: the result, no error object
+    assert run.exit_code == 0 and "error" not in run.json(), run.stderr
+    assert "Ctrl-C came after the pull" in run.stderr
+
+
 def test_ctrl_c_after_the_push_completed_is_a_success(env: Env, monkeypatch):
     """Ctrl-C arriving while the push writes its record (its last, shielded step): the files
     are live and recorded, so the push exits 0 and says it had completed; --json is the
@@ -387,6 +415,41 @@ def test_rollback_restores_exact_bytes(env: Env):
     assert env.statuses()[A] == ("in-sync", "differs")
 
 
+def test_a_pushed_file_that_does_not_parse_is_refused_with_a_fix_hint(env: Env):
+    env.kd("pull")
+    (env.workspace / A).write_bytes(b"BLOCK_N = 64\ndef kernel(:\n    pass\n")
+    run = env.kd("push")
+    assert run.exit_code == 1, run.stderr
+    assert f"{A} does not parse: line 2:" in run.stderr
+    hint = run.stderr.split("hint: ", 1)[1]
+    assert hint.startswith(f"fix the syntax error in {A} at the line named above")
+    assert f"python -m py_compile {A}" in hint and "then push again" in hint
+    assert "keep" not in hint and "--no-import-check" not in hint  # skipping deploys it broken
+    assert (env.root / A).read_bytes() == ORIGINAL_A
+
+
+def test_the_import_refusal_hints_fit_what_was_found():
+    from kerneldev.errors import ImportRefusedError
+    from kerneldev.loop import import_check
+
+    gap = import_check.MissingImport("k/user.py", "k.a", "BLOCK_N", 3)
+    names = import_check.ImportScan(modules={"k/a.py": "k.a"}, missing=[gap])
+    broken = import_check.ImportScan(
+        modules={"k/a.py": "k.a", "k/b.py": "k.b"},
+        unparsable=["k/b.py does not parse: line 2: invalid syntax"],
+        missing=[gap],
+    )
+    hints = []
+    for scan in (names, broken):
+        with pytest.raises(ImportRefusedError) as caught:
+            import_check.refuse_gaps(scan)
+        hints.append(caught.value.hint)
+    assert hints[0].startswith("keep the missing names in the new file")
+    assert hints[0].endswith("or skip this check with --no-import-check")
+    assert hints[1].startswith("fix the syntax error in k/b.py at the line named above")
+    assert "; keep the missing names" in hints[1] and "--no-import-check" not in hints[1]
+
+
 def test_pull_refuses_unpushed_edits(env: Env):
     env.kd("pull")
     (env.workspace / A).write_bytes(b"my unpushed work\n")
@@ -540,6 +603,31 @@ def test_restart_never_healthy_shows_logs(env_factory):
     run = env.kd("restart")
     assert run.exit_code == 1
     assert "LOG-MARKER" in run.stderr and "not healthy" in run.stderr
+
+
+def test_unhealthy_logs_are_whole_lines_in_a_pipe_and_wrapped_at_a_slash_on_a_terminal(
+    tmp_path, isolated_home
+):
+    line = f'  File "/srv/checkouts/sglang-dsv4/{A}", line 42, in flash_mla_sm120_entry_point'
+    logs = tmp_path / "service.log"
+    logs.write_text(f"CUDA error: LOG-MARKER\n{line}\n")
+    service = {"restart": "true", "health": "false", "timeout": 0.5, "logs": f"cat '{logs}'"}
+    env = make_env(tmp_path, "local", service=service)
+    run = env.kd("restart")
+    assert run.exit_code == 1
+    assert f"\n{line}\n" in run.stderr  # one line, whole, for grep
+    assert "--- service logs (cat " in run.stderr and "--- end of service logs" in run.stderr
+
+    run = kd("--config", str(env.config), "restart", stderr_isatty=True, width=80)
+    assert run.exit_code == 1
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", run.stderr)  # colour and cursor codes
+    shown = text[text.index("LOG-MARKER") :].splitlines()[1:]
+    rows = shown[: next(i for i, row in enumerate(shown) if row.startswith("─"))]
+    assert len(rows) > 1 and all(len(row) <= 80 for row in rows), rows
+    # Broken at spaces and after a `/`, nothing lost: no name is cut inside.
+    assert "".join(row.strip().replace(" ", "") for row in rows) == line.replace(" ", "")
+    assert any(row.endswith("/") for row in rows), rows
+    assert any(row.strip().startswith("flash_mla_sm120_triton.py") for row in rows), rows
 
 
 def test_restart_failing_command(env_factory):

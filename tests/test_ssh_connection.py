@@ -3,6 +3,7 @@ its key changed, when the port is wrong, the key is wrong, or the host goes away
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -23,6 +24,7 @@ from tests.sshutil import (
     kill_sshd_once_running,
     run_cli,
     ssh_host,
+    start_on_terminal,
     write_hosts_yaml,
 )
 
@@ -78,15 +80,48 @@ def test_trust_yes_then_connect_works(fresh_sshd, tmp_path):
     assert Path(host.known_hosts).read_text() == line  # not added twice
 
 
+def answer_on_terminal(config: Path, answer: str, *args: str) -> tuple[int, str, str]:
+    proc, typing = start_on_terminal("trust", *args, config=config)
+    try:
+        os.write(typing, answer.encode())  # the terminal keeps the line until it is read
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(typing)
+    return proc.returncode, out.decode(), err.decode()
+
+
 def test_trust_asks_and_a_no_adds_nothing(fresh_sshd, tmp_path):
     host = ssh_host(fresh_sshd, tmp_path, trusted=False)
     config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
-    proc = cli("trust", config=config, input="n\n")
-    assert proc.returncode == 1
-    assert openssh_fingerprint(fresh_sshd) in proc.stderr
+    code, _, err = answer_on_terminal(config, "n\n")
+    assert code == 1 and "[y/N]" in err
+    assert openssh_fingerprint(fresh_sshd) in err
+    assert "stays untrusted" in err and "hint: run `kerneldev trust` again" in err
     assert not Path(host.known_hosts).exists()
+    code, out, err = answer_on_terminal(config, "n\n", "--json")
+    data = json.loads(out)
+    assert code == 1 and data["status"] == "declined" and data["error"]["code"] == 1
+    code, _, err = answer_on_terminal(config, "y\n")
+    assert code == 0 and Path(host.known_hosts).exists(), err
+
+
+def test_trust_without_a_terminal_asks_nothing_and_adds_nothing(fresh_sshd, tmp_path):
+    host = ssh_host(fresh_sshd, tmp_path, trusted=False)
+    config = write_hosts_yaml(tmp_path / "hosts.yaml", host)
+    # A script piping "y" is not someone who read the fingerprint.
     proc = cli("trust", config=config, input="y\n")
-    assert proc.returncode == 0 and Path(host.known_hosts).exists()
+    assert proc.returncode == 1 and "[y/N]" not in proc.stderr
+    assert openssh_fingerprint(fresh_sshd) in proc.stderr
+    assert "nobody answered (no terminal on stdin)" in proc.stderr
+    assert "hint: check the fingerprint above, then `kerneldev trust --yes`" in proc.stderr
+    assert not Path(host.known_hosts).exists()
+
+    proc = cli("trust", "--json", config=config)
+    assert proc.returncode == 1 and "[y/N]" not in proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["status"] == "declined" and data["fingerprint"] == openssh_fingerprint(fresh_sshd)
+    assert data["error"]["code"] == 1 and "--yes" in data["error"]["hint"]
+    assert not Path(host.known_hosts).exists()
 
 
 def test_changed_host_key_is_refused_loudly(fresh_sshd, tmp_path):

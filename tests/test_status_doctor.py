@@ -274,6 +274,32 @@ def test_doctor_on_a_read_only_root_fails_the_write_check(read_only_root, tmp_pa
     assert re.search(r"^ +fix: push writes backups", text, re.M)
 
 
+def test_doctor_names_a_file_behind_a_symlink_out_of_root_as_one_push_refuses(
+    sshd_server, tmp_path
+):
+    root = live_tree(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    (root / "linkdir").symlink_to(tmp_path / "elsewhere")
+    entry = ssh_host_entry(sshd_server, tmp_path, root, files=["k/*.py", "k/new.py"])
+    config = write_config(tmp_path, {"h": entry})
+    run, checks = doctor(config)
+    # A literal entry not there yet: push creates it.
+    assert checks["files"]["verdict"] == "warn" and "not on the host: k/new.py" in run.stdout
+
+    entry["files"] = ["k/*.py", "k/new.py", "linkdir/x.py"]
+    config = write_config(tmp_path, {"h": entry})
+    run, checks = doctor(config)
+    assert run.exit_code == 1
+    files = checks["files"]
+    assert files["verdict"] == "FAIL", files
+    assert files["detail"].startswith("linkdir/x.py: on the host it leads out of root")
+    assert "push refuses" in files["detail"] and "creates" not in files["hint"]
+    assert files["data"]["outside_root"] == ["linkdir/x.py"]
+    text = kd("--config", str(config), "doctor").stdout
+    assert re.search(r"^  FAIL  files     linkdir/x\.py: on the host it leads out", text, re.M)
+    assert not list((tmp_path / "elsewhere").iterdir())
+
+
 def test_doctor_and_status_on_a_closed_port_and_an_unknown_name(sshd_server, tmp_path):
     closed = free_port()  # nothing listens there
     root = live_tree(tmp_path)

@@ -84,13 +84,23 @@ class _Elapsed:
 
 
 def print_service_logs(err: service_core.UnhealthyError, command: str | None) -> None:
-    """The logs an UnhealthyError carries, on stderr (its hint says they are shown above)."""
-    if err.logs:
-        from rich.markup import escape
+    """The logs an UnhealthyError carries, on stderr (its hint says they are shown above): in a
+    pipe each line whole, as the service wrote it (for grep); on a terminal wrapped at spaces
+    or after a `/`, never inside a name where it can be helped."""
+    if not err.logs:
+        return
+    env = environment.current()
+    title, logs = f"service logs ({command})", err.logs.rstrip("\n")
+    if not env.stderr_isatty:
+        env.stderr.write(f"--- {title} ---\n{logs}\n--- end of {title} ---\n")
+        env.stderr.flush()
+        return
+    from rich.markup import escape
 
-        err_console.rule(escape(f"service logs ({command})"))
-        err_console.print(err.logs.rstrip("\n"), markup=False, highlight=False)
-        err_console.rule()
+    err_console.rule(escape(title))
+    text = output.wrap_block(logs, err_console.width)
+    err_console.print(text, markup=False, highlight=False, soft_wrap=True)
+    err_console.rule()
 
 
 def restart_with_progress(

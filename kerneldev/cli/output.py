@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -103,6 +104,20 @@ def fit_lines(text: str, width: int) -> str:
             )
             or [line]
         )
+    return "\n".join(out)
+
+
+def wrap_block(text: str, width: int) -> str:
+    """`text` (a service's log) for a terminal `width` wide: each longer line broken at spaces
+    as `fit_lines` does, and a word still longer than the line (a path) as `wrap_path` breaks
+    it, after a `/`; lines that fit are left as they are."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        for piece in fit_lines(line, width).split("\n"):
+            out.append(piece if len(piece) <= width else wrap_path(piece, width))
     return "\n".join(out)
 
 
@@ -223,8 +238,9 @@ def _text(value: Any) -> str:
 
 
 def wrap_path(path: str, width: int) -> str:
-    """`path` in lines of at most `width` characters, broken after a `/` where possible (a
-    part longer than the width is cut inside)."""
+    """`path` in lines of at most `width` characters, broken after a `/` where possible; a part
+    longer than the width is broken before an escape (`\\x1b` of a quoted name) or after `_`,
+    `.` or `-`, and cut inside only where it has none of those."""
     width = max(width, 1)
     lines: list[str] = []
     line = ""
@@ -234,14 +250,39 @@ def wrap_path(path: str, width: int) -> str:
         if line and len(line) + len(piece) > width:
             lines.append(line)
             line = ""
-        while len(piece) > width:
-            room = width - len(line)
-            lines.append(line + piece[:room])
-            line, piece = "", piece[room:]
-        line += piece
+        for chunk in _breakable(piece) if len(piece) > width else [piece]:
+            if line and len(line) + len(chunk) > width:
+                lines.append(line)
+                line = ""
+            while len(chunk) > width:
+                room = width - len(line)
+                lines.append(line + chunk[:room])
+                line, chunk = "", chunk[room:]
+            line += chunk
     if line or not lines:
         lines.append(line)
     return "\n".join(lines)
+
+
+# One character, or an escape as `printable` writes it (never split by a line break).
+_UNIT = re.compile(r"\\(?:x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)|.", re.S)
+
+
+def _breakable(text: str) -> list[str]:
+    """`text` in the chunks a line may end between: each escape starts one, and `_`, `.`, `-`
+    end one."""
+    chunks, chunk = [], ""
+    for unit in _UNIT.findall(text):
+        if unit.startswith("\\") and len(unit) > 1 and chunk:
+            chunks.append(chunk)
+            chunk = ""
+        chunk += unit
+        if unit in ("_", ".", "-"):
+            chunks.append(chunk)
+            chunk = ""
+    if chunk:
+        chunks.append(chunk)
+    return chunks
 
 
 def wrap_words(text: str, width: int) -> str:

@@ -51,6 +51,7 @@ from kerneldev.errors import (
 from kerneldev.hosts import fleet
 from kerneldev.hosts.gpus import GpuReport, query_gpus
 from kerneldev.hosts.transport.base import TEMP_MARK, Transport
+from kerneldev.loop.sync import OUT_OF_ROOT, out_of_root
 from kerneldev.loop.workspace import display_pattern, is_glob
 from kerneldev.paths import KERNELDEV_DIR
 from kerneldev.service.restart import check_health
@@ -422,6 +423,21 @@ class _HostDoctor:
         data = {"matched": len(found), "unmatched": [display_pattern(p) for p in unmatched]}
         globs = [display_pattern(p) for p in unmatched if is_glob(p)]
         literals = [display_pattern(p) for p in unmatched if not is_glob(p)]
+        # The scan sees only regular files inside root: a literal entry it did not find may be
+        # a symlink out of root (or a folder), which push refuses rather than creates.
+        blocked: list[str] = []
+        if literals and not globs:
+            blocked = [literals[i] for i in out_of_root(t, self.host, literals)]
+        if blocked:
+            return Check(
+                FILES,
+                FAIL,
+                f"{', '.join(blocked)}: {OUT_OF_ROOT}; push refuses to write there (kerneldev "
+                "never writes outside root)",
+                "on the host, make it a regular file inside root (or remove the link), or drop "
+                "it from `files:`",
+                {**data, "outside_root": blocked},
+            )
         if globs or not found:
             return Check(
                 FILES,

@@ -301,7 +301,9 @@ def hash_tree(root, patterns, sums=False):
                 continue
             real, direct = real_path(match, real_parents, st)
             if not _inside(real, real_root):
-                continue  # a symlink (or `..`) that leads out of root
+                # a symlink (or `..`) that leads out of root: no match, never read (a literal
+                # entry naming it is still in the file set, as `missing-live`)
+                continue
             if not direct:  # `st` is the link's (or `..`'s): the target's is wanted
                 try:
                     st = os.stat(real)

@@ -170,9 +170,27 @@ def refuse_gaps(scan: ImportScan) -> None:
     if refusals:
         raise ImportRefusedError(
             "refused before upload, the live tree would not import: " + ". ".join(refusals),
-            hint="keep those names in the new file (docs/kernels.md lists the compatibility "
-            "names), or skip this check with --no-import-check",
+            hint=_refusal_hint(scan),
         )
+
+
+def _refusal_hint(scan: ImportScan) -> str:
+    """What to do: fix a file that does not parse (skipping the check would deploy it broken);
+    keep the names the live tree imports."""
+    broken = [
+        p
+        for p in scan.modules
+        if any(u.startswith(f"{p} does not parse:") for u in scan.unparsable)
+    ]
+    keep = "keep the missing names in the new file (docs/kernels.md lists the compatibility names)"
+    if not broken:
+        return f"{keep}, or skip this check with --no-import-check"
+    quoted = " ".join(shlex.quote(p) for p in broken)
+    fix = (
+        f"fix the syntax error in {', '.join(broken)} at the line named above (`python -m "
+        f"py_compile {quoted}` in the workspace checks it), then push again"
+    )
+    return f"{fix}; {keep}" if scan.missing else fix
 
 
 def _unique(items: list[MissingImport]) -> list[MissingImport]:

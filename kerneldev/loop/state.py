@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from kerneldev.atomic_file import write_bytes_atomic
-from kerneldev.errors import StateError
+from kerneldev.errors import ConfigError, KerneldevError, StateError
 from kerneldev.paths import KERNELDEV_DIR
 
 STATE_DIR = KERNELDEV_DIR
@@ -166,6 +166,8 @@ def load_workspace_state(workspace: Path) -> WorkspaceState:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return WorkspaceState()
+    except NotADirectoryError:
+        raise _not_a_folder(Path(workspace)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise StateError(f"cannot read the state file {path}: {err}") from None
     try:
@@ -176,6 +178,20 @@ def load_workspace_state(workspace: Path) -> WorkspaceState:
             hint="fix or delete it; after deleting, `kerneldev pull --force` records a new base "
             "(deploy history is lost, host backups stay)",
         ) from None
+
+
+def _not_a_folder(workspace: Path) -> KerneldevError:
+    """The error for a workspace that is (or lies under) something other than a folder: the
+    config's `workspace:` is wrong, not the state file."""
+    for folder in (workspace, *workspace.parents):
+        if folder.exists() and not folder.is_dir():
+            where = "is a file" if folder == workspace else f"lies under a file, {folder}"
+            return ConfigError(
+                f"the workspace {workspace} (`workspace:` in hosts.yaml) {where}, not a folder",
+                hint="point `workspace:` at a folder (the first pull creates it), or move the "
+                "file out of the way",
+            )
+    return StateError(f"cannot read the state file {state_path(workspace)}: not a folder")
 
 
 def load_state(workspace: Path, host: str | None = None) -> State:
@@ -228,6 +244,8 @@ def update_state(
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(folder / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except NotADirectoryError:
+        raise _not_a_folder(Path(workspace)) from None
     except OSError as err:
         raise StateError(f"cannot lock the state file in {folder}: {err}") from None
     try:

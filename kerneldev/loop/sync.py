@@ -432,7 +432,7 @@ def _plan(
     # New files, and files deleted on the host since the last sync (refused without --force).
     creates = [f for f in plan.files if f.status == MISSING_LIVE and f.new_sha256 is not None]
     if creates:
-        for i in _out_of_root(transport, host, [f.path for f in creates]):
+        for i in out_of_root(transport, host, [f.path for f in creates]):
             creates[i].action, creates[i].reason = "refused", OUT_OF_ROOT
     return plan, snap
 
@@ -441,11 +441,12 @@ def _plan(
 OUT_OF_ROOT = "on the host it leads out of root (a symlink) or is not a regular file"
 
 
-def _out_of_root(transport: Transport, host: HostConfig, paths: list[str]) -> list[int]:
+def out_of_root(transport: Transport, host: HostConfig, paths: list[str]) -> list[int]:
     """Indexes of `paths` (planned as new files) that something on the host already occupies,
     or whose nearest existing folder is outside root. The scan sees only regular files inside
     root, so a symlink out of it (or through a symlinked folder) looks absent; writing the
-    "new" file would land outside root, through the link. One command, only for new files."""
+    "new" file would land outside root, through the link. One command, only for new files
+    (push's plan; doctor's `files` check for the literal entries the scan did not find)."""
     lines = [f"cd -- {shlex.quote(host.root)} || exit 0", 'r=$(pwd -P); [ "$r" = / ] && r=']
     for i, path in enumerate(paths):
         q = shlex.quote(path)

@@ -223,6 +223,10 @@ def pull_command(
                 print_warning(f"your edits to {printable(f.path)} were kept in {f.discarded}")
     for path in result.missing:
         print_warning(f"{printable(path)}: not on the host {host.name} under {host.root}")
+    if interrupt.consume() is not None:
+        # The signal came during the pull's last, shielded step (the record) or after it:
+        # every file had landed and was recorded, so the pull succeeded and says so (as push).
+        print_info("Ctrl-C came after the pull had completed; nothing was interrupted")
     if result.missing:
         raise typer.Exit(int(ExitCode.FAILURE))
 

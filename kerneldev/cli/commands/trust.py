@@ -6,9 +6,10 @@ from __future__ import annotations
 import typer
 
 from kerneldev import interrupt
+from kerneldev.cli import environment
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, flag, load_host
 from kerneldev.cli.output import print_info, print_json
-from kerneldev.errors import ExitCode
+from kerneldev.errors import RefusedError
 from kerneldev.hosts import trust as trust_core
 
 
@@ -24,7 +25,7 @@ def trust(
 ) -> None:
     """Show the host's SSH key (type and SHA256 fingerprint) and add it to known_hosts."""
     host_config = load_host(ctx, host)
-    unanswered = False
+    unanswered: str | None = None  # why no answer came, when none did
 
     def confirm(offer: trust_core.KeyOffer) -> bool:
         nonlocal unanswered
@@ -36,25 +37,41 @@ def trust(
         print_info(f"{who} offers this key:\n  {offer.key_type} {offer.fingerprint}")
         if yes:
             return True
+        if not environment.current().stdin_isatty:
+            # Nobody to answer (a script, CI): no prompt, and a piped "y" never adds a key.
+            unanswered = "no terminal on stdin"
+            return False
         answer = _ask(f"Add it to {offer.known_hosts}?")
-        unanswered = answer is None
+        if answer is None:
+            unanswered = "stdin ended"
         return bool(answer)
 
     result = trust_core.trust_host(host_config, confirm)
+    if result.status == trust_core.DECLINED:
+        # An error (exit 1), so --json's object carries `error` beside the offered key.
+        if unanswered:
+            raise RefusedError(
+                f"not added: nobody answered ({unanswered}); the key of "
+                f"{result.known_hosts_name} stays untrusted",
+                "check the fingerprint above, then `kerneldev trust --yes` adds it",
+                report=result,
+            )
+        raise RefusedError(
+            f"not added: the key of {result.known_hosts_name} stays untrusted",
+            "run `kerneldev trust` again and answer y, or `kerneldev trust --yes`",
+            report=result,
+        )
     _render(result, json_out)
     if result.jump_host and result.status == trust_core.ADDED:
         print_info("run `kerneldev trust` again to check the key of the host behind it")
-    if result.status == trust_core.DECLINED:
-        if unanswered:
-            print_info("nobody answered (no terminal on stdin): `kerneldev trust --yes` adds it")
-        raise typer.Exit(int(ExitCode.FAILURE))
 
 
 def _ask(question: str) -> bool | None:
-    """The user's answer; None when stdin ended without one (a script, no terminal)."""
+    """The user's answer; None when stdin ended without one (the terminal closed)."""
     try:
         # err=True: the question goes to stderr so stdout stays data (for --json).
-        return typer.confirm(question, default=False, err=True)
+        with interrupt.prompt():  # Ctrl-C ends the wait for an answer at once
+            return typer.confirm(question, default=False, err=True)
     except typer.Abort:  # EOF on stdin (nobody said yes), or Ctrl-C at the prompt
         if interrupt.requested():  # Ctrl-C: stop as interrupted, not as "nobody answered"
             print_info("")  # end the prompt's line
@@ -73,6 +90,5 @@ def _render(result: trust_core.TrustResult, json_out: bool) -> None:
         f"trusted: {result.key_type} {result.fingerprint} (in {result.known_hosts})",
         trust_core.ADDED: f"added {result.key_type} {result.fingerprint} for "
         f"{result.known_hosts_name} to {result.known_hosts}",
-        trust_core.DECLINED: "not added: the key stays untrusted",
     }
     print_info(messages[result.status])
