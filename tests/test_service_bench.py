@@ -857,3 +857,42 @@ def test_an_ab_waits_for_the_hosts_lock_and_touches_nothing_while_held(
         assert "alice@elsewhere" in json.loads(out.getvalue())["error"]["message"]
         assert not restarts.exists()
         assert env_file.read_text() == "SGLANG_SM120_MMA_FLASHMLA=0\n"
+
+
+def test_a_profile_whose_requests_all_fail_says_so_not_the_folder(tmp_path):
+    """A server that takes /start_profile and /stop_profile but answers every /generate with
+    an error (a real HTTP server on a loopback port): no trace appears, and service_load.py
+    names the failed requests rather than leaving the folder's permissions to be blamed."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            failing = self.path == "/generate"
+            body = b'{"error": {"message": "engine died"}}' if failing else b"{}"
+            self.send_response(500 if failing else 200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        script = ROOT / "kerneldev" / "hostside" / "service_load.py"
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        run = subprocess.run(
+            [sys.executable, str(script), "profile", "--url", url, "--concurrency", "2",
+             "--output-dir", str(tmp_path / "traces"), "--trace-wait", "0.5",
+             "--max-new-tokens", "4", "--out", str(tmp_path / "out.json")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+    assert run.returncode != 0
+    assert "every profiled request failed (2 of 2; the first: HTTP 500: engine died)" in (
+        run.stderr
+    ), run.stderr

@@ -220,7 +220,15 @@ def run_profile(
             ]
             say(f"{name}: profiling {concurrency} request(s) x {steps} decode steps")
             done = transport.run(ab.scripts.command("service_load.py", args) + " 2>&1")
-            if not done.ok and "no trace appeared" in done.stdout + done.stderr:
+            said = done.stdout + done.stderr
+            if not done.ok and "every profiled request failed" in said:
+                line = next(x for x in said.splitlines() if "every profiled request failed" in x)
+                raise BenchError(
+                    f"profiling {name} on {host.name}: {line.split('error: ', 1)[-1]}",
+                    hint="the service did not decode under the profiler: see its logs, and "
+                    "`kerneldev bench --service` for the same requests without it",
+                )
+            if not done.ok and "no trace appeared" in said:
                 raise traces.no_trace_error(name, trace_dir)
             if not done.ok:
                 raise BenchError(

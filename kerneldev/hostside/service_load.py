@@ -435,6 +435,14 @@ def cmd_profile(args) -> dict:
             break
         time.sleep(0.2)
     if trace is None:
+        failed = [r for r in level["requests"] if not (r and r["ok"])]
+        if failed and len(failed) == len(level["requests"]):
+            # Nothing was decoded: that, not the folder, is why there is nothing to trace.
+            why = (failed[0] or {}).get("error") or "no answer"
+            raise RuntimeError(
+                f"every profiled request failed ({len(failed)} of {len(failed)}; the first: "
+                f"{why}), and no trace appeared in {args.output_dir} after /stop_profile"
+            )
         raise RuntimeError(f"no trace appeared in {args.output_dir} after /stop_profile")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import trace_summary
