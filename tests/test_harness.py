@@ -31,7 +31,7 @@ def test_the_command_line_kerneldev_builds_is_the_one_the_harness_reads():
     assert read.kernel == ["live=/srv/my repo/flash_mla_sm120_triton.py"]
     assert read.variants == "simt,mma"
     assert read.shapes == ["smoke", "B=1,H=16,topk=16"]
-    assert read.out == Path("/tmp/it's here/result.json")
+    assert Path(read.out) == Path("/tmp/it's here/result.json")
     assert (read.rotate, read.cpu_mode, read.no_table) == (2, True, True)
 
     plain = harness_reads(harness.arguments("bundled=k.py", ["simt"], ["smoke"], "r.json"))
