@@ -112,6 +112,7 @@ READ_DIFFERENTLY = [
     ("A=1\nB='x y'\n", {"A": "1", "B": "x y"}, "docker's --env-file: B=\"'x y'\""),
     ("KEY=triton\r\n", {"KEY": "triton\r"}, "systemd's EnvironmentFile=: KEY=triton"),
     ("KEY=$HOME\n", {"KEY": "$HOME"}, "kerneldev cannot tell"),
+    (". /dev/null\n", {}, "kerneldev cannot tell what `.` sets"),
 ]
 
 

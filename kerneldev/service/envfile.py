@@ -2,7 +2,8 @@
 reads, as systemd's `EnvironmentFile=`, `docker run --env-file` or a shell `export` script.
 
 `kernels status` reads it to tell which backend the live wrapper picks; the import check after
-a push imports the pushed modules with it, as the server would.
+a push imports the pushed modules with it, as the server would; `bench` runs its kernel
+switches (`SGLANG_SM120_*`) for `dispatch`.
 
 Reading (`parse_env_file`): kerneldev cannot know which of the three readers the restart uses,
 so it reads each stretch of the file (a line, or lines a reader joins) as a shell that sources
@@ -49,6 +50,8 @@ _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN_RE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=")
 _SH_META = "|&;<>()"
 _SET_OPTION = re.compile(r"[-+][A-Za-z]+")
+# commands that may set variables: kerneldev cannot tell what a shell gets from them
+_SETTING_COMMANDS = {".", "source", "eval", "readonly", "declare", "typeset", "local", "read"}
 
 Op = tuple[str, "str | None"]  # (key, value); value None: the key is unset
 
@@ -195,6 +198,8 @@ def _sh_reading(cmd: _ShCommand) -> _ShReading:
     else:
         return _ShReading(assigned)
     command = words[len(assigned)][1]
+    if command in _SETTING_COMMANDS:
+        return _ShReading([], known=False, says=f"kerneldev cannot tell what `{command}` sets")
     return _ShReading([], says=f"runs `{command}` as a command (sets nothing)")
 
 
@@ -396,9 +401,9 @@ def env_lines(text: str) -> list[EnvLine]:
     # the file); the file's form, not a difference between them, so compared without it.
     bare = list(physical)
     for c, r in readings.values():
-        if r.export:
-            row = bare[c.start - 1]
-            at = row.index("export")
+        row = bare[c.start - 1] if c.start <= len(bare) else ""
+        at = row.find("export")
+        if r.export and at >= 0:
             bare[c.start - 1] = row[:at] + " " * len("export") + row[at + len("export") :]
     entries = _systemd_entries("".join(bare))
     docker = [_docker_line(row.rstrip("\n")) for row in physical]
