@@ -173,6 +173,40 @@ def test_live_and_workspace_sources_and_a_failing_variant(tmp_path):
     assert data["kernels"][0]["path"] != str(ws)  # a copy in the host's temporary folder
 
 
+# A kernel file whose call without `variant=` picks by the service's switch, as the real one
+# does at import: its MMA is wrong, so `dispatch` fails accuracy exactly when it ran MMA.
+SWITCHED_KERNEL = FAKE_KERNEL.replace(
+    '    if variant == "boom":',
+    "    import os\n"
+    "    if variant is None and os.environ.get('SGLANG_SM120_MMA_FLASHMLA') == '1':\n"
+    "        variant = 'mma'\n"
+    '    if variant == "boom":',
+)
+
+
+def test_dispatch_runs_under_the_service_env_files_kernel_switches(tmp_path):
+    env_file = tmp_path / "svc.env"
+    env_file.write_text("SGLANG_SM120_MMA_FLASHMLA=1 # mma\nOTHER=x\n")
+    service = {"restart": "true", "health": "true", "env_file": str(env_file)}
+    config = write_config(tmp_path, service=service)
+    (tmp_path / "live" / KERNEL).write_text(SWITCHED_KERNEL)
+    args = ("bench", "--cpu", "--source", "live", "--variants", "dispatch", "--shapes", TINY)
+    proc = kerneldev(config, *args)
+    assert proc.returncode == 1, proc.stderr  # dispatch ran MMA (wrong in this file)
+    data = json.loads(saved_path(proc.stderr).read_text())
+    assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "1"
+    assert data["kerneldev"]["service_env"]["variables"] == {"SGLANG_SM120_MMA_FLASHMLA": "1"}
+    assert "line 1" in data["kerneldev"]["service_env"]["warnings"][0]
+    assert f"{env_file}: line 1" in proc.stderr  # the reading was ambiguous: shown
+
+    env_file.write_text("SGLANG_SM120_MMA_FLASHMLA=0\n")
+    proc = kerneldev(config, *args)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(saved_path(proc.stderr).read_text())
+    assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "0"
+    assert "SGLANG_SM120_MMA_FLASHMLA=0 " in data["kerneldev"]["command"]
+
+
 @pytest.mark.parametrize("blocker", [".kerneldev", ".kerneldev/results"])
 def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, blocker):
     """A file where the results folder should be: the finished run is not lost. The table (or

@@ -19,11 +19,11 @@ import yaml
 from kerneldev import interrupt
 from kerneldev.bench import service_bench as sb
 from kerneldev.config import HostConfig, ServiceConfig, load_config
-from kerneldev.errors import ConfigError, KerneldevError, ServiceError, UsageError
+from kerneldev.errors import ConfigError, KerneldevError, RefusedError, ServiceError, UsageError
 from kerneldev.hosts.transport.local import LocalTransport
 from kerneldev.hostside import trace_summary
 from kerneldev.sandbox.host import create_sandbox, decode_service_available, find_sshd
-from kerneldev.service.envfile import EnvFileEdit, render
+from kerneldev.service.envfile import EnvFileEdit, parse_env_file, render
 from kerneldev.service.variants import (
     RestartSkippedError,
     VariantSwitcher,
@@ -98,6 +98,123 @@ def test_a_sourced_env_file_keeps_export_and_the_restart_sees_the_variant(tmp_pa
     assert env.read_text() == original
     # No managed line yet: a key added to a file of export lines is exported too.
     assert render("export A=1\n", {"K"}, {"K": "v"}) == "export A=1\nexport K=v\n"
+
+
+# The QA matrix: lines a shell, systemd's EnvironmentFile= and docker's --env-file read
+# differently. kerneldev takes the shell's reading and warns, naming the line and the readers.
+READ_DIFFERENTLY = [
+    ("KEY=triton # c\n", {"KEY": "triton"}, "KEY='triton # c'"),
+    ('KEY="triton" # c\n', {"KEY": "triton"}, "KEY='triton# c'"),
+    ("export A=triton B=1\n", {"A": "triton", "B": "1"}, "A='triton B=1'"),
+    ("KEY=tri\\\nton\n", {"KEY": "triton"}, "KEY='tri\\\\'"),  # docker: no continuation
+    ("KEY = triton\n", {}, "runs `KEY` as a command"),
+    ("KEY=triton\nunset KEY\n", {}, "systemd's EnvironmentFile=: ignores it"),
+    ("A=1\nB='x y'\n", {"A": "1", "B": "x y"}, "docker's --env-file: B=\"'x y'\""),
+    ("KEY=triton\r\n", {"KEY": "triton\r"}, "systemd's EnvironmentFile=: KEY=triton"),
+    ("KEY=$HOME\n", {"KEY": "$HOME"}, "kerneldev cannot tell"),
+    (". /dev/null\n", {}, "kerneldev cannot tell what `.` sets"),
+]
+
+
+@pytest.mark.parametrize(("text", "env", "said"), READ_DIFFERENTLY)
+def test_env_file_lines_read_differently_are_read_as_a_shell_does_with_a_warning(text, env, said):
+    parsed = parse_env_file(text)
+    assert dict(parsed) == env
+    assert len(parsed.warnings) == 1, parsed.warnings
+    warning = parsed.warnings[0]
+    assert said in warning and "a shell that sources it" in warning
+    assert warning.startswith("line") and "read differently" in warning
+
+
+def test_env_file_forms_every_reader_agrees_on_give_no_warning():
+    text = "# comment\n\n  KEY=triton\nexport\tB=1\nexport C='a b'\nD=\nE=x=y\nset -a\nF=a#b\n"
+    parsed = parse_env_file(text)
+    assert dict(parsed) == {"KEY": "triton", "B": "1", "C": "a b", "D": "", "E": "x=y", "F": "a#b"}
+    assert parsed.warnings == []  # `export` lines: a shell's file (docker would refuse it)
+
+
+@pytest.mark.skipif(shutil.which("sh") is None, reason="no POSIX shell")
+@pytest.mark.parametrize("text", [t for t, _, _ in READ_DIFFERENTLY if "$" not in t])
+def test_env_file_reading_is_what_a_shell_that_sources_it_exports(tmp_path, text):
+    path = tmp_path / "svc.env"
+    path.write_text(text, newline="")
+    shown = "import json, os; print(json.dumps({k: os.environ.get(k) for k in 'KEY A B'.split()}))"
+    done = subprocess.run(
+        ["sh", "-c", 'set -a; . "$1"; exec "$2" -c "$3"', "sh", str(path), sys.executable, shown],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ["PATH"]},
+        check=True,
+    )
+    got = {k: v for k, v in json.loads(done.stdout).items() if v is not None}
+    assert got == dict(parse_env_file(text))
+
+
+def test_render_rewrites_a_continued_line_whole_and_keeps_what_it_does_not_manage():
+    managed = {"SGLANG_SM120_MMA_FLASHMLA", "SGLANG_SM120_FLASHMLA_BACKEND"}
+    # The continued line is one: no `ton` left behind for a shell to run as a command.
+    text = "SGLANG_SM120_MMA_FLASHMLA=tri\\\nton\nB=1\n"
+    assert render(text, managed, MMA) == (
+        "SGLANG_SM120_MMA_FLASHMLA=1\nB=1\nSGLANG_SM120_FLASHMLA_BACKEND=triton\n"
+    )
+    # An `unset` of a managed key is that key's line: it would undo the variant's value.
+    assert render(
+        "SGLANG_SM120_MMA_FLASHMLA=0\nunset SGLANG_SM120_MMA_FLASHMLA\n", managed, MMA
+    ) == ("SGLANG_SM120_MMA_FLASHMLA=1\nSGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    # A line continued into one that looks like a managed key's is another key's value.
+    kept = "OTHER=a\\\nSGLANG_SM120_MMA_FLASHMLA=0\nexport X=1\n"
+    assert render(kept, managed, MMA).startswith(kept)
+    # A line that sets a managed key and another: rewriting it would change the other.
+    for text in (
+        "export SGLANG_SM120_MMA_FLASHMLA=0 B=1\n",
+        "OTHER=a\\\nSGLANG_SM120_MMA_FLASHMLA=0\n",
+    ):
+        with pytest.raises(RefusedError, match="line"):
+            render(text, managed, MMA)
+    # A last line that a shell would join with an added one.
+    with pytest.raises(RefusedError, match="a shell that sources it"):
+        render("A=1\\", managed, MMA)
+
+
+def test_env_file_edit_restores_a_continued_managed_line(tmp_path):
+    path = tmp_path / "svc.env"
+    original = "A=1\nSGLANG_SM120_MMA_FLASHMLA=\\\n0\nunset SGLANG_SM120_FLASHMLA_BACKEND\nZ=2\n"
+    path.write_text(original)
+    edit = EnvFileEdit(LocalTransport(_host(tmp_path)), str(path), MMA)
+    assert edit.apply(MMA) == (  # the `unset` line was the backend's: set there now
+        "A=1\nSGLANG_SM120_MMA_FLASHMLA=1\nSGLANG_SM120_FLASHMLA_BACKEND=triton\nZ=2\n"
+    )
+    path.write_text(path.read_text() + "NEW=1\n")  # someone else's edit meanwhile
+    edit.restore()
+    assert path.read_text() == (
+        "A=1\nZ=2\nNEW=1\nSGLANG_SM120_MMA_FLASHMLA=\\\n0\nunset SGLANG_SM120_FLASHMLA_BACKEND\n"
+    )
+
+
+def test_an_ab_shows_the_env_file_lines_read_differently_before_it_refuses(tmp_path, monkeypatch):
+    from kerneldev.bench import ab_kernels
+
+    env = tmp_path / "svc.env"
+    env.write_text("SGLANG_SM120_FLASHMLA_BACKEND=triton # pinned\n")
+    host = _host(tmp_path, restart="true", health="true", env_file=str(env), variants=_SIMT_MMA)
+    seen: list[dict] = []
+    monkeypatch.setattr(
+        ab_kernels, "kernels_of", lambda t, h, envs: seen.extend(envs) or [("flashinfer", "")] * 2
+    )
+    said: list[str] = []
+    with pytest.raises(ab_kernels.SameKernelError):
+        with ab_kernels.ab_session(LocalTransport(host), host, ["simt", "mma"], said.append):
+            pass
+    assert seen[0]["SGLANG_SM120_FLASHMLA_BACKEND"] == "triton"  # the shell's reading
+    assert any(
+        line.startswith(f"warning: {env}: line 1") and "'triton # pinned'" in line for line in said
+    ), said
+    assert ab_kernels.preflight(
+        LocalTransport(host), host, ["simt", "mma"], allow_same=True
+    ).warnings
+
+
+_SIMT_MMA = {"simt": {"SGLANG_SM120_MMA_FLASHMLA": "0"}, "mma": {"SGLANG_SM120_MMA_FLASHMLA": "1"}}
 
 
 def _host(tmp_path: Path, **service) -> HostConfig:

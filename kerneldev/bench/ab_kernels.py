@@ -77,6 +77,8 @@ class KernelCheck:
     kernels: dict[str, str | None] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)
     envs: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the env file's lines that a shell, systemd and docker read differently (`parse_env_file`)
+    warnings: list[str] = field(default_factory=list)
 
     def check(self) -> None:
         # Any two variants on one kernel, not only all of them: in simt,mma,flashinfer on
@@ -121,6 +123,7 @@ def preflight(
         base = read_service_env(transport, host) or {}
     except TransferError:
         base = {}
+    result.warnings = list(getattr(base, "warnings", []))
     svc = host.service
     found = kernels_of(transport, host, [variant_env(base, host, name) for name in names])
     for name, (kernel, reason) in zip(names, found, strict=True):
@@ -154,6 +157,10 @@ def ab_session(
     the kernels probed (`preflight`, which may refuse) before anything restarts, then the
     switcher (the service always put back on the way out) and the host's scripts."""
     switcher = VariantSwitcher(transport, host, say, health_interval=health_interval)
-    kernels = preflight(transport, host, variants, allow_same=allow_same_kernel)
+    kernels = preflight(transport, host, variants, allow_same=True)
+    for warning in kernels.warnings:  # before a refusal: such a line may be its cause
+        say(f"warning: {host.service.env_file if host.service else 'env file'}: {warning}")
+    if not allow_same_kernel:
+        kernels.check()
     with switcher, HostScripts(transport, host) as scripts:
         yield ABSession(switcher, scripts, kernels)

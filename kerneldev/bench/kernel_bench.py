@@ -14,6 +14,11 @@ Where the kernel file comes from (`source`):
 - `live`: that file under the host's root, imported where it lies (nothing uploaded) - what
   the server runs now.
 
+Where the host has `service.env_file`, the harness runs under its kernel switches
+(`SGLANG_SM120_*`), so that `dispatch` is the kernel file's own choice in the service's
+environment (recorded in the result's `kerneldev.service_env` and `settings.env`); the
+wrapper's backend choice (FlashInfer, torch) is `kernels status`'s answer, not modelled here.
+
 Results are saved as `<results_dir>/<UTC time>-<host>.json`; the CLI uses
 `.kerneldev/results/` in the folder of the config file (hosts.yaml), so results sit next to
 the config they were measured with, whatever the current folder.
@@ -46,6 +51,7 @@ from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import OutputCallback, Transport
 from kerneldev.loop.workspace import literal_path, path_matches
 from kerneldev.paths import RESULTS_DIR
+from kerneldev.service.envfile import read_service_env
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
@@ -56,6 +62,9 @@ KNOWN_VARIANTS = ("simt", "mma", harness.DISPATCH, harness.FLASHINFER)
 # Where SGLang keeps it, used when no configured `files` entry names the kernel file.
 DEFAULT_KERNEL_PATH = f"python/sglang/srt/layers/attention/{KERNEL_FILE}"
 RESULT_NAME = "result.json"
+# The service's variables a bench run takes from `service.env_file`: the kernel switches
+# (the kernel file picks dispatch's variant by SGLANG_SM120_MMA_FLASHMLA at import).
+SWITCH_PREFIX = "SGLANG_SM120_"
 
 # Verdicts of `compare`, per shape and variant.
 FASTER, SLOWER, NO_CHANGE = "faster", "slower", "no change"
@@ -173,6 +182,7 @@ def run_bench(
         local = harness.bundled_file(KERNEL_FILE)
         kernel_upload, kernel_origin = local.read_bytes(), str(local)
 
+    service_env = _service_switches(transport, host, variants)
     made = transport.run('mktemp -d "${TMPDIR:-/tmp}/kerneldev-bench.XXXXXX"', timeout=60)
     tmp = made.stdout.strip()
     if not made.ok or not tmp.startswith("/"):
@@ -191,7 +201,16 @@ def run_bench(
             kernel_path = kernel_origin
         result_path = posixpath.join(tmp, RESULT_NAME)
         command = harness_command(
-            host, tmp, kernel_path, source, variants, shapes, gpu, cpu_mode, rotate
+            host,
+            tmp,
+            kernel_path,
+            source,
+            variants,
+            shapes,
+            gpu,
+            cpu_mode,
+            rotate,
+            env=service_env["variables"] if service_env else None,
         )
         done = transport.run(command, timeout=timeout, on_output=on_output)
         output = done.stdout + done.stderr
@@ -232,6 +251,7 @@ def run_bench(
         "kernel_git_commit": _local_git_commit(kernel_origin) if source != "live" else None,
         "gpu": None if cpu_mode else gpu,
         "command": command,
+        "service_env": service_env,
     }
     saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, host.name)
     return BenchResult(data=data, saved_to=saved, ab=ab_summary(data), save_error=save_error)
@@ -247,10 +267,13 @@ def harness_command(
     gpu: str | None,
     cpu_mode: bool,
     rotate: int | None = None,
+    *,
+    env: dict[str, str] | None = None,
 ) -> str:
     """The shell command run on the host. `python` is used as configured (it may be a
     command such as `conda run -n sglang python`); stderr joins stdout so that the progress
-    lines stream through the transport as they come."""
+    lines stream through the transport as they come. `env`: variables set for the harness
+    (the service's kernel switches)."""
     q = shlex.quote
     args = harness.arguments(
         f"{source}={kernel_path}",
@@ -260,11 +283,40 @@ def harness_command(
         rotate=rotate,
         cpu_mode=cpu_mode,
     )
-    env = "PYTHONUNBUFFERED=1"
+    env_text = "PYTHONUNBUFFERED=1"
     if gpu is not None and not cpu_mode:
-        env = f"CUDA_VISIBLE_DEVICES={q(str(gpu))} {env}"
+        env_text = f"CUDA_VISIBLE_DEVICES={q(str(gpu))} {env_text}"
+    switches = "".join(f"{k}={q(v)} " for k, v in (env or {}).items() if k.isidentifier())
+    env_text = switches + env_text
     script = q(posixpath.join(tmp, harness.SCRIPT))
-    return f"cd {q(tmp)} && {env} {host.python} {script} {' '.join(args)} 2>&1"
+    return f"cd {q(tmp)} && {env_text} {host.python} {script} {' '.join(args)} 2>&1"
+
+
+def _service_switches(
+    transport: Transport, host: HostConfig, variants: list[str]
+) -> dict[str, Any] | None:
+    """The kernel switches of `service.env_file` (`SGLANG_SM120_*`) the harness runs under, so
+    that `dispatch` is the kernel file's own choice in the service's environment; with the env
+    file's path and the warnings of its reading. None without an env file."""
+    path = host.service.env_file if host.service is not None else None
+    if not path:
+        return None
+    try:
+        env = read_service_env(transport, host) or {}
+    except KerneldevError as err:
+        if harness.DISPATCH not in variants:  # only dispatch follows the service's switches
+            return {"env_file": path, "variables": {}, "warnings": [], "error": err.message}
+        raise BenchError(
+            f"cannot read service.env_file {path} on {host.name}: {err.message}",
+            hint="`dispatch` runs under the service's kernel switches: make the file "
+            "readable, or bench simt/mma without dispatch",
+        ) from None
+    variables = {k: v for k, v in env.items() if k.startswith(SWITCH_PREFIX)}
+    return {
+        "env_file": path,
+        "variables": variables,
+        "warnings": list(getattr(env, "warnings", [])),
+    }
 
 
 @dataclass(frozen=True)

@@ -298,7 +298,12 @@ def run_service_bench(
                 )
     data = build_result(host, request, url, started, runs)
     add_server_settings(data, servers)
-    data["kerneldev"] = {"host": host.name, "env_file": svc.env_file, "restored": True}
+    data["kerneldev"] = {
+        "host": host.name,
+        "env_file": svc.env_file,
+        "env_file_warnings": ab.kernels.warnings,
+        "restored": True,
+    }
     _record_kernels(data, ab.kernels)
     saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
     return ServiceBenchResult(data, saved, ab.switcher.restart_skipped, save_error=save_error)

@@ -280,6 +280,10 @@ def bench_command(
     if comparison:
         for warning in comparison.warnings:
             print_warning(warning)
+    service_env = result.data["kerneldev"].get("service_env") or {}
+    if "dispatch" in variant_list:  # dispatch ran under the env file's switches
+        for warning in service_env.get("warnings") or []:
+            print_warning(f"{service_env['env_file']}: {warning}")
     if result.save_error is None:
         print_info(f"saved: {result.saved_to}")
     if not result.ok:
