@@ -729,3 +729,40 @@ def test_every_earlier_version_of_a_bundled_file_is_a_known_release(name):
     now = hashlib.sha256(kernel_deploy.bundled_bytes(name)).hexdigest()
     missing = {sha: c for sha, c in versions.items() if sha != now and sha not in RELEASED[name]}
     assert not missing, f"add to RELEASED[{name!r}] in kerneldev/bundled/releases.py: {missing}"
+
+
+# Per release: a switch a login environment might set, and what the service runs without it.
+LOGIN_SWITCH = {
+    "0.5.14": ("SGLANG_SM120_TRITON_FLASHMLA", "0", "triton"),
+    "0.5.23": ("SGLANG_SM120_FLASHMLA_BACKEND", "triton", "flashinfer"),
+}
+
+
+def test_status_and_the_ab_preflight_ignore_the_callers_sglang_switches(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The probe answers for the service's environment as the env file defines it: a switch set
+    in the login (here the caller's, local transport) environment and not in the env file is
+    unset in the probe (SGLang's default applies), not reported as the service's; so is the
+    MMA switch that an A/B variant drops. Variables the file sets still count."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    name, value, default = LOGIN_SWITCH[sglang_release.version]
+    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SGLANG_SM120_MMA_FLASHMLA", "1")
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    backend = json.loads(out)["sites"][0]["backend"]
+    assert [c["backend"] for c in backend["calls"]] == [default, default], backend
+    assert backend["switch"] == {}, backend["switch"]
+
+    (tree.root / tree.kernel).write_bytes(BUNDLED_KERNEL)  # shows Triton's variant
+    base = parse_env_file(tree.env_file.read_text())
+    triton = {**base, "SGLANG_SM120_FLASHMLA_BACKEND": "triton"}  # 0.5.14: not read, triton
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        simt, mma = kernel_deploy.dispatches_under(
+            transport, host, [triton, {**triton, "SGLANG_SM120_MMA_FLASHMLA": "1"}], heads=8
+        )
+    assert (simt.backend, simt.kernel_variant) == ("triton", "simt"), simt
+    assert (mma.backend, mma.kernel_variant) == ("triton", "mma"), mma
+    assert "SGLANG_SM120_MMA_FLASHMLA" not in simt.switch

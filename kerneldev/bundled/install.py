@@ -12,7 +12,8 @@ older bundled release (by sha256, `kernel_releases.py`) or something else, and w
 the live wrapper's entry reaches (FlashInfer, Triton with the MMA or SIMT kernel, torch) for a
 decode call and a prefill-sized call: not read from the wrapper's text but from the live
 dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
-`service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
+`service.env_file`, no `SGLANG_*` variable of the login environment that the file does not set
+(SERVICE_ONLY_PREFIX), unknown, with the reason, when the wrapper cannot be imported there. The
 wrapper reads its switch at import, so a note says when the env file changed after the
 service's last restart by kerneldev. One probe process answers every site (and every variant
 of an A/B's preflight, `dispatches_under`): it imports torch once and forks a child per job
@@ -321,6 +322,11 @@ BACKEND_VARS = (
 DECODE_TOKENS = 4  # a small decode batch
 PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
 PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host
+# The variables the probe never takes from the login (or the caller's) environment: SGLang's
+# settings, the wrapper's and the kernel's switches among them (SGLANG_SM120_*). A job's
+# environment (the env file, a variant's) is the service's whole say on them: one it does not
+# set is unset in the probe, as in the service, and SGLang's default applies.
+SERVICE_ONLY_PREFIX = "SGLANG_"
 
 
 def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS) -> KernelStatus:
@@ -357,7 +363,9 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         differs = _server_env_differs(transport, host, env)
         if differs:
             result.notes.append(differs)
-    choices = probe_dispatches(transport, host, [_job(s, env, heads) for s in sites])
+    jobs = [_job(s, env, heads) for s in sites]
+    # Without the env file the service's environment is unknown: the login's stands in for it.
+    choices = probe_dispatches(transport, host, jobs, inherit=not result.environment_known)
     for s, choice in zip(sites, choices, strict=True):
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
@@ -438,10 +446,18 @@ def shared_environment(envs: list[dict[str, str]]) -> dict[str, str]:
 _PROBE: str | None = None
 
 
-def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) -> list[dict] | str:
+def probe_answers(
+    transport: Transport, host: HostConfig, jobs: list[ProbeJob], *, inherit: bool = False
+) -> list[dict] | str:
     """The host-side probe's answer per job (`hostside/kernelprobe.py`, one process for all
     jobs, started with the host's python in the variables the jobs share, from the live tree's
-    import root, writing no bytecode there), or why there is none for any job."""
+    import root, writing no bytecode there), or why there is none for any job.
+
+    Each job's `env` is the service's whole environment as far as SGLang's settings go: the
+    probe unsets every inherited `SGLANG_*` variable (SERVICE_ONLY_PREFIX) that the jobs do
+    not set, so the login's (or the caller's) switches never stand in for the service's.
+    `inherit` keeps them: where the service's environment is unknown (no env file), the
+    login's is the best guess and is said to be."""
     global _PROBE
     if _PROBE is None:
         _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
@@ -462,6 +478,7 @@ def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) 
             for job in jobs
         ],
         "source": _PROBE,
+        "clear": None if inherit else {"prefix": SERVICE_ONLY_PREFIX, "keep": sorted(shared)},
     }
     command = (
         export_prefix(shared)
@@ -488,12 +505,12 @@ def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) 
 
 
 def probe_dispatches(
-    transport: Transport, host: HostConfig, jobs: list[ProbeJob]
+    transport: Transport, host: HostConfig, jobs: list[ProbeJob], *, inherit: bool = False
 ) -> list[BackendChoice]:
     """Per job, the backend the live wrapper's entry reaches (`probe_answers`)."""
     if not jobs:
         return []
-    answers = probe_answers(transport, host, jobs)
+    answers = probe_answers(transport, host, jobs, inherit=inherit)
     if isinstance(answers, str):
         return [BackendChoice(None, None, "", answers) for _ in jobs]
     return [backend_choice(host, answer) for answer in answers]
