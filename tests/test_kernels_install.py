@@ -766,3 +766,64 @@ def test_status_and_the_ab_preflight_ignore_the_callers_sglang_switches(
     assert (simt.backend, simt.kernel_variant) == ("triton", "simt"), simt
     assert (mma.backend, mma.kernel_variant) == ("triton", "mma"), mma
     assert "SGLANG_SM120_MMA_FLASHMLA" not in simt.switch
+
+
+def test_a_leftover_site_of_another_layout_is_marked_not_imported_and_not_probed(
+    tmp_path, monkeypatch, sglang_release
+):
+    """A tree that still holds the other release's pair at its layout (a leftover: 0.5.23 next
+    to an old srt/layers/attention/ pair, or the reverse): status names the site SGLang's
+    backend imports (from its imports: 0.5.23 -> kernels/ops/attention, 0.5.14 ->
+    srt/layers/attention), marks the other as not imported, and only the imported one is
+    probed, by status and by the A/B's preflight (`dispatches_under`)."""
+    from tests.sglang_releases import FOLDERS, fetch
+
+    other = next(v for v in FOLDERS if v != sglang_release.version)
+    stale = FOLDERS[other]
+    source = fetch.release_root(other) / stale  # before make_tree moves HOME (the cache's)
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    (tree.root / stale).mkdir(parents=True, exist_ok=True)
+    names = ("flash_mla_sm120_triton.py", "flash_mla_sm120.py")
+    for name in names:
+        shutil.copy(source / name, tree.root / stale / name)
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["files"] += [f"{stale}/{name}" for name in names]
+    tree.config.write_text(yaml.safe_dump(data))
+    default = DEFAULT_BACKEND[sglang_release.version]
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        env = parse_env_file(tree.env_file.read_text())
+        (choice,) = kernel_deploy.dispatches_under(transport, host, [env], heads=8)
+    assert choice.backend == default, choice
+
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    sites = json.loads(out)["sites"]
+    assert [(s["kernel"]["path"], s["imported"]) for s in sites] == [
+        (tree.kernel, True),
+        (f"{stale}/flash_mla_sm120_triton.py", False),
+    ]
+    assert sites[0]["backend"]["backend"] == default
+    assert sites[1]["backend"]["backend"] is None and sites[1]["backend"]["calls"] == []
+    assert "not imported" in sites[1]["backend"]["reason"]
+    assert "deepseek_v4_backend.py imports" in sites[1]["backend"]["reason"]
+    code, out, err = tree.kd("kernels", "status", "--heads", "8")
+    assert code == 0 and "not imported" in out, out
+
+
+def test_the_modules_a_backend_imports_are_read_from_every_import_form():
+    source = (
+        b"import os\n"
+        b"from .flash_mla_sm120 import a\n"
+        b"def f():\n"
+        b"    from sglang.kernels.ops.attention.flash_mla_sm120 import (b, c)\n"
+        b"    from ..models import deepseek_v4\n"
+    )
+    names = kernel_deploy.imported_modules(source, "sglang.srt.layers.attention")
+    assert {
+        "os",
+        "sglang.srt.layers.attention.flash_mla_sm120",
+        "sglang.kernels.ops.attention.flash_mla_sm120",
+        "sglang.srt.layers.models.deepseek_v4",
+    } <= names
+    assert "sglang.srt.layers.attention.flash_mla_sm120_triton" not in names

@@ -55,6 +55,10 @@ LAYOUTS = {
     "python/sglang/kernels/ops/attention": "sglang (kernels/ops)",
 }
 
+# SGLang's DSv4 attention backend (both layouts keep it here): the module whose imports say
+# which kernel site the server runs when a tree holds more than one.
+BACKEND_FILE = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+
 BUNDLED = "bundled"  # this kerneldev's file
 BUNDLED_OLDER = "bundled-older"  # an earlier kerneldev release
 OTHER = "other"
@@ -67,6 +71,10 @@ class KernelSite:
     folder: str  # relative to the host's root
     kernel: str  # path of the kernel file
     wrapper: str | None  # path of the wrapper when it is among the configured files
+    # Whether SGLang's backend imports this site's wrapper (True for a tree's only site); None
+    # when a tree with several sites does not tell (see `_imported_sites`).
+    imported: bool | None = True
+    why: str = ""  # how `imported` was told, for a tree with several sites
 
 
 def bundled_bytes(name: str) -> bytes:
@@ -100,6 +108,8 @@ def find_sites(live_paths: list[str]) -> list[KernelSite]:
 
 
 def _sites(transport: Transport, host: HostConfig):
+    """The kernel sites on the host (the one SGLang's backend imports first) and the live
+    files by path."""
     live_files, _ = transport.hash_files(host.root, list(host.files))
     live = {f.path: f for f in live_files}
     sites = find_sites(list(live))
@@ -120,7 +130,64 @@ def _sites(transport: Transport, host: HostConfig):
             hint=f"add the live kernel file (and its {WRAPPER_FILE}) under hosts.{host.name}"
             ".files in hosts.yaml",
         )
+    if len(sites) > 1:
+        sites = _imported_sites(transport, host, sites)
     return sites, live
+
+
+def imported_modules(source: bytes, package: str) -> set[str]:
+    """Every module an `import` or `from ... import` of `source` names, anywhere in it (relative
+    ones resolved against `package`), with `package.name` for each name a `from` imports (a
+    submodule it may be)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imported_sites(transport: Transport, host: HostConfig, sites: list[KernelSite]):
+    """A tree with more than one site (a leftover of an older layout next to the release's):
+    which one SGLang's DSv4 backend imports, from its import statements (read, not run). The
+    imported site comes first (what `dispatches_under` probes); when the backend does not tell,
+    every site's `imported` is None and the newest layout comes first (a tree that has it is
+    a release that uses it)."""
+    newest_first = sorted(sites, key=lambda s: list(LAYOUTS).index(s.folder), reverse=True)
+    try:
+        source = transport.read_bytes(posixpath.join(host.root, BACKEND_FILE))
+        names = imported_modules(source, _module_of(BACKEND_FILE).rsplit(".", 1)[0])
+    except (TransferError, SyntaxError, ValueError) as err:
+        why = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        reason = f"which site SGLang's backend imports is unknown ({BACKEND_FILE}: {why})"
+        for s in newest_first:
+            s.imported, s.why = None, reason
+        return newest_first
+    modules = {
+        id(s): (_module_of(s.wrapper or f"{s.folder}/{WRAPPER_FILE}"), _module_of(s.kernel))
+        for s in sites
+    }
+    chosen = [s for s in sites if names & set(modules[id(s)])]
+    if len(chosen) != 1:
+        reason = (
+            f"{BACKEND_FILE} imports the wrapper of "
+            + ("none" if not chosen else "more than one")
+            + " of the kernel sites: which one runs is unknown"
+        )
+        for s in newest_first:
+            s.imported, s.why = None, reason
+        return newest_first
+    (site,) = chosen
+    for s in sites:
+        s.imported = s is site
+        s.why = f"{BACKEND_FILE} imports {modules[id(site)][0]}"
+    return [site] + [s for s in newest_first if s is not site]
 
 
 # --- install ----------------------------------------------------------------------------
@@ -303,6 +370,9 @@ class SiteStatus:
     kernel: FileStatus
     wrapper: FileStatus | None
     backend: BackendChoice
+    # Whether SGLang's backend imports this site (a tree's only site: True; None: not told);
+    # a site it does not import is not probed (see `KernelSite`).
+    imported: bool | None = True
 
 
 @dataclass
@@ -363,10 +433,14 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         differs = _server_env_differs(transport, host, env)
         if differs:
             result.notes.append(differs)
-    jobs = [_job(s, env, heads) for s in sites]
+    probed = [s for s in sites if s.imported is not False]
     # Without the env file the service's environment is unknown: the login's stands in for it.
-    choices = probe_dispatches(transport, host, jobs, inherit=not result.environment_known)
-    for s, choice in zip(sites, choices, strict=True):
+    choices = probe_dispatches(
+        transport, host, [_job(s, env, heads) for s in probed], inherit=not result.environment_known
+    )
+    answered = {id(s): c for s, c in zip(probed, choices, strict=True)}
+    for s in sites:
+        choice = answered.get(id(s)) or BackendChoice(None, None, "", _not_probed(s))
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
         wrapper = None
@@ -377,8 +451,14 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             choice.environment = "unknown"
         elif env_file:
             choice.environment = env_file
-        result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice))
+        result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice, s.imported))
+        if s.imported is None and s.why not in result.notes:
+            result.notes.append(s.why)
     return result
+
+
+def _not_probed(site: KernelSite) -> str:
+    return f"not imported: {site.why}, so the server does not run this site"
 
 
 def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
@@ -408,8 +488,8 @@ def dispatches_under(
     *,
     heads: int = DEFAULT_HEADS,
 ) -> list[BackendChoice]:
-    """The first kernel site's dispatch under each of `envs` (an A/B's variants), in one probe
-    on the host."""
+    """The dispatch under each of `envs` (an A/B's variants) of the kernel site SGLang's backend
+    imports (`_sites` puts it first), in one probe on the host."""
     sites, _ = _sites(transport, host)
     return probe_dispatches(transport, host, [_job(sites[0], env, heads) for env in envs])
 

@@ -99,6 +99,8 @@ def status_command(
                 name += f" ({call.kernel_variant})"
             runs.append(name)
         backend = "/".join(runs) if len(set(runs)) > 1 else runs[0]
+        if s.imported is False:
+            backend = "not imported"
         rows.append((s.kernel.kind, s.kernel.release or "-", backend, s.kernel.path))
         if s.wrapper is not None:
             rows.append((s.wrapper.kind, s.wrapper.release or "-", "-", s.wrapper.path))
@@ -111,7 +113,10 @@ def status_command(
     print_table(f"kernels on {result.host}", columns, rows)
     for s in result.sites:
         env = s.backend.environment or "unknown"
-        print_info(f"{s.layout} (environment: {env}): {s.backend.reason}")
+        if s.imported is False:
+            print_info(f"{s.layout}: {s.backend.reason}")
+        else:
+            print_info(f"{s.layout} (environment: {env}): {s.backend.reason}")
 
 
 def register(app: typer.Typer) -> None:
