@@ -811,6 +811,30 @@ def test_a_leftover_site_of_another_layout_is_marked_not_imported_and_not_probed
     assert code == 0 and "not imported" in out, out
 
 
+def test_status_shows_a_configured_wrapper_missing_on_the_host(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The wrapper is among the configured files but not on the host: its row says `missing`
+    (it used to vanish from the table) and the backend is unknown, saying why."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    (tree.root / tree.wrapper).unlink()
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    (site,) = json.loads(out)["sites"]
+    assert site["wrapper"] == {
+        "path": tree.wrapper,
+        "sha256": None,
+        "kind": "missing",
+        "release": None,
+    }
+    assert site["backend"]["backend"] is None
+    assert f"the wrapper {tree.wrapper} is missing on the host" in site["backend"]["reason"]
+    code, out, err = tree.kd("kernels", "status", "--heads", "8")
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines()]
+    assert ["missing", "-", "-", tree.wrapper] in rows, out
+
+
 def test_the_modules_a_backend_imports_are_read_from_every_import_form():
     source = (
         b"import os\n"

@@ -71,6 +71,7 @@ class KernelSite:
     folder: str  # relative to the host's root
     kernel: str  # path of the kernel file
     wrapper: str | None  # path of the wrapper when it is among the configured files
+    wrapper_live: bool = True  # False: configured, but not on the host
     # Whether SGLang's backend imports this site's wrapper (True for a tree's only site); None
     # when a tree with several sites does not tell (see `_imported_sites`).
     imported: bool | None = True
@@ -114,6 +115,10 @@ def _sites(transport: Transport, host: HostConfig):
     live = {f.path: f for f in live_files}
     sites = find_sites(list(live))
     configured = find_sites(list(host.files))
+    for site in sites:
+        wrapper = f"{site.folder}/{WRAPPER_FILE}"
+        if site.wrapper is None and wrapper in host.files:  # configured, missing on the host
+            site.wrapper, site.wrapper_live = wrapper, False
     if not sites and configured:
         # Configured at a known layout but absent on the host: a wrong root or a tree of
         # another release, not a config that lacks the file.
@@ -221,6 +226,11 @@ def install(
     targets = [(s.kernel, KERNEL_FILE, "kernel") for s in sites]
     if with_wrapper:
         for s in sites:
+            if s.wrapper is not None and not s.wrapper_live:
+                raise TransferError(
+                    f"--with-wrapper: the live wrapper {s.wrapper} is not on host '{host.name}'",
+                    hint="check the live tree (or install only the kernel file)",
+                )
             if s.wrapper is None:
                 raise UsageError(
                     f"--with-wrapper: {s.folder}/{WRAPPER_FILE} is not among the configured files",
@@ -293,7 +303,7 @@ def install(
         result.files.append(InstalledFile(path, role, action, live_sha, new_sha, patch))
     if not with_wrapper:
         for s in sites:
-            if s.wrapper:
+            if s.wrapper and s.wrapper_live:
                 result.notes.append(f"{s.wrapper}: the live wrapper stays (--with-wrapper)")
     return result
 
@@ -433,7 +443,7 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         differs = _server_env_differs(transport, host, env)
         if differs:
             result.notes.append(differs)
-    probed = [s for s in sites if s.imported is not False]
+    probed = [s for s in sites if s.imported is not False and s.wrapper_live]
     # Without the env file the service's environment is unknown: the login's stands in for it.
     choices = probe_dispatches(
         transport, host, [_job(s, env, heads) for s in probed], inherit=not result.environment_known
@@ -445,7 +455,7 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
         wrapper = None
         if s.wrapper:
-            w_sha = live[s.wrapper].sha256
+            w_sha = live[s.wrapper].sha256 if s.wrapper_live else None
             wrapper = FileStatus(s.wrapper, w_sha, *classify_file(WRAPPER_FILE, w_sha))
         if not result.environment_known:
             choice.environment = "unknown"
@@ -458,7 +468,9 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
 
 
 def _not_probed(site: KernelSite) -> str:
-    return f"not imported: {site.why}, so the server does not run this site"
+    if site.imported is False:
+        return f"not imported: {site.why}, so the server does not run this site"
+    return f"the wrapper {site.wrapper} is missing on the host: SGLang's backend cannot import it"
 
 
 def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
