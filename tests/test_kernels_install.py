@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -851,3 +852,72 @@ def test_the_modules_a_backend_imports_are_read_from_every_import_form():
         "sglang.srt.layers.models.deepseek_v4",
     } <= names
     assert "sglang.srt.layers.attention.flash_mla_sm120_triton" not in names
+
+
+LISTEN = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+    "print(s.getsockname()[1], flush=True); time.sleep(120)\n"
+)
+
+
+class StandInServer:
+    """A process listening on service.url's port, started with `env` on top of this one's
+    (minus this one's SGLANG_*): the server `kernels status` finds with `ss` and reads in /proc.
+    Skips the test where that cannot be done here."""
+
+    def __init__(self, tree: Tree, env: dict[str, str] | None = None) -> None:
+        if not Path("/proc/self/environ").exists() or shutil.which("ss") is None:
+            pytest.skip("the server's process cannot be found here (no /proc or no ss)")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LISTEN],
+            env={**base, **(env or {})},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        port = int(self.proc.stdout.readline())
+        data = yaml.safe_load(tree.config.read_text())
+        data["hosts"]["h"]["service"]["url"] = f"http://127.0.0.1:{port}"
+        tree.config.write_text(yaml.safe_dump(data))
+
+    def __enter__(self) -> StandInServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_status_warns_when_the_server_started_before_the_live_kernel_changed(
+    tmp_path, monkeypatch, sglang_release
+):
+    """`kernels install` + `push` without --restart: the running server imported the old
+    kernel file once at its start and runs it until it restarts, while the table shows the
+    live (bundled) file: status says so, naming the file and both times (--json: server)."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    with StandInServer(tree) as server:
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["server"]["pid"] == server.proc.pid and data["server"]["stale_files"] == []
+        assert not any("before the live files last changed" in n for n in data["notes"])
+
+        time.sleep(1.1)  # ctime has whole seconds
+        assert tree.kd("kernels", "install")[0] == 0
+        assert tree.kd("push")[0] == 0  # no --restart
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["sites"][0]["kernel"]["kind"] == "bundled"
+        assert [f["path"] for f in data["server"]["stale_files"]] == [tree.kernel]
+        notes = " ".join(data["notes"])
+        assert f"the running server (pid {server.proc.pid}) started at" in notes, notes
+        assert f"before the live files last changed: {tree.kernel}" in notes
+        assert "runs their earlier bytes until it restarts" in notes
+        code, out, err = tree.kd("kernels", "status", "--heads", "8")
+        assert code == 0 and "runs their earlier bytes" in " ".join(err.split()), err
+
+    with StandInServer(tree):  # restarted: it imported the bytes that are live now
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert json.loads(out)["server"]["stale_files"] == [], out

@@ -386,12 +386,33 @@ class SiteStatus:
 
 
 @dataclass
+class StaleFile:
+    """A live file that changed after the running server started (it imported it once)."""
+
+    path: str
+    changed: str  # when it last changed (its ctime), UTC on the host's clock
+
+
+@dataclass
+class RunningServer:
+    """The service's running process (the one listening on service.url's port), where `ss`
+    and /proc tell it (`service/server_process.py`)."""
+
+    pid: int
+    started: str | None  # UTC on the host's clock; None when /proc does not tell
+    # Live kernel and wrapper files of the imported site changed after it started: it still
+    # runs their earlier bytes until it restarts.
+    stale_files: list[StaleFile] = field(default_factory=list)
+
+
+@dataclass
 class KernelStatus:
     host: str
     env_file: str | None
     environment_known: bool
     sites: list[SiteStatus] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    server: RunningServer | None = None  # None: no running server found (or no service.url)
 
 
 BACKEND_VARS = (
@@ -444,6 +465,9 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         if differs:
             result.notes.append(differs)
     probed = [s for s in sites if s.imported is not False and s.wrapper_live]
+    result.server, stale = _running_server(transport, host, probed)
+    if stale:
+        result.notes.append(stale)
     # Without the env file the service's environment is unknown: the login's stands in for it.
     choices = probe_dispatches(
         transport, host, [_job(s, env, heads) for s in probed], inherit=not result.environment_known
@@ -471,6 +495,41 @@ def _not_probed(site: KernelSite) -> str:
     if site.imported is False:
         return f"not imported: {site.why}, so the server does not run this site"
     return f"the wrapper {site.wrapper} is missing on the host: SGLang's backend cannot import it"
+
+
+def _iso(seconds: float) -> str:
+    moment = _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _running_server(
+    transport: Transport, host: HostConfig, sites: list[KernelSite]
+) -> tuple[RunningServer | None, str | None]:
+    """The running server and, when a live kernel or wrapper file of `sites` changed after it
+    started (a push without --restart), a note: it imported the file once and runs the earlier
+    bytes until it restarts."""
+    found = server_process.find(transport, host)
+    if found is None:
+        return None, None
+    files = [s.kernel for s in sites] + [s.wrapper for s in sites if s.wrapper and s.wrapper_live]
+    paths = [posixpath.join(host.root, f) for f in files]
+    times = server_process.times(transport, found.pid, paths)
+    if times.started is None:
+        return RunningServer(found.pid, None), None
+    server = RunningServer(found.pid, _iso(times.started))
+    for rel, path in zip(files, paths, strict=True):
+        changed = times.changed.get(path)
+        # ctime has whole seconds: a change in the second the server started is not told
+        if changed is not None and changed > times.started:
+            server.stale_files.append(StaleFile(rel, _iso(changed)))
+    if not server.stale_files:
+        return server, None
+    changes = ", ".join(f"{f.path} ({f.changed})" for f in server.stale_files)
+    return server, (
+        f"the running server (pid {found.pid}) started at {server.started}, before the live "
+        f"files last changed: {changes}; it imported them once at its start and runs their "
+        "earlier bytes until it restarts (`kerneldev restart`); the table shows the live files"
+    )
 
 
 def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
