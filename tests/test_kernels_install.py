@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,10 +50,11 @@ class Tree:
     env_file: Path
     release: Release
 
-    def kd(self, *args: str):
-        """`kerneldev --config <this> ARGS` through the real entry, in a pipe."""
+    def kd(self, *args: str, **terminal):
+        """`kerneldev --config <this> ARGS` through the real entry, in a pipe (unless `terminal`
+        says e.g. stdout_isatty=True, width=80)."""
         out, err = io.StringIO(), io.StringIO()
-        env = Environment(stdout=out, stderr=err, stdin=io.StringIO())
+        env = Environment(stdout=out, stderr=err, stdin=io.StringIO(), **terminal)
         code = main(["--config", str(self.config), *args], env=env)
         return int(code), out.getvalue(), err.getvalue()
 
@@ -921,3 +923,75 @@ def test_status_warns_when_the_server_started_before_the_live_kernel_changed(
     with StandInServer(tree):  # restarted: it imported the bytes that are live now
         code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
         assert json.loads(out)["server"]["stale_files"] == [], out
+
+
+# Per release: what the server runs with LOGIN_SWITCH's value set.
+SWITCHED = {"0.5.14": "torch", "0.5.23": "triton"}
+
+
+def test_status_says_when_the_servers_values_come_from_elsewhere_and_what_runs_now(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The restart command sets the switch (`SGLANG_SM120_FLASHMLA_BACKEND=triton exec ...`),
+    the env file does not, and has not changed since kerneldev restarted the server: the note
+    says the server's values come from elsewhere, so every restart sets them again (not that
+    it runs them "until it restarts"); decode/prefill shows what the server's own values
+    select (what runs now), and the env file's answer stays as what the file alone selects
+    (--json: `running` beside `backend`, `server.values_from`); readable at 80 columns."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    name, value, default = LOGIN_SWITCH[sglang_release.version]
+    switched = SWITCHED[sglang_release.version]
+    assert tree.kd("restart")[0] == 0  # records the env file kerneldev's restart read
+    with StandInServer(tree, {name: value}) as server:
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        width = tree.kd(
+            "kernels", "status", "--heads", "8", stdout_isatty=True, stderr_isatty=True, width=80
+        )
+    notes = " ".join(data["notes"])
+    assert f"the running server (pid {server.proc.pid}) has other values" in notes, notes
+    assert f"{name}={value} (env file: (unset))" in notes
+    assert "come from elsewhere" in notes and "every restart sets them again" in notes
+    assert "until it restarts" not in notes
+    assert data["server"]["values_from"] == "elsewhere"
+    assert data["server"]["differs"] == [name]
+    (site,) = data["sites"]
+    assert site["backend"]["backend"] == default  # what the env file alone selects
+    assert site["backend"]["environment"] == str(tree.env_file)
+    assert site["running"]["backend"] == switched, site["running"]  # what runs now
+    assert site["running"]["switch"] == {name: value}
+    assert f"pid {server.proc.pid}" in site["running"]["environment"]
+
+    code, out, err = width
+    assert code == 0, err
+    out, err = (re.sub(r"\x1b\[[0-9;]*m", "", text) for text in (out, err))  # colours
+    # only what has no space to wrap at (a module path) may overflow
+    assert all(len(line) <= 80 or " " not in line.strip() for line in (out + err).splitlines()), (
+        out + err
+    )
+    row = next(
+        line for line in out.splitlines() if tree.kernel.split("/")[-1] in line or "other" in line
+    )
+    assert switched in row, out
+    said = " ".join(err.split())
+    assert f"runs now (environment: the running server's, pid {server.proc.pid})" in said, said
+    assert f"with {tree.env_file} alone: {default}" in said, said
+
+    # Without kerneldev's record, the file's change time tells: written before the server
+    # started, the values came from elsewhere; rewritten after it started, from the file.
+    from kerneldev.service import restart_record
+
+    restart_record.record_file().unlink()
+    tree.set_env("")
+    time.sleep(1.1)  # ctime has whole seconds
+    with StandInServer(tree, {name: value}):
+        data = json.loads(tree.kd("kernels", "status", "--json", "--heads", "8")[1])
+        assert data["server"]["values_from"] == "elsewhere", data["notes"]
+        assert "has not changed since it started" in " ".join(data["notes"])
+        time.sleep(1.1)
+        tree.set_env("SGLANG_SM120_MMA_FLASHMLA=1\n")
+        data = json.loads(tree.kd("kernels", "status", "--json", "--heads", "8")[1])
+        assert data["server"]["values_from"] == "earlier env file", data["notes"]
+        assert "it runs what those select until it restarts" in " ".join(data["notes"])
+        assert data["sites"][0]["running"]["backend"] == switched

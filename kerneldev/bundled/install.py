@@ -14,10 +14,14 @@ decode call and a prefill-sized call: not read from the wrapper's text but from 
 dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
 `service.env_file`, no `SGLANG_*` variable of the login environment that the file does not set
 (SERVICE_ONLY_PREFIX), unknown, with the reason, when the wrapper cannot be imported there. The
-wrapper reads its switch at import, so a note says when the env file changed after the
-service's last restart by kerneldev. One probe process answers every site (and every variant
-of an A/B's preflight, `dispatches_under`): it imports torch once and forks a child per job
-(`hostside/kernelprobe.py` says when a job gets a fresh interpreter instead).
+wrapper reads its switch and imports the kernel once, so notes say when the env file changed
+after the service's last restart by kerneldev, when the running server (found from
+service.url's port) started before the live files changed, and when its own SGLANG_SM120_*
+values differ from the env file's (changed since it started, or set elsewhere: the restart
+command, the login environment); then what its values select is probed too (`running`).
+One probe process answers every site (and every variant of an A/B's preflight,
+`dispatches_under`): it imports torch once and forks a child per job (`hostside/kernelprobe.py`
+says when a job gets a fresh interpreter instead).
 """
 
 from __future__ import annotations
@@ -383,6 +387,9 @@ class SiteStatus:
     # Whether SGLang's backend imports this site (a tree's only site: True; None: not told);
     # a site it does not import is not probed (see `KernelSite`).
     imported: bool | None = True
+    # What the running server's own SGLANG_* values select (what runs now) where they differ
+    # from the env file's (`backend` stays what the env file alone selects); None otherwise.
+    running: BackendChoice | None = None
 
 
 @dataclass
@@ -403,6 +410,13 @@ class RunningServer:
     # Live kernel and wrapper files of the imported site changed after it started: it still
     # runs their earlier bytes until it restarts.
     stale_files: list[StaleFile] = field(default_factory=list)
+    # Its SGLANG_SM120_* values (None: its environment cannot be read, or no env file to
+    # compare it with), those that differ from the env file's, and where they come from:
+    # "env file" (the same), "earlier env file" (the file changed after it started),
+    # "elsewhere" (the file has not changed since: the restart command, the login environment).
+    switch: dict[str, str] | None = None
+    differs: list[str] = field(default_factory=list)
+    values_from: str | None = None
 
 
 @dataclass
@@ -428,6 +442,7 @@ PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on
 # environment (the env file, a variant's) is the service's whole say on them: one it does not
 # set is unset in the probe, as in the service, and SGLang's default applies.
 SERVICE_ONLY_PREFIX = "SGLANG_"
+SWITCH_PREFIX = "SGLANG_SM120_"  # the wrapper's and the kernel's switches
 
 
 def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS) -> KernelStatus:
@@ -457,22 +472,22 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             "the service's environment is unknown (no service.env_file): the wrapper was "
             "probed in the login environment of the host"
         )
-    if env_bytes is not None:
+    read = None
+    if env_bytes is not None and env_file:
+        read = _EnvFile(env_file, env, env_bytes)
         changed = restart_record.changed_since_restart(host.name, env_file, env_bytes)
         if changed:
             result.notes.append(changed)
-        differs = _server_env_differs(transport, host, env)
-        if differs:
-            result.notes.append(differs)
     probed = [s for s in sites if s.imported is not False and s.wrapper_live]
-    result.server, stale = _running_server(transport, host, probed)
-    if stale:
-        result.notes.append(stale)
+    result.server, notes, now = _running_server(transport, host, probed, read)
+    result.notes.extend(notes)
+    jobs = [_job(s, env, heads) for s in probed]
+    if now is not None:  # what the running server's own values select: a job more per site
+        jobs += [_job(s, now, heads) for s in probed]
     # Without the env file the service's environment is unknown: the login's stands in for it.
-    choices = probe_dispatches(
-        transport, host, [_job(s, env, heads) for s in probed], inherit=not result.environment_known
-    )
-    answered = {id(s): c for s, c in zip(probed, choices, strict=True)}
+    choices = probe_dispatches(transport, host, jobs, inherit=not result.environment_known)
+    answered = {id(s): c for s, c in zip(probed, choices, strict=False)}
+    running = {id(s): c for s, c in zip(probed, choices[len(probed) :], strict=False)}
     for s in sites:
         choice = answered.get(id(s)) or BackendChoice(None, None, "", _not_probed(s))
         k_sha = live[s.kernel].sha256
@@ -485,7 +500,11 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             choice.environment = "unknown"
         elif env_file:
             choice.environment = env_file
-        result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice, s.imported))
+        site = SiteStatus(s.layout, kernel, wrapper, choice, s.imported)
+        if id(s) in running and result.server is not None:
+            site.running = running[id(s)]
+            site.running.environment = f"the running server's, pid {result.server.pid}"
+        result.sites.append(site)
         if s.imported is None and s.why not in result.notes:
             result.notes.append(s.why)
     return result
@@ -502,54 +521,93 @@ def _iso(seconds: float) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass
+class _EnvFile:
+    """The env file as status read it (for comparing the running server's values with)."""
+
+    path: str
+    env: dict[str, str]
+    raw: bytes
+
+
 def _running_server(
-    transport: Transport, host: HostConfig, sites: list[KernelSite]
-) -> tuple[RunningServer | None, str | None]:
-    """The running server and, when a live kernel or wrapper file of `sites` changed after it
-    started (a push without --restart), a note: it imported the file once and runs the earlier
-    bytes until it restarts."""
+    transport: Transport, host: HostConfig, sites: list[KernelSite], env_file: _EnvFile | None
+) -> tuple[RunningServer | None, list[str], dict[str, str] | None]:
+    """The running server, the notes on it, and the environment to probe what it runs now
+    when its SGLANG_SM120_* values differ from the env file's (None when they do not, or
+    cannot be told). The notes: a live kernel or wrapper file of `sites` changed after it
+    started (a push without --restart: it imported the file once and runs the earlier bytes
+    until it restarts); its values differ from the env file's, either because the file
+    changed after it started (it runs the old ones until it restarts) or, with the file
+    unchanged since it started (or since kerneldev's last restart of it), because they come
+    from elsewhere (the restart command, the login environment), so every restart sets them
+    again."""
     found = server_process.find(transport, host)
     if found is None:
-        return None, None
+        return None, [], None
     files = [s.kernel for s in sites] + [s.wrapper for s in sites if s.wrapper and s.wrapper_live]
     paths = [posixpath.join(host.root, f) for f in files]
-    times = server_process.times(transport, found.pid, paths)
-    if times.started is None:
-        return RunningServer(found.pid, None), None
-    server = RunningServer(found.pid, _iso(times.started))
-    for rel, path in zip(files, paths, strict=True):
-        changed = times.changed.get(path)
-        # ctime has whole seconds: a change in the second the server started is not told
-        if changed is not None and changed > times.started:
-            server.stale_files.append(StaleFile(rel, _iso(changed)))
-    if not server.stale_files:
-        return server, None
-    changes = ", ".join(f"{f.path} ({f.changed})" for f in server.stale_files)
-    return server, (
-        f"the running server (pid {found.pid}) started at {server.started}, before the live "
-        f"files last changed: {changes}; it imported them once at its start and runs their "
-        "earlier bytes until it restarts (`kerneldev restart`); the table shows the live files"
+    times = server_process.times(
+        transport, found.pid, paths + ([env_file.path] if env_file else [])
     )
-
-
-def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
-    """A note when the running server's process environment (readable through /proc) holds
-    other SGLANG_SM120_* values than the env file: it started before the file changed."""
-    found = server_process.find(transport, host)
-    running = server_process.environment(transport, found.pid) if found else None
-    if running is None:
-        return None
-    keys = sorted(k for k in set(env) | set(running) if k.startswith("SGLANG_SM120_"))
-    differ = [k for k in keys if env.get(k) != running.get(k)]
-    if not differ:
-        return None
+    server = RunningServer(found.pid, _iso(times.started) if times.started is not None else None)
+    notes = []
+    if times.started is not None:
+        for rel, path in zip(files, paths, strict=True):
+            changed = times.changed.get(path)
+            # ctime has whole seconds: a change in the second the server started is not told
+            if changed is not None and changed > times.started:
+                server.stale_files.append(StaleFile(rel, _iso(changed)))
+    if server.stale_files:
+        changes = ", ".join(f"{f.path} ({f.changed})" for f in server.stale_files)
+        notes.append(
+            f"the running server (pid {found.pid}) started at {server.started}, before the "
+            f"live files last changed: {changes}; it imported them once at its start and runs "
+            "their earlier bytes until it restarts (`kerneldev restart`); the table shows the "
+            "live files"
+        )
+    running = server_process.environment(transport, found.pid) if env_file else None
+    if env_file is None or running is None:
+        return server, notes, None
+    env = env_file.env
+    server.switch = {k: v for k, v in sorted(running.items()) if k.startswith(SWITCH_PREFIX)}
+    keys = sorted(k for k in set(env) | set(running) if k.startswith(SWITCH_PREFIX))
+    server.differs = [k for k in keys if env.get(k) != running.get(k)]
+    if not server.differs:
+        server.values_from = "env file"
+        return server, notes, None
     shown = ", ".join(
-        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})" for k in differ
+        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})"
+        for k in server.differs
     )
-    return (
-        f"the running server (pid {found.pid}) started with other values than "
-        f"{host.service.env_file}: {shown}; it runs what those select until it restarts"
-    )
+    changed = times.changed.get(env_file.path)
+    before = after = False
+    if changed is not None and times.started is not None:
+        before = changed + 1 <= times.started  # whole seconds: certainly before it started
+        after = changed > times.started
+    restarted = restart_record.unchanged_since_restart(host.name, env_file.path, env_file.raw)
+    if before or (restarted and not after):
+        server.values_from = "elsewhere"
+        since = "it started" if before else "kerneldev last restarted it"
+        notes.append(
+            f"the running server (pid {found.pid}) has other values than {env_file.path}, "
+            f"which has not changed since {since}: {shown}; they come from elsewhere (the "
+            "service's restart command or the login environment), so every restart sets them "
+            "again. decode/prefill shows what they select: what runs now; what the env file "
+            "alone selects is said below"
+        )
+    else:
+        server.values_from = "earlier env file"
+        notes.append(
+            f"the running server (pid {found.pid}) started with other values than "
+            f"{env_file.path}: {shown}; it runs what those select until it restarts "
+            "(decode/prefill shows that; what the env file selects is said below)"
+        )
+    # What the server runs now: its own SGLang settings, the env file's other variables (those
+    # the probe needs to import: PYTHONPATH, ...)
+    now = {k: v for k, v in env.items() if not k.startswith(SERVICE_ONLY_PREFIX)}
+    now.update((k, v) for k, v in running.items() if k.startswith(SERVICE_ONLY_PREFIX))
+    return server, notes, now
 
 
 def dispatches_under(
