@@ -12,9 +12,11 @@ import dataclasses
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,10 +50,11 @@ class Tree:
     env_file: Path
     release: Release
 
-    def kd(self, *args: str):
-        """`kerneldev --config <this> ARGS` through the real entry, in a pipe."""
+    def kd(self, *args: str, **terminal):
+        """`kerneldev --config <this> ARGS` through the real entry, in a pipe (unless `terminal`
+        says e.g. stdout_isatty=True, width=80)."""
         out, err = io.StringIO(), io.StringIO()
-        env = Environment(stdout=out, stderr=err, stdin=io.StringIO())
+        env = Environment(stdout=out, stderr=err, stdin=io.StringIO(), **terminal)
         code = main(["--config", str(self.config), *args], env=env)
         return int(code), out.getvalue(), err.getvalue()
 
@@ -729,3 +732,266 @@ def test_every_earlier_version_of_a_bundled_file_is_a_known_release(name):
     now = hashlib.sha256(kernel_deploy.bundled_bytes(name)).hexdigest()
     missing = {sha: c for sha, c in versions.items() if sha != now and sha not in RELEASED[name]}
     assert not missing, f"add to RELEASED[{name!r}] in kerneldev/bundled/releases.py: {missing}"
+
+
+# Per release: a switch a login environment might set, and what the service runs without it.
+LOGIN_SWITCH = {
+    "0.5.14": ("SGLANG_SM120_TRITON_FLASHMLA", "0", "triton"),
+    "0.5.23": ("SGLANG_SM120_FLASHMLA_BACKEND", "triton", "flashinfer"),
+}
+
+
+def test_status_and_the_ab_preflight_ignore_the_callers_sglang_switches(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The probe answers for the service's environment as the env file defines it: a switch set
+    in the login (here the caller's, local transport) environment and not in the env file is
+    unset in the probe (SGLang's default applies), not reported as the service's; so is the
+    MMA switch that an A/B variant drops. Variables the file sets still count."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    name, value, default = LOGIN_SWITCH[sglang_release.version]
+    monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SGLANG_SM120_MMA_FLASHMLA", "1")
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    backend = json.loads(out)["sites"][0]["backend"]
+    assert [c["backend"] for c in backend["calls"]] == [default, default], backend
+    assert backend["switch"] == {}, backend["switch"]
+
+    (tree.root / tree.kernel).write_bytes(BUNDLED_KERNEL)  # shows Triton's variant
+    base = parse_env_file(tree.env_file.read_text())
+    triton = {**base, "SGLANG_SM120_FLASHMLA_BACKEND": "triton"}  # 0.5.14: not read, triton
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        simt, mma = kernel_deploy.dispatches_under(
+            transport, host, [triton, {**triton, "SGLANG_SM120_MMA_FLASHMLA": "1"}], heads=8
+        )
+    assert (simt.backend, simt.kernel_variant) == ("triton", "simt"), simt
+    assert (mma.backend, mma.kernel_variant) == ("triton", "mma"), mma
+    assert "SGLANG_SM120_MMA_FLASHMLA" not in simt.switch
+
+
+def test_a_leftover_site_of_another_layout_is_marked_not_imported_and_not_probed(
+    tmp_path, monkeypatch, sglang_release
+):
+    """A tree that still holds the other release's pair at its layout (a leftover: 0.5.23 next
+    to an old srt/layers/attention/ pair, or the reverse): status names the site SGLang's
+    backend imports (from its imports: 0.5.23 -> kernels/ops/attention, 0.5.14 ->
+    srt/layers/attention), marks the other as not imported, and only the imported one is
+    probed, by status and by the A/B's preflight (`dispatches_under`)."""
+    from tests.sglang_releases import FOLDERS, fetch
+
+    other = next(v for v in FOLDERS if v != sglang_release.version)
+    stale = FOLDERS[other]
+    source = fetch.release_root(other) / stale  # before make_tree moves HOME (the cache's)
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    (tree.root / stale).mkdir(parents=True, exist_ok=True)
+    names = ("flash_mla_sm120_triton.py", "flash_mla_sm120.py")
+    for name in names:
+        shutil.copy(source / name, tree.root / stale / name)
+    data = yaml.safe_load(tree.config.read_text())
+    data["hosts"]["h"]["files"] += [f"{stale}/{name}" for name in names]
+    tree.config.write_text(yaml.safe_dump(data))
+    default = DEFAULT_BACKEND[sglang_release.version]
+    host = load_config(tree.config).host("h")
+    with open_transport(host) as transport:
+        env = parse_env_file(tree.env_file.read_text())
+        (choice,) = kernel_deploy.dispatches_under(transport, host, [env], heads=8)
+    assert choice.backend == default, choice
+
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    sites = json.loads(out)["sites"]
+    assert [(s["kernel"]["path"], s["imported"]) for s in sites] == [
+        (tree.kernel, True),
+        (f"{stale}/flash_mla_sm120_triton.py", False),
+    ]
+    assert sites[0]["backend"]["backend"] == default
+    assert sites[1]["backend"]["backend"] is None and sites[1]["backend"]["calls"] == []
+    assert "not imported" in sites[1]["backend"]["reason"]
+    assert "deepseek_v4_backend.py imports" in sites[1]["backend"]["reason"]
+    code, out, err = tree.kd("kernels", "status", "--heads", "8")
+    assert code == 0 and "not imported" in out, out
+
+
+def test_status_shows_a_configured_wrapper_missing_on_the_host(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The wrapper is among the configured files but not on the host: its row says `missing`
+    (it used to vanish from the table) and the backend is unknown, saying why."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    (tree.root / tree.wrapper).unlink()
+    code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+    assert code == 0, err
+    (site,) = json.loads(out)["sites"]
+    assert site["wrapper"] == {
+        "path": tree.wrapper,
+        "sha256": None,
+        "kind": "missing",
+        "release": None,
+    }
+    assert site["backend"]["backend"] is None
+    assert f"the wrapper {tree.wrapper} is missing on the host" in site["backend"]["reason"]
+    code, out, err = tree.kd("kernels", "status", "--heads", "8")
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines()]
+    assert ["missing", "-", "-", tree.wrapper] in rows, out
+
+
+def test_the_modules_a_backend_imports_are_read_from_every_import_form():
+    source = (
+        b"import os\n"
+        b"from .flash_mla_sm120 import a\n"
+        b"def f():\n"
+        b"    from sglang.kernels.ops.attention.flash_mla_sm120 import (b, c)\n"
+        b"    from ..models import deepseek_v4\n"
+    )
+    names = kernel_deploy.imported_modules(source, "sglang.srt.layers.attention")
+    assert {
+        "os",
+        "sglang.srt.layers.attention.flash_mla_sm120",
+        "sglang.kernels.ops.attention.flash_mla_sm120",
+        "sglang.srt.layers.models.deepseek_v4",
+    } <= names
+    assert "sglang.srt.layers.attention.flash_mla_sm120_triton" not in names
+
+
+LISTEN = (
+    "import socket, sys, time\n"
+    "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+    "print(s.getsockname()[1], flush=True); time.sleep(120)\n"
+)
+
+
+class StandInServer:
+    """A process listening on service.url's port, started with `env` on top of this one's
+    (minus this one's SGLANG_*): the server `kernels status` finds with `ss` and reads in /proc.
+    Skips the test where that cannot be done here."""
+
+    def __init__(self, tree: Tree, env: dict[str, str] | None = None) -> None:
+        if not Path("/proc/self/environ").exists() or shutil.which("ss") is None:
+            pytest.skip("the server's process cannot be found here (no /proc or no ss)")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", LISTEN],
+            env={**base, **(env or {})},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        port = int(self.proc.stdout.readline())
+        data = yaml.safe_load(tree.config.read_text())
+        data["hosts"]["h"]["service"]["url"] = f"http://127.0.0.1:{port}"
+        tree.config.write_text(yaml.safe_dump(data))
+
+    def __enter__(self) -> StandInServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def test_status_warns_when_the_server_started_before_the_live_kernel_changed(
+    tmp_path, monkeypatch, sglang_release
+):
+    """`kernels install` + `push` without --restart: the running server imported the old
+    kernel file once at its start and runs it until it restarts, while the table shows the
+    live (bundled) file: status says so, naming the file and both times (--json: server)."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    with StandInServer(tree) as server:
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["server"]["pid"] == server.proc.pid and data["server"]["stale_files"] == []
+        assert not any("before the live files last changed" in n for n in data["notes"])
+
+        time.sleep(1.1)  # ctime has whole seconds
+        assert tree.kd("kernels", "install")[0] == 0
+        assert tree.kd("push")[0] == 0  # no --restart
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        assert data["sites"][0]["kernel"]["kind"] == "bundled"
+        assert [f["path"] for f in data["server"]["stale_files"]] == [tree.kernel]
+        notes = " ".join(data["notes"])
+        assert f"the running server (pid {server.proc.pid}) started at" in notes, notes
+        assert f"before the live files last changed: {tree.kernel}" in notes
+        assert "runs their earlier bytes until it restarts" in notes
+        code, out, err = tree.kd("kernels", "status", "--heads", "8")
+        assert code == 0 and "runs their earlier bytes" in " ".join(err.split()), err
+
+    with StandInServer(tree):  # restarted: it imported the bytes that are live now
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert json.loads(out)["server"]["stale_files"] == [], out
+
+
+# Per release: what the server runs with LOGIN_SWITCH's value set.
+SWITCHED = {"0.5.14": "torch", "0.5.23": "triton"}
+
+
+def test_status_says_when_the_servers_values_come_from_elsewhere_and_what_runs_now(
+    tmp_path, monkeypatch, sglang_release
+):
+    """The restart command sets the switch (`SGLANG_SM120_FLASHMLA_BACKEND=triton exec ...`),
+    the env file does not, and has not changed since kerneldev restarted the server: the note
+    says the server's values come from elsewhere, so every restart sets them again (not that
+    it runs them "until it restarts"); decode/prefill shows what the server's own values
+    select (what runs now), and the env file's answer stays as what the file alone selects
+    (--json: `running` beside `backend`, `server.values_from`); readable at 80 columns."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    name, value, default = LOGIN_SWITCH[sglang_release.version]
+    switched = SWITCHED[sglang_release.version]
+    assert tree.kd("restart")[0] == 0  # records the env file kerneldev's restart read
+    with StandInServer(tree, {name: value}) as server:
+        code, out, err = tree.kd("kernels", "status", "--json", "--heads", "8")
+        assert code == 0, err
+        data = json.loads(out)
+        width = tree.kd(
+            "kernels", "status", "--heads", "8", stdout_isatty=True, stderr_isatty=True, width=80
+        )
+    notes = " ".join(data["notes"])
+    assert f"the running server (pid {server.proc.pid}) has other values" in notes, notes
+    assert f"{name}={value} (env file: (unset))" in notes
+    assert "come from elsewhere" in notes and "every restart sets them again" in notes
+    assert "until it restarts" not in notes
+    assert data["server"]["values_from"] == "elsewhere"
+    assert data["server"]["differs"] == [name]
+    (site,) = data["sites"]
+    assert site["backend"]["backend"] == default  # what the env file alone selects
+    assert site["backend"]["environment"] == str(tree.env_file)
+    assert site["running"]["backend"] == switched, site["running"]  # what runs now
+    assert site["running"]["switch"] == {name: value}
+    assert f"pid {server.proc.pid}" in site["running"]["environment"]
+
+    code, out, err = width
+    assert code == 0, err
+    out, err = (re.sub(r"\x1b\[[0-9;]*m", "", text) for text in (out, err))  # colours
+    # only what has no space to wrap at (a module path) may overflow
+    assert all(len(line) <= 80 or " " not in line.strip() for line in (out + err).splitlines()), (
+        out + err
+    )
+    row = next(
+        line for line in out.splitlines() if tree.kernel.split("/")[-1] in line or "other" in line
+    )
+    assert switched in row, out
+    said = " ".join(err.split())
+    assert f"runs now (environment: the running server's, pid {server.proc.pid})" in said, said
+    assert f"with {tree.env_file} alone: {default}" in said, said
+
+    # Without kerneldev's record, the file's change time tells: written before the server
+    # started, the values came from elsewhere; rewritten after it started, from the file.
+    from kerneldev.service import restart_record
+
+    restart_record.record_file().unlink()
+    tree.set_env("")
+    time.sleep(1.1)  # ctime has whole seconds
+    with StandInServer(tree, {name: value}):
+        data = json.loads(tree.kd("kernels", "status", "--json", "--heads", "8")[1])
+        assert data["server"]["values_from"] == "elsewhere", data["notes"]
+        assert "has not changed since it started" in " ".join(data["notes"])
+        time.sleep(1.1)
+        tree.set_env("SGLANG_SM120_MMA_FLASHMLA=1\n")
+        data = json.loads(tree.kd("kernels", "status", "--json", "--heads", "8")[1])
+        assert data["server"]["values_from"] == "earlier env file", data["notes"]
+        assert "it runs what those select until it restarts" in " ".join(data["notes"])
+        assert data["sites"][0]["running"]["backend"] == switched

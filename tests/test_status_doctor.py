@@ -25,8 +25,11 @@ from tests.sshd import find_sshd, free_port, keygen, start_sshd
 from tests.sshutil import ssh_entry
 
 A, B = "k/a.py", "k/b.py"
-CHECKS = ["dns", "tcp", "host-key", "auth", "root", "files", "write", "gpu", "python", "service"]
-HOST_CHECKS = ["root", "files", "write", "gpu", "python", "service"]
+CHECKS = [
+    *("dns", "tcp", "host-key", "auth", "root", "files", "write", "gpu", "python", "service"),
+    "env-file",
+]
+HOST_CHECKS = ["root", "files", "write", "gpu", "python", "service", "env-file"]
 NO_NVIDIA_SMI = not any(
     os.path.exists(os.path.join(d, "nvidia-smi")) for d in os.environ["PATH"].split(os.pathsep)
 )
@@ -171,7 +174,7 @@ def test_doctor_with_the_wrong_key_fails_auth_and_skips_what_needs_a_login(sshd_
     assert "authentication failed" in checks["auth"]["detail"]
     assert str(wrong) in checks["auth"]["detail"]  # says which key was tried
     assert "identity_file" in checks["auth"]["hint"]
-    assert verdicts(checks, HOST_CHECKS) == ["skip"] * 6
+    assert verdicts(checks, HOST_CHECKS) == ["skip"] * 7
     assert checks["python"]["detail"] == "skipped: needs auth"
 
 
@@ -202,7 +205,7 @@ def test_doctor_flags_an_unknown_and_a_changed_host_key(sshd_server, tmp_path):
     assert key["verdict"] == "FAIL" and key["data"]["status"] == "changed"
     assert "CHANGED" in key["detail"] and f"{changed}:1" in key["detail"]
     assert "ssh-keygen -R" in key["hint"] and "kerneldev trust" in key["hint"]
-    assert verdicts(checks, ["auth", *HOST_CHECKS]) == ["skip"] * 7
+    assert verdicts(checks, ["auth", *HOST_CHECKS]) == ["skip"] * 8
 
 
 def test_doctor_and_status_on_a_missing_root(sshd_server, tmp_path):
@@ -309,7 +312,7 @@ def test_doctor_and_status_on_a_closed_port_and_an_unknown_name(sshd_server, tmp
     assert checks["dns"]["verdict"] == "ok"
     assert checks["tcp"]["verdict"] == "FAIL"
     assert f"connection refused by 127.0.0.1:{closed}" in checks["tcp"]["detail"]
-    assert verdicts(checks, CHECKS[2:]) == ["skip"] * 8
+    assert verdicts(checks, CHECKS[2:]) == ["skip"] * 9
 
     status = kd("--config", str(config), "status")
     assert status.exit_code == 3  # unreachable
@@ -609,3 +612,38 @@ def test_ctrl_c_mid_run_still_gives_json_with_what_was_collected(
     assert run.exit_code == 130
     assert "interrupted: the checks after these were not run" in run.stdout
     assert "kerneldev: error: interrupted by Ctrl-C" in run.stderr
+
+
+def test_doctor_checks_that_the_service_env_file_is_on_the_host(tmp_path):
+    """`service.env_file` is what `kernels status`, the import check and an A/B read as the
+    service's variables: a readable file is ok; a path with nothing there is a warning (an A/B
+    would create it); a missing folder or a folder instead of a file fails; without one the
+    check is skipped."""
+    root = live_tree(tmp_path)
+    entry = {
+        "transport": "local",
+        "root": str(root),
+        "files": ["k/*.py"],
+        "workspace": "ws",
+        "python": f"{sys.executable} -S",
+        "service": {"restart": "true"},
+    }
+    env_file = tmp_path / "sglang.env"
+    env_file.write_text("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    cases = [
+        (str(env_file), "ok", "is a readable file"),
+        (str(tmp_path / "typo.env"), "warn", "does not exist on the host"),
+        (str(tmp_path / "no-such-dir" / "sglang.env"), "FAIL", "nor does its folder"),
+        (str(tmp_path), "FAIL", "is not a regular file"),
+        (None, "skip", "no `service.env_file` configured"),
+    ]
+    for path, verdict, detail in cases:
+        entry["service"] = {"restart": "true", **({"env_file": path} if path else {})}
+        run, checks = doctor(write_config(tmp_path, {"h": entry}))
+        check = checks["env-file"]
+        assert (check["verdict"], detail in check["detail"]) == (verdict, True), check
+        assert (run.exit_code == 1) == (verdict == "FAIL") or checks["python"]["verdict"] == "FAIL"
+        if verdict in ("warn", "FAIL"):
+            assert "service.env_file" in check["hint"]
+    text = kd("--config", str(write_config(tmp_path, {"h": entry})), "doctor")
+    assert re.search(r"^  skip +env-file +no `service.env_file` configured", text.stdout, re.M)

@@ -12,11 +12,16 @@ older bundled release (by sha256, `kernel_releases.py`) or something else, and w
 the live wrapper's entry reaches (FlashInfer, Triton with the MMA or SIMT kernel, torch) for a
 decode call and a prefill-sized call: not read from the wrapper's text but from the live
 dispatch, by `hostside/kernelprobe.py` run on the host with its python and the variables of
-`service.env_file` (unknown, with the reason, when the wrapper cannot be imported there). The
-wrapper reads its switch at import, so a note says when the env file changed after the
-service's last restart by kerneldev. One probe process answers every site (and every variant
-of an A/B's preflight, `dispatches_under`): it imports torch once and forks a child per job
-(`hostside/kernelprobe.py` says when a job gets a fresh interpreter instead).
+`service.env_file`, no `SGLANG_*` variable of the login environment that the file does not set
+(SERVICE_ONLY_PREFIX), unknown, with the reason, when the wrapper cannot be imported there. The
+wrapper reads its switch and imports the kernel once, so notes say when the env file changed
+after the service's last restart by kerneldev, when the running server (found from
+service.url's port) started before the live files changed, and when its own SGLANG_SM120_*
+values differ from the env file's (changed since it started, or set elsewhere: the restart
+command, the login environment); then what its values select is probed too (`running`).
+One probe process answers every site (and every variant of an A/B's preflight,
+`dispatches_under`): it imports torch once and forks a child per job (`hostside/kernelprobe.py`
+says when a job gets a fresh interpreter instead).
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ LAYOUTS = {
     "python/sglang/kernels/ops/attention": "sglang (kernels/ops)",
 }
 
+# SGLang's DSv4 attention backend (both layouts keep it here): the module whose imports say
+# which kernel site the server runs when a tree holds more than one.
+BACKEND_FILE = "python/sglang/srt/layers/attention/deepseek_v4_backend.py"
+
 BUNDLED = "bundled"  # this kerneldev's file
 BUNDLED_OLDER = "bundled-older"  # an earlier kerneldev release
 OTHER = "other"
@@ -66,6 +75,11 @@ class KernelSite:
     folder: str  # relative to the host's root
     kernel: str  # path of the kernel file
     wrapper: str | None  # path of the wrapper when it is among the configured files
+    wrapper_live: bool = True  # False: configured, but not on the host
+    # Whether SGLang's backend imports this site's wrapper (True for a tree's only site); None
+    # when a tree with several sites does not tell (see `_imported_sites`).
+    imported: bool | None = True
+    why: str = ""  # how `imported` was told, for a tree with several sites
 
 
 def bundled_bytes(name: str) -> bytes:
@@ -99,10 +113,16 @@ def find_sites(live_paths: list[str]) -> list[KernelSite]:
 
 
 def _sites(transport: Transport, host: HostConfig):
+    """The kernel sites on the host (the one SGLang's backend imports first) and the live
+    files by path."""
     live_files, _ = transport.hash_files(host.root, list(host.files))
     live = {f.path: f for f in live_files}
     sites = find_sites(list(live))
     configured = find_sites(list(host.files))
+    for site in sites:
+        wrapper = f"{site.folder}/{WRAPPER_FILE}"
+        if site.wrapper is None and wrapper in host.files:  # configured, missing on the host
+            site.wrapper, site.wrapper_live = wrapper, False
     if not sites and configured:
         # Configured at a known layout but absent on the host: a wrong root or a tree of
         # another release, not a config that lacks the file.
@@ -119,7 +139,64 @@ def _sites(transport: Transport, host: HostConfig):
             hint=f"add the live kernel file (and its {WRAPPER_FILE}) under hosts.{host.name}"
             ".files in hosts.yaml",
         )
+    if len(sites) > 1:
+        sites = _imported_sites(transport, host, sites)
     return sites, live
+
+
+def imported_modules(source: bytes, package: str) -> set[str]:
+    """Every module an `import` or `from ... import` of `source` names, anywhere in it (relative
+    ones resolved against `package`), with `package.name` for each name a `from` imports (a
+    submodule it may be)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def _imported_sites(transport: Transport, host: HostConfig, sites: list[KernelSite]):
+    """A tree with more than one site (a leftover of an older layout next to the release's):
+    which one SGLang's DSv4 backend imports, from its import statements (read, not run). The
+    imported site comes first (what `dispatches_under` probes); when the backend does not tell,
+    every site's `imported` is None and the newest layout comes first (a tree that has it is
+    a release that uses it)."""
+    newest_first = sorted(sites, key=lambda s: list(LAYOUTS).index(s.folder), reverse=True)
+    try:
+        source = transport.read_bytes(posixpath.join(host.root, BACKEND_FILE))
+        names = imported_modules(source, _module_of(BACKEND_FILE).rsplit(".", 1)[0])
+    except (TransferError, SyntaxError, ValueError) as err:
+        why = getattr(err, "message", None) or f"{type(err).__name__}: {err}"
+        reason = f"which site SGLang's backend imports is unknown ({BACKEND_FILE}: {why})"
+        for s in newest_first:
+            s.imported, s.why = None, reason
+        return newest_first
+    modules = {
+        id(s): (_module_of(s.wrapper or f"{s.folder}/{WRAPPER_FILE}"), _module_of(s.kernel))
+        for s in sites
+    }
+    chosen = [s for s in sites if names & set(modules[id(s)])]
+    if len(chosen) != 1:
+        reason = (
+            f"{BACKEND_FILE} imports the wrapper of "
+            + ("none" if not chosen else "more than one")
+            + " of the kernel sites: which one runs is unknown"
+        )
+        for s in newest_first:
+            s.imported, s.why = None, reason
+        return newest_first
+    (site,) = chosen
+    for s in sites:
+        s.imported = s is site
+        s.why = f"{BACKEND_FILE} imports {modules[id(site)][0]}"
+    return [site] + [s for s in newest_first if s is not site]
 
 
 # --- install ----------------------------------------------------------------------------
@@ -153,6 +230,11 @@ def install(
     targets = [(s.kernel, KERNEL_FILE, "kernel") for s in sites]
     if with_wrapper:
         for s in sites:
+            if s.wrapper is not None and not s.wrapper_live:
+                raise TransferError(
+                    f"--with-wrapper: the live wrapper {s.wrapper} is not on host '{host.name}'",
+                    hint="check the live tree (or install only the kernel file)",
+                )
             if s.wrapper is None:
                 raise UsageError(
                     f"--with-wrapper: {s.folder}/{WRAPPER_FILE} is not among the configured files",
@@ -225,7 +307,7 @@ def install(
         result.files.append(InstalledFile(path, role, action, live_sha, new_sha, patch))
     if not with_wrapper:
         for s in sites:
-            if s.wrapper:
+            if s.wrapper and s.wrapper_live:
                 result.notes.append(f"{s.wrapper}: the live wrapper stays (--with-wrapper)")
     return result
 
@@ -302,6 +384,39 @@ class SiteStatus:
     kernel: FileStatus
     wrapper: FileStatus | None
     backend: BackendChoice
+    # Whether SGLang's backend imports this site (a tree's only site: True; None: not told);
+    # a site it does not import is not probed (see `KernelSite`).
+    imported: bool | None = True
+    # What the running server's own SGLANG_* values select (what runs now) where they differ
+    # from the env file's (`backend` stays what the env file alone selects); None otherwise.
+    running: BackendChoice | None = None
+
+
+@dataclass
+class StaleFile:
+    """A live file that changed after the running server started (it imported it once)."""
+
+    path: str
+    changed: str  # when it last changed (its ctime), UTC on the host's clock
+
+
+@dataclass
+class RunningServer:
+    """The service's running process (the one listening on service.url's port), where `ss`
+    and /proc tell it (`service/server_process.py`)."""
+
+    pid: int
+    started: str | None  # UTC on the host's clock; None when /proc does not tell
+    # Live kernel and wrapper files of the imported site changed after it started: it still
+    # runs their earlier bytes until it restarts.
+    stale_files: list[StaleFile] = field(default_factory=list)
+    # Its SGLANG_SM120_* values (None: its environment cannot be read, or no env file to
+    # compare it with), those that differ from the env file's, and where they come from:
+    # "env file" (the same), "earlier env file" (the file changed after it started),
+    # "elsewhere" (the file has not changed since: the restart command, the login environment).
+    switch: dict[str, str] | None = None
+    differs: list[str] = field(default_factory=list)
+    values_from: str | None = None
 
 
 @dataclass
@@ -311,6 +426,7 @@ class KernelStatus:
     environment_known: bool
     sites: list[SiteStatus] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    server: RunningServer | None = None  # None: no running server found (or no service.url)
 
 
 BACKEND_VARS = (
@@ -321,6 +437,12 @@ BACKEND_VARS = (
 DECODE_TOKENS = 4  # a small decode batch
 PREFILL_TOKENS = 72  # more than SGLang 0.5.23's SM120_DECODE_MAX_TOKENS (64)
 PROBE_TIMEOUT = 600.0  # seconds: importing SGLang's package can take a while on a busy host
+# The variables the probe never takes from the login (or the caller's) environment: SGLang's
+# settings, the wrapper's and the kernel's switches among them (SGLANG_SM120_*). A job's
+# environment (the env file, a variant's) is the service's whole say on them: one it does not
+# set is unset in the probe, as in the service, and SGLang's default applies.
+SERVICE_ONLY_PREFIX = "SGLANG_"
+SWITCH_PREFIX = "SGLANG_SM120_"  # the wrapper's and the kernel's switches
 
 
 def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS) -> KernelStatus:
@@ -350,47 +472,142 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             "the service's environment is unknown (no service.env_file): the wrapper was "
             "probed in the login environment of the host"
         )
-    if env_bytes is not None:
+    read = None
+    if env_bytes is not None and env_file:
+        read = _EnvFile(env_file, env, env_bytes)
         changed = restart_record.changed_since_restart(host.name, env_file, env_bytes)
         if changed:
             result.notes.append(changed)
-        differs = _server_env_differs(transport, host, env)
-        if differs:
-            result.notes.append(differs)
-    choices = probe_dispatches(transport, host, [_job(s, env, heads) for s in sites])
-    for s, choice in zip(sites, choices, strict=True):
+    probed = [s for s in sites if s.imported is not False and s.wrapper_live]
+    result.server, notes, now = _running_server(transport, host, probed, read)
+    result.notes.extend(notes)
+    jobs = [_job(s, env, heads) for s in probed]
+    if now is not None:  # what the running server's own values select: a job more per site
+        jobs += [_job(s, now, heads) for s in probed]
+    # Without the env file the service's environment is unknown: the login's stands in for it.
+    choices = probe_dispatches(transport, host, jobs, inherit=not result.environment_known)
+    answered = {id(s): c for s, c in zip(probed, choices, strict=False)}
+    running = {id(s): c for s, c in zip(probed, choices[len(probed) :], strict=False)}
+    for s in sites:
+        choice = answered.get(id(s)) or BackendChoice(None, None, "", _not_probed(s))
         k_sha = live[s.kernel].sha256
         kernel = FileStatus(s.kernel, k_sha, *classify_file(KERNEL_FILE, k_sha))
         wrapper = None
         if s.wrapper:
-            w_sha = live[s.wrapper].sha256
+            w_sha = live[s.wrapper].sha256 if s.wrapper_live else None
             wrapper = FileStatus(s.wrapper, w_sha, *classify_file(WRAPPER_FILE, w_sha))
         if not result.environment_known:
             choice.environment = "unknown"
         elif env_file:
             choice.environment = env_file
-        result.sites.append(SiteStatus(s.layout, kernel, wrapper, choice))
+        site = SiteStatus(s.layout, kernel, wrapper, choice, s.imported)
+        if id(s) in running and result.server is not None:
+            site.running = running[id(s)]
+            site.running.environment = f"the running server's, pid {result.server.pid}"
+        result.sites.append(site)
+        if s.imported is None and s.why not in result.notes:
+            result.notes.append(s.why)
     return result
 
 
-def _server_env_differs(transport: Transport, host: HostConfig, env: dict[str, str]) -> str | None:
-    """A note when the running server's process environment (readable through /proc) holds
-    other SGLANG_SM120_* values than the env file: it started before the file changed."""
+def _not_probed(site: KernelSite) -> str:
+    if site.imported is False:
+        return f"not imported: {site.why}, so the server does not run this site"
+    return f"the wrapper {site.wrapper} is missing on the host: SGLang's backend cannot import it"
+
+
+def _iso(seconds: float) -> str:
+    moment = _dt.datetime.fromtimestamp(seconds, _dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class _EnvFile:
+    """The env file as status read it (for comparing the running server's values with)."""
+
+    path: str
+    env: dict[str, str]
+    raw: bytes
+
+
+def _running_server(
+    transport: Transport, host: HostConfig, sites: list[KernelSite], env_file: _EnvFile | None
+) -> tuple[RunningServer | None, list[str], dict[str, str] | None]:
+    """The running server, the notes on it, and the environment to probe what it runs now
+    when its SGLANG_SM120_* values differ from the env file's (None when they do not, or
+    cannot be told). The notes: a live kernel or wrapper file of `sites` changed after it
+    started (a push without --restart: it imported the file once and runs the earlier bytes
+    until it restarts); its values differ from the env file's, either because the file
+    changed after it started (it runs the old ones until it restarts) or, with the file
+    unchanged since it started (or since kerneldev's last restart of it), because they come
+    from elsewhere (the restart command, the login environment), so every restart sets them
+    again."""
     found = server_process.find(transport, host)
-    running = server_process.environment(transport, found.pid) if found else None
-    if running is None:
-        return None
-    keys = sorted(k for k in set(env) | set(running) if k.startswith("SGLANG_SM120_"))
-    differ = [k for k in keys if env.get(k) != running.get(k)]
-    if not differ:
-        return None
+    if found is None:
+        return None, [], None
+    files = [s.kernel for s in sites] + [s.wrapper for s in sites if s.wrapper and s.wrapper_live]
+    paths = [posixpath.join(host.root, f) for f in files]
+    times = server_process.times(
+        transport, found.pid, paths + ([env_file.path] if env_file else [])
+    )
+    server = RunningServer(found.pid, _iso(times.started) if times.started is not None else None)
+    notes = []
+    if times.started is not None:
+        for rel, path in zip(files, paths, strict=True):
+            changed = times.changed.get(path)
+            # ctime has whole seconds: a change in the second the server started is not told
+            if changed is not None and changed > times.started:
+                server.stale_files.append(StaleFile(rel, _iso(changed)))
+    if server.stale_files:
+        changes = ", ".join(f"{f.path} ({f.changed})" for f in server.stale_files)
+        notes.append(
+            f"the running server (pid {found.pid}) started at {server.started}, before the "
+            f"live files last changed: {changes}; it imported them once at its start and runs "
+            "their earlier bytes until it restarts (`kerneldev restart`); the table shows the "
+            "live files"
+        )
+    running = server_process.environment(transport, found.pid) if env_file else None
+    if env_file is None or running is None:
+        return server, notes, None
+    env = env_file.env
+    server.switch = {k: v for k, v in sorted(running.items()) if k.startswith(SWITCH_PREFIX)}
+    keys = sorted(k for k in set(env) | set(running) if k.startswith(SWITCH_PREFIX))
+    server.differs = [k for k in keys if env.get(k) != running.get(k)]
+    if not server.differs:
+        server.values_from = "env file"
+        return server, notes, None
     shown = ", ".join(
-        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})" for k in differ
+        f"{k}={running.get(k, '(unset)')} (env file: {env.get(k, '(unset)')})"
+        for k in server.differs
     )
-    return (
-        f"the running server (pid {found.pid}) started with other values than "
-        f"{host.service.env_file}: {shown}; it runs what those select until it restarts"
-    )
+    changed = times.changed.get(env_file.path)
+    before = after = False
+    if changed is not None and times.started is not None:
+        before = changed + 1 <= times.started  # whole seconds: certainly before it started
+        after = changed > times.started
+    restarted = restart_record.unchanged_since_restart(host.name, env_file.path, env_file.raw)
+    if before or (restarted and not after):
+        server.values_from = "elsewhere"
+        since = "it started" if before else "kerneldev last restarted it"
+        notes.append(
+            f"the running server (pid {found.pid}) has other values than {env_file.path}, "
+            f"which has not changed since {since}: {shown}; they come from elsewhere (the "
+            "service's restart command or the login environment), so every restart sets them "
+            "again. decode/prefill shows what they select: what runs now; what the env file "
+            "alone selects is said below"
+        )
+    else:
+        server.values_from = "earlier env file"
+        notes.append(
+            f"the running server (pid {found.pid}) started with other values than "
+            f"{env_file.path}: {shown}; it runs what those select until it restarts "
+            "(decode/prefill shows that; what the env file selects is said below)"
+        )
+    # What the server runs now: its own SGLang settings, the env file's other variables (those
+    # the probe needs to import: PYTHONPATH, ...)
+    now = {k: v for k, v in env.items() if not k.startswith(SERVICE_ONLY_PREFIX)}
+    now.update((k, v) for k, v in running.items() if k.startswith(SERVICE_ONLY_PREFIX))
+    return server, notes, now
 
 
 def dispatches_under(
@@ -400,8 +617,8 @@ def dispatches_under(
     *,
     heads: int = DEFAULT_HEADS,
 ) -> list[BackendChoice]:
-    """The first kernel site's dispatch under each of `envs` (an A/B's variants), in one probe
-    on the host."""
+    """The dispatch under each of `envs` (an A/B's variants) of the kernel site SGLang's backend
+    imports (`_sites` puts it first), in one probe on the host."""
     sites, _ = _sites(transport, host)
     return probe_dispatches(transport, host, [_job(sites[0], env, heads) for env in envs])
 
@@ -438,10 +655,18 @@ def shared_environment(envs: list[dict[str, str]]) -> dict[str, str]:
 _PROBE: str | None = None
 
 
-def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) -> list[dict] | str:
+def probe_answers(
+    transport: Transport, host: HostConfig, jobs: list[ProbeJob], *, inherit: bool = False
+) -> list[dict] | str:
     """The host-side probe's answer per job (`hostside/kernelprobe.py`, one process for all
     jobs, started with the host's python in the variables the jobs share, from the live tree's
-    import root, writing no bytecode there), or why there is none for any job."""
+    import root, writing no bytecode there), or why there is none for any job.
+
+    Each job's `env` is the service's whole environment as far as SGLang's settings go: the
+    probe unsets every inherited `SGLANG_*` variable (SERVICE_ONLY_PREFIX) that the jobs do
+    not set, so the login's (or the caller's) switches never stand in for the service's.
+    `inherit` keeps them: where the service's environment is unknown (no env file), the
+    login's is the best guess and is said to be."""
     global _PROBE
     if _PROBE is None:
         _PROBE = Path(_kernelprobe.__file__).read_text(encoding="utf-8")
@@ -462,6 +687,7 @@ def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) 
             for job in jobs
         ],
         "source": _PROBE,
+        "clear": None if inherit else {"prefix": SERVICE_ONLY_PREFIX, "keep": sorted(shared)},
     }
     command = (
         export_prefix(shared)
@@ -488,12 +714,12 @@ def probe_answers(transport: Transport, host: HostConfig, jobs: list[ProbeJob]) 
 
 
 def probe_dispatches(
-    transport: Transport, host: HostConfig, jobs: list[ProbeJob]
+    transport: Transport, host: HostConfig, jobs: list[ProbeJob], *, inherit: bool = False
 ) -> list[BackendChoice]:
     """Per job, the backend the live wrapper's entry reaches (`probe_answers`)."""
     if not jobs:
         return []
-    answers = probe_answers(transport, host, jobs)
+    answers = probe_answers(transport, host, jobs, inherit=inherit)
     if isinstance(answers, str):
         return [BackendChoice(None, None, "", answers) for _ in jobs]
     return [backend_choice(host, answer) for answer in answers]

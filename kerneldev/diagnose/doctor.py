@@ -15,6 +15,7 @@ The checks, in order (each one verdict: ok, warn, FAIL, or skip):
     python    the configured `python`'s version and its torch and triton versions; on a GPU
               host also that torch is a CUDA build that sees the GPUs (compute capability)
     service   `service.health` answers healthy (when configured)
+    env-file  `service.env_file` is a readable file on the host (when configured)
 
 A check whose prerequisite failed is shown as skipped, naming it (no auth: nothing on the host
 is looked at). Missing torch or triton is a FAIL on a GPU host (one with GPUs or `gpu:` set:
@@ -59,6 +60,7 @@ from kerneldev.service.restart import check_health
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
 CONFIG, DNS, TCP, HOST_KEY, AUTH = "config", "dns", "tcp", "host-key", "auth"
 ROOT, FILES, WRITE, GPU, PYTHON, SERVICE = "root", "files", "write", "gpu", "python", "service"
+ENV_FILE = "env-file"
 DEFAULT_TIMEOUT = 5.0  # seconds for the TCP connect and each SSH step
 HEALTH_TIMEOUT = 10.0
 
@@ -209,6 +211,7 @@ class _HostDoctor:
             (GPU, (AUTH,), self.gpu),
             (PYTHON, (AUTH,), self.python),
             (SERVICE, (AUTH,), self.service),
+            (ENV_FILE, (AUTH,), self.env_file),
         ]
         try:
             for name, needs, step in steps:
@@ -609,6 +612,48 @@ class _HostDoctor:
             + (f"; `{service.logs}` on the host shows why" if service.logs else ""),
             data,
         )
+
+    def env_file(self) -> Check:
+        """`service.env_file` on the host: what `kernels status`, the import check after a push
+        and an A/B's check read as the service's variables, and where an A/B writes its
+        variants. A readable file: ok; missing in an existing folder: warn (those reads fall
+        back to the login environment; an A/B creates it); a missing folder, something other
+        than a file, or a file the login user cannot read: FAIL."""
+        path = self.host.service.env_file if self.host.service is not None else None
+        if not path:
+            return Check(ENV_FILE, SKIP, "no `service.env_file` configured")
+        q, d = shlex.quote(path), shlex.quote(posixpath.dirname(path) or "/")
+        result = self._transport().run(
+            f"if [ -f {q} ]; then if [ -r {q} ]; then echo file; else echo unreadable; fi; "
+            f"elif [ -e {q} ]; then echo other; elif [ -d {d} ]; then echo missing; "
+            "else echo no-folder; fi",
+            timeout=30,
+        )
+        kind = result.stdout.strip()
+        data = {"env_file": path, "kind": kind}
+        fix = (
+            "set `service.env_file` in hosts.yaml to the KEY=VALUE file the service's restart "
+            "reads (systemd EnvironmentFile=, docker --env-file, a sourced script)"
+        )
+        if kind == "file":
+            return Check(ENV_FILE, OK, f"{path} is a readable file", data=data)
+        if kind == "missing":
+            return Check(
+                ENV_FILE,
+                WARN,
+                f"{path} does not exist on the host: `kernels status` and the import check "
+                "after a push read the service's variables from it (without it: the login "
+                "environment's)",
+                fix + ", or create it there (`bench --service` and `profile` create it for "
+                "their variants)",
+                data,
+            )
+        what = {
+            "unreadable": "cannot be read by the login user",
+            "other": "is not a regular file",
+            "no-folder": "does not exist on the host, nor does its folder",
+        }.get(kind, f"cannot be looked at ({result.stderr.strip() or f'exit {result.exited}'})")
+        return Check(ENV_FILE, FAIL, f"{path} {what}", fix, data)
 
     def _transport(self) -> Transport:
         assert self.transport is not None  # every check on the host needs AUTH first

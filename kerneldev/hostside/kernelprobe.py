@@ -39,8 +39,17 @@ Before the first fork this process's objects go to the collector's permanent gen
 (`gc.freeze`), and once its answer is out it ends with `os._exit`, as its children do: the
 interpreter's teardown of torch's modules is work no answer reads (0.4-1.5 CPU-seconds).
 
-Request on stdin: `{"jobs": [{"wrapper", "kernel", "calls", "env", "timeout"}...],
-"source"}` (the source, to start a fresh interpreter: `python -c` keeps no file); answer
+The process does not inherit SGLang's settings from the environment it was started in (the
+login's or the caller's: sshd SetEnv, ~/.bashrc, pam_env, an exported shell variable): with
+`clear` in the request it first unsets every variable that starts with `clear["prefix"]`
+(`SGLANG_`: SGLang's settings, the wrapper's and kerneldev's kernel switches among them) and
+is not in `clear["keep"]` (the ones the jobs share, which kerneldev exported for it), so a
+switch the service's env file does not set is unset here too and SGLang's default applies;
+a job's own variables are set on top of that. Every other variable (PYTHONPATH, CUDA_*,
+LD_LIBRARY_PATH, ...: what the wrapper needs to import) stays.
+
+Request on stdin: `{"jobs": [{"wrapper", "kernel", "calls", "env", "timeout"}...], "source",
+"clear"}` (the source, to start a fresh interpreter: `python -c` keeps no file); answer
 `{"answers": [...]}` on stdout's last line, each with `interpreter` ("forked" or "fresh") or
 `failed` (why the job has no answer). A request without `jobs` is one job, answered in this
 interpreter.
@@ -346,8 +355,21 @@ def probe_all(request):
     return {"answers": answers}
 
 
+def clear_inherited(clear):
+    """Unset the inherited variables named by `clear` (see the module's docstring); returns
+    their names."""
+    if not clear:
+        return []
+    keep = set(clear.get("keep") or ())
+    gone = sorted(k for k in os.environ if k.startswith(clear["prefix"]) and k not in keep)
+    for key in gone:
+        del os.environ[key]  # unsetenv too: fresh interpreters and forked children inherit it
+    return gone
+
+
 def main():
     request = json.loads(sys.stdin.read())
+    clear_inherited(request.get("clear"))
     sys.path.insert(0, os.getcwd())
     answer = probe_all(request) if "jobs" in request else probe(request)
     sys.stdout.write(json.dumps(answer) + "\n")

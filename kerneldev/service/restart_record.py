@@ -47,6 +47,12 @@ def record(host: str, env_file: str, env_bytes: bytes) -> None:
         pass  # a status note less, never a failed restart
 
 
+def unchanged_since_restart(host: str, env_file: str, env_bytes: bytes) -> bool:
+    """Whether `env_bytes` are what the last recorded restart read (False without a record)."""
+    entry = _load().get(_key(host, env_file))
+    return isinstance(entry, dict) and entry.get("sha256") == hashlib.sha256(env_bytes).hexdigest()
+
+
 def changed_since_restart(host: str, env_file: str, env_bytes: bytes) -> str | None:
     """A note when `env_bytes` differ from what the last recorded restart read; else None."""
     entry = _load().get(_key(host, env_file))

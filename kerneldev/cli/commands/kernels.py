@@ -92,13 +92,10 @@ def status_command(
         return
     rows = []
     for s in result.sites:
-        runs = []
-        for call in s.backend.calls or [None]:
-            name = (call.backend if call else None) or "unknown"
-            if call and call.kernel_variant:
-                name += f" ({call.kernel_variant})"
-            runs.append(name)
-        backend = "/".join(runs) if len(set(runs)) > 1 else runs[0]
+        # what runs now: the running server's own values where they differ from the env file's
+        backend = _runs(s.running or s.backend)
+        if s.imported is False:
+            backend = "not imported"
         rows.append((s.kernel.kind, s.kernel.release or "-", backend, s.kernel.path))
         if s.wrapper is not None:
             rows.append((s.wrapper.kind, s.wrapper.release or "-", "-", s.wrapper.path))
@@ -111,7 +108,26 @@ def status_command(
     print_table(f"kernels on {result.host}", columns, rows)
     for s in result.sites:
         env = s.backend.environment or "unknown"
-        print_info(f"{s.layout} (environment: {env}): {s.backend.reason}")
+        if s.imported is False:
+            print_info(f"{s.layout}: {s.backend.reason}")
+        elif s.running is not None:
+            now = s.running
+            print_info(f"{s.layout} runs now (environment: {now.environment}): {now.reason}")
+            alone = f"{s.layout} with {env} alone: {_runs(s.backend)}"
+            print_info(alone + (f" ({s.backend.reason})" if s.backend.backend is None else ""))
+        else:
+            print_info(f"{s.layout} (environment: {env}): {s.backend.reason}")
+
+
+def _runs(choice) -> str:
+    """decode/prefill of a `BackendChoice`: one name when both calls reach the same backend."""
+    runs = []
+    for call in choice.calls or [None]:
+        name = (call.backend if call else None) or "unknown"
+        if call and call.kernel_variant:
+            name += f" ({call.kernel_variant})"
+        runs.append(name)
+    return "/".join(runs) if len(set(runs)) > 1 else runs[0]
 
 
 def register(app: typer.Typer) -> None:
