@@ -482,19 +482,25 @@ class Watcher:
 
     def _reconnect(self, waiting: list[str]) -> None:
         self.on_progress(f"reconnecting to {self.host.name} (attempt {self.attempt})")
-        transport = self.opener(self.host, connect_timeout=RECONNECT_TIMEOUT)
+        transport = None
         try:
+            # Inside the try: a kept session's opener connects at once (its holder starts
+            # now), so a host still down fails here, not at the first request.
+            transport = self.opener(self.host, connect_timeout=RECONNECT_TIMEOUT)
             transport.run("true", timeout=RECONNECT_TIMEOUT * 2)
         except interrupt.Interrupted:
             with interrupt.shield():
-                transport.close()
+                if transport is not None:
+                    transport.close()
             return  # Ctrl-C while reconnecting: between events, the loop ends the watch
         except HostKeyError:
-            transport.close()
+            if transport is not None:
+                transport.close()
             raise  # a changed host key is not a dropped connection: stop and say so
         except KerneldevError as err:  # unreachable, or up but not answering yet
             with interrupt.shield():
-                transport.close()
+                if transport is not None:
+                    transport.close()
             self._schedule_retry(err, waiting)
             return
         down = time.monotonic() - (self.down_since or time.monotonic())

@@ -21,6 +21,8 @@ import yaml
 
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
+from kerneldev.config import load_config
+from kerneldev.hosts.transport.session import control
 from kerneldev.watch import is_editor_temp
 from tests.clirun import start_kerneldev
 from tests.sshd import free_port
@@ -308,26 +310,38 @@ def test_a_save_whose_restart_command_fails_is_rolled_back(sshd_server, tmp_path
     assert code == 0, err
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["one-shot", "kept-session"])
 def test_reconnects_after_a_drop_and_pushes_what_was_saved_meanwhile(
-    fresh_sshd, tmp_path, isolated_home
+    fresh_sshd, tmp_path, isolated_home, monkeypatch, kept
 ):
+    """The host stays away through a failed reconnect attempt (a kept session's opener then
+    connects at once and failed outside the retry: the watch ended with exit 3)."""
+    if kept:
+        monkeypatch.delenv("KERNELDEV_NO_KEEP", raising=False)
+        monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
     setup = Setup(tmp_path, fresh_sshd)
     watch = Watch(setup, "--json", "--no-import-check")
-    watch.event("ready")
-    kill_sshd_and_sessions(fresh_sshd)  # the host goes away with the watch's connection
-    new = ORIGINAL_A + b"# saved while the host was away\n"
-    (setup.workspace / A).write_bytes(new)
-    lost = watch.event("disconnected")
-    assert lost["waiting"] == [A] and lost["attempt"] == 1
-    fresh_sshd.start()
-    back = watch.event("reconnected")
-    assert back["waiting"] == [A]
-    event = watch.event("push")
-    assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
-    assert (setup.root / A).read_bytes() == new
-    code, _, err = watch.stop()
-    assert code == 0, err
-    assert len(setup.history()) == 1
+    try:
+        watch.event("ready")
+        kill_sshd_and_sessions(fresh_sshd)  # the host goes away with the watch's connection
+        new = ORIGINAL_A + b"# saved while the host was away\n"
+        (setup.workspace / A).write_bytes(new)
+        lost = watch.event("disconnected")
+        assert lost["waiting"] == [A] and lost["attempt"] == 1
+        again = watch.event("disconnected")  # a reconnect attempt while it is still away
+        assert again["attempt"] == 2 and again["waiting"] == [A]
+        fresh_sshd.start()
+        back = watch.event("reconnected")
+        assert back["waiting"] == [A]
+        event = watch.event("push")
+        assert (event["outcome"], event["deployed"]) == ("pushed", [A]), event
+        assert (setup.root / A).read_bytes() == new
+        code, _, err = watch.stop()
+        assert code == 0, err
+        assert len(setup.history()) == 1
+    finally:
+        if kept:
+            control.stop(load_config(setup.config).hosts["h"])
 
 
 # --- usage, without a watch running --------------------------------------------------------
