@@ -168,3 +168,30 @@ def test_profile_at_80_columns_hides_an_ab_pair_together():
         assert shown[0] == shown[1], (column, header, hidden.group(1))
         gone = [f"{v} {column}" in hidden.group(1).split(", ") for v in ("simt", "mma")]
         assert gone[0] == gone[1] == (not shown[0]), (column, header, hidden.group(1))
+
+
+def test_the_group_progress_view_keeps_host_state_and_time_whole_at_80_columns():
+    """A group command's live view on a terminal: a long last message is cut, never the host's
+    name, its state or its time (rich squeezed them to nothing at 80 columns)."""
+    import io
+    import time
+
+    from rich.console import Console
+
+    from kerneldev.cli.commands.group import HostsView
+    from kerneldev.hosts.fleet import OutcomeStatus
+
+    view = HostsView.__new__(HostsView)
+    view.names = ["unreachable-node", "node1"]
+    view.state = {"unreachable-node": OutcomeStatus.UNREACHABLE, "node1": "running"}
+    long = "connection refused by 127.0.0.1:35591 (host 'unreachable-node'): no SSH server there"
+    view.text = {"unreachable-node": long, "node1": "hashing files"}
+    view.started = {name: time.monotonic() - 12 for name in view.names}
+    view.ended = {}
+    console = Console(width=WIDTH, file=io.StringIO(), force_terminal=False)
+    console.print(view)
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= WIDTH for line in lines), lines
+    assert lines[0].split() == ["host", "state", "time", "last"]
+    assert lines[2].split()[:3] == ["unreachable-node", "unreachable", "12s"], lines
+    assert lines[2].rstrip().endswith("…") and lines[3].split()[:3] == ["node1", "running", "12s"]

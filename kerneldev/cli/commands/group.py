@@ -18,6 +18,7 @@ from kerneldev import interrupt
 from kerneldev.cli import environment
 from kerneldev.cli.host_steps import print_service_logs, print_table
 from kerneldev.cli.output import (
+    GAP,
     PATH,
     STATUS,
     WORDS,
@@ -69,26 +70,34 @@ class HostsView:
         self.terminal = bool(env.stderr_isatty)
         self.live = None
 
-    def __rich__(self):
+    def __rich_console__(self, console, options):
         from rich import box
         from rich.table import Table
         from rich.text import Text
 
-        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-        for name in ("host", "state", "time", "last"):
-            table.add_column(name, no_wrap=True, overflow="ellipsis")
         now = time.monotonic()
+        rows = []
         for name in self.names:
             start = self.started.get(name)
             took = "" if start is None else f"{self.ended.get(name, now) - start:.0f}s"
-            state = self.state[name]
+            rows.append((name, self.state[name], took, self.text[name]))
+        # Host, state and time keep their whole width; the last message alone is cut to what
+        # is left (rich squeezed every column, the host's to nothing, at 80 columns).
+        widths = [
+            max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(("host", "state", "time"))
+        ]
+        room = max(options.max_width - sum(widths) - 3 * GAP, 8)
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+        for name, width in zip(("host", "state", "time"), widths, strict=True):
+            table.add_column(name, no_wrap=True, min_width=width)
+        table.add_column("last", no_wrap=True, max_width=room)
+        for name, state, took, last in rows:
+            text = Text(last)
+            text.truncate(room, overflow="ellipsis")
             table.add_row(
-                Text(name),
-                Text(state, style=OUTCOME_STYLE.get(state, "")),
-                Text(took),
-                Text(self.text[name]),
+                Text(name), Text(state, style=OUTCOME_STYLE.get(state, "")), Text(took), text
             )
-        return table
+        yield table
 
     def __enter__(self) -> HostsView:
         if self.terminal:
