@@ -133,6 +133,12 @@ class Config:
                 "command works on one host",
                 hint="pass --host NAME with one of the group's hosts",
             )
+        if chosen is not None and "," in chosen and chosen not in self.hosts:
+            where = f" (from ${HOST_ENV})" if from_env else ""
+            raise ConfigError(
+                f"'{chosen}'{where} is a list of hosts and this command works on one host",
+                hint="pass --host NAME with one of them",
+            )
         if chosen is None:
             if len(self.hosts) == 1:
                 return next(iter(self.hosts.values()))

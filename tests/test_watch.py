@@ -358,6 +358,8 @@ def test_bad_usage_exits_2_and_an_unreachable_host_3_before_watching(setup: Setu
     setup.config.write_text(yaml.safe_dump(data))
     code, _, err = setup.kd("watch", "--host", "fleet")
     assert code == 2 and "works on one host" in err, err
+    code, _, err = setup.kd("watch", "--host", "h,h")  # a list: the same answer, not "no host"
+    assert code == 2 and "'h,h' is a list of hosts and this command works on one host" in err
     data["hosts"]["h"]["port"] = free_port()  # nothing listens there
     setup.config.write_text(yaml.safe_dump(data))
     code, out, err = setup.kd("watch", "--json")
