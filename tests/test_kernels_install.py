@@ -995,3 +995,19 @@ def test_status_says_when_the_servers_values_come_from_elsewhere_and_what_runs_n
         assert data["server"]["values_from"] == "earlier env file", data["notes"]
         assert "it runs what those select until it restarts" in " ".join(data["notes"])
         assert data["sites"][0]["running"]["backend"] == switched
+
+
+@pytest.mark.parametrize("sglang_release", ["0.5.23"], indirect=True)
+def test_status_names_an_env_file_line_the_readers_take_differently(
+    tmp_path, monkeypatch, sglang_release
+):
+    """`KEY=triton # ours`: a shell that sources the file sets triton, systemd and docker read
+    `triton # ours` (the torch fallback). The answer takes the shell's reading and says so."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    tree.set_env("SGLANG_SM120_FLASHMLA_BACKEND=triton # ours\n")
+    code, out, err = tree.kd("kernels", "status", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["sites"][0]["backend"]["backend"] == "triton"
+    notes = [n for n in data["notes"] if "read differently" in n]
+    assert len(notes) == 1 and "systemd" in notes[0], data["notes"]

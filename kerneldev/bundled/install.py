@@ -465,6 +465,9 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
             env_bytes = transport.read_bytes(env_file)
             env = parse_env_file(env_bytes.decode("utf-8", "replace"))
             result.environment_known = True
+            # Lines a shell, systemd and docker read differently: the answer below takes the
+            # shell's reading, so say which lines that concerns.
+            result.notes.extend(f"{env_file}: {w}" for w in env.warnings)
         except TransferError as err:
             result.notes.append(f"cannot read service.env_file: {err.message}")
     else:
