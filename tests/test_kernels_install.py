@@ -1011,3 +1011,27 @@ def test_status_names_an_env_file_line_the_readers_take_differently(
     assert data["sites"][0]["backend"]["backend"] == "triton"
     notes = [n for n in data["notes"] if "read differently" in n]
     assert len(notes) == 1 and "systemd" in notes[0], data["notes"]
+
+
+@pytest.mark.parametrize("sglang_release", ["0.5.14"], indirect=True)
+def test_status_knows_0_5_14_sends_prefill_to_its_sparse_kernel_when_switched(
+    tmp_path, monkeypatch, sglang_release
+):
+    """0.5.14's backend (deepseek_v4_backend.py) sends extend calls to sgl_kernel's
+    flash_mla_sparse_fwd before its sm_120 branch when SGLANG_OPT_FLASHMLA_SPARSE_PREFILL is
+    true: the prefill row says so, the decode row is still the wrapper's answer."""
+    tree = make_tree(tmp_path, monkeypatch, sglang_release, "local")
+    tree.set_env("SGLANG_SM120_TRITON_FLASHMLA=1\nSGLANG_OPT_FLASHMLA_SPARSE_PREFILL=true\n")
+    code, out, err = tree.kd("kernels", "status", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    calls = {c["call"]: c for c in data["sites"][0]["backend"]["calls"]}
+    assert calls["decode"]["backend"] == "triton"
+    assert calls["prefill"]["backend"] == "sparse_prefill"
+    assert calls["prefill"]["function"] == "sgl_kernel.flash_mla.flash_mla_sparse_fwd"
+    assert any("more than 11,673 query tokens" in n for n in data["notes"]), data["notes"]
+
+    tree.set_env("SGLANG_SM120_TRITON_FLASHMLA=1\n")  # off: the prefill is the wrapper's
+    data = json.loads(tree.kd("kernels", "status", "--json")[1])
+    calls = {c["call"]: c for c in data["sites"][0]["backend"]["calls"]}
+    assert calls["prefill"]["backend"] == "triton"

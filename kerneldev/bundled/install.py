@@ -359,7 +359,9 @@ class DispatchCall:
     call: str  # "decode" or "prefill"
     tokens: int  # query tokens of the call (prefill: more than SGLang's 64-token decode limit)
     heads: int
-    backend: str | None  # "flashinfer", "triton", "torch"; None when it cannot be told
+    # "flashinfer", "triton", "torch", "sparse_prefill" (0.5.14: SPARSE_PREFILL_*); None when it
+    # cannot be told
+    backend: str | None
     function: str | None  # the backend function reached (module.name)
     kernel_variant: str | None  # "mma" or "simt" when Triton runs a bundled kernel
     error: str | None = None  # why backend is None
@@ -491,6 +493,8 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
     choices = probe_dispatches(transport, host, jobs, inherit=not result.environment_known)
     answered = {id(s): c for s, c in zip(probed, choices, strict=False)}
     running = {id(s): c for s, c in zip(probed, choices[len(probed) :], strict=False)}
+    if any(s.folder == SPARSE_PREFILL_LAYOUT for s in probed):
+        result.notes += _sparse_prefill(transport, host, probed, answered, env, running, now)
     for s in sites:
         choice = answered.get(id(s)) or BackendChoice(None, None, "", _not_probed(s))
         k_sha = live[s.kernel].sha256
@@ -511,6 +515,55 @@ def status(transport: Transport, host: HostConfig, *, heads: int = DEFAULT_HEADS
         if s.imported is None and s.why not in result.notes:
             result.notes.append(s.why)
     return result
+
+
+# SGLang 0.5.14's DSv4 backend sends an extend (prefill) call to sgl_kernel's sparse prefill
+# kernel BEFORE its sm_120 branch when the call has more query tokens than this, or when
+# SGLANG_OPT_FLASHMLA_SPARSE_PREFILL is true (0.5.23 keeps sm_120 out of that path): the
+# wrapper's entry, which the probe calls, is then not reached for that prefill.
+SPARSE_PREFILL_LAYOUT = "python/sglang/srt/layers/attention"
+SPARSE_PREFILL_SWITCH = "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"
+SPARSE_PREFILL_TOKENS = 11673  # 0.5.14's _LARGE_INDEXER_QUERY_THRESHOLD (dsv4/metadata.py)
+SPARSE_PREFILL_FUNCTION = "sgl_kernel.flash_mla.flash_mla_sparse_fwd"
+
+
+def _sparse_prefill(transport, host, sites, answered, env, running, now) -> list[str]:
+    """0.5.14's sparse prefill path (see SPARSE_PREFILL_*) applied to the probe's answers for
+    the sites of that layout whose backend has it: the prefill call goes to it when the switch
+    is true in that environment (SGLang's EnvBool: true, 1, yes, y); always a note on the long
+    prefills."""
+    try:
+        source = transport.read_bytes(posixpath.join(host.root, BACKEND_FILE))
+    except TransferError:
+        return []
+    if SPARSE_PREFILL_SWITCH.encode() not in source:
+        return []
+    for s in sites:
+        if s.folder != SPARSE_PREFILL_LAYOUT:
+            continue
+        for choices, values in ((answered, env), (running, now or {})):
+            choice = choices.get(id(s))
+            switched = str(values.get(SPARSE_PREFILL_SWITCH, "")).lower() in (
+                "true",
+                "1",
+                "yes",
+                "y",
+            )
+            if choice is None or not switched:
+                continue
+            for call in choice.calls:
+                if call.call == "prefill":
+                    call.backend, call.function, call.kernel_variant = (
+                        "sparse_prefill",
+                        SPARSE_PREFILL_FUNCTION,
+                        None,
+                    )
+                    call.error = None
+    return [
+        f"{BACKEND_FILE}: prefill calls of more than {SPARSE_PREFILL_TOKENS:,} query tokens (and "
+        f"every prefill with {SPARSE_PREFILL_SWITCH} true) go to {SPARSE_PREFILL_FUNCTION} "
+        "before its sm_120 branch, not to the wrapper's entry"
+    ]
 
 
 def _not_probed(site: KernelSite) -> str:
