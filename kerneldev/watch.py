@@ -46,6 +46,7 @@ from kerneldev.errors import (
     HostConnectionError,
     HostKeyError,
     KerneldevError,
+    LockBusyError,
     RefusedError,
     ServiceError,
     UnhealthyError,
@@ -539,7 +540,8 @@ class Watcher:
     # --- one burst -------------------------------------------------------------------------
     def _push(self, paths: list[str]) -> bool:
         """Push one burst and report it as an event. False when the connection dropped before
-        the outcome was known (the paths stay pending for after the reconnect)."""
+        the outcome was known (the paths stay pending for after the reconnect) or another
+        deploy held the host lock throughout (they stay pending for the next round)."""
         assert self.transport is not None
         existing = [p for p in paths if (Path(self.host.workspace) / p).is_file()]
         ignored = [p for p in paths if p not in existing]
@@ -572,6 +574,14 @@ class Watcher:
             raise
         except HostKeyError:
             raise
+        except LockBusyError as err:
+            # Another deploy held the lock through --lock-wait: the save is not lost, it stays
+            # pending and the next round waits for the lock again (each wait says who holds it).
+            event.outcome = FAILED
+            event.message = err.message
+            event.hint = "the save stays pending: it is pushed once the lock is free"
+            self.on_event(event)
+            return False
         except KerneldevError as err:
             lost = err if isinstance(err, HostConnectionError) else self._probe()
             if lost is None:

@@ -22,7 +22,9 @@ import yaml
 from kerneldev.cli.environment import Environment
 from kerneldev.cli.main import main
 from kerneldev.config import load_config
+from kerneldev.hosts.transport import open_transport
 from kerneldev.hosts.transport.session import control
+from kerneldev.loop import lock as host_lock
 from kerneldev.watch import is_editor_temp
 from tests.clirun import start_kerneldev
 from tests.sshd import free_port
@@ -171,6 +173,28 @@ def test_a_plain_save_is_live_once(setup: Setup):
     backup = setup.root / ".kerneldev" / "backups" / history[0]["id"] / A
     assert backup.read_bytes() == ORIGINAL_A
     assert not (setup.root / ".kerneldev" / "lock").exists()  # released after the push
+
+
+def test_a_save_that_meets_a_held_lock_stays_pending_and_goes_once_it_is_free(setup: Setup):
+    """Another deploy holds the host lock past --lock-wait: the push fails with who holds it,
+    but the save is not dropped: the next round pushes it once the lock is free."""
+    host = load_config(setup.config).hosts["h"]
+    watch = Watch(setup, "--json", "--no-import-check", "--lock-wait", "1")
+    try:
+        watch.event("ready")
+        with open_transport(host) as t, host_lock.HostLock(t, host.root, "push", wait=5):
+            new = ORIGINAL_A + b"# saved while someone deploys\n"
+            (setup.workspace / A).write_bytes(new)
+            busy = watch.event("push")
+            assert busy["outcome"] == "failed" and "locked" in busy["message"], busy
+            assert "stays pending" in busy["hint"]
+            assert (setup.root / A).read_bytes() == ORIGINAL_A
+        done = watch.event("push")  # the next round, after the lock went
+        assert (done["outcome"], done["deployed"]) == ("pushed", [A]), done
+        assert (setup.root / A).read_bytes() == new
+    finally:
+        code, _, err = watch.stop()
+    assert code == 0, err
 
 
 def test_editor_saves_give_one_push_each(setup: Setup):
