@@ -647,3 +647,17 @@ def test_doctor_checks_that_the_service_env_file_is_on_the_host(tmp_path):
             assert "service.env_file" in check["hint"]
     text = kd("--config", str(write_config(tmp_path, {"h": entry})), "doctor")
     assert re.search(r"^  skip +env-file +no `service.env_file` configured", text.stdout, re.M)
+
+
+def test_a_doctor_host_cut_short_is_not_reported_ok():
+    """`ok` in `doctor --json` means every check ran and none failed: a host whose checks a
+    Ctrl-C cut short after two passing ones is not ok (it said true)."""
+    from kerneldev.diagnose.doctor import OK, Check, DoctorReport, HostReport
+
+    passed = [Check("dns", OK, "resolves"), Check("tcp", OK, "open")]
+    cut = HostReport("hang", "ssh", checks=list(passed), interrupted=True)
+    whole = HostReport("fine", "ssh", checks=list(passed))
+    report = DoctorReport(Check("config", OK, "read"), [cut, whole], interrupted=True)
+    hosts = {h["host"]: h for h in report.as_json()["hosts"]}
+    assert hosts["hang"]["ok"] is False and hosts["hang"]["interrupted"] is True
+    assert hosts["fine"]["ok"] is True

@@ -114,7 +114,8 @@ class DoctorReport:
 
     def as_json(self) -> dict[str, Any]:
         """What `doctor --json` prints: each host's checks in the order they ran."""
-        hosts = [{**asdict(h), "ok": not h.failed} for h in self.hosts]
+        # `ok`: every check ran and none failed (a host cut short by Ctrl-C is not known ok).
+        hosts = [{**asdict(h), "ok": not h.failed and not h.interrupted} for h in self.hosts]
         return {
             "config": asdict(self.config),
             "hosts": hosts,
