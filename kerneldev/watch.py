@@ -45,6 +45,7 @@ from kerneldev.errors import (
     DeployTally,
     HostConnectionError,
     HostKeyError,
+    ImportFailedError,
     KerneldevError,
     LockBusyError,
     RefusedError,
@@ -584,6 +585,15 @@ class Watcher:
             return False
         except KerneldevError as err:
             lost = err if isinstance(err, HostConnectionError) else self._probe()
+            if (
+                lost is None
+                and isinstance(err, ImportFailedError)
+                and isinstance(err.report, sync.PushResult)
+            ):
+                # The deploy landed, failed its import and was rolled back: both are records.
+                pushed, check = err.report, err.report.import_check
+                event.deploy_id, event.deployed = pushed.deploy_id, list(pushed.deployed)
+                event.rollback_id = check.rolled_back_by if check is not None else None
             if lost is None:
                 event.outcome = FAILED
                 event.message, event.hint = err.message, err.hint

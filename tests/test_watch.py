@@ -197,6 +197,25 @@ def test_a_save_that_meets_a_held_lock_stays_pending_and_goes_once_it_is_free(se
     assert code == 0, err
 
 
+def test_a_save_that_does_not_import_names_its_deploy_and_rollback(setup: Setup):
+    """The import check after the upload fails: the files landed and were rolled back, and the
+    --json event carries both deploy ids (they were only in the message)."""
+    watch = Watch(setup, "--json")
+    try:
+        watch.event("ready")
+        broken = ORIGINAL_A + b"import a_module_kerneldev_never_installs  # noqa: F401\n"
+        (setup.workspace / A).write_bytes(broken)
+        event = watch.event("push")
+    finally:
+        code, _, err = watch.stop()
+    assert code == 0, err
+    assert event["outcome"] == "failed" and "do not import" in event["message"], event
+    assert event["deploy_id"] and event["rollback_id"], event
+    assert event["deploy_id"] in event["message"] and event["rollback_id"] in event["message"]
+    assert (setup.root / A).read_bytes() == ORIGINAL_A
+    assert [d["kind"] for d in setup.history()] == ["push", "rollback"]
+
+
 def test_editor_saves_give_one_push_each(setup: Setup):
     """Save by temp file + rename (most editors), then as vim does by default (4913 probe,
     backup~ made by renaming the file, new file written in several writes, backup removed).
