@@ -582,6 +582,9 @@ class Watcher:
             event.message = err.message
             event.hint = "the save stays pending: it is pushed once the lock is free"
             self.on_event(event)
+            # The host answered: the next round comes at the next save or keepalive, not at
+            # once (with a short --lock-wait it would spin against the held lock).
+            self.last_contact = time.monotonic()
             return False
         except KerneldevError as err:
             lost = err if isinstance(err, HostConnectionError) else self._probe()

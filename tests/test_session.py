@@ -796,3 +796,36 @@ def test_a_long_lived_client_is_reconnected_at_max_age(kept, tmp_path, fresh_ssh
         assert "reconnecting failed" in env.log() and "CHANGED" in env.log()
     finally:
         transport.close()
+
+
+def test_a_keepalive_request_that_raises_is_no_answer():
+    """paramiko raises from a request it could not send (a rekey that timed out) while the
+    transport still counts as active: that is no reply, so the stall is still found."""
+
+    class Stalled:
+        def global_request(self, kind, wait=True):
+            raise EOFError("key exchange timed out")
+
+        def is_active(self):
+            return True
+
+    now = [0.0]
+    transport = Stalled()
+    watch = liveness.Liveness(lambda: transport, interval=1.0, clock=lambda: now[0])
+    seen = []
+    for _ in range(8):
+        now[0] += 1.0
+        seen.append(watch.check())
+        time.sleep(0.05)  # the request's thread runs (and raises) at once
+    assert seen[-1] is not None and seen[-1] >= liveness.MISSED, seen
+
+    class Answering(Stalled):
+        def global_request(self, kind, wait=True):
+            return None  # sshd's refusal of an unknown request is a reply
+
+    transport = Answering()
+    watch = liveness.Liveness(lambda: transport, interval=1.0, clock=lambda: now[0])
+    for _ in range(8):
+        now[0] += 1.0
+        assert watch.check() is None
+        time.sleep(0.05)

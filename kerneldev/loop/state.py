@@ -224,8 +224,11 @@ def check_writable(workspace: Path, doing: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         os.close(os.open(folder / STATE_LOCK, os.O_RDWR | os.O_CREAT, 0o644))
-        if not os.access(folder, os.W_OK):
-            raise PermissionError(f"no write access to {folder}")
+        # A file made and removed, as the state's atomic write will (access() says yes to
+        # root on a root-squashed NFS mount, where the write then fails).
+        probe = folder / f".writable-{os.getpid()}-{secrets.token_hex(4)}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
     except OSError as err:
         raise StateError(
             f"{doing} refused, nothing changed on the host: the workspace's state in {folder} "

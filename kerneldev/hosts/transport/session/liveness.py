@@ -68,12 +68,14 @@ class Liveness:
             with self._lock:
                 self._asked, self._answered = None, self.clock()
             return
+        answered = False
         try:
             # Returns on a reply, or at once when the transport is closed.
             transport.global_request("keepalive@openssh.com", wait=True)
-        except Exception:  # noqa: BLE001, S110 - a dead transport: judged below
+            answered = transport.is_active()
+        except Exception:  # noqa: BLE001, S110 - no answer (a rekey that timed out): below
             pass
         with self._lock:
-            if transport.is_active() or transport is not self.transport_of():
+            if answered or transport is not self.transport_of():
                 self._asked = None  # answered, or asked on a connection since replaced
                 self._answered = self.clock()
