@@ -1013,3 +1013,11 @@ def test_a_profile_whose_requests_all_fail_says_so_not_the_folder(tmp_path):
     assert "every profiled request failed (2 of 2; the first: HTTP 500: engine died)" in (
         run.stderr
     ), run.stderr
+
+
+def test_render_appends_after_a_last_line_without_its_line_end():
+    """A file whose last line is one kerneldev cannot read (an expansion) and has no final
+    newline: the appended variant line must not count as a change of that line."""
+    text = "PYTHONPATH=/opt/x\nLD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
+    new = render(text, ["SGLANG_SM120_MMA_FLASHMLA"], {"SGLANG_SM120_MMA_FLASHMLA": "1"})
+    assert new == text + "\nSGLANG_SM120_MMA_FLASHMLA=1\n"

@@ -558,7 +558,9 @@ def _traces(text: str, managed: set[str]) -> dict[str, list]:
             if ops is not None:
                 traces[reader].extend(op for op in ops if op[0] not in managed)
             elif reader == SH and not _mine(line, managed):
-                traces[reader].append(("?", line.text))  # kept as written: the same either way
+                # kept as written: the same either way (its line end aside: a last line without
+                # one gets it when a line is appended after it)
+                traces[reader].append(("?", line.text.rstrip("\r\n")))
             elif reader == DOCKER:
                 traces[reader] = ["refuses the file"]
     return traces
