@@ -206,6 +206,14 @@ def test_dispatch_runs_under_the_service_env_files_kernel_switches(tmp_path):
     assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "0"
     assert "SGLANG_SM120_MMA_FLASHMLA=0 " in data["kerneldev"]["command"]
 
+    # A switch the env file does not set is not taken from the caller's (the login's)
+    # environment: the service does not run with it.
+    env_file.write_text("OTHER=x\n")
+    proc = kerneldev(config, *args, env={"SGLANG_SM120_MMA_FLASHMLA": "1"})
+    assert proc.returncode == 0, proc.stderr  # SIMT, the kernel's default: right
+    data = json.loads(saved_path(proc.stderr).read_text())
+    assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] is None
+
 
 @pytest.mark.parametrize("blocker", [".kerneldev", ".kerneldev/results"])
 def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, blocker):

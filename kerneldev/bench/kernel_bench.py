@@ -288,8 +288,14 @@ def harness_command(
         env_text = f"CUDA_VISIBLE_DEVICES={q(str(gpu))} {env_text}"
     switches = "".join(f"{k}={q(v)} " for k, v in (env or {}).items() if k.isidentifier())
     env_text = switches + env_text
+    # With the service's switches known, none is inherited from the login (a `.bashrc` that
+    # exports SGLANG_SM120_MMA_FLASHMLA=1 would pick the variant the service does not run).
+    clear = f"unset $(env | sed -n {q(_INHERITED_SWITCHES)}); " if env is not None else ""
     script = q(posixpath.join(tmp, harness.SCRIPT))
-    return f"cd {q(tmp)} && {env_text} {host.python} {script} {' '.join(args)} 2>&1"
+    return f"{clear}cd {q(tmp)} && {env_text} {host.python} {script} {' '.join(args)} 2>&1"
+
+
+_INHERITED_SWITCHES = r"s/^\(SGLANG_SM120_[A-Za-z0-9_]*\)=.*/\1/p"
 
 
 def _service_switches(
