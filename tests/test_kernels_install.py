@@ -1029,6 +1029,9 @@ def test_status_knows_0_5_14_sends_prefill_to_its_sparse_kernel_when_switched(
     assert calls["decode"]["backend"] == "triton"
     assert calls["prefill"]["backend"] == "sparse_prefill"
     assert calls["prefill"]["function"] == "sgl_kernel.flash_mla.flash_mla_sparse_fwd"
+    reason = data["sites"][0]["backend"]["reason"]  # the line under the table says the same
+    assert "tokens, 64 heads): sgl_kernel.flash_mla.flash_mla_sparse_fwd (SGLANG_OPT" in reason
+    assert reason.count("flash_mla_sparse_decode_triton") == 1, reason  # the decode call's only
     assert any("more than 11,673 query tokens" in n for n in data["notes"]), data["notes"]
 
     tree.set_env("SGLANG_SM120_TRITON_FLASHMLA=1\n")  # off: the prefill is the wrapper's

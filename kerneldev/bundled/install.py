@@ -553,12 +553,14 @@ def _sparse_prefill(transport, host, sites, answered, env, running, now) -> list
                 continue
             for call in choice.calls:
                 if call.call == "prefill":
-                    call.backend, call.function, call.kernel_variant = (
-                        "sparse_prefill",
-                        SPARSE_PREFILL_FUNCTION,
-                        None,
+                    # the probe called the wrapper's entry; the backend never does for this call
+                    said = f"{call.call} ({call.tokens} tokens, {call.heads} heads): "
+                    old = said + (call.function or f"unknown, {call.error}")
+                    call.backend, call.function = "sparse_prefill", SPARSE_PREFILL_FUNCTION
+                    call.kernel_variant = call.error = None
+                    choice.reason = choice.reason.replace(
+                        old, f"{said}{SPARSE_PREFILL_FUNCTION} ({SPARSE_PREFILL_SWITCH})"
                     )
-                    call.error = None
     return [
         f"{BACKEND_FILE}: prefill calls of more than {SPARSE_PREFILL_TOKENS:,} query tokens (and "
         f"every prefill with {SPARSE_PREFILL_SWITCH} true) go to {SPARSE_PREFILL_FUNCTION} "
