@@ -1021,3 +1021,13 @@ def test_render_appends_after_a_last_line_without_its_line_end():
     text = "PYTHONPATH=/opt/x\nLD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH"
     new = render(text, ["SGLANG_SM120_MMA_FLASHMLA"], {"SGLANG_SM120_MMA_FLASHMLA": "1"})
     assert new == text + "\nSGLANG_SM120_MMA_FLASHMLA=1\n"
+
+
+def test_an_assignment_before_export_or_unset_is_not_read_as_setting_nothing():
+    """`A=1 export B=2` sets B in a shell (and A in some shells); `A=1 unset B` unsets B: such
+    a line is one kerneldev cannot tell, and says so, not one that "sets nothing"."""
+    from kerneldev.service.envfile import parse_env_file
+
+    for line in ("FOO=1 export BAR=2\n", "BAR=3\nFOO=1 unset BAR\n"):
+        got = parse_env_file(line)
+        assert any("cannot tell" in w for w in got.warnings), (line, got.warnings)

@@ -198,7 +198,9 @@ def _sh_reading(cmd: _ShCommand) -> _ShReading:
     else:
         return _ShReading(assigned)
     command = words[len(assigned)][1]
-    if command in _SETTING_COMMANDS:
+    # `A=1 export B=2`, `A=1 unset B`: shells differ on whether A stays, and the builtin still
+    # sets or unsets its operands: not "sets nothing"
+    if command in _SETTING_COMMANDS or command in ("export", "unset", "set"):
         return _ShReading([], known=False, says=f"kerneldev cannot tell what `{command}` sets")
     return _ShReading([], says=f"runs `{command}` as a command (sets nothing)")
 
