@@ -68,6 +68,18 @@ def live_tree(tmp_path: Path, name: str = "live") -> Path:
     return root
 
 
+def local_entry(root: Path, service: dict) -> dict:
+    """A local host on `root` whose python lacks torch (`-S`: no site-packages)."""
+    return {
+        "transport": "local",
+        "root": str(root),
+        "files": ["k/*.py"],
+        "workspace": "ws",
+        "python": f"{sys.executable} -S",
+        "service": service,
+    }
+
+
 def write_config(tmp_path: Path, hosts: dict[str, dict], groups: dict | None = None) -> Path:
     data: dict = {"default": next(iter(hosts)), "hosts": hosts}
     if groups:
@@ -460,14 +472,7 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
     (bin_dir / "nvidia-smi").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     root = live_tree(tmp_path)
-    entry = {
-        "transport": "local",
-        "root": str(root),
-        "files": ["k/*.py"],
-        "workspace": "ws",
-        "python": f"{sys.executable} -S",
-        "service": {"restart": "true", "health": "false"},
-    }
+    entry = local_entry(root, {"restart": "true", "health": "false"})
     config = write_config(tmp_path, {"gpubox": entry})
 
     status = kd("--config", str(config), "status", "--json")
@@ -620,14 +625,7 @@ def test_doctor_checks_that_the_service_env_file_is_on_the_host(tmp_path):
     would create it); a missing folder or a folder instead of a file fails; without one the
     check is skipped."""
     root = live_tree(tmp_path)
-    entry = {
-        "transport": "local",
-        "root": str(root),
-        "files": ["k/*.py"],
-        "workspace": "ws",
-        "python": f"{sys.executable} -S",
-        "service": {"restart": "true"},
-    }
+    entry = local_entry(root, {"restart": "true"})
     env_file = tmp_path / "sglang.env"
     env_file.write_text("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
     cases = [
