@@ -1241,11 +1241,20 @@ WS_SYNC_Q_HELD = {
     (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N): 1,
 }
 WS_SYNC_LONG_TILE = (WS_SYNC_BLOCK_H, WS_SYNC_LONG_BLOCK_N)  # 9.x only
+# The few-head tile token-major (`_ws_tm_consumer`), for calls of at most 8 heads: S^T = K q^T
+# and O^T += K^T P^T, the heads mma.sync's N (8: no padding rows), q^T held in registers for
+# the whole loop (the head-major tile reloads 7 of q's 8 groups every tile: ~480 of a tile's
+# ~1,680 shared-memory wavefronts, session 29's ncu). Same buffers, warps and residency as the
+# few-head tile (`ws_build`). Session 35 (its first build, since lost): T1024 H8 dual prefill
+# 1.15x, B64 H8 dual decode 1.08x; at 16 heads 0.84-0.88x (q no longer fits in registers).
+WS_TM_BLOCK_H = 8
+WS_TM_TILE = (WS_TM_BLOCK_H, WS_FEW_BLOCK_N)
 WS_SYNC_TILES = (
     (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
     WS_SYNC_LONG_TILE,
     (WS_SYNC_WIDE_BLOCK_H, WS_SYNC_WIDE_BLOCK_N),
     (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N),
+    WS_TM_TILE,
 )
 
 
@@ -1332,6 +1341,18 @@ def ws_dequant_v41_bases(cw, block_n):
     return reg, lane, [[r, 0, 0] for r in rows], [2 * cw, 16, 32]
 
 
+def ws_halves_bases(rows):
+    """The mma.sync tiles' [rows, 512] fp16 buffers (q, the K tile: 16-byte pieces xor the
+    row mod 8, `SwizzledSharedLayout(8, 1, 8)`) seen as [rows, 2 halves, 256 dims], as a linear
+    layout's bases (what each bit of an element's offset adds, by xor, to its [row, half,
+    dim]): the token-major tile's batched products run over the two halves of the dims."""
+    bases = [[0, 0, 1 << i] for i in range(8)]  # the dim within its half
+    bases.append([0, 1, 0])  # the half
+    bases += [[1 << i, 0, 8 << i] for i in range(3)]  # the row's low bits, xor the piece's
+    bases += [[1 << i, 0, 0] for i in range(3, rows.bit_length() - 1)]  # the row
+    return bases
+
+
 def ws_build(
     tile: tuple[int, int],
     has_extra: bool = False,
@@ -1348,16 +1369,18 @@ def ws_build(
     32: 1.01-1.04x, both orders); the other mma.sync builds measured 0.94-1.04x with it
     (session 27)."""
     q_held = WS_SYNC_Q_HELD.get(tile, 0)
-    if tile == (WS_FEW_BLOCK_H, WS_FEW_BLOCK_N):
+    if tile in ((WS_FEW_BLOCK_H, WS_FEW_BLOCK_N), WS_TM_TILE):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
                     maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS,
-                    Q_HELD=q_held, LAUNCH_DEPENDENTS=False)  # fmt: skip
+                    Q_HELD=q_held, LAUNCH_DEPENDENTS=False,
+                    TOKEN_MAJOR=tile == WS_TM_TILE)  # fmt: skip
     sync = tile in WS_SYNC_TILES
     more = has_extra and not sync and (e_fmt == FMT_V41_FP4 or not pow2_pages)
     loader = WS_DUAL_LOADER_REGS if more else WS_LOADER_REGS
     signals = dependents and (not sync or tile == WS_SYNC_LONG_TILE)
     return dict(MMA_SYNC=sync, NR=WS_SYNC_RAW_SLOTS if sync else WS_RAW_SLOTS, num_warps=8,
-                LOADER_REGS=loader, Q_HELD=q_held, LAUNCH_DEPENDENTS=signals)  # fmt: skip
+                LOADER_REGS=loader, Q_HELD=q_held, LAUNCH_DEPENDENTS=signals,
+                TOKEN_MAJOR=False)  # fmt: skip
 
 
 if HAS_GLUON:
@@ -1659,6 +1682,12 @@ if HAS_GLUON:
     _ws_raw_fp4_view_bases = gluon.constexpr_function(ws_raw_fp4_view_bases)
     _ws_dequant_v41_bases = gluon.constexpr_function(ws_dequant_v41_bases)
     _ws_dequant_fp4_bases = gluon.constexpr_function(ws_dequant_fp4_bases)
+    _ws_halves_bases = gluon.constexpr_function(ws_halves_bases)
+
+    @gluon.constexpr_function
+    def _ws_halves_layout(rows):
+        """An mma.sync tile's [rows, 512] buffer as [rows, 2, 256] (`ws_halves_bases`)."""
+        return gl.SharedLinearLayout(_ws_halves_bases(rows))
 
     @gluon.constexpr_function
     def _ws_raw_v41_layout(block_n):
@@ -1946,6 +1975,96 @@ if HAS_GLUON:
         return acc, m_i, gl.sum(l_part, axis=1)
 
     @gluon.jit
+    def _ws_tm_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main,
+                        b, start, end, e_start, e_end,
+                        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
+                        stride_ib, stride_it,
+                        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                        stride_eib, stride_eit, qk_scale_log2, keep, Q_ptr, stride_qb,
+                        stride_qh, h0, H, length, topk, e_length, e_topk, NR: gl.constexpr,
+                        BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
+                        mma3: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                        EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
+                        EXACT_IN: gl.constexpr, FMT: gl.constexpr,
+                        E_FMT: gl.constexpr):  # fmt: skip
+        """`_ws_sync_consumer` token-major (at most 8 heads): S^T [tokens, heads] = K q^T and
+        O^T [512, heads] += K^T P^T, the heads mma.sync's N. Both run as batched products over
+        the two 256-dim halves (`mma3`, [2, rows, heads], warps [2, 2, 1]: a pair of warps
+        per half, each warp 16 tokens of S^T and 128 dims of O^T); S^T's halves are summed
+        across the pairs. q^T (its half: 256 dims x 8 heads) is loaded once into registers;
+        each K element is read once by S and once by PV. The softmax runs over the tokens,
+        the row sums kept per element until the loop ends. Returns O^T as [2, 256, heads],
+        the max and the sum per head."""
+        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
+                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
+        exact = n_tiles < 0  # False
+        if EXACT_IN and EXACT_BELOW > 0:
+            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
+                                   CW)  # fmt: skip
+        gl.thread_barrier()  # q stored by every consumer warp before it is read back
+        ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
+        L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
+        g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+        opa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
+        opb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=2)
+        s2: gl.constexpr = gl.SliceLayout(0, mma3)  # S^T [tokens, heads], halves summed
+        # [2 halves, dims, heads] and [2 halves, tokens, dims] views of q and the K tile
+        q3 = q_smem._reinterpret(WS_OPERAND, [BLOCK_H, 2, 256], _ws_halves_layout(BLOCK_H))
+        k3 = k_smem._reinterpret(WS_OPERAND, [BLOCK_N, 2, 256], _ws_halves_layout(BLOCK_N))
+        q_t = q3.permute((1, 2, 0))
+        k_s = k3.permute((1, 0, 2))  # S's A operand: [2, tokens, dims]
+        k_pv = k3.permute((1, 2, 0))  # PV's A operand: [2, dims, tokens]
+        q_held = ()  # q^T in 4 pieces of 64 dims (per thread 32 registers in all)
+        for gi in gl.static_range(4):
+            q_held = q_held + (q_t.slice(gi * 64, 64, dim=1).load(opb),)
+        acc = gl.zeros([2, 256, BLOCK_H], gl.float32, mma3)
+        m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s2))
+        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s2))
+        s_zero = gl.zeros([2, BLOCK_N, BLOCK_H], gl.float32, mma3)
+        p_zero = gl.zeros([2, BLOCK_N, BLOCK_H], WS_OPERAND, mma3)
+        l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s2)
+        for i in range(n_tiles):
+            slot = i % NR
+            valid = _ws_tile_in(
+                i, slot, n_main, b, start, end, e_start, e_end,
+                KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
+                stride_it,
+                EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
+                stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
+                BLOCK_N, ROWS, L3, FMT, E_FMT, CW,
+            )  # fmt: skip
+            gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            s_even = s_zero
+            s_odd = s_zero
+            for gi in gl.static_range(4):
+                kg = k_s.slice(gi * 64, 64, dim=2).load(opa)
+                if gi % 2 == 0:
+                    s_even = mma_v2(kg, q_held[gi], s_even)
+                else:
+                    s_odd = mma_v2(kg, q_held[gi], s_odd)
+            s = gl.sum(s_even + s_odd, axis=0)  # the two halves' partial products
+            s = gl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_part = l_part * alpha[None, :] + p
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.expand_dims(alpha, 0), 0)
+            p_hi = p.to(WS_OPERAND)
+            kt = k_pv.load(opa)
+            acc = mma_v2(kt, gl.convert_layout(p_hi[None, :, :] + p_zero, opb), acc)
+            if EXACT_IN:
+                if exact:  # P's rounding residue (`_ws_consumer`)
+                    p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
+                    acc = mma_v2(kt, gl.convert_layout(p_lo[None, :, :] + p_zero, opb), acc)
+            gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
+        return acc, m_i, gl.sum(l_part, axis=0)
+
+    @gluon.jit
     def _ws_count(idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK: gl.constexpr,
                   NW: gl.constexpr):  # fmt: skip
         """`_count_valid`'s count: the first `length` indices that select a token (NW: the
@@ -2031,7 +2150,7 @@ if HAS_GLUON:
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
-        Q_HELD: gl.constexpr = 0,
+        Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2040,7 +2159,8 @@ if HAS_GLUON:
         are left to the exact launch (no tile walked, nothing stored), or with EXACT_IN computed
         here with P's rounding residue (no exact launch). MMA_SYNC: the consumer is
         `_ws_sync_consumer` (mma.sync: the sm_120 row's tiles, the few-head tile), else
-        `_ws_consumer` (wgmma, sm_90). ONLY_FEW (wgmma): the exact launch beside
+        `_ws_consumer` (wgmma, sm_90); TOKEN_MAJOR (mma.sync, at most 8 heads):
+        `_ws_tm_consumer`. ONLY_FEW (wgmma): the exact launch beside
         `_mma_split_kernel`'s bf16-P one: only the requests with at most EXACT_BELOW valid
         tokens, each with P's rounding residue; the others' programs return after the count.
         SKIP_PACKED: lengths from `_pack_plan_kernel`, -1 for a token of a packed group
@@ -2144,6 +2264,45 @@ if HAS_GLUON:
                                      COUNT_BLOCK, num_warps)  # fmt: skip
                 keep = not few
                 n_tiles = gl.where(keep, n_tiles, 0)
+        if MMA_SYNC and TOKEN_MAJOR:
+            mma3: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[2, 0], warps_per_cta=[2, num_warps // 2, 1], instr_shape=[1, 16, 8]
+            )
+            acc_t, m_i, l_i = gl.warp_specialize(
+                [
+                    (_ws_tm_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty,
+                                       n_tiles, n_main, b, start, end, e_start, e_end,
+                                       KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
+                                       IDX_ptr, stride_ib, stride_it,
+                                       EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
+                                       e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
+                                       qk_scale_log2, keep, Q_ptr, stride_qb, stride_qh, h0,
+                                       H, length, topk, e_length, e_topk, NR, BLOCK_N,
+                                       BLOCK_H, num_warps, mma3, HAS_EXTRA, EXACT_BELOW,
+                                       COUNT_BLOCK, EXACT_IN, FMT, E_FMT)),
+                    (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
+                                  start, end, e_start, e_end,
+                                  KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
+                                  IDX_ptr, stride_ib, stride_it,
+                                  EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
+                                  EIDX_ptr, stride_eib, stride_eit, page_shift, e_page_shift, NR,
+                                  BLOCK_N, FMT, E_FMT, POW2_PAGES)),
+                ],
+                [4],
+                [LOADER_REGS],
+            )  # fmt: skip
+            # O^T [2, 256, heads] as O [heads, 512], after the fork (its buffers free for the
+            # conversion's scratch)
+            o_layout: gl.constexpr = gl.BlockedLayout([1, 8], [BLOCK_H // num_warps,
+                                                               32 // (BLOCK_H // num_warps)],
+                                                      [num_warps, 1], [1, 0])  # fmt: skip
+            acc = gl.convert_layout(
+                gl.reshape(gl.permute(acc_t, (2, 0, 1)), [BLOCK_H, 512]), o_layout
+            )
+            m_i = gl.convert_layout(m_i, gl.SliceLayout(1, o_layout))
+            l_i = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+            l_i = gl.where(keep, l_i, -1.0)  # nothing stored for a request left to the exact launch
+        elif MMA_SYNC:
             o_layout: gl.constexpr = gl.NVMMADistributedLayout(
                 version=[2, 0],
                 warps_per_cta=[BLOCK_H // 16, num_warps // (BLOCK_H // 16)],
@@ -2640,6 +2799,9 @@ class MMARow(NamedTuple):
     # token-major or head-major Triton loops). Session 20: 1.4-1.9x over those on the H200,
     # 1.5-2.3x on the sm_120 proxy at 100 KB per SM.
     ws_few_programs_per_sm: int = 0
+    # Those calls with at most this many heads (8 at most; 0: none): the few-head tile
+    # token-major (`WS_TM_TILE`, `_ws_tm_consumer`).
+    ws_few_tm_heads: int = 0
     # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
     # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
     # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
@@ -2692,6 +2854,7 @@ MMA_ROWS: dict[str, MMARow] = {
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_dual=True, ws_exact_launch=True,
         ws_few_programs_per_sm=2, ws_small_dual_programs=32, ws_small_dual_long=True,
+        ws_few_tm_heads=0,  # 8 once measured (session 36)
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2702,6 +2865,7 @@ MMA_ROWS: dict[str, MMARow] = {
     "sm120": MMARow(
         32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
         length_aware=True, ws_exact=True, ws_wide_tokens_per_sm=400, ws_few_programs_per_sm=1,
+        ws_few_tm_heads=0,  # 8 once measured (session 36)
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(
@@ -2894,6 +3058,8 @@ def mma_config(
     )  # fmt: skip
     if few:
         block_h, block_n, warps, stages = WS_FEW_BLOCK_H, WS_FEW_BLOCK_N, WS_FEW_WARPS, 1
+        if H <= min(row.ws_few_tm_heads, WS_TM_BLOCK_H):
+            block_h = WS_TM_BLOCK_H
         ws, token_major, one_round = True, False, None
         exact_block_n = exact_warps = 0
         programs = B
@@ -3248,7 +3414,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     if cfg.ws and not (ws_ok and _ws_runnable(q, main, extra, flags, (cfg.block_h, cfg.block_n))):
         # the Triton loop instead, with the tile its row takes then
         cfg = (_device_mma_config(q.device, B, H, topk, e_topk, ws=False) if derived
-               else cfg._replace(ws=False))  # fmt: skip
+               else cfg._replace(ws=False, block_h=max(cfg.block_h, 16)))  # fmt: skip
     if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None

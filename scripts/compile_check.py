@@ -78,6 +78,7 @@ def table_row(fl, cc: int, H: int = 64) -> dict:
             "ws_exact": getattr(ws_cfg, "ws_exact", False),
             "ws_exact_launch": getattr(table, "ws_exact_launch", False),
             "ws_few": getattr(table, "ws_few_programs_per_sm", 0) > 0,
+            "ws_few_tm": getattr(table, "ws_few_tm_heads", 0) > 0,
             "ws_small_dual": getattr(table, "ws_small_dual_programs", 0) > 0,
             "ws_small_dual_long": getattr(table, "ws_small_dual_long", False),
             "pack_rows": getattr(table, "pack_rows", 0)}  # fmt: skip
@@ -324,8 +325,12 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                             label = "bf16-P-ws-small-dual" + form + ("-plan" if plan else "")
                             rows.append(build_report(cc, sd_row, label, has_extra, fmt, ck,
                                                      with_ptxas))  # fmt: skip
-                if row.get("ws_few"):  # calls of at most 16 heads: the few-head tile
-                    few = (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)
+                few_tiles = []  # calls of at most 16 heads: the few-head tile
+                if row.get("ws_few"):
+                    few_tiles.append(("", (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N)))
+                if row.get("ws_few_tm"):  # ... and at most 8, token-major
+                    few_tiles.append(("-tm", fl.WS_TM_TILE))
+                for form, few in few_tiles:
                     few_row = dict(ws_row, BLOCK_H=few[0], BLOCK_N=few[1],
                                    num_warps=fl.WS_FEW_WARPS)  # fmt: skip
                     kinds = [(False, False, "v4"), (True, False, "v4")] + [
@@ -337,7 +342,7 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                         m, e = _WS_FORMATS[fmt]
                         ck = compile_ws(fl, cc, has_extra, below, True, plan, exact_in,
                                         tile=few, skip_packed=packed, fmt=m, e_fmt=e)  # fmt: skip
-                        label = "bf16-P-ws-few" + ("-plan" if plan else "") + (
+                        label = "bf16-P-ws-few" + form + ("-plan" if plan else "") + (
                             "-packed" if packed else "")  # fmt: skip
                         rows.append(build_report(cc, few_row, label, has_extra, fmt, ck,
                                                  with_ptxas))  # fmt: skip

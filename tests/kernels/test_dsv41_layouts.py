@@ -15,6 +15,7 @@ from . import conftest as kconf
 from .test_flash_mla_sm120_triton import (
     _FEW,
     _FEW120,
+    _FEW_HM,
     _FEW_PREFILL,
     _FEW_PREFILL_CFG,
     _WIDE,
@@ -277,7 +278,7 @@ V41_GLUON_CASES = [
         fl.mma_config((12, 0), 132, 3, 96, 300, 0),
     ]),
     ("v41_ws_few_h8_dual", dict(_V41_DUAL, B=5, H=8), [
-        _FEW, _FEW120, _FEW._replace(ws_exact=False),
+        _FEW, _FEW120, _FEW._replace(ws_exact=False), _FEW._replace(num_splits=1), _FEW_HM,
     ]),
     ("v41_ws_few_prefill_h16", dict(_FEW_PREFILL, kv_layout="v41"), [_FEW_PREFILL_CFG]),
     # a V4.1 FP4 extra cache: each tile's loader and dequantization by its cache
@@ -285,7 +286,7 @@ V41_GLUON_CASES = [
         _WS, _WS_DUAL_RULE, _WSX, fl.mma_config((12, 0), 132, 4, 64, 320, 200), _WIDE_STATIC,
         _WS_SMALL_DUAL_32, _WS_SMALL_DUAL,  # the rule's own form, then the long one forced
     ]),
-    ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, **_FP4, B=5, H=8), [_FEW, _FEW120]),
+    ("v41_fp4_ws_few_h8_dual", dict(_V41_DUAL, **_FP4, B=5, H=8), [_FEW, _FEW120, _FEW_HM]),
     ("v41_fp4_ws_few_prefill_h16", dict(_FEW_PREFILL, **_FP4, kv_layout="v41",
                                         with_sink="inf"), [_FEW_PREFILL_CFG]),
 ]  # fmt: skip
@@ -313,8 +314,8 @@ def test_v41_in_gluon_loops(case_id, kwargs, configs, gluon_launches):
 
 
 @pytest.mark.skipif(not _GLUON_RUNS, reason="the Gluon loops need triton 3.6 and a 9.x GPU")
-@pytest.mark.parametrize("H", [64, 8])
-def test_v41_nan_scale_byte_in_gluon_loops(H, gluon_launches):
+@pytest.mark.parametrize("H,tm_heads", [(64, 0), (8, 0), (8, 8)], ids=["64", "8", "8tm"])
+def test_v41_nan_scale_byte_in_gluon_loops(H, tm_heads, gluon_launches):
     """Scale byte 255 (float8_e8m0fnu's NaN) in a group request 0 selects: its output is NaN,
     as in the reference, and its LSE the Triton loop's in the same config (both leave the
     NaN-weighted token out of it: docs/kernel-contract.md); the other requests are
@@ -326,7 +327,8 @@ def test_v41_nan_scale_byte_in_gluon_loops(H, gluon_launches):
     P, stride = kc.shape[1], kc.stride(0)
     flat = kc.as_strided((kc.untyped_storage().nbytes(),), (1,), 0)
     flat[(slot // P) * stride + P * 512 + (slot % P) * 16 + 9] = 255
-    cfg = fl.mma_config((9, 0), 132, 3, H, 320, 0)
+    row = fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=tm_heads)  # 8 heads token-major or not
+    cfg = fl.mma_config((9, 0), 132, 3, H, 320, 0, row=row)
     out, lse = decode(**inputs, variant="mma", _config=cfg)
     assert gluon_launches
     t_out, t_lse = decode(**inputs, variant="mma", _config=cfg._replace(ws=False))

@@ -408,8 +408,15 @@ CASES += [
 # Calls of at most 16 heads: the Gluon loop's few-head tile (16 heads x 32 tokens, mma.sync, two
 # raw slots, 4 consumer warps at a 128-register cap) on a GPU that runs it, both rows; the
 # interpreter runs the launcher's fallback (`_mma_split_kernel` in the same tiles).
-_FEW = fl.mma_config((9, 0), 132, 5, 8, 320, 200)  # 17 static splits (the rule plans none)
-_FEW120 = fl.mma_config((12, 0), 132, 5, 8, 320, 200)
+# At most 8 heads the tile may run token-major (`_ws_tm_consumer`, 8 heads x 32 tokens; the
+# row's ws_few_tm_heads): _FEW token-major, _FEW_HM the same call head-major (16-row tile, 8
+# padding rows), whatever the rows choose.
+_TM90 = fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=8)
+_FEW = fl.mma_config((9, 0), 132, 5, 8, 320, 200, row=_TM90)  # 17 static splits, no plan
+_FEW120 = fl.mma_config((12, 0), 132, 5, 8, 320, 200,
+                        row=fl.MMA_ROWS["sm120"]._replace(ws_few_tm_heads=8))  # fmt: skip
+_FEW_HM = fl.mma_config((9, 0), 132, 5, 8, 320, 200,
+                        row=fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=0))  # fmt: skip
 # 16 heads, prefill-sized (one split, no plan), partial lengths, 30% invalid indices
 _FEW_PREFILL = dict(
     B=40, H=16, topk=192, page_size=64, extra_topk=96, extra_page_size=16, with_sink=True,
@@ -428,16 +435,31 @@ CASES += [
             # the few-token requests in an exact launch beside it instead of in the loop
             _FEW._replace(ws_exact=False),
             _FEW120,
+            _FEW_HM,
+            _FEW_HM._replace(num_splits=1, plan_splits=0),
         ],
     ),
     (
-        # 5 heads (11 masked rows), one-slot pages, topk not a multiple of the tile, one cache
+        # 5 heads (3 masked rows token-major, 11 head-major), one-slot pages, topk not a
+        # multiple of the tile, one cache
         "ws_few_h5_page1_topk300",
         dict(B=3, H=5, topk=300, page_size=1, with_sink=True, invalid_fraction=0.1),
         ("mma",),
-        [fl.mma_config((9, 0), 132, 3, 5, 300, 0), fl.mma_config((12, 0), 132, 3, 5, 300, 0)],
+        [
+            fl.mma_config((9, 0), 132, 3, 5, 300, 0, row=_TM90),
+            fl.mma_config((12, 0), 132, 3, 5, 300, 0),
+            fl.mma_config((9, 0), 132, 3, 5, 300, 0, row=_TM90)._replace(num_splits=1),
+            fl.mma_config((9, 0), 132, 3, 5, 300, 0)._replace(block_h=fl.WS_FEW_BLOCK_H),
+        ],
     ),
     ("ws_few_h16_prefill_zero_lengths", _FEW_PREFILL, ("mma",), [_FEW_PREFILL_CFG]),
+    (
+        # 8 heads prefill-sized: the token-major tile, one split, partial lengths, 30% invalid
+        "ws_tm_h8_prefill_partial",
+        dict(_FEW_PREFILL, H=8),
+        ("mma",),
+        [fl.mma_config((9, 0), 132, 1024, 8, 192, 96, row=_TM90)._replace(pack_tokens=0)],
+    ),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
 # indices, sink, padded page stride.
@@ -1093,12 +1115,18 @@ def test_mma_config_rule():
     assert not fl.mma_config((12, 0), 188, 64, 48, 2048, 0).ws  # a partly masked 32-head block
     # at most 16 heads: the few-head tile (16 x 32, mma.sync), both caches, decode and
     # prefill, in its own residency (two programs per SM on sm_90, one on sm_120)
+    # (at most 8 heads token-major: `WS_TM_TILE`, 8 x 32; the row's ws_few_tm_heads)
     for cc, sms, per_sm in (((9, 0), 132, 2), ((12, 0), 188, 1)):
         for B, H, topk, extra in ((64, 16, 2048, 0), (64, 8, 128, 512), (1024, 8, 128, 512),
-                                  (1, 3, 128, 512), (4096, 16, 2048, 0)):  # fmt: skip
+                                  (1, 3, 128, 512), (4096, 16, 2048, 0),
+                                  (8, 9, 2048, 0)):  # fmt: skip
             few = fl.mma_config(cc, sms, B, H, topk, extra)
             assert few.ws and not few.token_major, (cc, B, H)
-            assert (few.block_h, few.block_n, few.num_warps) == (16, 32, 4)
+            tm = H <= fl.MMA_ROWS[fl.mma_row_name(cc)].ws_few_tm_heads
+            assert (few.block_h, few.block_n, few.num_warps) == (8 if tm else 16, 32, 4)
+            for heads, block_h in ((0, 16), (8, 8 if H <= 8 else 16)):
+                row = fl.MMA_ROWS[fl.mma_row_name(cc)]._replace(ws_few_tm_heads=heads)
+                assert fl.mma_config(cc, sms, B, H, topk, extra, row=row).block_h == block_h
             tiles = fl._tiles(topk, extra, 32)
             assert few.num_splits == max(1, min(sms * per_sm // B, tiles)), (cc, B, H)
     assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).pack_tokens == 8  # the packed plan too
@@ -1170,10 +1198,14 @@ def test_gluon_builds_loader_registers():
 
 
 def test_gluon_builds_s_products():
-    """The mma.sync tiles hold some, not all, of q's 8 64-dim groups in registers; the wgmma
-    tile, whose q is wgmma's shared-memory operand, none."""
+    """The head-major mma.sync tiles hold some, not all, of q's 8 64-dim groups in registers;
+    the wgmma tile, whose q is wgmma's shared-memory operand, none; the token-major tile (the
+    only one built TOKEN_MAJOR) holds all of q^T its own way."""
     for tile in fl.WS_SYNC_TILES:
-        assert 0 < fl.ws_build(tile)["Q_HELD"] < 8, tile
+        tm = fl.ws_build(tile)["TOKEN_MAJOR"]
+        assert tm == (tile == fl.WS_TM_TILE), tile
+        if not tm:
+            assert 0 < fl.ws_build(tile)["Q_HELD"] < 8, tile
     assert fl.ws_build((fl.WS_BLOCK_H, fl.WS_BLOCK_N))["Q_HELD"] == 0
 
 
@@ -1247,6 +1279,17 @@ def _k_tile_offset(row, col):
     shared layout (16-byte pieces xor the row mod 8: `SwizzledSharedLayout(8, 1, 8)`)."""
     piece = col // 8
     return row * 1024 + ((piece & ~7) | ((piece & 7) ^ (row % 8))) * 16 + col % 8 * 2
+
+
+@pytest.mark.parametrize("rows", [fl.WS_TM_BLOCK_H, fl.WS_FEW_BLOCK_N])
+def test_halves_view_is_the_same_bytes(rows):
+    """The token-major tile's [rows, 2, 256] view (`ws_halves_bases`) of q's and the K tile's
+    [rows, 512] buffers names every element where the buffers' own swizzled layout stores it:
+    (row, half, dim) is (row, half * 256 + dim)."""
+    offsets = _layout_offsets(fl.ws_halves_bases(rows), (rows, 2, 256))
+    assert len(offsets) == rows * 512
+    for (r, h, d), off in offsets.items():
+        assert 2 * off == _k_tile_offset(r, h * 256 + d), (r, h, d)
 
 
 # (consumer warps, tokens a tile) of the V4.1 dequantizing tiles: few-head, 32 x 32, wide, wgmma
