@@ -777,6 +777,37 @@ def _local_config(box, tmp_path: Path) -> Path:
 
 
 @needs_service
+def test_an_ab_whose_later_variant_never_gets_healthy_keeps_the_measured_rounds(
+    ssh_box, tmp_path
+):
+    """The first variant is measured, the second one's restart fails: the error says so and
+    where the measured rounds went, saved as a result marked incomplete (they were dropped)."""
+    config = _local_config(ssh_box, tmp_path)
+    data = yaml.safe_load(config.read_text())
+    svc = data["hosts"][ssh_box.host_name]["service"]
+    broken = f"if grep -q KD_TEST_BROKEN=1 {svc['env_file']}; then exit 1; fi; "
+    svc["restart"] = broken + svc["restart"]
+    svc["variants"]["broken"] = {"KD_TEST_BROKEN": "1"}
+    config.write_text(yaml.safe_dump(data))
+    args = ["bench", "--service", "--variants", "mma,broken", "--concurrency", "1"]
+    args += ["--requests", "1", "--input-len", "4", "--max-new-tokens", "2", "--rounds", "1"]
+    proc = _kerneldev(config, *args, "--warmup", "0", "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    saved = list((tmp_path / ".kerneldev" / "results").glob("*-service.json"))
+    assert len(saved) == 1, saved
+    error = json.loads(proc.stdout)["error"]
+    assert "exited 1" in error["message"]
+    assert f"saved as an incomplete result: {saved[0]}" in error["hint"]
+    result = json.loads(saved[0].read_text())
+    assert result["complete"] is False and result["ok"] is False
+    assert result["stopped_by"] == error["message"]
+    assert [(r["variant"], r["rounds"]) for r in result["results"]] == [("mma", 1), ("broken", 0)]
+    assert result["results"][0]["metrics"]["completed"] == 1
+    assert result["ab"][0]["metrics"]["median_tpot_ms"]["verdict"] == "n/a"
+
+
+@needs_service
 def test_a_service_result_that_cannot_be_saved_is_still_printed_then_an_error(ssh_box, tmp_path):
     """`.kerneldev` is a file, so the results folder cannot be made: the finished A/B is not
     lost (the JSON has the result and an `error` object; the table comes before the error)."""

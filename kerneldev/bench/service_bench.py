@@ -231,6 +231,72 @@ def run_service_bench(
     order = round_order(request.variants, request.rounds)
     runs: list[dict] = []
     servers: list[dict] = []
+    try:
+        ab = _run_rounds(transport, host, request, url, say, order, runs, servers,
+                         health_interval, allow_same_kernel)  # fmt: skip
+    except KerneldevError as err:
+        _keep_partial(err, host, request, url, started, runs, servers, results_dir)
+        raise
+    data = build_result(host, request, url, started, runs)
+    data["complete"] = True
+    add_server_settings(data, servers)
+    data["kerneldev"] = {
+        "host": host.name,
+        "env_file": svc.env_file,
+        "env_file_warnings": ab.kernels.warnings,
+        "restored": True,
+    }
+    _record_kernels(data, ab.kernels)
+    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
+    return ServiceBenchResult(data, saved, ab.switcher.restart_skipped, save_error=save_error)
+
+
+def _keep_partial(
+    err: KerneldevError,
+    host: HostConfig,
+    request: ServiceBenchRequest,
+    url: str,
+    started: str,
+    runs: list[dict],
+    servers: list[dict],
+    results_dir: Path | None,
+) -> None:
+    """An A/B stopped after some levels were measured (a later variant never got healthy, the
+    connection dropped, Ctrl-C): those are saved as a result marked incomplete (`complete`
+    false, `stopped_by` the error), and the error's hint says where, so a long A/B that fails
+    at its last variant does not lose the others."""
+    if not runs:
+        return
+    data = build_result(host, request, url, started, runs)
+    data.update(ok=False, complete=False, stopped_by=err.message)
+    add_server_settings(data, servers)
+    svc = host.service
+    data["kerneldev"] = {"host": host.name, "env_file": svc.env_file if svc else None}
+    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
+    measured = sorted({(r["variant"], r["round"]) for r in runs})
+    what = f"{len(measured)} variant round(s) measured before it"
+    note = (
+        f"the {what} are saved as an incomplete result: {saved}"
+        if saved
+        else f"the {what} could not be saved: {save_error.message if save_error else '?'}"
+    )
+    err.hint = f"{err.hint}\n{note}" if err.hint else note
+
+
+def _run_rounds(
+    transport: Transport,
+    host: HostConfig,
+    request: ServiceBenchRequest,
+    url: str,
+    say: Callable[[str], None],
+    order: list[tuple[int, str]],
+    runs: list[dict],
+    servers: list[dict],
+    health_interval: float | None,
+    allow_same_kernel: bool,
+):
+    """The A/B's rounds inside its session (the service put back after them); `runs` and
+    `servers` filled as each level is measured. Returns the (closed) session."""
     with ab_kernels.ab_session(
         transport,
         host,
@@ -296,17 +362,7 @@ def run_service_bench(
                         "metrics": m,
                     }
                 )
-    data = build_result(host, request, url, started, runs)
-    add_server_settings(data, servers)
-    data["kerneldev"] = {
-        "host": host.name,
-        "env_file": svc.env_file,
-        "env_file_warnings": ab.kernels.warnings,
-        "restored": True,
-    }
-    _record_kernels(data, ab.kernels)
-    saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
-    return ServiceBenchResult(data, saved, ab.switcher.restart_skipped, save_error=save_error)
+    return ab
 
 
 # --- the server's settings ---------------------------------------------------------------
