@@ -777,9 +777,7 @@ def _local_config(box, tmp_path: Path) -> Path:
 
 
 @needs_service
-def test_an_ab_whose_later_variant_never_gets_healthy_keeps_the_measured_rounds(
-    ssh_box, tmp_path
-):
+def test_an_ab_whose_later_variant_never_gets_healthy_keeps_what_it_measured(ssh_box, tmp_path):
     """The first variant is measured, the second one's restart fails: the error says so and
     where the measured rounds went, saved as a result marked incomplete (they were dropped)."""
     config = _local_config(ssh_box, tmp_path)
