@@ -777,6 +777,27 @@ def _local_config(box, tmp_path: Path) -> Path:
 
 
 @needs_service
+def test_a_profile_that_cannot_be_saved_is_still_printed_then_an_error(ssh_box, tmp_path):
+    """`.kerneldev` is a file: the traces cannot be copied nor the profile saved, and the
+    finished profile is shown (the table; in --json the report with an `error` object) before
+    the error (it was lost: the error alone)."""
+    config = _local_config(ssh_box, tmp_path)
+    (tmp_path / ".kerneldev").touch()
+    args = ["profile", "--variants", "mma", "--concurrency", "1", "--steps", "2", "--top", "3"]
+    proc = _kerneldev(config, *args, "--json")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    assert [v["variant"] for v in report["variants"]] == ["mma"]
+    assert report["saved_to"] is None
+    assert report["error"]["message"].startswith("cannot write ")
+    assert report["error"]["message"] == report["save_error"]
+    proc = _kerneldev(config, *args)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "mma" in proc.stdout and "kerneldev: error: cannot write " in proc.stderr
+
+
+@needs_service
 def test_an_ab_whose_later_variant_never_gets_healthy_keeps_what_it_measured(ssh_box, tmp_path):
     """The first variant is measured, the second one's restart fails: the error says so and
     where the measured rounds went, saved as a result marked incomplete (they were dropped)."""

@@ -149,7 +149,8 @@ class ProfileResult:
     top: int
     time_kind: str  # "gpu" or "cpu" (CPU-only service: record_function ranges)
     variants: list[VariantProfile] = field(default_factory=list)
-    saved_to: str | None = None
+    saved_to: str | None = None  # None: not saved (`save_error` says why)
+    save_error: str | None = None
 
 
 def run_profile(
@@ -278,5 +279,7 @@ def run_profile(
     try:
         write_bytes_atomic(saved, text.encode("utf-8"), 0o644)  # creates the folders
     except OSError as err:
-        raise BenchError(f"cannot write {saved}: {err}") from None
+        # kept, not raised: the caller shows the finished profile, then this error
+        result.saved_to = None
+        result.save_error = f"cannot write {saved}: {err.strerror or err}"
     return result

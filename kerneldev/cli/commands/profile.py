@@ -9,6 +9,7 @@ import typer
 from kerneldev.cli.commands.bench import allow_same_kernel_option
 from kerneldev.cli.common import HOST_OPTION, JSON_OPTION, config_path, variants_option
 from kerneldev.cli.output import NUMBER, Column, print_info, print_json, print_line
+from kerneldev.errors import BenchError
 
 # The core (kerneldev.bench.profile, the service bench, the config) is imported by the command,
 # not here: `kerneldev --help` imports this module to list it.
@@ -55,12 +56,20 @@ def profile_command(
             profiles_dir=config.path.parent / decode_profile.PROFILES_DIR,
             allow_same_kernel=allow_same_kernel,
         )
-    if as_json:
-        print_json(result)
-    else:
+    if as_json and result.save_error is None:
+        print_json(result)  # else the error's JSON below carries it: one document on stdout
+    elif not as_json:
         render(result)
     for v in result.variants:
         print_info(f"trace ({v.variant}): {v.local_trace or v.trace_on_host}")
+    if result.save_error is not None:
+        # The profile is shown (or in --json's report) before the error: nothing is lost.
+        raise BenchError(
+            result.save_error,
+            hint="the profile is printed but not saved; make the profiles folder one you can "
+            "write (a file may be in the way), then run again",
+            report=result if as_json else None,
+        )
     print_info(f"saved: {result.saved_to}")
 
 
