@@ -302,6 +302,36 @@ def test_a_stale_lock_taken_over_in_a_group_is_a_warning(tmp_path, servers):
     assert "node0: took over" not in run.stderr
 
 
+def test_ctrl_c_after_every_host_pulled_is_not_an_interruption(tmp_path, servers, monkeypatch):
+    """Ctrl-C once every host's pull has ended: the group pull exits 0 (not 130) and says the
+    signal came after the end, as a one-host pull and a group push do."""
+    import io
+
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+    from kerneldev.loop import fleet_ops
+
+    f = Fleet(tmp_path, servers)
+    for key, value in f.env().items():
+        monkeypatch.setenv(key, value)
+    real = fleet_ops.pull_group
+
+    def pull_then_ctrl_c(*args, **kwargs):
+        outcomes = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # as the terminal sends it
+        while interrupt.pending() is None:  # the handler runs in the main thread
+            time.sleep(0.01)
+        return outcomes
+
+    monkeypatch.setattr(fleet_ops, "pull_group", pull_then_ctrl_c)
+    out, err = io.StringIO(), io.StringIO()
+    args = ["pull", "--host", "node0,node1", "--json"]
+    code = main(args, env=Environment(stdout=out, stderr=err, stdin=io.StringIO()))
+    assert code == 0, err.getvalue()
+    assert "Ctrl-C came after every host's pull had ended" in err.getvalue()
+    assert [e["status"] for e in json.loads(out.getvalue())["hosts"]] == ["ok", "ok"]
+
+
 def test_ctrl_c_after_every_host_pushed_is_not_an_interruption(tmp_path, servers, monkeypatch):
     """Ctrl-C while the last host writes its record (shielded): every host is deployed and
     recorded, so the group push exits 0 and says the signal came after the end."""

@@ -303,6 +303,11 @@ def pull(
         outcomes = fleet_ops.pull_group(
             ordered, reference, paths, force=force, parallel=parallel, on_event=view
         )
+    late = not any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes)
+    if late and interrupt.consume() is not None:
+        # The signal came once every host had ended (a pull's record is shielded): nothing
+        # was cut short, so the pull stands (as a one-host pull and a group push say).
+        print_info("Ctrl-C came after every host's pull had ended; nothing was interrupted")
     if outcomes[0].ok:
         try:
             remember_config(reference.workspace, config.path, reference.name)
