@@ -262,21 +262,25 @@ def _keep_partial(
     results_dir: Path | None,
 ) -> None:
     """An A/B stopped after some levels were measured (a later variant never got healthy, the
-    connection dropped, Ctrl-C): those are saved as a result marked incomplete (`complete`
-    false, `stopped_by` the error), and the error's hint says where, so a long A/B that fails
-    at its last variant does not lose the others."""
+    connection dropped, Ctrl-C, or putting the service back failed after the last round):
+    those are saved as a failed result (`ok` false, `stopped_by` the error; `complete` false
+    unless every round ran), and the error's hint says where, so a long A/B that fails at
+    its last variant does not lose the others."""
     if not runs:
         return
     data = build_result(host, request, url, started, runs)
-    data.update(ok=False, complete=False, stopped_by=err.message)
+    ran = {(r["round"], r["variant"]) for r in runs}
+    # (complete: every round ran, and the error came after them: putting the service back)
+    data.update(ok=False, complete=ran == set(round_order(request.variants, request.rounds)))
+    data["stopped_by"] = err.message
     add_server_settings(data, servers)
     svc = host.service
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file if svc else None}
     saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
-    measured = sorted({(r["variant"], r["round"]) for r in runs})
-    what = f"{len(measured)} variant round(s) measured before it"
+    what = f"{len(ran)} variant round(s) measured before it"
+    kind = "a result (every round ran)" if data["complete"] else "an incomplete result"
     note = (
-        f"the {what} are saved as an incomplete result: {saved}"
+        f"the {what} are saved as {kind}: {saved}"
         if saved
         else f"the {what} could not be saved: {save_error.message if save_error else '?'}"
     )
