@@ -237,9 +237,7 @@ def run_service_bench(
     except KerneldevError as err:
         _keep_partial(err, host, request, url, started, runs, servers, results_dir)
         raise
-    data = build_result(host, request, url, started, runs)
-    data["complete"] = True
-    add_server_settings(data, servers)
+    data = _assembled(host, request, url, started, runs, servers)
     data["kerneldev"] = {
         "host": host.name,
         "env_file": svc.env_file,
@@ -268,16 +266,13 @@ def _keep_partial(
     its last variant does not lose the others."""
     if not runs:
         return
-    data = build_result(host, request, url, started, runs)
-    ran = {(r["round"], r["variant"]) for r in runs}
-    # (complete: every round ran, and the error came after them: putting the service back)
-    data.update(ok=False, complete=ran == set(round_order(request.variants, request.rounds)))
-    data["stopped_by"] = err.message
-    add_server_settings(data, servers)
+    data = _assembled(host, request, url, started, runs, servers)
+    # (complete here: every round ran, and the error came after them: putting the service back)
+    data.update(ok=False, stopped_by=err.message)
     svc = host.service
     data["kerneldev"] = {"host": host.name, "env_file": svc.env_file if svc else None}
     saved, save_error = try_save_result(data, results_dir or RESULTS_DIR, f"{host.name}-service")
-    what = f"{len(ran)} variant round(s) measured before it"
+    what = f"{len({(r['round'], r['variant']) for r in runs})} variant round(s) measured before it"
     kind = "a result (every round ran)" if data["complete"] else "an incomplete result"
     note = (
         f"the {what} are saved as {kind}: {saved}"
@@ -285,6 +280,23 @@ def _keep_partial(
         else f"the {what} could not be saved: {save_error.message if save_error else '?'}"
     )
     err.hint = f"{err.hint}\n{note}" if err.hint else note
+
+
+def _assembled(
+    host: HostConfig,
+    request: ServiceBenchRequest,
+    url: str,
+    started: str,
+    runs: list[dict],
+    servers: list[dict],
+) -> dict:
+    """The result of the rounds in `runs` (all of them, or those before an error), with
+    `complete` (every planned round ran) and the server's settings."""
+    data = build_result(host, request, url, started, runs)
+    ran = {(r["round"], r["variant"]) for r in runs}
+    data["complete"] = ran == set(round_order(request.variants, request.rounds))
+    add_server_settings(data, servers)
+    return data
 
 
 def _run_rounds(
