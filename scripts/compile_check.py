@@ -8,7 +8,11 @@ as a branch of that launch or as a second launch, and the exact PV for the whole
 the architecture's per-block limit, and, when a ptxas is found, registers and spills. Used
 for sm_120 / sm_89, which we have no hardware for.
 
-    python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json]
+    python3 scripts/compile_check.py [--cc 120 --cc 89 --cc 90] [--json] [--save-ptx DIR]
+
+`--save-ptx DIR` writes each build's PTX to DIR without its source-line directives, one file
+per build: a refactor meant to change no code is checked by saving before and after and
+`diff -r` (no GPU needed; each file's name is its report line's build).
 
 Exit status 1 when a row does not fit its limit. Must run without TRITON_INTERPRET (the
 interpreter replaces the compiled kernels).
@@ -226,13 +230,43 @@ def build_report(
     cc: int, row: dict, label: str, has_extra: bool, formats: str, ck, with_ptxas: bool
 ) -> dict:
     """One compiled build's line: its row's parameters, shared memory against the limit, and
-    ptxas's registers and spills."""
+    ptxas's registers and spills (and, for `--save-ptx`, its PTX)."""
     shared, limit = ck.metadata.shared, SMEM_LIMIT.get(cc)
     return {
         "cc": cc, **row, "pass": label, "extra_cache": has_extra, "formats": formats,
         "shared_bytes": shared, "limit_bytes": limit, "fits": limit is None or shared <= limit,
-        "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "",
+        "ptxas": ptxas_report(ck.asm["ptx"], cc) if with_ptxas else "", "_ptx": ck.asm["ptx"],
     }  # fmt: skip
+
+
+def ptx_file_name(r: dict) -> str:
+    """A build's PTX file name: its architecture, tile, build, caches and formats."""
+    extra = "extra" if r["extra_cache"] else "main"
+    return (f"sm{r['cc']}-h{r['BLOCK_H']}n{r['BLOCK_N']}w{r['num_warps']}-{r['pass']}-{extra}-"
+            f"{r['formats']}.ptx").replace("+", "_")  # fmt: skip
+
+
+def code_only(ptx: str) -> str:
+    """PTX without what moves when source lines move: `.loc` / `.file` directives, the debug
+    labels and the debug sections (which close the file), so a refactor that changes no
+    instruction leaves the text unchanged."""
+    out = []
+    for line in ptx.splitlines():
+        stripped = line.strip()
+        if stripped.startswith(".section") and ".debug" in stripped:
+            break
+        if stripped.startswith((".loc", ".file", "$L__tmp", "$L__func_")):
+            continue
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def save_ptx(rows: list[dict], directory: str) -> None:
+    """Write each build's code-only PTX under `directory` (created; same-named files replaced)."""
+    os.makedirs(directory, exist_ok=True)
+    for r in rows:
+        with open(os.path.join(directory, ptx_file_name(r)), "w") as f:
+            f.write(code_only(r["_ptx"]))
 
 
 def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
@@ -365,12 +399,17 @@ def main() -> int:
     ap.add_argument("--cc", type=int, action="append", help="compute capability x10, e.g. 120")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-ptxas", action="store_true")
+    ap.add_argument("--save-ptx", metavar="DIR", help="write each build's PTX (code only) here")
     args = ap.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("compile_check: unset TRITON_INTERPRET (the interpreter compiles nothing)")
         return 2
     ccs = args.cc or [120, 89, 90]
     rows = check(ccs, with_ptxas=not args.no_ptxas)
+    if args.save_ptx:
+        save_ptx(rows, args.save_ptx)
+    for r in rows:
+        del r["_ptx"]
     import flash_mla_sm120_triton as fl
 
     if not getattr(fl, "HAS_GLUON", False):

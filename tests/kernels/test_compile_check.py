@@ -31,10 +31,18 @@ def _run(args: list[str], code: str | None = None) -> subprocess.CompletedProces
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
 
 
-def test_sm120_and_sm89_rows_fit_99_kb():
-    res = _run(["--cc", "120", "--cc", "89", "--no-ptxas", "--json"])
+def test_sm120_and_sm89_rows_fit_99_kb(tmp_path):
+    res = _run(["--cc", "120", "--cc", "89", "--no-ptxas", "--json", "--save-ptx", str(tmp_path)])
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     rows = json.loads(res.stdout)
+    # --save-ptx: one file per build, its code without what moves with source lines (a
+    # refactor meant to change no code is checked by diffing two such directories)
+    saved = sorted(tmp_path.iterdir())
+    assert len(saved) == len(rows) and all("_ptx" not in r for r in rows)
+    for path in saved:
+        ptx = path.read_text()
+        assert ".entry" in ptx and "mma" in ptx, path.name
+        assert ".loc" not in ptx and ".debug" not in ptx and "$L__tmp" not in ptx, path.name
     built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
     # the sm_120 row's Gluon loop (computing its few-token requests itself), without and with
     # the length-aware plan, its wide tile (planned) and its few-head tile (plain, planned,
