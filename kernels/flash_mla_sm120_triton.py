@@ -1894,6 +1894,28 @@ if HAS_GLUON:
         )
 
     @gluon.jit
+    def _ws_sync_start(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep, qk_scale_log2,
+                       n_tiles, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                       EIDX_ptr, stride_eib, stride_eit, e_length, e_topk, e_num_tokens,
+                       BLOCK_H: gl.constexpr, CW: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                       EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
+                       EXACT_IN: gl.constexpr):  # fmt: skip
+        """The mma.sync consumers' start (head- and token-major), while the loader's first
+        copies fly: q (zero for a request `keep` leaves to the exact launch) into shared
+        memory, visible to every consumer warp on return, and, with EXACT_IN, whether the
+        request is a few-token one (computed exact). Returns (q's scale, exact)."""
+        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
+                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
+        exact = n_tiles < 0  # False
+        if EXACT_IN and EXACT_BELOW > 0:
+            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
+                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
+                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
+                                   CW)  # fmt: skip
+        gl.thread_barrier()  # q stored by every consumer warp before it is read
+        return qk_scale_log2, exact
+
+    @gluon.jit
     def _ws_sync_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                          start, end, e_start, e_end,
                          KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
@@ -1913,15 +1935,12 @@ if HAS_GLUON:
         layout; the row sums kept per element until the loop ends (`_ws_softmax_lazy`). As in
         `_ws_consumer`, q (zero for a request `keep` leaves to the exact launch) and, with
         EXACT_IN, the few-token count come here, while the loader's first copies fly."""
-        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
-                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
-        exact = n_tiles < 0  # False
-        if EXACT_IN and EXACT_BELOW > 0:
-            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
-                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
-                                   CW)  # fmt: skip
-        gl.thread_barrier()  # q stored by every consumer warp before the first product
+        qk_scale_log2, exact = _ws_sync_start(
+            q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep, qk_scale_log2, n_tiles,
+            IDX_ptr, stride_ib, stride_it, length, topk, num_tokens, EIDX_ptr, stride_eib,
+            stride_eit, e_length, e_topk, e_num_tokens, BLOCK_H, CW, HAS_EXTRA, EXACT_BELOW,
+            COUNT_BLOCK, EXACT_IN,
+        )  # fmt: skip
         ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
         L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
         g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
@@ -1995,15 +2014,12 @@ if HAS_GLUON:
         each K element is read once by S and once by PV. The softmax runs over the tokens,
         the row sums kept per element until the loop ends. Returns O^T as [2, 256, heads],
         the max and the sum per head."""
-        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
-                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
-        exact = n_tiles < 0  # False
-        if EXACT_IN and EXACT_BELOW > 0:
-            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
-                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
-                                   CW)  # fmt: skip
-        gl.thread_barrier()  # q stored by every consumer warp before it is read back
+        qk_scale_log2, exact = _ws_sync_start(
+            q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep, qk_scale_log2, n_tiles,
+            IDX_ptr, stride_ib, stride_it, length, topk, num_tokens, EIDX_ptr, stride_eib,
+            stride_eit, e_length, e_topk, e_num_tokens, BLOCK_H, CW, HAS_EXTRA, EXACT_BELOW,
+            COUNT_BLOCK, EXACT_IN,
+        )  # fmt: skip
         ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
         L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
         g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))

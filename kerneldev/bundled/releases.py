@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "3ee0b347f48aadeab72ac03e65276d0fe02993649582a1f443f101ddaa372538": "e971a6f 2026-12-05",
         "7fbcc25c3194d57478d9432d70ef9b8f9f6a8da8aeade6a8eee65a8cc4d9e071": "8b61141 2026-12-05",
         "0b75deef8ffdd39f7d4833f56ea1b8641dc7df9b4c1599ae23adc0e4835f55d3": "c898f33 2026-12-04",
         "95977c71df7bc3a128a056634faa9d1a966b355263e20cd9e9e3ba5e4767a713": "da1be3c 2026-12-04",
