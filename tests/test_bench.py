@@ -215,6 +215,39 @@ def test_dispatch_runs_under_the_service_env_files_kernel_switches(tmp_path):
     assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] is None
 
 
+def test_dispatch_with_an_env_file_not_created_yet_runs_as_kernels_status_reads_it(tmp_path):
+    """A configured env file that does not exist (its folder does: `bench --service` creates
+    it) is read as `kernels status` and the import check read it: the login environment's
+    switches, with a warning. A path whose folder does not exist either (a typo) stops the
+    run with the file named, as an unreadable file does."""
+    env_file = tmp_path / "svc.env"
+    service = {"restart": "true", "health": "true", "env_file": str(env_file)}
+    config = write_config(tmp_path, service=service)
+    (tmp_path / "live" / KERNEL).write_text(SWITCHED_KERNEL)
+    args = ("bench", "--cpu", "--source", "live", "--variants", "dispatch", "--shapes", TINY)
+    proc = kerneldev(config, *args, env={"SGLANG_SM120_MMA_FLASHMLA": "1"})
+    assert proc.returncode == 1, proc.stderr  # the login's switch: MMA ran (wrong here)
+    assert "Traceback" not in proc.stderr
+    assert f"{env_file}: does not exist on gpu1: dispatch ran under the login" in proc.stderr
+    data = json.loads(saved_path(proc.stderr).read_text())
+    assert data["settings"]["env"]["SGLANG_SM120_MMA_FLASHMLA"] == "1"
+    assert data["kerneldev"]["service_env"]["variables"] is None
+    assert not env_file.exists()  # nothing created
+
+    proc = kerneldev(config, *args)  # the login environment without the switch: SIMT
+    assert proc.returncode == 0, proc.stderr
+
+    typo = tmp_path / "no-such-folder" / "svc.env"
+    data = yaml.safe_load(config.read_text())
+    data["hosts"]["gpu1"]["service"]["env_file"] = str(typo)
+    config.write_text(yaml.safe_dump(data))
+    proc = kerneldev(config, *args, "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    error = json.loads(proc.stdout)["error"]
+    assert error["message"].startswith(f"cannot read service.env_file {typo} on gpu1: ")
+    assert "kerneldev doctor" in error["hint"]
+
+
 @pytest.mark.parametrize("blocker", [".kerneldev", ".kerneldev/results"])
 def test_a_result_that_cannot_be_saved_is_still_shown_then_an_error(tmp_path, blocker):
     """A file where the results folder should be: the finished run is not lost. The table (or

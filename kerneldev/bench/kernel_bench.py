@@ -18,6 +18,9 @@ Where the host has `service.env_file`, the harness runs under its kernel switche
 (`SGLANG_SM120_*`), so that `dispatch` is the kernel file's own choice in the service's
 environment (recorded in the result's `kerneldev.service_env` and `settings.env`); the
 wrapper's backend choice (FlashInfer, torch) is `kernels status`'s answer, not modelled here.
+A configured file that does not exist (its folder does) is read as `kernels status` reads it:
+the login environment's switches, with a warning; one that cannot be read otherwise stops a
+`dispatch` run.
 
 Results are saved as `<results_dir>/<UTC time>-<host>.json`; the CLI uses
 `.kerneldev/results/` in the folder of the config file (hosts.yaml), so results sit next to
@@ -210,7 +213,7 @@ def run_bench(
             gpu,
             cpu_mode,
             rotate,
-            env=service_env["variables"] if service_env else None,
+            env=service_env["variables"] if service_env else None,  # None: the login's
         )
         done = transport.run(command, timeout=timeout, on_output=on_output)
         output = done.stdout + done.stderr
@@ -312,10 +315,22 @@ def _service_switches(
     except KerneldevError as err:
         if harness.DISPATCH not in variants:  # only dispatch follows the service's switches
             return {"env_file": path, "variables": {}, "warnings": [], "error": err.message}
+        if _absent_in_its_folder(transport, path):
+            # As `kernels status` and the import check read it (and `doctor` warns): the
+            # login environment stands in; `bench --service` creates the file.
+            return {
+                "env_file": path,
+                "variables": None,
+                "warnings": [
+                    f"does not exist on {host.name}: dispatch ran under the login "
+                    "environment's kernel switches instead (as `kernels status` reads them)"
+                ],
+                "error": err.message,
+            }
         raise BenchError(
             f"cannot read service.env_file {path} on {host.name}: {err.message}",
             hint="`dispatch` runs under the service's kernel switches: make the file "
-            "readable, or bench simt/mma without dispatch",
+            "readable (`kerneldev doctor` checks it), or bench simt/mma without dispatch",
         ) from None
     variables = {k: v for k, v in env.items() if k.startswith(SWITCH_PREFIX)}
     return {
@@ -323,6 +338,13 @@ def _service_switches(
         "variables": variables,
         "warnings": list(getattr(env, "warnings", [])),
     }
+
+
+def _absent_in_its_folder(transport: Transport, path: str) -> bool:
+    """Whether `path` does not exist while its folder does (a file not created yet, rather
+    than a mistyped path)."""
+    folder = posixpath.dirname(path) or "/"
+    return not transport.exists(path) and transport.exists(folder)
 
 
 @dataclass(frozen=True)
