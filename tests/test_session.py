@@ -526,6 +526,47 @@ def test_a_killed_holder_is_replaced_without_an_error(env: Env):
     assert second.alive and second.pid != first.pid
 
 
+def test_a_stopped_holder_is_passed_by_shown_and_ended_on_request(env: Env):
+    """A holder stopped by SIGSTOP (a debugger, a stray `kill -STOP`) answers nothing: a
+    command connects one-shot at once instead of waiting out the holder's HELLO timeout
+    (60 s, twice), `session list` / `status` say it is stopped and how to continue or end
+    it, and `session stop` ends it."""
+    from kerneldev.hosts.transport.session import client
+
+    assert env.kd("pull").exit_code == 0
+    first = env.session()
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _state(first.pid) in ("T", "t"), what="the holder to stop")
+        (env.workspace / A).write_bytes(b"BLOCK = 32\n")
+        began = time.monotonic()
+        run = env.kd("diff", "--json")
+        assert run.exit_code == 1, run.stderr  # a difference: the command did its work
+        assert json.loads(run.stdout)["files"], run.stdout
+        assert time.monotonic() - began < client.HELLO_TIMEOUT  # not waited for
+        assert alive(first.pid) and _state(first.pid) in ("T", "t")  # left as it was
+
+        listed = env.kd("session", "list", "--json")
+        (shown,) = json.loads(listed.stdout)["sessions"]
+        assert (shown["stopped"], shown["pid"], shown["alive"]) == (True, first.pid, True)
+        listed = env.kd("session", "list")
+        assert "stopped" in listed.stdout and f"kill -CONT {first.pid}" in listed.stderr
+        detail = env.kd("session", "status")
+        assert f"h: stopped, pid {first.pid}" in detail.stdout, detail.stdout
+        assert "Traceback" not in detail.stderr + listed.stderr
+
+        run = env.kd("session", "stop", "--host", "h")
+        assert run.exit_code == 0 and f"stopped the session (pid {first.pid})" in run.stderr
+        wait_for(lambda: not alive(first.pid), what="the stopped holder to end")
+    finally:
+        if alive(first.pid):
+            os.kill(first.pid, signal.SIGKILL)
+    run = env.kd("diff")  # and the next command keeps a session again
+    assert run.exit_code == 1
+    second = env.session()
+    assert second.alive and not second.stopped and second.pid != first.pid
+
+
 def test_a_holder_whose_socket_file_is_removed_exits(env: Env):
     """As when the workspace holding the socket is deleted: nobody can reach the holder, so it
     exits (closing its connection) instead of idling out, and the next command starts anew."""

@@ -147,7 +147,9 @@ def stop_command(
 
 
 def _state(s) -> str:
-    return "alive" if s.alive else ("none" if s.keep else "off")
+    if s.alive:
+        return "stopped" if s.stopped else "alive"
+    return "none" if s.keep else "off"
 
 
 def render(statuses) -> None:
@@ -166,29 +168,47 @@ def render(statuses) -> None:
             Column("served", NUMBER),
         ],
         rows,
-        styles={"alive": "green", "none": "dim", "off": "dim"},
+        styles={"alive": "green", "stopped": "yellow", "none": "dim", "off": "dim"},
+    )
+    for s in statuses:
+        if s.stopped:
+            print_info(_stopped_note(s))
+
+
+def _stopped_note(s) -> str:
+    return (
+        f"{s.host}: the session's holder (pid {s.pid}) is stopped: commands connect without "
+        f"it until `kill -CONT {s.pid}`, or end it with `kerneldev session stop --host {s.host}`"
     )
 
 
 def render_detail(s) -> None:
     """`host: state` then one indented `what: value` line each; on a terminal a path too
-    long for its line is wrapped at `/` under itself."""
+    long for its line is wrapped at `/` under itself. A stopped holder answers nothing: its
+    state, pid, socket and log, and what to do."""
     state = _state(s)
     if s.alive:
         state += f", pid {s.pid}" + (f", retiring: {s.retiring}" if s.retiring else "")
     elif not s.keep:
         state += " (sessions are turned off for this host)"
     print_line(f"{s.host}: {state}")
+    if s.stopped:
+        print_info(_stopped_note(s))
     fields: list[tuple[str, str | None]] = []
-    if s.alive:
+    if s.alive and not s.stopped:
         fields += [
             ("address", s.address),
             ("connected", f"{_seconds(s.connection_age)} ago, renewed after {_seconds(s.max_age)}"),
             ("idle", f"{_seconds(s.idle)} of {_seconds(s.idle_limit)}"),
             ("commands", f"{s.clients} connected, {s.served} served, {s.running} running"),
-            ("socket", printable(s.socket) if s.socket else None),
         ]
+    if s.alive:
+        fields.append(("socket", printable(s.socket) if s.socket else None))
     fields.append(("log", printable(s.log) if s.log else None))  # a newline in a path: escaped
+    _print_fields(fields)
+
+
+def _print_fields(fields: list[tuple[str, str | None]]) -> None:
     env = environment.current()
     width = env.out_console.width if env.stdout_isatty else 0
     for what, value in fields:

@@ -203,7 +203,13 @@ def _status_lines(s: HostStatus) -> list[str]:
     lines += s.notes
     if s.interrupted and s.reachable:
         lines.append("interrupted: the steps after these were not run")
-    if s.session is not None and s.session.alive:
+    if s.session is not None and s.session.stopped:
+        k = s.session
+        lines.append(
+            f"kept session: pid {k.pid} is stopped (commands connect without it): "
+            f"`kill -CONT {k.pid}`, or `kerneldev session stop`"
+        )
+    elif s.session is not None and s.session.alive:
         k = s.session
         lines.append(
             f"kept session: pid {k.pid}, connected {k.connection_age:.0f}s ago, "

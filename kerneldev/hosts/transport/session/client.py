@@ -8,7 +8,9 @@ socket (nobody listening), a dead holder or one for another config is replaced w
 Starting one is serialized by a lock file, so two first commands start one holder. A holder
 that cannot connect says why, and the command fails with that same error (a changed host key,
 a refused connection); a holder that cannot start at all (no private folder for the socket,
-a crash) leaves the command to connect one-shot. This module never imports paramiko.
+a crash) leaves the command to connect one-shot, and so does a holder whose process is stopped
+(SIGSTOP, a debugger: it answers nothing until continued; its socket stays its own). This
+module never imports paramiko.
 """
 
 from __future__ import annotations
@@ -72,12 +74,17 @@ def open_kept(
     except location.PlaceError:
         return None
     code = code_stamp()
-    sock = _attach(where.socket, key, code)
-    if sock is None:
-        with _start_lock(where.start_lock):
-            sock = _attach(where.socket, key, code)  # another command may have started it
-            if sock is None and _start_holder(host, where, key, code, ssh_config, connect_timeout):
-                sock = _attach(where.socket, key, code)
+    try:
+        sock = _attach(where.socket, key, code)
+        if sock is None:
+            with _start_lock(where.start_lock):
+                sock = _attach(where.socket, key, code)  # another command may have started it
+                if sock is None and _start_holder(
+                    host, where, key, code, ssh_config, connect_timeout
+                ):
+                    sock = _attach(where.socket, key, code)
+    except HolderStopped:
+        return None  # not waited for: the command connects one-shot (`session list` says so)
     if sock is None:
         return None
     global attached
@@ -108,15 +115,36 @@ def connect(path: Path) -> socket.socket | None:
     return sock
 
 
+class HolderStopped(OSError):
+    """The holder's process is stopped (SIGSTOP, a debugger): it answers nothing until it is
+    continued, so nobody waits for it."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(errno.EAGAIN, f"the session holder (pid {pid}) is stopped")
+        self.pid = pid
+
+
+def process_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped by a signal or a tracer (/proc/PID/stat's T or t)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
+
+
 def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT) -> tuple[dict, bytes]:
     """The holder's HELLO and the bytes it came in (MAGIC and the frame); `OSError` when the
-    holder closed, said nothing or something else."""
-    magic = _recv(sock, len(MAGIC), timeout)
-    head = _recv(sock, HEADER.size, timeout)
+    holder closed, said nothing or something else, `HolderStopped` as soon as its process is
+    seen stopped."""
+    pid = wire.peer_cred(sock)[0]
+    magic = _recv(sock, len(MAGIC), timeout, pid)
+    head = _recv(sock, HEADER.size, timeout, pid)
     length, rid, kind = HEADER.unpack(head)
     if magic != MAGIC or length > MAX_PAYLOAD or rid != CONTROL or kind != HELLO:
         raise OSError(errno.EPROTO, "not a session holder")
-    payload = _recv(sock, length, timeout)
+    payload = _recv(sock, length, timeout, pid)
     return json.loads(payload.decode("utf-8")), magic + head + payload
 
 
@@ -129,6 +157,9 @@ def _attach(path: Path, key: str, code: str) -> tuple[socket.socket, bytes] | No
     try:
         sock.sendall(_control(wire.USE, {"key": key, "code": code}))
         hello, head = read_hello(sock)
+    except HolderStopped:
+        sock.close()
+        raise
     except (OSError, ValueError):
         sock.close()
         return None
@@ -145,8 +176,9 @@ def _control(kind: int, data: dict | None = None) -> bytes:
     return wire.frame(kind, CONTROL, json.dumps(data or {}).encode("utf-8"))
 
 
-def _recv(sock: socket.socket, n: int, timeout: float) -> bytes:
-    """Exactly `n` bytes within `timeout` seconds, Ctrl-C honoured while waiting."""
+def _recv(sock: socket.socket, n: int, timeout: float, pid: int) -> bytes:
+    """Exactly `n` bytes within `timeout` seconds from the holder `pid`, Ctrl-C honoured while
+    waiting; `HolderStopped` once its process is seen stopped."""
     deadline = time.monotonic() + timeout
     parts = []
     while n:
@@ -158,6 +190,8 @@ def _recv(sock: socket.socket, n: int, timeout: float) -> bytes:
         try:
             block = sock.recv(n)
         except TimeoutError:
+            if process_stopped(pid):
+                raise HolderStopped(pid) from None
             continue
         if not block:
             raise OSError(errno.ECONNRESET, "the session holder closed the connection")

@@ -2,11 +2,15 @@
 
 A look asks the holder itself (a STATUS frame: it answers its HELLO and closes), so what is
 shown is what runs: nothing is read from files a dead holder may have left behind. A look
-starts nothing and leaves the session's idle time alone."""
+starts nothing and leaves the session's idle time alone. A holder whose process is stopped
+(SIGSTOP, a debugger) cannot answer: it is shown as `stopped` with its pid (commands pass it by
+and connect one-shot), and `stop` continues it (SIGCONT) so that it reads the STOP and ends."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +43,7 @@ class SessionStatus:
     served: int = 0  # commands that have used it since it started
     running: int = 0  # requests running on the host
     retiring: str | None = None  # why it is ending, once it is
+    stopped: bool = False  # its process is stopped: it answers nothing until continued
 
 
 def status(host: HostConfig, ssh_config: str | Path | None = None) -> SessionStatus:
@@ -50,6 +55,11 @@ def status(host: HostConfig, ssh_config: str | Path | None = None) -> SessionSta
     log = location.log_path(host, key)
     for path in location.candidates(host, key):
         info = _look(path)
+        if info is not None and info.get("stopped"):
+            return SessionStatus(
+                host.name, True, keep, socket=str(path), log=str(log), pid=info["pid"],
+                stopped=True,
+            )  # fmt: skip
         if info is not None:
             return SessionStatus(
                 host=host.name,
@@ -84,6 +94,11 @@ def stop(host: HostConfig, ssh_config: str | Path | None = None) -> SessionStatu
         except OSError:
             pass
         sock.close()
+    if before.stopped and before.pid is not None:
+        try:
+            os.kill(before.pid, signal.SIGCONT)  # to read the STOP it was sent
+        except OSError:
+            pass
     deadline = time.monotonic() + STOP_WAIT
     while time.monotonic() < deadline and _look(Path(before.socket)) is not None:
         time.sleep(0.05)
@@ -97,6 +112,8 @@ def _look(path: Path) -> dict | None:
     try:
         sock.sendall(wire.frame(wire.STATUS, CONTROL, json.dumps({}).encode()))
         hello, _ = client.read_hello(sock, LOOK_TIMEOUT)
+    except client.HolderStopped as err:
+        return {"pid": err.pid, "stopped": True}
     except (OSError, ValueError):
         return None
     finally:
