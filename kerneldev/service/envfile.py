@@ -318,19 +318,63 @@ def _systemd_ops(entries: list[_SdEntry]) -> list[Op]:
     return [(e.key, e.value or "") for e in entries if _NAME_RE.fullmatch(e.key)]
 
 
-def _docker_line(line: str) -> tuple[list[Op], str | None]:
-    """What `docker run --env-file` takes from one line (cli/opts/envfile.go): no quotes,
-    escapes or inline comments; the value as written, up to the line's end. The second item:
-    why docker refuses the whole file, else None."""
-    stripped = line.rstrip("\r").lstrip()
+# What docker's reader strips from a line's start (Go's unicode.IsSpace: not Python's
+# str.isspace, which also takes \x1c-\x1f), and the only characters it refuses in a name.
+_GO_SPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a"
+    "\u2028\u2029\u202f\u205f\u3000"
+)
+_DOCKER_NAME_SPACE = " \t"
+_DOCKER_MAX_LINE = 65536  # bytes: bufio.Scanner's token limit ("token too long")
+_BOM = "\ufeff"
+
+
+class FromDockerEnv(str):
+    """The value docker takes for a line that names a variable without `=`: the variable's
+    value in the environment the `docker` command runs in (the line is dropped where it is
+    not set there), which kerneldev cannot know."""
+
+    def __new__(cls) -> FromDockerEnv:
+        return super().__new__(cls, "\0from the environment docker runs in")
+
+
+FROM_DOCKER_ENV = FromDockerEnv()
+
+
+def _docker_line(line: str, first: bool) -> tuple[list[Op], str | None]:
+    """What `docker run --env-file` takes from one line (without its `\\n`; `first`: the
+    file's first line), as its reader does (cli/opts/envfile.go, checked against the docker
+    28 CLI: tests/test_service_bench.py): no quotes, escapes or inline comments; a UTF-8 BOM
+    dropped from the first line, one CR from the end, then Go's whitespace from the start;
+    the value as written, up to the line's end; a name alone is taken from docker's own
+    environment. The second item: why docker refuses the whole file, else None."""
+    if len(line.encode("utf-8", "surrogatepass")) >= _DOCKER_MAX_LINE:
+        return [], "bufio.Scanner: token too long"
+    if "\ufffd" in line:  # the file was read with its invalid UTF-8 bytes replaced
+        return [], "invalid utf8 bytes"
+    if first and line.startswith(_BOM):
+        line = line[len(_BOM) :]
+    stripped = line.removesuffix("\r").lstrip(_GO_SPACE)
     if not stripped or stripped.startswith("#"):
         return [], None
     name, eq, value = stripped.partition("=")
-    if any(ch in name for ch in " \t\n\v\f\r"):
-        return [], f"variable {name!r} contains whitespaces"
     if not name:
         return [], "no variable name"
-    return ([(name, value)] if eq else []), None
+    if any(ch in name for ch in _DOCKER_NAME_SPACE):
+        return [], f"variable {name!r} contains whitespaces"
+    return [(name, value if eq else FROM_DOCKER_ENV)], None
+
+
+def docker_reading(physical: list[str]) -> tuple[list[list[Op]], str | None]:
+    """What `docker run --env-file` takes from each of the file's lines (`_physical_lines`),
+    and why it refuses the whole file (its message, with the line), else None."""
+    taken: list[list[Op]] = []
+    for no, row in enumerate(physical):
+        ops, refused = _docker_line(row.removesuffix("\n"), no == 0)
+        if refused is not None:
+            return [[] for _ in physical], f"line {no + 1}: {refused}"
+        taken.append(ops)
+    return taken, None
 
 
 @dataclass
@@ -373,8 +417,16 @@ def _show(value: str) -> str:
     return value if _SAFE_VALUE.fullmatch(value) else repr(value)
 
 
+def _op_text(key: str, value: str | None) -> str:
+    if value is None:
+        return f"unset {key}"
+    if value is FROM_DOCKER_ENV:
+        return f"{key} from the environment docker runs in"
+    return f"{key}={_show(value)}"
+
+
 def _ops_text(ops: list[Op]) -> str:
-    return ", ".join(f"{k}={_show(v)}" if v is not None else f"unset {k}" for k, v in ops)
+    return ", ".join(_op_text(k, v) for k, v in ops)
 
 
 class EnvFile(dict):
@@ -408,8 +460,8 @@ def env_lines(text: str) -> list[EnvLine]:
         if r.export and at >= 0:
             bare[c.start - 1] = row[:at] + " " * len("export") + row[at + len("export") :]
     entries = _systemd_entries("".join(bare))
-    docker = [_docker_line(row.rstrip("\n")) for row in physical]
-    docker_reads = not any(refused for _, refused in docker)  # docker could be its reader
+    docker, refused = docker_reading(physical)
+    docker_reads = refused is None  # docker could be its reader
     # Cut between physical lines, except inside a stretch some reader takes as one.
     joined = set()
     for s, e in [(c.start, c.end) for c in commands] + [(x.start, x.end) for x in entries]:
@@ -421,7 +473,7 @@ def env_lines(text: str) -> list[EnvLine]:
             continue
         sh = [r for s, (_, r) in readings.items() if first <= s <= no]
         sd = _systemd_ops([x for x in entries if first <= x.start <= no])
-        dk = [op for row in docker[first - 1 : no] for op in row[0]]
+        dk = [op for row in docker[first - 1 : no] for op in row]
         lines.append(
             _compare("".join(physical[first - 1 : no]), first, no, sh, sd, dk, docker_reads)
         )
@@ -441,8 +493,12 @@ def _compare(
     sh_ops = [op for r in sh for op in r.ops]
     known = all(r.known for r in sh)
     ops = sh_ops if known else sd
-    keys = list(dict.fromkeys(k for k, _ in sh_ops + sd + (dk if docker_reads else [])))
-    own = {SH: sh_ops if known else None, SYSTEMD: sd, DOCKER: dk if docker_reads else None}
+    # A name docker takes from its own environment is shown, but is not a key the line sets:
+    # kerneldev cannot know that value, and a rewrite that drops such a line (joined to a
+    # managed one) is not refused for it.
+    dk_set = [op for op in dk if op[1] is not FROM_DOCKER_ENV]
+    keys = list(dict.fromkeys(k for k, _ in sh_ops + sd + (dk_set if docker_reads else [])))
+    own = {SH: sh_ops if known else None, SYSTEMD: sd, DOCKER: dk_set if docker_reads else None}
     line = EnvLine(start, end, text, ops, {}, any(r.export for r in sh), keys, own)
     if not known or sd != sh_ops or (docker_reads and dk != sh_ops):
         says = "; ".join(r.says for r in sh if r.says)
