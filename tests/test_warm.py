@@ -16,6 +16,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from tests.test_session import (
     B,
     _normal,
     _other_user,
+    _state,
     alive,
     kept,  # noqa: F401 - a fixture
     make_env,
@@ -195,6 +197,29 @@ def test_changed_code_is_not_served(kept, runtime_alone, tmp_path, sshd_server):
     assert f"warm {info['pid']}: listening on" in text
 
 
+def test_a_stopped_warm_process_is_passed_by(kept, runtime, tmp_path, sshd_server):  # noqa: F811
+    """A warm process stopped by SIGSTOP answers nothing: a loop command runs in its own
+    process at once (not after the 10 s answer timeout), with the same result, and leaves
+    it as it was."""
+    env = make_env(tmp_path, sshd_server)
+    kept.append(env)
+    assert kd(env, "pull")[1] == 0
+    wait_for(lambda: served() is not None, what="the warm process to listen")
+    pid = warm_client.look(warm_socket())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _state(pid) in ("T", "t"), what="the warm process to stop")
+        (env.workspace / A).write_bytes(b"BLOCK = 32\n")
+        began = time.monotonic()
+        _, code, out, _err = kd(env, "diff")
+        assert code == 1 and A in out  # the difference, found in the command's own process
+        assert time.monotonic() - began < warm_client.ANSWER_TIMEOUT  # not waited for
+        assert alive(pid) and _state(pid) in ("T", "t")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert served() == 0  # continued: it never ran the command
+
+
 def test_another_user_is_refused(kept, runtime, tmp_path, sshd_server):  # noqa: F811
     uid, gid = _other_user()
     env = make_env(tmp_path, sshd_server)
@@ -232,7 +257,9 @@ def test_the_client_side_imports_nothing_heavy():
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[] ['kerneldev', 'kerneldev.cli', 'kerneldev.cli.warm_client']"
+    assert result.stdout.strip() == (
+        "[] ['kerneldev', 'kerneldev.cli', 'kerneldev.cli.warm_client', 'kerneldev.process_state']"
+    )
 
 
 def test_the_fast_path_is_only_for_loop_commands(monkeypatch):

@@ -21,6 +21,8 @@ import stat
 import struct
 import sys
 
+from kerneldev import process_state
+
 WARM_ENV = "KERNELDEV_WARM"  # "0": never the fast path
 NO_KEEP_ENV = "KERNELDEV_NO_KEEP"  # session.client.NO_KEEP_ENV, without importing it
 RUNTIME_ENV = "XDG_RUNTIME_DIR"
@@ -166,11 +168,11 @@ def run(argv: list[str]) -> int | None:
     try:
         sock.settimeout(ANSWER_TIMEOUT)
         sock.connect(path)
-        _pid, uid, _gid = struct.unpack(
+        warm_pid, uid, _gid = struct.unpack(
             "3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
         )
-        if uid != os.getuid():
-            return None
+        if uid != os.getuid() or process_state.stopped(warm_pid):
+            return None  # not ours, or stopped: it would not answer (the command runs here)
         data = LENGTH.pack(len(body)) + body
         fds = struct.pack("3i", 0, 1, 2)
         sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])

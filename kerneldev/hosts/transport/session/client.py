@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import kerneldev
-from kerneldev import interrupt
+from kerneldev import interrupt, process_state
 from kerneldev.config import HostConfig
 from kerneldev.hosts.transport.agent_client import (
     CONTROL,
@@ -124,16 +124,6 @@ class HolderStopped(OSError):
         self.pid = pid
 
 
-def process_stopped(pid: int) -> bool:
-    """Whether process `pid` is stopped by a signal or a tracer (/proc/PID/stat's T or t)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state in (b"T", b"t")
-
-
 def read_hello(sock: socket.socket, timeout: float = HELLO_TIMEOUT) -> tuple[dict, bytes]:
     """The holder's HELLO and the bytes it came in (MAGIC and the frame); `OSError` when the
     holder closed, said nothing or something else, `HolderStopped` as soon as its process is
@@ -190,7 +180,7 @@ def _recv(sock: socket.socket, n: int, timeout: float, pid: int) -> bytes:
         try:
             block = sock.recv(n)
         except TimeoutError:
-            if process_stopped(pid):
+            if process_state.stopped(pid):
                 raise HolderStopped(pid) from None
             continue
         if not block:
