@@ -628,8 +628,12 @@ def test_doctor_checks_that_the_service_env_file_is_on_the_host(tmp_path):
     entry = local_entry(root, {"restart": "true"})
     env_file = tmp_path / "sglang.env"
     env_file.write_text("SGLANG_SM120_FLASHMLA_BACKEND=triton\n")
+    # lines a shell, systemd and docker read differently: a warning naming the first
+    ambiguous = tmp_path / "ambiguous.env"
+    ambiguous.write_text("SGLANG_SM120_FLASHMLA_BACKEND=triton # the default\nA=1 B=2\n")
     cases = [
         (str(env_file), "ok", "is a readable file"),
+        (str(ambiguous), "warn", "line 1 `SGLANG_SM120_FLASHMLA_BACKEND=triton # the default`"),
         (str(tmp_path / "typo.env"), "warn", "does not exist on the host"),
         (str(tmp_path / "no-such-dir" / "sglang.env"), "FAIL", "nor does its folder"),
         (str(tmp_path), "FAIL", "is not a regular file"),
@@ -641,7 +645,10 @@ def test_doctor_checks_that_the_service_env_file_is_on_the_host(tmp_path):
         check = checks["env-file"]
         assert (check["verdict"], detail in check["detail"]) == (verdict, True), check
         assert (run.exit_code == 1) == (verdict == "FAIL") or checks["python"]["verdict"] == "FAIL"
-        if verdict in ("warn", "FAIL"):
+        if path == str(ambiguous):
+            assert "(and 1 more)" in check["detail"] and len(check["data"]["warnings"]) == 2
+            assert "plain KEY=VALUE line" in check["hint"]
+        elif verdict in ("warn", "FAIL"):
             assert "service.env_file" in check["hint"]
     text = kd("--config", str(write_config(tmp_path, {"h": entry})), "doctor")
     assert re.search(r"^  skip +env-file +no `service.env_file` configured", text.stdout, re.M)

@@ -15,7 +15,8 @@ The checks, in order (each one verdict: ok, warn, FAIL, or skip):
     python    the configured `python`'s version and its torch and triton versions; on a GPU
               host also that torch is a CUDA build that sees the GPUs (compute capability)
     service   `service.health` answers healthy (when configured)
-    env-file  `service.env_file` is a readable file on the host (when configured)
+    env-file  `service.env_file` is a readable file on the host (when configured), whose
+              lines a shell, systemd and docker read alike (else: warn, naming them)
 
 A check whose prerequisite failed is shown as skipped, naming it (no auth: nothing on the host
 is looked at). Missing torch or triton is a FAIL on a GPU host (one with GPUs or `gpu:` set:
@@ -55,6 +56,7 @@ from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.sync import OUT_OF_ROOT, out_of_root
 from kerneldev.loop.workspace import display_pattern, is_glob
 from kerneldev.paths import KERNELDEV_DIR
+from kerneldev.service.envfile import parse_env_file
 from kerneldev.service.restart import check_health
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -637,7 +639,7 @@ class _HostDoctor:
             "reads (systemd EnvironmentFile=, docker --env-file, a sourced script)"
         )
         if kind == "file":
-            return Check(ENV_FILE, OK, f"{path} is a readable file", data=data)
+            return self._env_file_reading(path, data)
         if kind == "missing":
             return Check(
                 ENV_FILE,
@@ -655,6 +657,28 @@ class _HostDoctor:
             "no-folder": "does not exist on the host, nor does its folder",
         }.get(kind, f"cannot be looked at ({result.stderr.strip() or f'exit {result.exited}'})")
         return Check(ENV_FILE, FAIL, f"{path} {what}", fix, data)
+
+    def _env_file_reading(self, path: str, data: dict) -> Check:
+        """A readable env file: ok when a shell, systemd and docker read its lines alike;
+        else a warning naming the first such line (every line's: `data["warnings"]`)."""
+        try:
+            text = self._transport().read_bytes(path).decode("utf-8", "replace")
+        except KerneldevError as err:
+            return Check(ENV_FILE, FAIL, f"{path} cannot be read: {err.message}", data=data)
+        warnings = parse_env_file(text).warnings
+        data["warnings"] = warnings
+        if not warnings:
+            return Check(ENV_FILE, OK, f"{path} is a readable file", data=data)
+        more = f" (and {len(warnings) - 1} more)" if len(warnings) > 1 else ""
+        return Check(
+            ENV_FILE,
+            WARN,
+            f"{path}: {warnings[0]}{more}",
+            "write each variable kerneldev reads or switches on a plain KEY=VALUE line of its "
+            "own (docs/service-bench.md, 'How kerneldev reads the env file'): kernels status, "
+            "the import check and an A/B take the shell's reading meanwhile",
+            data,
+        )
 
     def _transport(self) -> Transport:
         assert self.transport is not None  # every check on the host needs AUTH first
