@@ -332,7 +332,8 @@ _BOM = "\ufeff"
 class FromDockerEnv(str):
     """The value docker takes for a line that names a variable without `=`: the variable's
     value in the environment the `docker` command runs in (the line is dropped where it is
-    not set there), which kerneldev cannot know."""
+    not set there), which kerneldev cannot know. A `str` (never a value read from a file: it
+    is compared by identity) so that an `Op` stays (key, str | None)."""
 
     def __new__(cls) -> FromDockerEnv:
         return super().__new__(cls, "\0from the environment docker runs in")
@@ -344,7 +345,7 @@ FROM_DOCKER_ENV = FromDockerEnv()
 def _docker_line(line: str, first: bool) -> tuple[list[Op], str | None]:
     """What `docker run --env-file` takes from one line (without its `\\n`; `first`: the
     file's first line), as its reader does (cli/opts/envfile.go, checked against the docker
-    28 CLI: tests/test_service_bench.py): no quotes, escapes or inline comments; a UTF-8 BOM
+    28 CLI: tests/test_env_file_docker.py): no quotes, escapes or inline comments; a UTF-8 BOM
     dropped from the first line, one CR from the end, then Go's whitespace from the start;
     the value as written, up to the line's end; a name alone is taken from docker's own
     environment. The second item: why docker refuses the whole file, else None."""
