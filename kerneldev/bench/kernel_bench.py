@@ -328,7 +328,7 @@ def _service_switches(
                 "error": err.message,
             }
         raise BenchError(
-            f"cannot read service.env_file {path} on {host.name}: {err.message}",
+            f"cannot read service.env_file: {err.message}",
             hint="`dispatch` runs under the service's kernel switches: make the file "
             "readable (`kerneldev doctor` checks it), or bench simt/mma without dispatch",
         ) from None
