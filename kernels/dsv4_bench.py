@@ -474,6 +474,30 @@ def kernel_file_info(name: str, path: Path) -> dict:
     }
 
 
+def gluon_of(module) -> dict | None:
+    """Whether a kerneldev kernel file's MMA variant takes its Gluon loops in this process
+    (written for one Triton release: elsewhere, and under the interpreter, it runs its Triton
+    loops), and why not; None for a file without the flag."""
+    has = getattr(module, "HAS_GLUON", None)
+    if not isinstance(has, bool):
+        return None
+    why = getattr(module, "GLUON_UNAVAILABLE", None)
+    return {"available": has, "why_not": why if isinstance(why, str) else None}
+
+
+def gluon_notes(report: dict) -> list[str]:
+    """One line per kernel file whose MMA variant ran its Triton loops on a GPU (the numbers
+    in docs/benchmarks.md are its Gluon loops'); none under the interpreter."""
+    if report.get("timing") == "cpu-wallclock":
+        return []
+    return [
+        f"note: {k['name']}: the MMA tile loops here are Triton's, not Gluon "
+        f"({k['gluon']['why_not'] or 'unavailable'})"
+        for k in report.get("kernels") or []
+        if k.get("gluon") and not k["gluon"]["available"] and k.get("phase") is None
+    ]
+
+
 def trim_interpreter() -> bool:
     """Apply `interpreter_overhead.py` (shipped beside this file) to the Triton interpreter; False
     where that file is absent or the interpreter is not the shape it expects (nothing changes)."""
@@ -1268,6 +1292,7 @@ def table(report: dict) -> str:
         lines.append("(cpu-wallclock: interpreter times, meaningless as speed)")
     if len(labels) > 1:
         lines.append(f"vs = speed-up over {labels[0]} (its time / this time)")
+    lines += report.get("notes") or []
     if report.get("phases"):
         lines += ["", phase_table(report["phases"], report["settings"]["phases"])]
     return "\n".join(lines)
@@ -1530,8 +1555,9 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         if not callable(entry):
             raise HarnessError(f"{path} has no function {ENTRY_POINT}()")
         kernels.append(
-            {**(info or {}), "phase": None, "ablated_from": None, "entry": entry, "module": module}
-        )
+            {**(info or {}), "phase": None, "ablated_from": None, "gluon": gluon_of(module),
+             "entry": entry, "module": module}
+        )  # fmt: skip
     for name, phase, source in copies:
         # Same file name as the original, one folder per copy: tracebacks read naturally.
         source_path = next(path for n, path in kernel_paths if n == name)
@@ -1617,6 +1643,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         "shapes": [],
         "results": [],
     }
+    report["notes"] = gluon_notes(report)  # what the table's reader must know (one line each)
     copy_gbs = copy["gbs"] if copy else None
     if copy:
         progress(f"copy bandwidth: {copy['gbs']:.0f} GB/s ({report['device']['name']})")

@@ -1183,8 +1183,11 @@ try:
     )
 
     HAS_GLUON = True
-except Exception:  # noqa: BLE001  (older Triton, or an API this file does not know)
+    GLUON_UNAVAILABLE = None
+except Exception as _gluon_err:  # noqa: BLE001  (older Triton, or an API this file does not know)
     HAS_GLUON = False
+    # why the MMA variant runs its Triton loops here (`kernels status` and the bench say it)
+    GLUON_UNAVAILABLE = str(_gluon_err) or type(_gluon_err).__name__
 
 WS_BLOCK_H = 64  # heads per program: the wgmma M of both products
 WS_BLOCK_N = 64  # tokens per tile

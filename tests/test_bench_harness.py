@@ -236,12 +236,39 @@ def test_smoke_shapes_end_to_end_on_cpu(tmp_path):
     assert all(len(r["accuracy"]["sets"]) == 3 for r in data["results"])  # --rotate default 3
     assert data["kernels"][0]["name"] == "bundled"
     assert data["kernels"][0]["git_commit"]  # the checkout's HEAD: the file lives in git
+    # the interpreter runs no Gluon loop: said in the JSON, not as a note (times are moot)
+    gluon = data["kernels"][0]["gluon"]
+    assert gluon == {"available": False, "why_not": "the Triton interpreter runs no Gluon kernel"}
+    assert data["notes"] == []
     bad = {(r["shape"], r["label"]): r["accuracy"] for r in data["results"] if r["status"] != "ok"}
     assert not bad, f"bundled kernel fails accuracy on CPU: {bad}"
     assert proc.returncode == 0
     # progress on stderr, the table on stdout
     assert "[4/4]" in proc.stderr
     assert "simt" in proc.stdout and "cpu-wallclock" in proc.stdout
+
+
+def test_a_gpu_run_without_the_gluon_loops_says_so_under_the_table():
+    """On a GPU whose Triton is not the one the Gluon loops are written for, the MMA variant
+    runs its Triton loops: docs/benchmarks.md's numbers are not what ran, and the table says
+    so (the interpreter's runs and files without the flag say nothing)."""
+    off = {"available": False, "why_not": "Gluon kernel written for triton 3.6, not 3.8.0"}
+    report = {
+        "timing": "cuda-graph",
+        "kernels": [
+            {"name": "bundled", "phase": None, "gluon": off},
+            {"name": "bundled@loop", "phase": "loop", "gluon": off},  # an ablated copy
+            {"name": "other", "phase": None, "gluon": None},
+            {"name": "on", "phase": None, "gluon": {"available": True, "why_not": None}},
+        ],
+    }
+    assert harness.gluon_notes(report) == [
+        "note: bundled: the MMA tile loops here are Triton's, not Gluon (Gluon kernel written "
+        "for triton 3.6, not 3.8.0)"
+    ]
+    assert harness.gluon_notes({**report, "timing": "cpu-wallclock"}) == []
+    report = {**report, "results": [], "notes": harness.gluon_notes(report)}
+    assert harness.table(report).endswith(report["notes"][0])
 
 
 def test_phases_time_ablated_copies_on_cpu(tmp_path):

@@ -769,6 +769,12 @@ def test_status_and_the_ab_preflight_ignore_the_callers_sglang_switches(
     assert (simt.backend, simt.kernel_variant) == ("triton", "simt"), simt
     assert (mma.backend, mma.kernel_variant) == ("triton", "mma"), mma
     assert "SGLANG_SM120_MMA_FLASHMLA" not in simt.switch
+    # which tile loops the MMA variant runs with this host's Triton (not 3.6 here, or the
+    # interpreter): its Triton loops, and why; said for the MMA variant only
+    assert mma.gluon is not None and mma.gluon["available"] is False, mma.gluon
+    assert mma.gluon["why_not"] and mma.gluon["why_not"] in mma.reason
+    assert "MMA tile loops: Triton's, not Gluon" in mma.reason
+    assert "MMA tile loops" not in simt.reason
 
 
 def test_a_leftover_site_of_another_layout_is_marked_not_imported_and_not_probed(

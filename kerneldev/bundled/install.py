@@ -375,6 +375,9 @@ class BackendChoice:
     reason: str
     calls: list[DispatchCall] = field(default_factory=list)  # decode, then prefill
     switch: dict[str, str] = field(default_factory=dict)  # the SGLANG_SM120_* the probe saw
+    # kerneldev's kernel file: whether its MMA variant takes the Gluon loops with the host's
+    # Triton ({"available", "why_not", "triton"}); None for other kernel files
+    gluon: dict | None = None
 
     def backend_of(self, call: str) -> str | None:
         return next((c.backend for c in self.calls if c.call == call), None)
@@ -812,6 +815,9 @@ def backend_choice(host: HostConfig, answer: dict) -> BackendChoice:
         parts.append(where + (c.function or f"unknown, {c.error}"))
     if answer.get("_sm120_default_backend") is not None:
         parts.append(f"wrapper switch _sm120_default_backend={answer['_sm120_default_backend']}")
+    gluon = answer.get("gluon") if isinstance(answer.get("gluon"), dict) else None
+    if gluon is not None and any(c.kernel_variant == "mma" for c in calls):
+        parts.append(mma_loops(gluon))
     uses_flashinfer = any(c.backend == "flashinfer" for c in calls)
     if uses_flashinfer and not answer.get("flashinfer"):
         parts.append(
@@ -824,4 +830,17 @@ def backend_choice(host: HostConfig, answer: dict) -> BackendChoice:
         "; ".join(parts),
         calls,
         answer.get("switch", {}),
+        gluon,
+    )
+
+
+def mma_loops(gluon: dict) -> str:
+    """Which tile loops the MMA variant runs on the host: the Gluon loops (what
+    docs/benchmarks.md measures) or, with another Triton, its Triton loops."""
+    triton = f"triton {gluon.get('triton') or '?'}"
+    if gluon.get("available"):
+        return f"MMA tile loops: Gluon ({triton})"
+    return (
+        f"MMA tile loops: Triton's, not Gluon ({gluon.get('why_not') or triton}; the Gluon "
+        "loops, which the benchmarks measure, run with triton 3.6)"
     )

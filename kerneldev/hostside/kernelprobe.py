@@ -16,6 +16,10 @@ nothing is computed:
 - flashinfer: any `import flashinfer...` statement run during the call (SGLang imports
   FlashInfer inside the call), and any wrapper global that FlashInfer defined.
 
+For kerneldev's own kernel file the answer also says whether its MMA variant takes the Gluon
+loops with the host's Triton (`gluon`: written for one Triton release; elsewhere the Triton
+loops run) and why not.
+
 Two calls: a decode step (few tokens, at the decode head count) and a prefill-sized call (more
 than 64 query tokens: SGLang 0.5.23 sends those to FlashInfer's prefill kernel, at the layer's
 real head count). A wrapper that cannot be imported, or an entry that fails before reaching a
@@ -171,6 +175,15 @@ def probe(request):
         kernel = importlib.import_module(request["kernel"])
     except BaseException as err:
         answer["kernel_error"] = f"{type(err).__name__}: {err}"
+    if isinstance(getattr(kernel, "HAS_GLUON", None), bool):
+        # kerneldev's kernels: whether the MMA variant takes its Gluon loops with this
+        # Triton (written for one release), or its Triton loops, and why
+        why = getattr(kernel, "GLUON_UNAVAILABLE", None)
+        answer["gluon"] = {
+            "available": kernel.HAS_GLUON,
+            "why_not": why if isinstance(why, str) else None,
+            "triton": getattr(sys.modules.get("triton"), "__version__", None),
+        }
 
     def variant():
         value = getattr(kernel, "_DEFAULT_VARIANT", None)

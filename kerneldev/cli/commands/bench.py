@@ -387,6 +387,8 @@ def render(result: bench.BenchResult, comparison: bench.Comparison | None) -> No
             out_line(f"geomean {label} vs baseline {comparison.baseline}: {text}")
     for name, why in (data.get("skipped") or {}).items():
         out_line(f"skipped {name}: {why}")
+    for note in data.get("notes") or []:  # the harness's (e.g. which MMA loops ran)
+        out_line(note)
 
 
 def _verdict_cell(comparison: bench.Comparison, r: dict) -> Cell | str:
