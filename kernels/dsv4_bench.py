@@ -485,17 +485,35 @@ def gluon_of(module) -> dict | None:
     return {"available": has, "why_not": why if isinstance(why, str) else None}
 
 
+# Compute capabilities whose GPUs take the kernel's Gluon loops (`_ws_runnable`)
+GLUON_MAJORS = ("9", "12")
+
+
 def gluon_notes(report: dict) -> list[str]:
-    """One line per kernel file whose MMA variant ran its Triton loops on a GPU (the numbers
-    in docs/benchmarks.md are its Gluon loops'); none under the interpreter."""
+    """One line per kernel file whose MMA variant ran its Triton loops on a GPU, where the
+    numbers in docs/benchmarks.md are its Gluon loops': another Triton release, or a GPU
+    other than 9.x / 12.x. None under the interpreter, nor for a run of SIMT (or FlashInfer)
+    alone."""
     if report.get("timing") == "cpu-wallclock":
         return []
-    return [
-        f"note: {k['name']}: the MMA tile loops here are Triton's, not Gluon "
-        f"({k['gluon']['why_not'] or 'unavailable'})"
-        for k in report.get("kernels") or []
-        if k.get("gluon") and not k["gluon"]["available"] and k.get("phase") is None
-    ]
+    settings = report.get("settings") or {}
+    variants = settings.get("variants") or []
+    if not settings.get("configs") and all(v in ("simt", FLASHINFER) for v in variants):
+        return []
+    cap = (report.get("device") or {}).get("capability") or ""
+    notes = []
+    for k in report.get("kernels") or []:
+        gluon = k.get("gluon")
+        if not gluon or k.get("phase") is not None:
+            continue
+        if not gluon["available"]:
+            why = gluon["why_not"] or "unavailable"
+        elif cap and cap.split(".")[0] not in GLUON_MAJORS:
+            why = f"compute capability {cap}: the Gluon loops run on 9.x and 12.x"
+        else:
+            continue
+        notes.append(f"note: {k['name']}: the MMA tile loops here are Triton's, not Gluon ({why})")
+    return notes
 
 
 def trim_interpreter() -> bool:

@@ -255,6 +255,8 @@ def test_a_gpu_run_without_the_gluon_loops_says_so_under_the_table():
     off = {"available": False, "why_not": "Gluon kernel written for triton 3.6, not 3.8.0"}
     report = {
         "timing": "cuda-graph",
+        "device": {"capability": "9.0"},
+        "settings": {"variants": ["simt", "mma"], "configs": {}},
         "kernels": [
             {"name": "bundled", "phase": None, "gluon": off},
             {"name": "bundled@loop", "phase": "loop", "gluon": off},  # an ablated copy
@@ -267,6 +269,14 @@ def test_a_gpu_run_without_the_gluon_loops_says_so_under_the_table():
         "for triton 3.6, not 3.8.0)"
     ]
     assert harness.gluon_notes({**report, "timing": "cpu-wallclock"}) == []
+    simt_only = {**report, "settings": {"variants": ["simt"], "configs": {}}}
+    assert harness.gluon_notes(simt_only) == []  # no MMA variant ran
+    # with triton 3.6 on a GPU that is neither 9.x nor 12.x, the Triton loops run too
+    b200 = {**report, "device": {"capability": "10.0"}}
+    assert harness.gluon_notes(b200)[-1] == (
+        "note: on: the MMA tile loops here are Triton's, not Gluon (compute capability 10.0: "
+        "the Gluon loops run on 9.x and 12.x)"
+    )
     report = {**report, "results": [], "notes": harness.gluon_notes(report)}
     assert harness.table(report).endswith(report["notes"][0])
 

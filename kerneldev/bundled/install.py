@@ -839,7 +839,7 @@ def mma_loops(gluon: dict) -> str:
     docs/benchmarks.md measures) or, with another Triton, its Triton loops."""
     triton = f"triton {gluon.get('triton') or '?'}"
     if gluon.get("available"):
-        return f"MMA tile loops: Gluon ({triton})"
+        return f"MMA tile loops: Gluon ({triton}; on 9.x and 12.x GPUs, Triton's on others)"
     return (
         f"MMA tile loops: Triton's, not Gluon ({gluon.get('why_not') or triton}; the Gluon "
         "loops, which the benchmarks measure, run with triton 3.6)"
