@@ -556,6 +556,7 @@ def test_a_stopped_holder_is_passed_by_shown_and_ended_on_request(env: Env):
         assert "Traceback" not in detail.stderr + listed.stderr
         status = env.kd("status")
         assert f"kept session: pid {first.pid} is stopped" in status.stdout, status.stdout
+        assert "kerneldev session stop --host h" in status.stdout
 
         run = env.kd("session", "stop", "--host", "h")
         assert run.exit_code == 0 and f"stopped the session (pid {first.pid})" in run.stderr

@@ -207,7 +207,7 @@ def _status_lines(s: HostStatus) -> list[str]:
         k = s.session
         lines.append(
             f"kept session: pid {k.pid} is stopped (commands connect without it): "
-            f"`kill -CONT {k.pid}`, or `kerneldev session stop`"
+            f"`kill -CONT {k.pid}`, or `kerneldev session stop --host {s.host}`"
         )
     elif s.session is not None and s.session.alive:
         k = s.session
