@@ -235,7 +235,9 @@ def run_service_bench(
         ab = _run_rounds(transport, host, request, url, say, order, runs, servers,
                          health_interval, allow_same_kernel)  # fmt: skip
     except KerneldevError as err:
-        _keep_partial(err, host, request, url, started, runs, servers, results_dir)
+        if runs:
+            data = _assembled(host, request, url, started, runs, servers)
+            _keep_partial(err, data, runs, host, results_dir)
         raise
     data = _assembled(host, request, url, started, runs, servers)
     data["kerneldev"] = {
@@ -251,22 +253,16 @@ def run_service_bench(
 
 def _keep_partial(
     err: KerneldevError,
-    host: HostConfig,
-    request: ServiceBenchRequest,
-    url: str,
-    started: str,
+    data: dict,
     runs: list[dict],
-    servers: list[dict],
+    host: HostConfig,
     results_dir: Path | None,
 ) -> None:
     """An A/B stopped after some levels were measured (a later variant never got healthy, the
     connection dropped, Ctrl-C, or putting the service back failed after the last round):
-    those are saved as a failed result (`ok` false, `stopped_by` the error; `complete` false
-    unless every round ran), and the error's hint says where, so a long A/B that fails at
-    its last variant does not lose the others."""
-    if not runs:
-        return
-    data = _assembled(host, request, url, started, runs, servers)
+    those (`data`, `_assembled` from `runs`) are saved as a failed result (`ok` false,
+    `stopped_by` the error; `complete` false unless every round ran), and the error's hint
+    says where, so a long A/B that fails at its last variant does not lose the others."""
     # (complete here: every round ran, and the error came after them: putting the service back)
     data.update(ok=False, stopped_by=err.message)
     svc = host.service
