@@ -54,7 +54,7 @@ from kerneldev.gitrepo import GitUnavailable, head_commit
 from kerneldev.hosts.transport.base import OutputCallback, Transport
 from kerneldev.loop.workspace import literal_path, path_matches
 from kerneldev.paths import RESULTS_DIR
-from kerneldev.service.envfile import read_service_env
+from kerneldev.service.envfile import MISSING, env_file_kind, read_service_env
 
 SCHEMA = harness.SCHEMA
 SOURCES = ("bundled", "workspace", "live")
@@ -315,7 +315,7 @@ def _service_switches(
     except KerneldevError as err:
         if harness.DISPATCH not in variants:  # only dispatch follows the service's switches
             return {"env_file": path, "variables": {}, "warnings": [], "error": err.message}
-        if _absent_in_its_folder(transport, path):
+        if env_file_kind(transport, path)[0] == MISSING:
             # As `kernels status` and the import check read it (and `doctor` warns): the
             # login environment stands in; `bench --service` creates the file.
             return {
@@ -338,13 +338,6 @@ def _service_switches(
         "variables": variables,
         "warnings": list(getattr(env, "warnings", [])),
     }
-
-
-def _absent_in_its_folder(transport: Transport, path: str) -> bool:
-    """Whether `path` does not exist while its folder does (a file not created yet, rather
-    than a mistyped path)."""
-    folder = posixpath.dirname(path) or "/"
-    return not transport.exists(path) and transport.exists(folder)
 
 
 @dataclass(frozen=True)

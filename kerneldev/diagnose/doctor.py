@@ -56,7 +56,7 @@ from kerneldev.hosts.transport.base import TEMP_MARK, Transport
 from kerneldev.loop.sync import OUT_OF_ROOT, out_of_root
 from kerneldev.loop.workspace import display_pattern, is_glob
 from kerneldev.paths import KERNELDEV_DIR
-from kerneldev.service.envfile import parse_env_file
+from kerneldev.service import envfile
 from kerneldev.service.restart import check_health
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "FAIL", "skip"
@@ -625,22 +625,15 @@ class _HostDoctor:
         path = self.host.service.env_file if self.host.service is not None else None
         if not path:
             return Check(ENV_FILE, SKIP, "no `service.env_file` configured")
-        q, d = shlex.quote(path), shlex.quote(posixpath.dirname(path) or "/")
-        result = self._transport().run(
-            f"if [ -f {q} ]; then if [ -r {q} ]; then echo file; else echo unreadable; fi; "
-            f"elif [ -e {q} ]; then echo other; elif [ -d {d} ]; then echo missing; "
-            "else echo no-folder; fi",
-            timeout=30,
-        )
-        kind = result.stdout.strip()
+        kind, said = envfile.env_file_kind(self._transport(), path)
         data = {"env_file": path, "kind": kind}
         fix = (
             "set `service.env_file` in hosts.yaml to the KEY=VALUE file the service's restart "
             "reads (systemd EnvironmentFile=, docker --env-file, a sourced script)"
         )
-        if kind == "file":
+        if kind == envfile.FILE:
             return self._env_file_reading(path, data)
-        if kind == "missing":
+        if kind == envfile.MISSING:
             return Check(
                 ENV_FILE,
                 WARN,
@@ -652,10 +645,10 @@ class _HostDoctor:
                 data,
             )
         what = {
-            "unreadable": "cannot be read by the login user",
-            "other": "is not a regular file",
-            "no-folder": "does not exist on the host, nor does its folder",
-        }.get(kind, f"cannot be looked at ({result.stderr.strip() or f'exit {result.exited}'})")
+            envfile.UNREADABLE: "cannot be read by the login user",
+            envfile.OTHER: "is not a regular file",
+            envfile.NO_FOLDER: "does not exist on the host, nor does its folder",
+        }.get(kind, f"cannot be looked at ({said})")
         return Check(ENV_FILE, FAIL, f"{path} {what}", fix, data)
 
     def _env_file_reading(self, path: str, data: dict) -> Check:
@@ -665,7 +658,7 @@ class _HostDoctor:
             text = self._transport().read_bytes(path).decode("utf-8", "replace")
         except KerneldevError as err:
             return Check(ENV_FILE, FAIL, f"{path} cannot be read: {err.message}", data=data)
-        warnings = parse_env_file(text).warnings
+        warnings = envfile.parse_env_file(text).warnings
         data["warnings"] = warnings
         if not warnings:
             return Check(ENV_FILE, OK, f"{path} is a readable file", data=data)

@@ -29,6 +29,7 @@ file that did not exist before and now holds nothing else).
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from collections.abc import Iterable
@@ -534,6 +535,26 @@ def read_service_env(transport: Transport, host: HostConfig) -> EnvFile | None:
     if not path:
         return None
     return parse_env_file(transport.read_bytes(path).decode("utf-8", "replace"))
+
+
+# What `env_file_kind` finds at the path: a readable file, a file the login user cannot read,
+# something other than a file, nothing in an existing folder (not created yet: `bench
+# --service` creates it), nothing and no folder (a mistyped path)
+FILE, UNREADABLE, OTHER, MISSING, NO_FOLDER = "file", "unreadable", "other", "missing", "no-folder"
+
+
+def env_file_kind(transport: Transport, path: str) -> tuple[str, str]:
+    """What is at `path` on the host (one of the kinds above), in one command; with the
+    command's own words when it answered none of them (the kind is then those words)."""
+    q, d = shlex.quote(path), shlex.quote(posixpath.dirname(path) or "/")
+    result = transport.run(
+        f"if [ -f {q} ]; then if [ -r {q} ]; then echo {FILE}; else echo {UNREADABLE}; fi; "
+        f"elif [ -e {q} ]; then echo {OTHER}; elif [ -d {d} ]; then echo {MISSING}; "
+        f"else echo {NO_FOLDER}; fi",
+        timeout=30,
+    )
+    kind = result.stdout.strip()
+    return kind, result.stderr.strip() or f"exit {result.exited}"
 
 
 def export_prefix(env: dict[str, str]) -> str:
