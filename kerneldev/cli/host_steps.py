@@ -1,6 +1,6 @@
 """What several commands do on a live host: show the loop's status tables and patches, take
-the host's lock, restart the service with progress. Commands import these from here rather
-than from one another."""
+the host's lock, restart the service with progress, say that a late Ctrl-C cut nothing.
+Commands import these from here rather than from one another."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kerneldev import interrupt
 from kerneldev.cli import environment, output
 from kerneldev.cli.output import err_console, print_info, print_warning
 from kerneldev.config import HostConfig
@@ -142,3 +143,10 @@ def restart_with_progress(
             else f"{host.name} restarted (no health check configured)"
         )
     return health
+
+
+def note_late_ctrl_c(after: str) -> None:
+    """A Ctrl-C that came once the work had ended (its record and unlock are shielded) cut
+    nothing short: taken here, so the command exits as the work did, and said."""
+    if interrupt.consume() is not None:
+        print_info(f"Ctrl-C came after {after}; nothing was interrupted")

@@ -14,9 +14,8 @@ from typing import Any
 
 import typer
 
-from kerneldev import interrupt
 from kerneldev.cli import environment
-from kerneldev.cli.host_steps import print_service_logs, print_table
+from kerneldev.cli.host_steps import note_late_ctrl_c, print_service_logs, print_table
 from kerneldev.cli.output import (
     GAP,
     PATH,
@@ -303,11 +302,10 @@ def pull(
         outcomes = fleet_ops.pull_group(
             ordered, reference, paths, force=force, parallel=parallel, on_event=view
         )
-    late = not any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes)
-    if late and interrupt.consume() is not None:
-        # The signal came once every host had ended (a pull's record is shielded): nothing
-        # was cut short, so the pull stands (as a one-host pull and a group push say).
-        print_info("Ctrl-C came after every host's pull had ended; nothing was interrupted")
+    if not any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes):
+        # A signal once every host had ended (a pull's record is shielded): nothing was cut
+        # short, so the pull stands (as a one-host pull and a group push say).
+        note_late_ctrl_c("every host's pull had ended")
     if outcomes[0].ok:
         try:
             remember_config(reference.workspace, config.path, reference.name)
@@ -432,10 +430,10 @@ def push(
     interrupted = any(o.status == OutcomeStatus.INTERRUPTED for o in outcomes)
     if interrupted:
         print_info(_interrupt_summary(outcomes))
-    elif not req.dry_run and interrupt.consume() is not None:
-        # The signal came once every host had ended (its record and unlock are shielded):
-        # nothing was cut short, so each host's outcome stands as it is.
-        print_info("Ctrl-C came after every host's push had ended; nothing was interrupted")
+    elif not req.dry_run:
+        # A signal once every host had ended (its record and unlock are shielded): nothing
+        # was cut short, so each host's outcome stands as it is.
+        note_late_ctrl_c("every host's push had ended")
     failed_dry_run = req.dry_run and any(o.ok and o.result.refused for o in outcomes)
     if failed_dry_run:
         for o in outcomes:

@@ -18,7 +18,13 @@ from kerneldev.cli.common import (
     load_host,
     load_hosts,
 )
-from kerneldev.cli.host_steps import locked, print_patch, print_table, restart_with_progress
+from kerneldev.cli.host_steps import (
+    locked,
+    note_late_ctrl_c,
+    print_patch,
+    print_table,
+    restart_with_progress,
+)
 from kerneldev.cli.output import HASH, PATH, STATUS, Column, print_info, print_json, print_warning
 from kerneldev.config import HostConfig, remember_config
 from kerneldev.errors import ExitCode, KerneldevError, UnhealthyError, UsageError
@@ -223,10 +229,9 @@ def pull_command(
                 print_warning(f"your edits to {printable(f.path)} were kept in {f.discarded}")
     for path in result.missing:
         print_warning(f"{printable(path)}: not on the host {host.name} under {host.root}")
-    if interrupt.consume() is not None:
-        # The signal came during the pull's last, shielded step (the record) or after it:
-        # every file had landed and was recorded, so the pull succeeded and says so (as push).
-        print_info("Ctrl-C came after the pull had completed; nothing was interrupted")
+    # A signal during the pull's last, shielded step (the record) or after it: every file
+    # had landed and was recorded, so the pull succeeded and says so (as push).
+    note_late_ctrl_c("the pull had completed")
     if result.missing:
         raise typer.Exit(int(ExitCode.FAILURE))
 
@@ -362,11 +367,11 @@ def push_command(
                     lock.release()
     if as_json:
         print_json(result)
-    if not dry_run and interrupt.consume() is not None:
-        # The signal came during the push's last, shielded steps (the record, the unlock) or
-        # after them: nothing was cut short, so the push succeeded and says so.
+    if not dry_run:
+        # A signal during the push's last, shielded steps (the record, the unlock) or after
+        # them: nothing was cut short, so the push succeeded and says so.
         what = f"deploy {result.deploy_id}" if result.deploy_id else "the push"
-        print_info(f"Ctrl-C came after {what} had completed; nothing was interrupted")
+        note_late_ctrl_c(f"{what} had completed")
     if dry_run and result.refused:
         raise typer.Exit(int(ExitCode.FAILURE))
 
