@@ -2818,9 +2818,13 @@ class MMARow(NamedTuple):
     # token-major or head-major Triton loops). Session 20: 1.4-1.9x over those on the H200,
     # 1.5-2.3x on the sm_120 proxy at 100 KB per SM.
     ws_few_programs_per_sm: int = 0
-    # Those calls with at most this many heads (8 at most; 0: none): the few-head tile
-    # token-major (`WS_TM_TILE`, `_ws_tm_consumer`).
+    # Those calls with at most this many heads (8 at most; 0: none) and at least
+    # ws_few_tm_min_b rows of q (requests, or a prefill's tokens): the few-head tile
+    # token-major (`WS_TM_TILE`, `_ws_tm_consumer`). Session 38, H100, H8 dual decode (v45):
+    # 1.03-1.07x at B48-B128, 1.08-1.17x on prefill-sized calls, equal at B1 and B32, but
+    # 0.95-0.97x at B8-B16 (head-major there).
     ws_few_tm_heads: int = 0
+    ws_few_tm_min_b: int = 0
     # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
     # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
     # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
@@ -2873,7 +2877,7 @@ MMA_ROWS: dict[str, MMARow] = {
         64, 64, 8, 1, 1, False, 64, 32, False, True, 32, 4, True, 64, 64, 8, 16, 2, 32, 4, 5, 2,
         ws=True, length_aware=True, ws_exact=True, ws_dual=True, ws_exact_launch=True,
         ws_few_programs_per_sm=2, ws_small_dual_programs=32, ws_small_dual_long=True,
-        ws_few_tm_heads=0,  # 8 once measured (session 36)
+        ws_few_tm_heads=8, ws_few_tm_min_b=32,
     ),
     # mma.sync, 99 KB per block: 32 heads x 32 tokens, 4 warps, S over 64-dim groups; the
     # exact PV for few-token requests a branch of the same launch, 16 heads at a time (2-7%
@@ -2884,7 +2888,7 @@ MMA_ROWS: dict[str, MMARow] = {
     "sm120": MMARow(
         32, 32, 4, 1, 2, True, 16, 32, True, False, 0, 0, False, 32, 32, 4, ws=True,
         length_aware=True, ws_exact=True, ws_wide_tokens_per_sm=400, ws_few_programs_per_sm=1,
-        ws_few_tm_heads=0,  # 8 once measured (session 36)
+        ws_few_tm_heads=8, ws_few_tm_min_b=32,
     ),
     # CPU interpreter (tests): small tiles so that the cases span several tiles.
     "interpreter": MMARow(
@@ -3077,7 +3081,7 @@ def mma_config(
     )  # fmt: skip
     if few:
         block_h, block_n, warps, stages = WS_FEW_BLOCK_H, WS_FEW_BLOCK_N, WS_FEW_WARPS, 1
-        if H <= min(row.ws_few_tm_heads, WS_TM_BLOCK_H):
+        if H <= min(row.ws_few_tm_heads, WS_TM_BLOCK_H) and B >= row.ws_few_tm_min_b:
             block_h = WS_TM_BLOCK_H
         ws, token_major, one_round = True, False, None
         exact_block_n = exact_warps = 0
@@ -3433,7 +3437,9 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     if cfg.ws and not (ws_ok and _ws_runnable(q, main, extra, flags, (cfg.block_h, cfg.block_n))):
         # the Triton loop instead, with the tile its row takes then
         cfg = (_device_mma_config(q.device, B, H, topk, e_topk, ws=False) if derived
-               else cfg._replace(ws=False, block_h=max(cfg.block_h, 16)))  # fmt: skip
+               else cfg._replace(ws=False))  # fmt: skip
+    if not cfg.ws and not cfg.token_major and cfg.block_h < 16:
+        cfg = cfg._replace(block_h=16)  # the Triton loop's head-major tl.dot needs 16 rows
     if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
     plan = None
@@ -3482,7 +3488,8 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     else:
         launches = [(True, True, 0), (False, True, exact_below)]
     count_block = min(triton.next_power_of_2(max(topk, e_topk, 16)), COUNT_BLOCK_MAX)
-    exact_block_h = min(cfg.exact_block_h or cfg.block_h, cfg.block_h)
+    # (at least 16: the exact launch is the Triton loop, head-major, beside the few-head tile's 8)
+    exact_block_h = max(min(cfg.exact_block_h or cfg.block_h, cfg.block_h), 16)
     if cfg.token_major:  # the exact launch keeps the head-major loop (>= 16 heads)
         exact_block_h = max(cfg.exact_block_h, 16)
     side = _side_stream(q.device) if cfg.exact_concurrent and q.is_cuda else None

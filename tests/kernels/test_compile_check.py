@@ -46,9 +46,11 @@ def test_sm120_and_sm89_rows_fit_99_kb(tmp_path):
     built = {(r["cc"], r["pass"], r["extra_cache"]) for r in rows}
     # the sm_120 row's Gluon loop (computing its few-token requests itself), without and with
     # the length-aware plan, its wide tile (planned) and its few-head tile (plain, planned,
-    # beside the packed plan), where the installed Triton has the Gluon API it is written for
-    # (3.6); sm_89 never takes it (no setmaxnreg)
-    few = ("bf16-P-ws-few", "bf16-P-ws-few-plan", "bf16-P-ws-few-packed")
+    # beside the packed plan; 16 heads, and 8 token-major), where the installed Triton has the
+    # Gluon API it is written for (3.6); sm_89 never takes it (no setmaxnreg)
+    few16 = ("bf16-P-ws-few", "bf16-P-ws-few-plan", "bf16-P-ws-few-packed")
+    few8 = tuple(p.replace("few", "few-tm") for p in few16)
+    few = few16 + few8
     gluon = {
         (120, p, e)
         for p in ("bf16-P-ws-sync", "bf16-P-ws-sync-plan", "bf16-P-ws-sync-wide", *few)
@@ -59,9 +61,8 @@ def test_sm120_and_sm89_rows_fit_99_kb(tmp_path):
     }
     assert built & gluon in (set(), gluon)
     for r in rows:
-        tile = {"bf16-P-ws-sync-wide": (64, 16), **dict.fromkeys(few, (16, 32))}.get(
-            r["pass"], (32, 32)
-        )
+        tiles = {"bf16-P-ws-sync-wide": (64, 16), **dict.fromkeys(few16, (16, 32))}
+        tile = {**tiles, **dict.fromkeys(few8, (8, 32))}.get(r["pass"], (32, 32))
         assert (r["BLOCK_H"], r["BLOCK_N"], r["EXACT_BLOCK_H"]) == (*tile, 16)
         assert 0 < r["shared_bytes"] <= 101_376, r
 

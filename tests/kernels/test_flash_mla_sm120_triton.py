@@ -411,10 +411,11 @@ CASES += [
 # At most 8 heads the tile may run token-major (`_ws_tm_consumer`, 8 heads x 32 tokens; the
 # row's ws_few_tm_heads): _FEW token-major, _FEW_HM the same call head-major (16-row tile, 8
 # padding rows), whatever the rows choose.
-_TM90 = fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=8)
+_TM90 = fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=8, ws_few_tm_min_b=0)
 _FEW = fl.mma_config((9, 0), 132, 5, 8, 320, 200, row=_TM90)  # 17 static splits, no plan
 _FEW120 = fl.mma_config((12, 0), 132, 5, 8, 320, 200,
-                        row=fl.MMA_ROWS["sm120"]._replace(ws_few_tm_heads=8))  # fmt: skip
+                        row=fl.MMA_ROWS["sm120"]._replace(ws_few_tm_heads=8,
+                                                          ws_few_tm_min_b=0))  # fmt: skip
 _FEW_HM = fl.mma_config((9, 0), 132, 5, 8, 320, 200,
                         row=fl.MMA_ROWS["sm90"]._replace(ws_few_tm_heads=0))  # fmt: skip
 # 16 heads, prefill-sized (one split, no plan), partial lengths, 30% invalid indices
@@ -1115,17 +1116,24 @@ def test_mma_config_rule():
     assert not fl.mma_config((12, 0), 188, 64, 48, 2048, 0).ws  # a partly masked 32-head block
     # at most 16 heads: the few-head tile (16 x 32, mma.sync), both caches, decode and
     # prefill, in its own residency (two programs per SM on sm_90, one on sm_120)
-    # (at most 8 heads token-major: `WS_TM_TILE`, 8 x 32; the row's ws_few_tm_heads)
+    # (at most 8 heads token-major: `WS_TM_TILE`, 8 x 32; the row's ws_few_tm_heads, from
+    # ws_few_tm_min_b rows of q: B8 H8 head-major, B64 token-major)
     for cc, sms, per_sm in (((9, 0), 132, 2), ((12, 0), 188, 1)):
         for B, H, topk, extra in ((64, 16, 2048, 0), (64, 8, 128, 512), (1024, 8, 128, 512),
                                   (1, 3, 128, 512), (4096, 16, 2048, 0),
-                                  (8, 9, 2048, 0)):  # fmt: skip
+                                  (8, 9, 2048, 0), (8, 8, 128, 512), (32, 8, 2048, 0)):  # fmt: skip
             few = fl.mma_config(cc, sms, B, H, topk, extra)
             assert few.ws and not few.token_major, (cc, B, H)
-            tm = H <= fl.MMA_ROWS[fl.mma_row_name(cc)].ws_few_tm_heads
+            tm = H <= 8 and B >= 32
             assert (few.block_h, few.block_n, few.num_warps) == (8 if tm else 16, 32, 4)
-            for heads, block_h in ((0, 16), (8, 8 if H <= 8 else 16)):
-                row = fl.MMA_ROWS[fl.mma_row_name(cc)]._replace(ws_few_tm_heads=heads)
+            for heads, min_b, block_h in (
+                (0, 0, 16),
+                (8, 0, 8 if H <= 8 else 16),
+                (8, 32, 8 if tm else 16),
+            ):
+                row = fl.MMA_ROWS[fl.mma_row_name(cc)]._replace(
+                    ws_few_tm_heads=heads, ws_few_tm_min_b=min_b
+                )
                 assert fl.mma_config(cc, sms, B, H, topk, extra, row=row).block_h == block_h
             tiles = fl._tiles(topk, extra, 32)
             assert few.num_splits == max(1, min(sms * per_sm // B, tiles)), (cc, B, H)
