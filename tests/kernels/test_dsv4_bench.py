@@ -37,6 +37,17 @@ def test_parse_config():
     )
 
 
+def test_every_row_switch_of_the_kernel_is_a_config_key():
+    """A row field added to the kernel file can be set from --config (the packed plan's three
+    are tuned through its own shapes, not per variant)."""
+    pytest.importorskip("triton")
+    fl = _load("_kd_test_bench_kernel", "flash_mla_sm120_triton.py")
+    packed = {"pack_rows", "pack_block_n", "pack_num_warps"}
+    assert set(fl.MMARow._fields) - packed == set(bench._ROW_KEYS)
+    conf = bench.parse_config("tm=ws_few_tm_heads:8,ws_few_tm_min_b:0")
+    assert dict(conf.row_over) == {"ws_few_tm_heads": 8, "ws_few_tm_min_b": 0}
+
+
 @pytest.mark.parametrize(
     "text", ["noequals", "bad label=row:sm90", "x=block_n:big", "x=colour:3", "x=block_n"]
 )
