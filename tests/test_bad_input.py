@@ -379,6 +379,47 @@ def test_pull_never_writes_through_a_workspace_symlink_leading_out(tmp_path):
     assert set(load_state(real_ws).files) == {"k/a.py"}
 
 
+def test_push_reads_through_a_workspace_symlink_leading_out(tmp_path):
+    """The other direction (docs/usage.md, push): a workspace file linked to its copy elsewhere
+    (a git clone) is pushed with the bytes it leads to; the link and its target stay as they
+    were, and nothing but the pushed file changes in the live tree."""
+    import io
+
+    from kerneldev.cli.environment import Environment
+    from kerneldev.cli.main import main
+
+    root, ws, clone = tmp_path / "live", tmp_path / "ws", tmp_path / "clone"
+    for name in ("k/a.py", "k/b.py"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(b"live " + name.encode() + b"\n")
+    config = tmp_path / "hosts.yaml"
+    config.write_text(
+        f"hosts:\n  h:\n    transport: local\n    root: '{root}'\n"
+        f"    files: ['k/*.py']\n    workspace: '{ws}'\n"
+    )
+
+    def run(*args):
+        out, err = io.StringIO(), io.StringIO()
+        code = main(["--config", str(config), *args], env=Environment(stdout=out, stderr=err))
+        assert code == 0, err.getvalue()
+        return out.getvalue()
+
+    run("pull")
+    (clone / "k").mkdir(parents=True)
+    (clone / "k/a.py").write_bytes(b"EDITED = 1  # in the clone\n")
+    (ws / "k/a.py").unlink()
+    (ws / "k/a.py").symlink_to(clone / "k/a.py")
+    data = json.loads(run("push", "--json"))
+    assert [f["path"] for f in data["files"] if f["action"] == "upload"] == ["k/a.py"], data
+    assert (root / "k/a.py").read_bytes() == b"EDITED = 1  # in the clone\n"
+    assert not (root / "k/a.py").is_symlink()
+    assert (root / "k/b.py").read_bytes() == b"live k/b.py\n"
+    assert (ws / "k/a.py").is_symlink() and (
+        clone / "k/a.py"
+    ).read_bytes() == b"EDITED = 1  # in the clone\n"
+    assert json.loads(run("diff", "--json"))["files"][0]["status"] == "in-sync"
+
+
 def test_a_history_line_naming_a_path_out_of_root_is_never_restored(ssh_env, tmp_path):
     # The host's history is a file anyone on the host can edit; rollback restores what it
     # names. A line whose file is `..`/absolute, or whose backup lies outside the backups
