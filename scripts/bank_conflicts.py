@@ -10,7 +10,7 @@ lowers a blocked load to ldmatrix anyway (the V4 dequantization's 8-bit reads: `
 SASS), check the SASS and ncu. A conflict of N is N excess wavefronts per wavefront: 1
 doubles an access's shared-memory traffic, 3 quadruples it.
 
-    python3 scripts/bank_conflicts.py [--cc 90] [--tile few|sync|long|wide|wgmma ...]
+    python3 scripts/bank_conflicts.py [--cc 90] [--tile few|tm|sync|long|wide|wgmma ...]
         [--format v4|v41|v41_fp4 ...] [--all] [--json]
     python3 scripts/bank_conflicts.py --ttgir FILE.ttgir   # a TTGIR file of any kernel
 
@@ -188,7 +188,9 @@ def builds(tiles: list[str], formats: list[str]):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cc", type=int, default=90, help="compute capability x10 (default 90)")
-    ap.add_argument("--tile", action="append", choices=("few", "sync", "long", "wide", "wgmma"))
+    ap.add_argument(
+        "--tile", action="append", choices=("few", "tm", "sync", "long", "wide", "wgmma")
+    )
     ap.add_argument("--format", action="append", choices=tuple(_FORMATS))
     ap.add_argument("--ttgir", help="audit this TTGIR file instead of compiling the kernel")
     ap.add_argument("--all", action="store_true", help="also the accesses without conflicts")
@@ -217,6 +219,7 @@ def main() -> int:
         if not fl.HAS_GLUON:
             return fail("the Gluon loop needs triton 3.6 (found another release)")
         tiles = {"few": (fl.WS_FEW_BLOCK_H, fl.WS_FEW_BLOCK_N),
+                 "tm": fl.WS_TM_TILE,  # the few-head tile token-major (at most 8 heads)
                  "sync": (fl.WS_SYNC_BLOCK_H, fl.WS_SYNC_BLOCK_N),
                  "long": fl.WS_SYNC_LONG_TILE,  # Hopper only
                  "wide": (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N),
