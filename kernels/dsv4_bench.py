@@ -156,10 +156,16 @@ class Shape:
     layout: str = "v4"  # cache formats: v4, v41 (V4.1 FP8 both), v41_fp4 (FP4 extra cache)
     # Prefill-sized call: `batch` query tokens (named T...) in requests of `share` consecutive
     # tokens whose indices mostly coincide (main cache: a sliding window shifted by one token;
-    # extra cache: one request-wide selection, 1 in 16 entries redrawn per token); 0: every
-    # query token owns its tokens.
+    # extra cache: one request-wide selection, 1 in 16 entries redrawn per token); 0: each row
+    # of q draws its indices at random from a pool 1.25x the call's selections, so rows repeat
+    # across the call's tokens by chance (about 30% of the selections at T1024 dual), which the
+    # distinct floor counts once.
     share: int = 0
     prefill: bool = False
+    # Each row of q draws its indices without replacement from a token range of its own: no
+    # cache row is selected twice, the distinct floor is every selected row (the peers
+    # harness's inputs, and issue 20's "each query token has its own tokens").
+    own: bool = False
 
     @property
     def total_topk(self) -> int:
@@ -195,6 +201,7 @@ def _shape_name(
     layout: str = "v4",
     share: int = 0,
     prefill: bool = False,
+    own: bool = False,
 ) -> str:
     parts = [f"T{b}" if prefill else f"B{b}"]
     if h != 64:
@@ -215,6 +222,8 @@ def _shape_name(
         parts.append({"v41": "V4.1", "v41_fp4": "V4.1+FP4"}[layout])
     if share:
         parts.append(f"share{share}")
+    if own:
+        parts.append("own")
     return " ".join(parts)
 
 
@@ -232,9 +241,12 @@ def make_shape(
     layout: str = "v4",
     share: int = 0,
     prefill: bool = False,
+    own: bool = False,
 ) -> Shape:
+    if share and own:
+        raise ValueError("a shape's tokens either share their indices or own them, not both")
     fields = (batch, heads, topk, page_size, extra_topk, extra_page_size, sink, lengths, invalid)
-    tail = (pad, layout, share, prefill)
+    tail = (pad, layout, share, prefill, own)
     return Shape(_shape_name(*fields, *tail), *fields, *tail)
 
 
@@ -310,6 +322,9 @@ SHAPE_SETS["prefill"] = [
     make_shape(1024, heads=8, topk=2048, prefill=True),
     make_shape(1024, heads=16, topk=2048, prefill=True),
     make_shape(1024, heads=8, lengths="partial", invalid=0.1, **_PF),
+    # each row of q owns its tokens (no row selected twice: issue 20's own-token inputs)
+    *(make_shape(t, heads=8, own=True, **_PF) for t in (256, 1024, 4096)),
+    make_shape(1024, heads=8, topk=2048, prefill=True, own=True),
     make_shape(1024, heads=8, share=256, **_PF),
     make_shape(4096, heads=8, share=256, **_PF),
     make_shape(1024, heads=64, share=256, **_PF),
@@ -347,13 +362,14 @@ _SPEC_KEYS = {
     "layout": "layout",
     "share": "share",
     "prefill": "prefill",
+    "own": "own",
 }
 _BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 _LENGTHS = ("full", "partial", "zero", "none")
 SPEC_HELP = (
     "a named set (" + ", ".join(SHAPE_SETS) + ") or B=..,H=..,topk=..[,page=..,extra_topk=..,"
     "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none,invalid=0.1,pad=1,"
-    "layout=v4|v41|v41_fp4,share=N,prefill=1]; several separated by ';'"
+    "layout=v4|v41|v41_fp4,share=N,prefill=1,own=1]; several separated by ';'"
 )
 
 
@@ -394,7 +410,7 @@ def _parse_spec(spec: str) -> Shape:
         if not sep or key not in _SPEC_KEYS:
             raise bad(
                 f"unknown field {field!r} (known: B, H, topk, page, extra_topk, extra_page, "
-                "sink, lengths, invalid, pad, layout, share, prefill)"
+                "sink, lengths, invalid, pad, layout, share, prefill, own)"
             )
         attr = _SPEC_KEYS[key]
         if attr in values:
@@ -405,7 +421,7 @@ def _parse_spec(spec: str) -> Shape:
             if raw not in LAYOUTS:
                 raise bad(f"layout must be one of {', '.join(LAYOUTS)}, got {raw!r}")
             values[attr] = raw
-        elif attr in ("sink", "pad", "prefill"):
+        elif attr in ("sink", "pad", "prefill", "own"):
             if raw.lower() not in _BOOLS:
                 choices = "0, 1 or inf" if attr == "sink" else "0 or 1"
                 raise bad(f"{written} must be {choices}, got {raw!r}")
@@ -430,6 +446,8 @@ def _parse_spec(spec: str) -> Shape:
     for required, key in (("batch", "B"), ("topk", "topk")):
         if required not in values:
             raise bad(f"{key}= is required")
+    if values.get("share") and values.get("own"):
+        raise bad("share=N and own=1 exclude each other (tokens share indices or own them)")
     return make_shape(**values)  # type: ignore[arg-type]
 
 
@@ -1749,6 +1767,8 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
         one = reference.make_inputs(shape.batch, shape.heads, shape.topk, shape.page_size, **kwargs)
         if shape.share:
             _share_indices(one, shape.share, kwargs["seed"])
+        if shape.own:
+            _own_indices(one, kwargs["seed"])
         inputs.append(one)
         refs.append(reference.reference_sparse_decode(**one))
     return inputs, refs
@@ -1791,6 +1811,33 @@ def _share_indices(inputs: dict, share: int, seed: int) -> None:
             redraw = torch.rand(T, topk, generator=gen, device=dev) < 1 / 16
             ids = torch.where(redraw, other, ids)
         ids = ids % max(num_tokens, 1)
+        bad = (flat < 0) | (flat >= num_tokens)
+        flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
+
+
+def _own_indices(inputs: dict, seed: int) -> None:
+    """Rewrite the index rows so that each row of q owns its tokens: row t draws its valid
+    entries without replacement from the cache tokens [t * R, (t + 1) * R), R the cache's
+    tokens per row (at least topk: `make_inputs` sizes each cache at 1.25x the call's
+    selections). Entries the original rows made invalid stay invalid; lengths are kept."""
+    import torch
+
+    for key, cache_key, salt in (("indices", "k_cache", 2), ("extra_indices", "extra_k_cache", 3)):
+        idx = inputs[key]
+        if idx is None:
+            continue
+        flat = idx.reshape(idx.shape[0], -1)
+        T, topk = flat.shape
+        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
+        per_row = num_tokens // max(T, 1)
+        if T == 0 or topk == 0:
+            continue
+        if per_row < topk:  # cannot happen with make_inputs' cache size; never alias silently
+            raise HarnessError(f"own=1: {num_tokens} cache tokens for {T} rows of {topk}")
+        dev = flat.device
+        gen = torch.Generator(device=dev).manual_seed(seed + salt)
+        picks = torch.argsort(torch.rand(T, per_row, generator=gen, device=dev), dim=1)
+        ids = torch.arange(T, device=dev)[:, None] * per_row + picks[:, :topk]
         bad = (flat < 0) | (flat >= num_tokens)
         flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
 

@@ -362,6 +362,7 @@ def test_prefill_and_v41_shape_sets():
     assert {s.heads for s in prefill} == {8, 16, 64}
     assert all(s.prefill and s.name.startswith("T") for s in prefill)
     assert any(s.share for s in prefill) and any(s.lengths == "partial" for s in prefill)
+    assert any(s.own for s in prefill) and not any(s.own and s.share for s in prefill)
     assert any(s.extra_topk == 0 for s in prefill) and any(s.sink for s in prefill)
     v41 = bench.SHAPE_SETS["v41"]
     assert {s.layout for s in v41} == {"v41", "v41_fp4"}
@@ -372,6 +373,34 @@ def test_prefill_and_v41_shape_sets():
     assert spec[0].layout == "v41_fp4" and spec[0].share == 2 and spec[0].name.startswith("T4 ")
     with pytest.raises(bench.HarnessError, match="layout must be one of"):
         bench.parse_shapes(["B=4,topk=64,layout=v5"])
+
+
+def test_owned_indices_never_repeat_and_their_distinct_floor_is_the_whole_floor():
+    torch = pytest.importorskip("torch")
+    ref = _load("_kd_test_bench_reference", "dsv4_reference.py")
+    shape = bench.parse_shapes(["B=32,H=8,topk=64,extra_topk=128,extra_page=64,own=1"])[0]
+    assert shape.own and shape.name.endswith(" own")
+    random = ref.make_inputs(32, 8, 64, 64, extra_topk=128, extra_page_size=64, seed=1)
+    owned = ref.make_inputs(32, 8, 64, 64, extra_topk=128, extra_page_size=64, seed=1)
+    bench._own_indices(owned, seed=1)
+    for key, cache in (("indices", "k_cache"), ("extra_indices", "extra_k_cache")):
+        idx = owned[key]
+        per_row = owned[cache].shape[0] * owned[cache].shape[1] // 32
+        assert torch.unique(idx).numel() == idx.numel()  # no row selected twice
+        rows = torch.arange(32)[:, None]
+        assert bool(((idx // per_row) == rows).all())  # each row of q in its own range
+    # random rows repeat across tokens: their distinct floor is below the nominal one
+    assert bench.distinct_bytes(owned, shape) == shape.min_bytes()
+    assert bench.distinct_bytes(random, shape) < 0.9 * shape.min_bytes()
+    # invalid entries stay invalid
+    bad = ref.make_inputs(32, 8, 64, 64, seed=2, invalid_fraction=0.5)
+    num_tokens = bad["k_cache"].shape[0] * bad["k_cache"].shape[1]
+    before = (bad["indices"] < 0) | (bad["indices"] >= num_tokens)
+    bench._own_indices(bad, seed=2)
+    after = (bad["indices"] < 0) | (bad["indices"] >= num_tokens)
+    assert torch.equal(before, after) and int(before.sum()) > 0
+    with pytest.raises(bench.HarnessError, match="exclude each other"):
+        bench.parse_shapes(["B=4,topk=64,share=2,own=1"])
 
 
 def test_shared_indices_coincide_and_the_distinct_floor_counts_them_once():
