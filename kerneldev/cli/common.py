@@ -40,7 +40,7 @@ PARALLEL_OPTION = typer.Option(
 # here so that --help imports no harness.
 SHAPE_SET_NAMES = ("decode", "flashmla", "paths", "prefill", "v41", "smoke")
 SHAPE_KEYS = (
-    "B H topk page extra_topk extra_page sink lengths invalid pad layout share prefill".split()
+    "B H topk page extra_topk extra_page sink lengths invalid pad layout share prefill own".split()
 )
 SHAPES_HELP = (
     f"a named set ({', '.join(SHAPE_SET_NAMES)}) or one shape such as B=1,H=64,topk=512 "
