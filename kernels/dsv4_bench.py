@@ -1774,6 +1774,27 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
     return inputs, refs
 
 
+def _index_rows(inputs: dict):
+    """(0 for the main cache, 1 for the extra one; its index rows as a [rows, topk] view;
+    its cache's tokens) for each cache the inputs have."""
+    for which, (key, cache_key) in enumerate(
+        (("indices", "k_cache"), ("extra_indices", "extra_k_cache"))
+    ):
+        idx = inputs[key]
+        if idx is not None:
+            cache = inputs[cache_key]
+            yield which, idx.reshape(idx.shape[0], -1), cache.shape[0] * cache.shape[1]
+
+
+def _rewrite_valid(flat, num_tokens: int, ids) -> None:
+    """Give the index rows `flat` the new ids where they select a token; the entries the
+    original rows made invalid (negative, past the cache) stay as they were."""
+    import torch
+
+    bad = (flat < 0) | (flat >= num_tokens)
+    flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
+
+
 def _share_indices(inputs: dict, share: int, seed: int) -> None:
     """Rewrite the index rows as prefill tokens' are: requests of `share` consecutive query
     tokens; in the main cache token i of a request selects the window of topk tokens starting
@@ -1783,18 +1804,11 @@ def _share_indices(inputs: dict, share: int, seed: int) -> None:
     made invalid (negative, past the cache) stay invalid; lengths are kept."""
     import torch
 
-    for key, cache_key, window in (
-        ("indices", "k_cache", True),
-        ("extra_indices", "extra_k_cache", False),
-    ):
-        idx = inputs[key]
-        if idx is None:
-            continue
-        flat = idx.reshape(idx.shape[0], -1)
+    for which, flat, num_tokens in _index_rows(inputs):
+        window = which == 0
         T, topk = flat.shape
-        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
         dev = flat.device
-        gen = torch.Generator(device=dev).manual_seed(seed + (0 if window else 1))
+        gen = torch.Generator(device=dev).manual_seed(seed + which)
         t = torch.arange(T, device=dev)
         req, pos = t // share, t % share
         cols = torch.arange(topk, device=dev)
@@ -1810,9 +1824,7 @@ def _share_indices(inputs: dict, share: int, seed: int) -> None:
             )
             redraw = torch.rand(T, topk, generator=gen, device=dev) < 1 / 16
             ids = torch.where(redraw, other, ids)
-        ids = ids % max(num_tokens, 1)
-        bad = (flat < 0) | (flat >= num_tokens)
-        flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
+        _rewrite_valid(flat, num_tokens, ids % max(num_tokens, 1))
 
 
 def _own_indices(inputs: dict, seed: int) -> None:
@@ -1822,24 +1834,18 @@ def _own_indices(inputs: dict, seed: int) -> None:
     selections). Entries the original rows made invalid stay invalid; lengths are kept."""
     import torch
 
-    for key, cache_key, salt in (("indices", "k_cache", 2), ("extra_indices", "extra_k_cache", 3)):
-        idx = inputs[key]
-        if idx is None:
-            continue
-        flat = idx.reshape(idx.shape[0], -1)
+    for which, flat, num_tokens in _index_rows(inputs):
         T, topk = flat.shape
-        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
-        per_row = num_tokens // max(T, 1)
         if T == 0 or topk == 0:
             continue
+        per_row = num_tokens // T
         if per_row < topk:  # cannot happen with make_inputs' cache size; never alias silently
             raise HarnessError(f"own=1: {num_tokens} cache tokens for {T} rows of {topk}")
         dev = flat.device
-        gen = torch.Generator(device=dev).manual_seed(seed + salt)
+        gen = torch.Generator(device=dev).manual_seed(seed + 2 + which)
         picks = torch.argsort(torch.rand(T, per_row, generator=gen, device=dev), dim=1)
         ids = torch.arange(T, device=dev)[:, None] * per_row + picks[:, :topk]
-        bad = (flat < 0) | (flat >= num_tokens)
-        flat.copy_(torch.where(bad, flat, ids.to(flat.dtype)))
+        _rewrite_valid(flat, num_tokens, ids)
 
 
 def distinct_bytes(inputs: dict, shape: Shape) -> int:
