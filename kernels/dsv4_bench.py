@@ -244,7 +244,7 @@ def make_shape(
     own: bool = False,
 ) -> Shape:
     if share and own:
-        raise ValueError("a shape's tokens either share their indices or own them, not both")
+        raise ValueError("share=N and own=1 exclude each other (tokens share indices or own them)")
     fields = (batch, heads, topk, page_size, extra_topk, extra_page_size, sink, lengths, invalid)
     tail = (pad, layout, share, prefill, own)
     return Shape(_shape_name(*fields, *tail), *fields, *tail)
@@ -446,9 +446,10 @@ def _parse_spec(spec: str) -> Shape:
     for required, key in (("batch", "B"), ("topk", "topk")):
         if required not in values:
             raise bad(f"{key}= is required")
-    if values.get("share") and values.get("own"):
-        raise bad("share=N and own=1 exclude each other (tokens share indices or own them)")
-    return make_shape(**values)  # type: ignore[arg-type]
+    try:
+        return make_shape(**values)  # type: ignore[arg-type]
+    except ValueError as e:  # fields that exclude each other (share and own)
+        raise bad(str(e)) from None
 
 
 # --- environment ----------------------------------------------------------------------------

@@ -93,12 +93,11 @@ def _probe_kernel():
         rs = tl.arange(0, K // 32)
         a = tl.load(a_ptr + rm[:, None] * K + rk[None, :])
         a_scale = tl.load(as_ptr + rm[:, None] * (K // 32) + rs[None, :])
+        b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
         if B_FP8:
-            b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
             b_scale = tl.load(bs_ptr + rn[:, None] * (K // 32) + rs[None, :])
             c = tl.dot_scaled(a, a_scale, "e4m3", b, b_scale, "e4m3")
         else:
-            b = tl.load(b_ptr + rk[:, None] * N + rn[None, :])
             c = tl.dot_scaled(a, a_scale, "e4m3", b, None, "bf16")
         tl.store(c_ptr + rm[:, None] * N + rn[None, :], c)
 
