@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -148,13 +149,24 @@ def main(argv=None) -> int:
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
+    # 80 columns: the product's shape and whether it is the native block-scaled one (the full
+    # PTX opcodes are in --json)
     for row in result.get("compile", []):
-        print(f"cc {row['cc']}  {row['operands']:12s} {', '.join(row['mma'])}")
+        kinds = [_product_kind(op) for op in row["mma"]]
+        print(f"cc {row['cc']}  {row['operands']:12s} {', '.join(kinds)}")
     for row in result.get("accuracy", []):
         lse = row["lse_max_abs_err"]
-        print(f"{row['shape']:28s} {row['terms']} term(s)  ok={row['ok']!s:5}  "
-              f"lse err {lse:.1e}  cos diff {row['out_cos_diff']:.1e}")  # fmt: skip
+        print(f"{row['shape']:27s} {row['terms']} term(s) ok={row['ok']!s:5} "
+              f"lse err {lse:.1e} cos diff {row['out_cos_diff']:.1e}")  # fmt: skip
     return 0
+
+
+def _product_kind(opcode: str) -> str:
+    """`mma.sync.aligned.m16n8k32...block_scale...` -> "m16n8k32 block-scaled (native FP8)"."""
+    shape = next((part for part in opcode.split(".") if re.fullmatch(r"m\d+n\d+k\d+", part)), "?")
+    if "block_scale" in opcode:
+        return f"{shape} block-scaled (native FP8)"
+    return f"{shape} {opcode.split('.')[-2]} (operands upcast)"
 
 
 if __name__ == "__main__":
