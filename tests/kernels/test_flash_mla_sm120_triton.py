@@ -1004,6 +1004,117 @@ def test_split_plan_skewed_lengths_match_reference(exact):
     torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-5)
 
 
+def _length_order(lens, elens, topk, e_topk, bn, has_len=1):
+    """`_length_order_kernel`'s ORDER for these lengths (elens None: one cache)."""
+    B = len(lens)
+    ln = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    el = torch.tensor(elens if elens is not None else [0] * B, dtype=torch.int32, device=DEVICE)
+    order = torch.full((B,), -7, dtype=torch.int32, device=DEVICE)
+    fl._length_order_kernel[(1,)](
+        ln, 1, has_len, el, 1, 1, topk, e_topk if elens is not None else 0, order, B,
+        BLOCK_N=bn, B_POW2=triton.next_power_of_2(B), CLASSES=fl.LENGTH_ORDER_CLASSES,
+        HAS_EXTRA=elens is not None,
+    )  # fmt: skip
+    return order.tolist()
+
+
+@pytest.mark.parametrize("B", [1, 5, 64, 301])
+@pytest.mark.parametrize("dual", [False, True])
+def test_length_order_is_a_permutation_longest_first(B, dual):
+    """Every request once; its valid tiles (lengths clamped to [0, topk], a packed token's -1
+    none) never more than the previous one's class allows: longest first, ties (one class) in
+    request order."""
+    g = torch.Generator().manual_seed(B + 1000 * dual)
+    topk, e_topk, bn = 100, 300, 16
+    lens = torch.randint(-1, topk + 20, (B,), generator=g).tolist()
+    elens = torch.randint(-3, e_topk + 5, (B,), generator=g).tolist() if dual else None
+    order = _length_order(lens, elens, topk, e_topk, bn)
+    assert sorted(order) == list(range(B))
+
+    def tiles(b):
+        n = -(-min(max(lens[b], 0), topk) // bn)
+        return n + (-(-min(max(elens[b], 0), e_topk) // bn) if dual else 0)
+
+    most = -(-topk // bn) + (-(-e_topk // bn) if dual else 0)
+    classes = [(most - tiles(b)) * fl.LENGTH_ORDER_CLASSES // (most + 1) for b in order]
+    assert classes == sorted(classes)
+    for c in set(classes):  # within a class, request order
+        members = [b for b, k in zip(order, classes, strict=True) if k == c]
+        assert members == sorted(members)
+    # the first request holds the most tiles of all (within one class's width)
+    width = -(-(most + 1) // fl.LENGTH_ORDER_CLASSES)
+    assert tiles(order[0]) >= max(tiles(b) for b in range(B)) - width
+
+
+def test_length_order_without_topk_length_keeps_request_order():
+    """No lengths (has_len 0): every request full, one class, the identity order."""
+    assert _length_order([3, 0, 99, 1], None, 64, 0, 16, has_len=0) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("form", ["head-major", "exact-second-launch", "token-major", "packed"])
+def test_length_order_matches_reference(monkeypatch, form):
+    """The requests in the longest-first order (`length_order`): every request's output and
+    LSE written, accurate, and the same as in request order: the head-major loop, its exact
+    launch for few-token requests after it, the token-major loop, and the per-token launch
+    beside the packed plan (whose packed tokens' length -1 sorts last)."""
+    kw = dict(topk=40, page_size=16, extra_topk=56, extra_page_size=32, with_sink=True,
+              topk_length="partial", invalid_fraction=0.2)  # fmt: skip
+    if form == "packed":
+        inputs = _share_inputs(24, 8, _seed("order-packed"), 8, **kw)
+        other = ref.make_inputs(B=24, H=8, device=DEVICE, seed=_seed("order-own"), **kw)
+        for key in ("indices", "extra_indices"):  # the last group's tokens share nothing
+            inputs[key][16:] = other[key][16:]
+        cfg = _packed_config(24, 8, 40, 56, 8)
+    else:
+        inputs = ref.make_inputs(B=19, H=8 if form == "token-major" else 64, device=DEVICE,
+                                 seed=_seed(f"order-{form}"), **kw)  # fmt: skip
+        cfg = {
+            "head-major": MMAConfig(64, BN, 1, W, 1, ON_GPU),
+            "exact-second-launch": MMAConfig(64, BN, 1, W, 1, pv_split_below=60),
+            "token-major": MMAConfig(8, 16, 1, 2, 1)._replace(
+                token_major=True, pv_split_below=60, exact_block_h=16, exact_block_n=32,
+                exact_num_warps=4,
+            ),
+        }[form]  # fmt: skip
+    seen = []
+    orig = fl._launch_length_order
+
+    def spy(q, main, extra, flags, block_n):
+        got = orig(q, main, extra, flags, block_n)
+        seen.append(got["ORDER_ptr"].tolist())
+        lens.append(main["LEN_ptr"].tolist())  # the plan's, beside the packed plan
+        return got
+
+    lens = []
+
+    monkeypatch.setattr(fl, "_launch_length_order", spy)
+    a, la = _run_and_check(inputs, "mma", cfg._replace(length_order=True))
+    assert len(seen) == 1 and sorted(seen[0]) == list(range(inputs["q"].shape[0]))
+    assert seen[0] != sorted(seen[0])  # the partial lengths did reorder them
+    if form == "packed":  # the packed tokens (length -1: no tiles) last
+        packed = [lens[0][b] < 0 for b in seen[0]]
+        assert packed == sorted(packed) and (ON_GPU or sum(packed) == 16)
+    b, lb = _run_and_check(inputs, "mma", cfg)
+    assert len(seen) == 1  # no order without length_order
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch.testing.assert_close(la, lb, rtol=0, atol=0)
+
+
+def test_length_order_rule_only_past_one_wave_of_one_split():
+    """The longest-first order for calls of one split with more programs than one wave holds
+    (prefill-sized calls: T1024 on either row, H8 to H64); not for decode (several splits, or
+    one wave), the whole-call exact PV, or the interpreter."""
+    assert fl.mma_config((9, 0), 132, 1024, 8, 128, 512).length_order
+    assert fl.mma_config((12, 0), 188, 1024, 8, 128, 512).length_order
+    assert fl.mma_config((9, 0), 132, 1024, 64, 128, 512).length_order
+    assert fl.mma_config((9, 0), 132, 1024, 16, 2048, 0).length_order
+    assert not fl.mma_config((9, 0), 132, 256, 8, 128, 512).length_order  # 256 of 264 slots
+    assert not fl.mma_config((9, 0), 132, 64, 64, 128, 512).length_order  # 2 splits
+    assert not fl.mma_config((9, 0), 132, 128, 64, 2048, 0).length_order  # one wave
+    assert not fl.mma_config((9, 0), 132, 1024, 8, 64, 64).length_order  # exact PV
+    assert not fl.mma_config(None, 1, 1024, 8, 128, 512).length_order
+
+
 def test_small_dual_long_tile_not_with_an_fp4_extra_cache(monkeypatch):
     """The launcher's own config (`_device_mma_config`, here for an H200 as the driver would
     report it) takes the small dual-cache tile's long form for B16 dual, but not where the
