@@ -36,7 +36,7 @@ SMEM_LIMIT = {90: 232_448, 100: 232_448, 120: 101_376, 89: 101_376}
 _PTR_TYPES = {
     "Q_ptr": "*bf16", "KV_ptr": "*u8", "IDX_ptr": "*i32", "LEN_ptr": "*i32", "EKV_ptr": "*u8",
     "EIDX_ptr": "*i32", "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16",
-    "LSE_ptr": "*fp32", "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "ORDER_ptr": "*i32",
+    "LSE_ptr": "*fp32", "PO_ptr": "*fp32", "PLSE_ptr": "*fp32",
 }  # fmt: skip
 # Integer arguments the launcher's values make multiples of 16 (Triton specialises those).
 _DIV16 = {"stride_kv_page", "stride_ekv_page", "stride_qb", "stride_ob", "stride_ib",
@@ -122,10 +122,7 @@ def compile_kernel(
         TOKEN_MAJOR=token_major,
         # prefill-sized calls of few heads run the plan first: its packed tokens' programs exit
         SKIP_PACKED=token_major, PLAN=False, PIECES_ptr=None, B_POW2=1, PLAN_BLOCK_N=16,
-        ORDERED=token_major,  # and in the longest-first order (`length_order`)
     )  # fmt: skip
-    if not token_major:
-        const["ORDER_ptr"] = None
     sig, constexprs, attrs = _signature(fn, const, _PTR_TYPES)
     options = {"num_warps": row["num_warps"], "num_stages": stages}
     return triton.compile(
@@ -137,7 +134,7 @@ _WS_PTR_TYPES = {
     "Q_ptr": "*bf16", "KV8": "*fp8e4nv", "KVU": "*u8", "KVB": "*bf16", "IDX_ptr": "*i32",
     "LEN_ptr": "*i32", "EKV8": "*fp8e4nv", "EKVU": "*u8", "EKVB": "*bf16", "EIDX_ptr": "*i32",
     "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16", "LSE_ptr": "*fp32",
-    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PIECES_ptr": "*i32", "ORDER_ptr": "*i32",
+    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PIECES_ptr": "*i32",
 }  # fmt: skip
 
 
@@ -192,9 +189,6 @@ def compile_ws(
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
-    const["ORDERED"] = skip_packed  # a prefill-sized call: the requests longest first
-    if not skip_packed:
-        const["ORDER_ptr"] = None
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),

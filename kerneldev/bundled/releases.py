@@ -8,7 +8,6 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
-        "c34f1c43e65a3490af71ab6bf10079ac111d19c1921591ac9c1340c928d00e91": "675e5d1 2026-12-05",
         "922a888ec96dc8dfcef55fc500386ea6be7697f6c0bc6ce3478d2a82f36353bb": "822d6c1 2026-12-05",
         "07e9c3f2e4ce090c4fe2cd1e91808cf9a65c4a5730ab9b5adda05230131ab3e7": "44f16c9 2026-12-05",
         "3ee0b347f48aadeab72ac03e65276d0fe02993649582a1f443f101ddaa372538": "e971a6f 2026-12-05",
