@@ -150,7 +150,10 @@ class Shape:
     extra_topk: int = 0  # 0 = no extra (compressed) cache
     extra_page_size: int = 64
     sink: bool | str = False  # True: random finite sinks; "inf": some +inf / -inf (FlashMLA's test)
-    lengths: str = "full"  # topk_length mode of make_inputs: full, partial, zero, none
+    # topk_length mode of make_inputs: full, partial, zero, none; or causal (`_causal_lengths`:
+    # each row of q a prefill token, its lengths from its position as SGLang's DSv4 backend
+    # sets them)
+    lengths: str = "full"
     invalid: float = 0.0  # fraction of indices that are negative or past the cache's end
     pad: bool = False  # FlashMLA's padded page stride (multiple of 576 bytes)
     layout: str = "v4"  # cache formats: v4, v41 (V4.1 FP8 both), v41_fp4 (FP4 extra cache)
@@ -325,6 +328,9 @@ SHAPE_SETS["prefill"] = [
     # each row of q owns its tokens (no row selected twice: issue 20's own-token inputs)
     *(make_shape(t, heads=8, own=True, **_PF) for t in (256, 1024, 4096)),
     make_shape(1024, heads=8, topk=2048, prefill=True, own=True),
+    # the lengths SGLang sends a prefill from position 0 (window and compressed rows growing
+    # with the token's position)
+    *(make_shape(t, heads=8, own=True, lengths="causal", **_PF) for t in (1024, 4096)),
     make_shape(1024, heads=8, share=256, **_PF),
     make_shape(4096, heads=8, share=256, **_PF),
     make_shape(1024, heads=64, share=256, **_PF),
@@ -365,10 +371,10 @@ _SPEC_KEYS = {
     "own": "own",
 }
 _BOOLS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
-_LENGTHS = ("full", "partial", "zero", "none")
+_LENGTHS = ("full", "partial", "zero", "none", "causal")
 SPEC_HELP = (
     "a named set (" + ", ".join(SHAPE_SETS) + ") or B=..,H=..,topk=..[,page=..,extra_topk=..,"
-    "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none,invalid=0.1,pad=1,"
+    "extra_page=..,sink=0|1|inf,lengths=full|partial|zero|none|causal,invalid=0.1,pad=1,"
     "layout=v4|v41|v41_fp4,share=N,prefill=1,own=1]; several separated by ';'"
 )
 
@@ -1756,7 +1762,7 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
             device=device,
             seed=args.seed + 1000 * shape_index + r,
             with_sink=shape.sink,
-            topk_length=shape.lengths,
+            topk_length="full" if shape.lengths == "causal" else shape.lengths,
             invalid_fraction=shape.invalid,
             page_stride="pad576" if shape.pad else None,
         )
@@ -1770,6 +1776,8 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
             _share_indices(one, shape.share, kwargs["seed"])
         if shape.own:
             _own_indices(one, kwargs["seed"])
+        if shape.lengths == "causal":
+            _causal_lengths(one, shape.share)
         inputs.append(one)
         refs.append(reference.reference_sparse_decode(**one))
     return inputs, refs
@@ -1847,6 +1855,34 @@ def _own_indices(inputs: dict, seed: int) -> None:
         picks = torch.argsort(torch.rand(T, per_row, generator=gen, device=dev), dim=1)
         ids = torch.arange(T, device=dev)[:, None] * per_row + picks[:, :topk]
         _rewrite_valid(flat, num_tokens, ids)
+
+
+# SGLang 0.5.23's DSv4 backend (srt/layers/attention/deepseek_v4_backend.py): a token at
+# position p (seq_lens_casual = p + 1) sees min(p + 1, SWA_WINDOW = 128) window rows and, in a
+# compress-ratio-4 layer, max((p + 1) // 4, 1) compressed rows, at most the index top-k.
+CAUSAL_COMPRESS_RATIO = 4
+
+
+def _causal_lengths(inputs: dict, share: int) -> None:
+    """Set the lengths as a prefill's tokens have them: row t is the token at position p = t
+    (one request from position 0), or p = t mod `share` (requests of `share` tokens); its main
+    cache length min(p + 1, topk) (the window: the dual shapes' topk is SGLang's 128), its
+    extra cache's min(max((p + 1) // CAUSAL_COMPRESS_RATIO, 1), extra topk). The indices past
+    a length stay as they were (a kernel must ignore them)."""
+    import torch
+
+    q = inputs["q"]
+    pos = torch.arange(q.shape[0], device=q.device)
+    if share:
+        pos = pos % share
+    seen = pos + 1
+    for which, flat, _ in _index_rows(inputs):
+        topk = flat.shape[1]
+        if which == 0:
+            inputs["topk_length"] = seen.clamp(max=topk).to(torch.int32)
+        else:
+            lens = (seen // CAUSAL_COMPRESS_RATIO).clamp(min=1, max=topk)
+            inputs["extra_topk_length"] = lens.to(torch.int32)
 
 
 def distinct_bytes(inputs: dict, shape: Shape) -> int:

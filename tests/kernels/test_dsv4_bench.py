@@ -363,6 +363,7 @@ def test_prefill_and_v41_shape_sets():
     assert all(s.prefill and s.name.startswith("T") for s in prefill)
     assert any(s.share for s in prefill) and any(s.lengths == "partial" for s in prefill)
     assert any(s.own for s in prefill) and not any(s.own and s.share for s in prefill)
+    assert any(s.own and s.lengths == "causal" for s in prefill)
     assert any(s.extra_topk == 0 for s in prefill) and any(s.sink for s in prefill)
     v41 = bench.SHAPE_SETS["v41"]
     assert {s.layout for s in v41} == {"v41", "v41_fp4"}
@@ -401,6 +402,33 @@ def test_owned_indices_never_repeat_and_their_distinct_floor_is_the_whole_floor(
     assert torch.equal(before, after) and int(before.sum()) > 0
     with pytest.raises(bench.HarnessError, match="exclude each other"):
         bench.parse_shapes(["B=4,topk=64,share=2,own=1"])
+
+
+@pytest.mark.parametrize("share", [0, 8])
+def test_causal_lengths_grow_with_the_tokens_position(share):
+    """lengths=causal: token p of a request sees min(p + 1, topk) main rows and max((p + 1) //
+    4, 1) extra rows, at most the extra topk (SGLang's DSv4 prefill); requests of `share`
+    tokens start again at position 0; the distinct floor counts only rows within the
+    lengths; the entry gets both length vectors; nothing else in the inputs changes."""
+    torch = pytest.importorskip("torch")
+    ref = _load("_kd_test_bench_reference", "dsv4_reference.py")
+    spec = "B=40,H=8,topk=16,extra_topk=8,extra_page=16,prefill=1,lengths=causal,"
+    shape = bench.parse_shapes([spec + (f"share={share}" if share else "own=1")])[0]
+    assert shape.lengths == "causal" and "len-causal" in shape.name
+    args = type("A", (), {"rotate": 1, "seed": 0})()
+    (inputs,), _ = bench.build_inputs(ref, shape, args, "cpu", 0)
+    pos = torch.arange(40) % share if share else torch.arange(40)
+    assert inputs["topk_length"].tolist() == torch.clamp(pos + 1, max=16).tolist()
+    assert inputs["extra_topk_length"].tolist() == ((pos + 1) // 4).clamp(1, 8).tolist()
+    assert inputs["topk_length"].dtype == torch.int32
+    full = bench.make_shape(40, heads=8, topk=16, extra_topk=8, extra_page_size=16, own=True,
+                            prefill=True)  # fmt: skip
+    if not share:  # own rows: every row within the lengths counted once
+        rows = int(inputs["topk_length"].sum()) * 584 + int(inputs["extra_topk_length"].sum()) * 584
+        assert bench.distinct_bytes(inputs, shape) == full.min_bytes() - 40 * 24 * 584 + rows
+    with pytest.raises(bench.HarnessError, match="lengths must be one of"):
+        bench.parse_shapes(["B=4,topk=64,lengths=ramp"])
+    assert "causal" in bench.SPEC_HELP
 
 
 def test_shared_indices_coincide_and_the_distinct_floor_counts_them_once():
