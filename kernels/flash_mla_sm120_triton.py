@@ -233,41 +233,6 @@ def _plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B
 
 
 @triton.jit
-def _length_order_kernel(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, topk,
-                         e_topk, ORDER_ptr, COUNT_ptr, B, BLOCK_N: tl.constexpr,
-                         ROWS: tl.constexpr, CLASSES: tl.constexpr,
-                         HAS_EXTRA: tl.constexpr):  # fmt: skip
-    """The requests by their valid tiles in CLASSES classes of equal tile ranges, class 0 the
-    most: request r goes to class c's bucket, ORDER[c * B + k], k its class's count so far
-    (COUNT[c], zeroed before). ROWS requests a program. The split launch's program i computes
-    the i-th request of the buckets laid end to end (`_ordered_request`)."""
-    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    inb = r < B
-    ln = tl.load(LEN_ptr + r * stride_len, mask=inb & ((r * 0 + has_len) != 0), other=topk)
-    n = tl.cdiv(tl.maximum(tl.minimum(ln, topk), 0), BLOCK_N)  # (a packed token's -1: none)
-    most = tl.cdiv(topk, BLOCK_N)
-    if HAS_EXTRA:
-        el = tl.load(ELEN_ptr + r * stride_elen, mask=inb & ((r * 0 + has_elen) != 0), other=e_topk)
-        n += tl.cdiv(tl.maximum(tl.minimum(el, e_topk), 0), BLOCK_N)
-        most += tl.cdiv(e_topk, BLOCK_N)
-    cls = (most - n) * CLASSES // (most + 1)
-    k = tl.atomic_add(COUNT_ptr + cls, 1, mask=inb)
-    tl.store(ORDER_ptr + cls * B + k, r, mask=inb)
-
-
-@triton.jit
-def _ordered_request(i, ORDER_ptr, COUNT_ptr, B, CLASSES: tl.constexpr):
-    """The i-th request of `_length_order_kernel`'s buckets laid end to end (class 0 first)."""
-    flat = i
-    base = i * 0
-    for c in tl.static_range(CLASSES):
-        n_c = tl.load(COUNT_ptr + c)
-        flat = tl.where((i >= base) & (i < base + n_c), c * B + i - base, flat)
-        base += n_c
-    return tl.load(ORDER_ptr + flat)
-
-
-@triton.jit
 def _row_offsets(stride_kv_page, page_size, idx, FMT: tl.constexpr):
     """Byte offsets, from the cache's start, of the data row and of the scale bytes of the
     cache slots `idx` in format FMT (int64: page * stride can pass 2^31)."""
@@ -997,10 +962,6 @@ def _mma_split_kernel(
     PLAN: tl.constexpr = False,
     B_POW2: tl.constexpr = 1,
     PLAN_BLOCK_N: tl.constexpr = 16,
-    ORDER_ptr=None,
-    COUNT_ptr=None,
-    ORDERED: tl.constexpr = False,
-    ORDER_CLASSES: tl.constexpr = 1,
 ):
     tl.static_assert(BLOCK_H >= 16 or TOKEN_MAJOR, "tl.dot needs at least 16 rows")
     tl.static_assert(
@@ -1013,8 +974,6 @@ def _mma_split_kernel(
     split = tl.program_id(1)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid_bh // num_head_blocks
-    if ORDERED:  # the requests longest first (`_length_order_kernel`)
-        b = _ordered_request(b, ORDER_ptr, COUNT_ptr, B, ORDER_CLASSES)
     h0 = (pid_bh % num_head_blocks) * BLOCK_H
 
     length = _length(LEN_ptr, stride_len, has_len, b, topk)
@@ -2154,17 +2113,6 @@ if HAS_GLUON:
         return n_valid <= EXACT_BELOW
 
     @gluon.jit
-    def _ws_ordered_request(i, ORDER_ptr, COUNT_ptr, B, CLASSES: gl.constexpr):
-        """`_ordered_request` (the same arithmetic; Gluon cannot call a `@triton.jit` helper)."""
-        flat = i
-        base = i * 0
-        for c in gl.static_range(CLASSES):
-            n_c = gl.load(COUNT_ptr + c)
-            flat = gl.where((i >= base) & (i < base + n_c), c * B + i - base, flat)
-            base += n_c
-        return gl.load(ORDER_ptr + flat)
-
-    @gluon.jit
     def _ws_plan_piece(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B,
                        split, length, e_length, topk, e_topk, num_splits, per_round,
                        BLOCK_N: gl.constexpr, B_POW2: gl.constexpr, HAS_EXTRA: gl.constexpr,
@@ -2221,8 +2169,7 @@ if HAS_GLUON:
         ONLY_FEW: gl.constexpr = False, SKIP_PACKED: gl.constexpr = False,
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
-        Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False, ORDER_ptr=None,
-        COUNT_ptr=None, ORDERED: gl.constexpr = False, ORDER_CLASSES: gl.constexpr = 1,
+        Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2236,14 +2183,11 @@ if HAS_GLUON:
         `_mma_split_kernel`'s bf16-P one: only the requests with at most EXACT_BELOW valid
         tokens, each with P's rounding residue; the others' programs return after the count.
         SKIP_PACKED: lengths from `_pack_plan_kernel`, -1 for a token of a packed group
-        (`_mma_packed_kernel` writes it): its programs exit. ORDERED: program i computes
-        request ORDER[i] (the requests longest first)."""
+        (`_mma_packed_kernel` writes it): its programs exit."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
         b = pid // head_blocks
-        if ORDERED:  # the requests longest first (`_length_order_kernel`)
-            b = _ws_ordered_request(b, ORDER_ptr, COUNT_ptr, B, ORDER_CLASSES)
         h0 = (pid % head_blocks) * BLOCK_H
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
         if SKIP_PACKED:
@@ -2998,9 +2942,6 @@ class MMAConfig(NamedTuple):
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
     ws_exact_launch: bool = False  # the second (exact) launch as the Gluon loop (ONLY_FEW)
-    # With `topk_length` passed: the requests longest first (`_length_order_kernel`), for
-    # calls of one split and more programs than one wave holds.
-    length_order: bool = False
 
 
 MAX_SPLITS = 64
@@ -3023,10 +2964,6 @@ PREFILL_PROGRAMS_PER_SLOT = 4
 # tiles in 109 us). So T132 (one head-major round) and T300 H8 (three) keep the head-major loop.
 TM_ONE_ROUND_MAX_TILES = 40
 TM_TILE_PER_HM_TILE = 0.8
-# The length order (`length_order`): classes of equal tile ranges (the tail it leaves is at
-# most a class's width), and up to this many rows of q (one program sorts them all).
-LENGTH_ORDER_CLASSES = 16
-LENGTH_ORDER_ROWS = 1024
 # Index rows up to this long are counted (exact pass) in one block; longer ones in a loop.
 COUNT_BLOCK_MAX = 4096
 # The exact launch runs beside the bf16-P launch (a row's `exact_concurrent`) only when each
@@ -3190,7 +3127,6 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
         on_gpu and cc[0] == 9 and row.ws_exact_launch and not ws and not token_major,
-        on_gpu and splits == 1 and not pv_split and B * triton.cdiv(H, block_h) > slots,
     )  # fmt: skip
 
 
@@ -3395,24 +3331,6 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     return plan, main, extra, flags
 
 
-def _launch_length_order(q, main, extra, flags, block_n):
-    """Queue `_length_order_kernel`; returns the split launch's arguments that make program i
-    compute the i-th request longest first."""
-    B = q.shape[0]
-    has_extra = flags["HAS_EXTRA"]
-    count = torch.zeros(LENGTH_ORDER_CLASSES, dtype=torch.int32, device=q.device)
-    order = torch.empty(LENGTH_ORDER_CLASSES * B, dtype=torch.int32, device=q.device)
-    rows = min(triton.next_power_of_2(B), LENGTH_ORDER_ROWS)
-    _length_order_kernel[(triton.cdiv(B, rows),)](
-        main["LEN_ptr"], main["stride_len"], flags["has_len"], extra["ELEN_ptr"],
-        extra["stride_elen"], flags["has_elen"], main["topk"],
-        extra["e_topk"] if has_extra else 0, order, count, B, BLOCK_N=block_n, ROWS=rows,
-        CLASSES=LENGTH_ORDER_CLASSES, HAS_EXTRA=has_extra, num_warps=4,
-    )  # fmt: skip
-    return dict(ORDER_ptr=order, COUNT_ptr=count, B=B, ORDERED=True,
-                ORDER_CLASSES=LENGTH_ORDER_CLASSES)  # fmt: skip
-
-
 def _launch_packed(q, main, extra, common, flags, plan):
     """Queue `_mma_packed_kernel` over the groups the plan packed (the others return)."""
     B, _, H, _ = q.shape
@@ -3477,7 +3395,7 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False, order=None,
+    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
@@ -3504,7 +3422,7 @@ def _launch_ws(
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
         **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
-        **(plan or {}), **(order or {}),
+        **(plan or {}),
     )  # fmt: skip
 
 
@@ -3542,9 +3460,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                           B_POW2=triton.next_power_of_2(B))  # fmt: skip
         triton_plan = dict(split_plan, PLAN_BLOCK_N=cfg.block_n)  # the pieces in these tiles
         combine_plan = dict(PIECES_ptr=pieces, PLAN=True)
-    order = None
-    if cfg.length_order and splits == 1 and (flags["has_len"] or flags["has_elen"]):
-        order = _launch_length_order(q, main, extra, flags, cfg.block_n)
     if splits > 1:
         part_o = torch.empty(B, H, splits, HEAD_DIM, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(B, H, splits, dtype=torch.float32, device=q.device)
@@ -3612,14 +3527,13 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
-                           cfg.block_n, split_plan, exact_in, dependents=dependents,
-                           order=order)  # fmt: skip
+                           cfg.block_n, split_plan, exact_in, dependents=dependents)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,
                            max(triton.cdiv(_tiles(topk, e_topk, WS_BLOCK_N), splits), 1),
                            part_o, part_lse, below, WS_BLOCK_H, WS_BLOCK_N, None, True,
-                           True, dependents, order)  # fmt: skip
+                           True, dependents)  # fmt: skip
                 continue
             _mma_split_kernel[(B * triton.cdiv(H, block_h), splits)](
                 **common, **main, **extra,
@@ -3631,7 +3545,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 EXACT_BELOW=below, EXACT_BLOCK_H=block_h if token_major else exact_block_h,
                 COUNT_BLOCK=count_block, COUNT_ONE_BLOCK=count_block >= max(topk, e_topk),
                 PREFETCH=cfg.prefetch_next and q.is_cuda, TOKEN_MAJOR=token_major,
-                **triton_plan, **(order or {}), num_warps=warps, num_stages=stages,
+                **triton_plan, num_warps=warps, num_stages=stages,
             )  # fmt: skip
     if forked:
         current.wait_stream(side)  # join
