@@ -86,6 +86,7 @@ import math
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -1290,8 +1291,19 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def table(report: dict) -> str:
-    """A short fixed-width table: one row per shape and variant, ratio vs the first label."""
+def _aligned(rows: list[tuple]) -> list[str]:
+    """Rows of cells as left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def table(report: dict, width: int | None = None) -> str:
+    """A short fixed-width table: one row per shape and variant, ratio vs the first label.
+    Wider than `width` columns (default: the terminal's, 80 when not a terminal), each shape's
+    name goes on a line of its own above its variants' rows."""
     rows = [("shape", "variant", "us", "p20-p80", "GB/s", "%BW", "TFLOP/s", "x floor", "acc", "vs")]
     labels: list[str] = []
     for r in report["results"]:
@@ -1326,11 +1338,16 @@ def table(report: dict) -> str:
                 ratio,
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    if width is None:
+        width = shutil.get_terminal_size((80, 24)).columns
+    lines = _aligned(rows)
+    if max(map(len, lines)) > width:  # each shape's name on a line of its own
+        body = _aligned([row[1:] for row in rows])
+        lines, shape = ["  " + body[0]], None
+        for row, line in zip(rows[1:], body[1:], strict=True):
+            if row[0] != shape:
+                lines.append(shape := row[0])
+            lines.append("  " + line)
     if report["timing"] == "cpu-wallclock":
         lines.append("(cpu-wallclock: interpreter times, meaningless as speed)")
     if len(labels) > 1:

@@ -451,3 +451,26 @@ def test_shared_indices_coincide_and_the_distinct_floor_counts_them_once():
     assert shared_bytes - q_out - ids < (own_bytes - q_out - ids) / 4
     # 2 requests: main windows of 16 + 63 tokens, extra at most 2 x 128 distinct each
     assert shared_bytes <= q_out + ids + 2 * (16 + 63) * 584 + 2 * 256 * 584
+
+
+def test_table_puts_long_shape_names_on_their_own_lines_at_80_columns():
+    """A row wider than the terminal: each shape's name once on a line of its own, its
+    variants' rows under it, every line within 80 columns; a wide terminal keeps one line a
+    result."""
+    shape = bench.make_shape(1024, heads=8, lengths="partial", invalid=0.1, own=True,
+                             prefill=True, sink=True, **bench._DUAL)  # fmt: skip
+    assert len(shape.name) > 60
+
+    def result(label, us):
+        return {"shape": shape.name, "label": label, "status": "ok", "median_us": us,
+                "p20_us": us - 1, "p80_us": us + 1, "gbs": 3069.0, "pct_copy_bw": 72.3,
+                "tflops": 82.0, "x_floor": 1.4}  # fmt: skip
+
+    report = {"timing": "cuda-graph", "results": [result("mma", 131.0), result("nx", 125.9)]}
+    narrow = bench.table(report, width=80).splitlines()
+    assert max(map(len, narrow)) <= 80
+    assert narrow.count(shape.name) == 1 and narrow.index(shape.name) == 1
+    assert narrow[2].split()[:2] == ["mma", "131.0"] and narrow[3].split()[-1] == "1.04x"
+    wide = bench.table(report, width=200).splitlines()
+    assert wide[1].startswith(shape.name) and wide[2].startswith(shape.name)
+    assert wide[1].split()[-3:] == ["1.4", "ok", "-"] and len(wide) == 4  # + the "vs" note
