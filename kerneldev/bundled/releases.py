@@ -8,6 +8,8 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "0b68c8d4d48adc35b9bdcf2396da3f413df83564d5832b42161b378e1a957b02": "fca33a9 2026-12-05",
+        "ef081451fe4efd532bd1ab1504d25261dfe1e6a9e23daf1db40dce0c8ba4c49c": "184d8ff 2026-12-05",
         "922a888ec96dc8dfcef55fc500386ea6be7697f6c0bc6ce3478d2a82f36353bb": "822d6c1 2026-12-05",
         "07e9c3f2e4ce090c4fe2cd1e91808cf9a65c4a5730ab9b5adda05230131ab3e7": "44f16c9 2026-12-05",
         "3ee0b347f48aadeab72ac03e65276d0fe02993649582a1f443f101ddaa372538": "e971a6f 2026-12-05",
