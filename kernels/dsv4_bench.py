@@ -1800,13 +1800,17 @@ def build_inputs(reference, shape: Shape, args, device: str, shape_index: int):
     return inputs, refs
 
 
+# The entry's length argument of each cache (main, extra), in `_index_rows`' order.
+_LENGTH_KEYS = ("topk_length", "extra_topk_length")
+
+
 def _index_rows(inputs: dict):
     """(0 for the main cache, 1 for the extra one; its index rows as a [rows, topk] view;
     its cache's tokens) for each cache the inputs have."""
     for which, (key, cache_key) in enumerate(
         (("indices", "k_cache"), ("extra_indices", "extra_k_cache"))
     ):
-        idx = inputs[key]
+        idx = inputs.get(key)
         if idx is not None:
             cache = inputs[cache_key]
             yield which, idx.reshape(idx.shape[0], -1), cache.shape[0] * cache.shape[1]
@@ -1896,10 +1900,10 @@ def _causal_lengths(inputs: dict, share: int) -> None:
     for which, flat, _ in _index_rows(inputs):
         topk = flat.shape[1]
         if which == 0:
-            inputs["topk_length"] = seen.clamp(max=topk).to(torch.int32)
+            lens = seen.clamp(max=topk)
         else:
             lens = (seen // CAUSAL_COMPRESS_RATIO).clamp(min=1, max=topk)
-            inputs["extra_topk_length"] = lens.to(torch.int32)
+        inputs[_LENGTH_KEYS[which]] = lens.to(torch.int32)
 
 
 def distinct_bytes(inputs: dict, shape: Shape) -> int:
@@ -1910,21 +1914,11 @@ def distinct_bytes(inputs: dict, shape: Shape) -> int:
     import torch
 
     total = 2 * shape.batch * shape.heads * HEAD_DIM * 2
-    for (key, cache_key, len_key), token_b in zip(
-        (
-            ("indices", "k_cache", "topk_length"),
-            ("extra_indices", "extra_k_cache", "extra_topk_length"),
-        ),
-        LAYOUTS[shape.layout][1],
-        strict=True,
-    ):
-        idx = inputs.get(key)
-        if idx is None:
-            continue
-        flat = idx.reshape(idx.shape[0], -1)
-        num_tokens = inputs[cache_key].shape[0] * inputs[cache_key].shape[1]
+    token_bytes = LAYOUTS[shape.layout][1]  # (main, extra)
+    for which, flat, num_tokens in _index_rows(inputs):
+        token_b = token_bytes[which]
         valid = (flat >= 0) & (flat < num_tokens)
-        lens = inputs.get(len_key)
+        lens = inputs.get(_LENGTH_KEYS[which])
         if lens is not None:
             pos = torch.arange(flat.shape[1], device=flat.device)
             valid &= pos[None, :] < lens[:, None]

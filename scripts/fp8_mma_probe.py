@@ -155,10 +155,15 @@ def main(argv=None) -> int:
         kinds = [_product_kind(op) for op in row["mma"]]
         print(f"cc {row['cc']}  {row['operands']:12s} {', '.join(kinds)}")
     for row in result.get("accuracy", []):
-        lse = row["lse_max_abs_err"]
+        lse, cos = (_sci(row[k]) for k in ("lse_max_abs_err", "out_cos_diff"))
         print(f"{row['shape']:27s} {row['terms']} term(s) ok={row['ok']!s:5} "
-              f"lse err {lse:.1e} cos diff {row['out_cos_diff']:.1e}")  # fmt: skip
+              f"lse err {lse} cos diff {cos}")  # fmt: skip
     return 0
+
+
+def _sci(value) -> str:
+    """An error figure as 1.2e-03; check_accuracy's None (not finite) as "-"."""
+    return "-" if value is None else f"{value:.1e}"
 
 
 def _product_kind(opcode: str) -> str:
