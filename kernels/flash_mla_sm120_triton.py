@@ -1432,14 +1432,14 @@ if HAS_GLUON:
         return t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it
 
     @gluon.jit
-    def _ws_issue(j, slot, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+    def _ws_issue(j, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                   stride_it,
                   EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
                   stride_eib, stride_eit, page_shift, e_page_shift, NR: gl.constexpr,
                   BLOCK_N: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
                   POW2: gl.constexpr):  # fmt: skip
-        """cp.async of tile j's rows into raw slot `slot`: V4 (FMT 0): fp8 nope (7 groups of 64
+        """cp.async of tile j's rows into raw slot j % NR: V4 (FMT 0): fp8 nope (7 groups of 64
         bytes), bf16 rope (64 values), the 8 scale bytes; V4.1 FP8 (FMT 1): the 512 fp8 bytes
         (16 groups of 32) and the 16 scale bytes; a V4.1 FP4 extra cache (E_FMT 2): its tiles'
         256 data bytes and 32 scale bytes. Masked off past the last tile and for
@@ -1450,6 +1450,7 @@ if HAS_GLUON:
             EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
             stride_eit, BLOCK_N,
         )  # fmt: skip
+        slot = j % NR
         live = j < n_tiles
         pshift = gl.where(j < n_main, page_shift, e_page_shift)
         if FMT == 1:
@@ -1574,7 +1575,7 @@ if HAS_GLUON:
             if i < n_tiles:
                 mbarrier.wait(raw_empty.index(i % NR), ((i // NR) & 1) ^ 1)
                 _ws_issue(
-                    i, i % NR, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
+                    i, n_tiles, n_main, raw8, rawr, raws, b, start, end, e_start, e_end,
                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                     stride_it,
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
@@ -1589,7 +1590,7 @@ if HAS_GLUON:
                 mbarrier.arrive(raw_full.index(j % NR), count=1)
 
     @gluon.jit
-    def _ws_tile_in(i, c, n_main, b, start, end, e_start, e_end,
+    def _ws_tile_in(i, slot, n_main, b, start, end, e_start, e_end,
                     KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                     stride_it,
                     EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
@@ -1597,9 +1598,8 @@ if HAS_GLUON:
                     NR: gl.constexpr, BLOCK_N: gl.constexpr, ROWS: gl.constexpr,
                     L3: gl.constexpr, FMT: gl.constexpr, E_FMT: gl.constexpr,
                     CW: gl.constexpr):  # fmt: skip
-        """A consumer's tile i (both consumers), the c-th of its program's ring (i but in the
-        persistent launch): its valid slots (in `cols`' layout), and, once the loader's copies
-        landed, raw slot c % NR dequantized into k_smem in its cache's
+        """A consumer's tile i (both consumers): its valid slots (in `cols`' layout), and, once
+        the loader's copies landed, raw slot `slot` dequantized into k_smem in its cache's
         format (FMT, E_FMT; CW: the consumer warps), ROWS rows at a time in layout L3 (`g`: V4's
         group index, made once outside the tile loop)."""
         t0, lim, kv8, kvu, kvb, stride_page, psize, ntok, idx_row, s_it = _ws_tile(
@@ -1611,8 +1611,7 @@ if HAS_GLUON:
         t = t0 + cols
         idx = gl.load(idx_row + t * s_it, mask=t < lim, other=-1)
         valid = (idx >= 0) & (idx < ntok)
-        slot = c % NR
-        mbarrier.wait(raw_full.index(slot), (c // NR) & 1)
+        mbarrier.wait(raw_full.index(slot), (i // NR) & 1)
         if FMT == 1:
             if E_FMT == 2:
                 if i < n_main:
@@ -1866,7 +1865,7 @@ if HAS_GLUON:
         for i in range(n_compute):
             slot = i % NR
             valid = _ws_tile_in(
-                i, i, n_main, b, start, end, e_start, e_end,
+                i, slot, n_main, b, start, end, e_start, e_end,
                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
@@ -1964,7 +1963,7 @@ if HAS_GLUON:
         for i in range(n_tiles):
             slot = i % NR
             valid = _ws_tile_in(
-                i, i, n_main, b, start, end, e_start, e_end,
+                i, slot, n_main, b, start, end, e_start, e_end,
                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
@@ -1996,58 +1995,6 @@ if HAS_GLUON:
                     acc = mma_v2(gl.convert_layout(p_lo, qa), k_smem.load(kb), acc)
             gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
         return acc, m_i, gl.sum(l_part, axis=1)
-
-    @gluon.jit
-    def _ws_tm_tile(i, c, q_held, acc, m_i, l_part, exact, qk_scale_log2, n_main, b, start,
-                    end, e_start, e_end,
-                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
-                    stride_it,
-                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, cols, g, k_smem, k_s, k_pv, raw8, rawr, raws,
-                    raw_full, raw_empty, s_zero, p_zero, NR: gl.constexpr,
-                    BLOCK_N: gl.constexpr, ROWS: gl.constexpr, L3: gl.constexpr,
-                    FMT: gl.constexpr, E_FMT: gl.constexpr, CW: gl.constexpr,
-                    opa: gl.constexpr, opb: gl.constexpr,
-                    EXACT_IN: gl.constexpr):  # fmt: skip
-        """One tile of `_ws_tm_consumer` (tile i of the request, the c-th of the program's
-        ring): the tile dequantized into k_smem, S^T, the softmax step and PV (with P's
-        rounding residue where `exact`). Returns the new O^T, max and per-element sums."""
-        slot = c % NR
-        valid = _ws_tile_in(
-            i, c, n_main, b, start, end, e_start, e_end,
-            KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
-            stride_it,
-            EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-            stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
-            BLOCK_N, ROWS, L3, FMT, E_FMT, CW,
-        )  # fmt: skip
-        gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
-        mbarrier.arrive(raw_empty.index(slot), count=1)
-        s_even = s_zero
-        s_odd = s_zero
-        for gi in gl.static_range(4):
-            kg = k_s.slice(gi * 64, 64, dim=2).load(opa)
-            if gi % 2 == 0:
-                s_even = mma_v2(kg, q_held[gi], s_even)
-            else:
-                s_odd = mma_v2(kg, q_held[gi], s_odd)
-        s = gl.sum(s_even + s_odd, axis=0)  # the two halves' partial products
-        s = gl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=0))
-        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = gl.exp2(m_i - m_use)
-        p = gl.exp2(s - m_use[None, :])
-        l_part = l_part * alpha[None, :] + p
-        acc = acc * gl.expand_dims(gl.expand_dims(alpha, 0), 0)
-        p_hi = p.to(WS_OPERAND)
-        kt = k_pv.load(opa)
-        acc = mma_v2(kt, gl.convert_layout(p_hi[None, :, :] + p_zero, opb), acc)
-        if EXACT_IN:
-            if exact:  # P's rounding residue (`_ws_consumer`)
-                p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
-                acc = mma_v2(kt, gl.convert_layout(p_lo[None, :, :] + p_zero, opb), acc)
-        gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
-        return acc, m_new, l_part
 
     @gluon.jit
     def _ws_tm_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main,
@@ -2098,16 +2045,42 @@ if HAS_GLUON:
         p_zero = gl.zeros([2, BLOCK_N, BLOCK_H], WS_OPERAND, mma3)
         l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s2)
         for i in range(n_tiles):
-            acc, m_i, l_part = _ws_tm_tile(
-                i, i, q_held, acc, m_i, l_part, exact, qk_scale_log2, n_main, b, start, end,
-                e_start, e_end,
+            slot = i % NR
+            valid = _ws_tile_in(
+                i, slot, n_main, b, start, end, e_start, e_end,
                 KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
                 stride_it,
                 EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                stride_eib, stride_eit, cols, g, k_smem, k_s, k_pv, raw8, rawr, raws, raw_full,
-                raw_empty, s_zero, p_zero, NR, BLOCK_N, ROWS, L3, FMT, E_FMT, CW, opa, opb,
-                EXACT_IN,
+                stride_eib, stride_eit, cols, g, k_smem, raw8, rawr, raws, raw_full, NR,
+                BLOCK_N, ROWS, L3, FMT, E_FMT, CW,
             )  # fmt: skip
+            gl.thread_barrier()  # the whole tile stored; the raw slot read by every warp
+            mbarrier.arrive(raw_empty.index(slot), count=1)
+            s_even = s_zero
+            s_odd = s_zero
+            for gi in gl.static_range(4):
+                kg = k_s.slice(gi * 64, 64, dim=2).load(opa)
+                if gi % 2 == 0:
+                    s_even = mma_v2(kg, q_held[gi], s_even)
+                else:
+                    s_odd = mma_v2(kg, q_held[gi], s_odd)
+            s = gl.sum(s_even + s_odd, axis=0)  # the two halves' partial products
+            s = gl.where(valid[:, None], s * qk_scale_log2, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_use)
+            p = gl.exp2(s - m_use[None, :])
+            l_part = l_part * alpha[None, :] + p
+            m_i = m_new
+            acc = acc * gl.expand_dims(gl.expand_dims(alpha, 0), 0)
+            p_hi = p.to(WS_OPERAND)
+            kt = k_pv.load(opa)
+            acc = mma_v2(kt, gl.convert_layout(p_hi[None, :, :] + p_zero, opb), acc)
+            if EXACT_IN:
+                if exact:  # P's rounding residue (`_ws_consumer`)
+                    p_lo = (p - p_hi.to(gl.float32)).to(WS_OPERAND)
+                    acc = mma_v2(kt, gl.convert_layout(p_lo[None, :, :] + p_zero, opb), acc)
+            gl.thread_barrier()  # every warp's PV done before the next tile overwrites K
         return acc, m_i, gl.sum(l_part, axis=0)
 
     @gluon.jit
@@ -2465,251 +2438,6 @@ if HAS_GLUON:
                      mask=hmask[:, None])  # fmt: skip
             gl.store(PLSE_ptr + row, lse2, mask=hmask)
 
-    # ------------------------------------------------------------- persistent token-major
-    # Prefill-sized calls of at most 8 heads run one token-major program per query token, and
-    # each program pays a fixed ~11 µs of slot time beyond its tiles (session 40's model: q,
-    # the few-token count, the first tile's index-then-row latency, the output): ~5.5 of a
-    # short request's ~8 tiles. The persistent form runs one program per resident slot, each
-    # walking its query tokens (w = program, program + programs, ...) back to back through one
-    # ring of raw slots: the loader gathers the next token's first tiles while the consumers
-    # finish the current one, so that latency passes under work.
-
-    @gluon.jit
-    def _ws_item(w, head_blocks, LEN_ptr, stride_len, has_len, topk, ELEN_ptr, stride_elen,
-                 has_elen, e_topk, HAS_EXTRA: gl.constexpr, SKIP_PACKED: gl.constexpr,
-                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr):  # fmt: skip
-        """Work item w of the persistent launch: request b, its first head h0, its lengths,
-        its one split's ends in each cache, its main and total tiles, and whether it runs
-        (SKIP_PACKED: not for a packed token, length -1). As `_ws_split_kernel` with one
-        split: the main cache's valid positions, then the extra cache's."""
-        b = w // head_blocks
-        h0 = (w % head_blocks) * BLOCK_H
-        length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
-        e_length = e_topk
-        end = gl.maximum(length, 0)
-        e_end = end * 0
-        if HAS_EXTRA:
-            e_length = gl.minimum(
-                gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
-            )
-            e_end = gl.maximum(e_length, 0)
-        n_main = gl.cdiv(end, BLOCK_N)
-        n_tiles = n_main + gl.cdiv(e_end, BLOCK_N)
-        run = n_tiles >= 0  # True
-        if SKIP_PACKED:
-            run = length >= 0
-            n_tiles = gl.where(run, n_tiles, 0)
-        return b, h0, length, e_length, end, e_end, n_main, n_tiles, run
-
-    @gluon.jit
-    def _ws_persist_loader(raw8, rawr, raws, raw_full, raw_empty, pid, programs, items,
-                           head_blocks, LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen,
-                           has_elen, topk, e_topk,
-                           KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
-                           stride_ib, stride_it,
-                           EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                           EIDX_ptr, stride_eib, stride_eit, page_shift, e_page_shift,
-                           NR: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-                           FMT: gl.constexpr, E_FMT: gl.constexpr, POW2: gl.constexpr,
-                           HAS_EXTRA: gl.constexpr,
-                           SKIP_PACKED: gl.constexpr):  # fmt: skip
-        """`_ws_loader` over the program's work items: one ring (counter c) across them, so
-        the next item's copies are issued as soon as the consumers free a slot."""
-        c = pid * 0
-        for w in range(pid, items, programs):
-            b, h0, length, e_length, end, e_end, n_main, n_tiles, run = _ws_item(
-                w, head_blocks, LEN_ptr, stride_len, has_len, topk, ELEN_ptr, stride_elen,
-                has_elen, e_topk, HAS_EXTRA, SKIP_PACKED, BLOCK_H, BLOCK_N,
-            )  # fmt: skip
-            for i in range(n_tiles):
-                mbarrier.wait(raw_empty.index(c % NR), ((c // NR) & 1) ^ 1)
-                _ws_issue(
-                    i, c % NR, n_tiles, n_main, raw8, rawr, raws, b, end * 0, end, end * 0,
-                    e_end,
-                    KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib,
-                    stride_it,
-                    EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, page_shift, e_page_shift, NR, BLOCK_N, FMT, E_FMT,
-                    POW2,
-                )  # fmt: skip
-                async_copy.commit_group()
-                j = c - (NR - 1)
-                if j >= 0:
-                    async_copy.wait_group(NR - 1)
-                    gl.thread_barrier()  # every loader thread's copies of ring tile j landed
-                    mbarrier.arrive(raw_full.index(j % NR), count=1)
-                c += 1
-        for _ in gl.static_range(NR - 1):  # the last NR - 1 tiles' arrivals
-            async_copy.commit_group()
-            j = c - (NR - 1)
-            if j >= 0:
-                async_copy.wait_group(NR - 1)
-                gl.thread_barrier()
-                mbarrier.arrive(raw_full.index(j % NR), count=1)
-            c += 1
-
-    @gluon.jit
-    def _ws_persist_consumer(q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty, pid,
-                             programs, items, head_blocks, LEN_ptr, stride_len, has_len,
-                             ELEN_ptr, stride_elen, has_elen, topk, e_topk,
-                             KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
-                             stride_ib, stride_it,
-                             EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                             EIDX_ptr, stride_eib, stride_eit, qk_scale_log2, Q_ptr,
-                             stride_qb, stride_qh, H, SINK_ptr, stride_sink, O_ptr, stride_ob,
-                             stride_oh, LSE_ptr, stride_lb, stride_lh, NR: gl.constexpr,
-                             BLOCK_N: gl.constexpr, BLOCK_H: gl.constexpr, CW: gl.constexpr,
-                             mma3: gl.constexpr, HAS_EXTRA: gl.constexpr,
-                             HAS_SINK: gl.constexpr, EXACT_BELOW: gl.constexpr,
-                             COUNT_BLOCK: gl.constexpr, FMT: gl.constexpr,
-                             E_FMT: gl.constexpr, SKIP_PACKED: gl.constexpr):  # fmt: skip
-        """`_ws_tm_consumer` over the program's work items, each stored as it ends (one split:
-        out and lse, the sink's weight as in `_ws_split_kernel`), straight from the products'
-        layout (the heads of a row of O^T are 1 KB apart: 16-byte pieces, no conversion
-        scratch in shared memory); the few-token requests computed exact in the loop."""
-        ROWS: gl.constexpr = _ws_dequant_rows(FMT, CW, BLOCK_N)
-        L3: gl.constexpr = _ws_dequant_layout(FMT, CW, BLOCK_N)
-        g = gl.arange(0, _ws_groups(FMT), layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
-        opa: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma3, k_width=2)
-        opb: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma3, k_width=2)
-        s2: gl.constexpr = gl.SliceLayout(0, mma3)
-        q3 = q_smem._reinterpret(WS_OPERAND, [BLOCK_H, 2, 256], _ws_halves_layout(BLOCK_H))
-        k3 = k_smem._reinterpret(WS_OPERAND, [BLOCK_N, 2, 256], _ws_halves_layout(BLOCK_N))
-        q_t = q3.permute((1, 2, 0))
-        k_s = k3.permute((1, 0, 2))
-        k_pv = k3.permute((1, 2, 0))
-        cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s2))
-        s_zero = gl.zeros([2, BLOCK_N, BLOCK_H], gl.float32, mma3)
-        p_zero = gl.zeros([2, BLOCK_N, BLOCK_H], WS_OPERAND, mma3)
-        # out's offsets in O^T's layout: [2 halves, 256 dims, heads]
-        half = gl.arange(0, 2, layout=gl.SliceLayout(1, gl.SliceLayout(2, mma3)))
-        dim = gl.arange(0, 256, layout=gl.SliceLayout(0, gl.SliceLayout(2, mma3)))
-        col3 = gl.expand_dims(half[:, None] * 256 + dim[None, :], 2)
-        c = pid * 0
-        for w in range(pid, items, programs):
-            b, h0, length, e_length, end, e_end, n_main, n_tiles, run = _ws_item(
-                w, head_blocks, LEN_ptr, stride_len, has_len, topk, ELEN_ptr, stride_elen,
-                has_elen, e_topk, HAS_EXTRA, SKIP_PACKED, BLOCK_H, BLOCK_N,
-            )  # fmt: skip
-            if run:
-                gl.thread_barrier()  # the last item's q read by every warp before it is replaced
-                scale, exact = _ws_sync_start(
-                    q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, run, qk_scale_log2,
-                    n_tiles, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens, EIDX_ptr,
-                    stride_eib, stride_eit, e_length, e_topk, e_num_tokens, BLOCK_H, CW,
-                    HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK, True,
-                )  # fmt: skip
-                q_held = ()
-                for gi in gl.static_range(4):
-                    q_held = q_held + (q_t.slice(gi * 64, 64, dim=1).load(opb),)
-                acc = gl.zeros([2, 256, BLOCK_H], gl.float32, mma3)
-                m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s2))
-                l_part = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, s2)
-                for i in range(n_tiles):
-                    acc, m_i, l_part = _ws_tm_tile(
-                        i, c, q_held, acc, m_i, l_part, exact, scale, n_main, b, end * 0, end,
-                        end * 0, e_end,
-                        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr,
-                        stride_ib, stride_it,
-                        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens,
-                        EIDX_ptr, stride_eib, stride_eit, cols, g, k_smem, k_s, k_pv, raw8,
-                        rawr, raws, raw_full, raw_empty, s_zero, p_zero, NR, BLOCK_N, ROWS, L3,
-                        FMT, E_FMT, CW, opa, opb, EXACT_BELOW > 0,
-                    )  # fmt: skip
-                    c += 1
-                l_i = gl.sum(l_part, axis=0)
-                heads = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, s2))
-                hmask = heads < H
-                lse2 = gl.where(l_i > 0, m_i + gl.log2(l_i), float("-inf"))
-                if HAS_SINK:  # `_final_coef`: the sink takes its weight
-                    sink2 = (gl.load(SINK_ptr + heads * stride_sink, mask=hmask, other=0.0)
-                             * 1.4426950408889634)  # fmt: skip
-                    mx = gl.maximum(lse2, sink2)
-                    mx = gl.where(gl.abs(mx) == float("inf"), 0.0, mx)
-                    total2 = mx + gl.log2(gl.exp2(lse2 - mx) + gl.exp2(sink2 - mx))
-                else:
-                    total2 = lse2
-                coef = gl.where(l_i > 0, gl.exp2(lse2 - total2) / l_i, 0.0)
-                out = (acc * gl.expand_dims(gl.expand_dims(coef, 0), 0)).to(gl.bfloat16)
-                h3 = gl.expand_dims(gl.expand_dims(heads, 0), 0)
-                o_ptrs = (O_ptr + b.to(gl.int64) * stride_ob + h3.to(gl.int64) * stride_oh
-                          + col3)  # fmt: skip
-                gl.store(o_ptrs, out, mask=gl.expand_dims(gl.expand_dims(hmask, 0), 0))
-                gl.store(LSE_ptr + b.to(gl.int64) * stride_lb + heads * stride_lh,
-                         total2 * 0.6931471805599453, mask=hmask)  # fmt: skip
-
-    @gluon.jit(do_not_specialize=["has_len", "has_elen"])
-    def _ws_persist_kernel(
-        Q_ptr, stride_qb, stride_qh,
-        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens, IDX_ptr, stride_ib, stride_it,
-        topk, LEN_ptr, stride_len, has_len,
-        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size, e_num_tokens, EIDX_ptr, stride_eib,
-        stride_eit, e_topk, ELEN_ptr, stride_elen, has_elen,
-        SINK_ptr, stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr, stride_lb, stride_lh,
-        B, H, qk_scale_log2,
-        HAS_EXTRA: gl.constexpr, HAS_SINK: gl.constexpr, EXACT_BELOW: gl.constexpr,
-        COUNT_BLOCK: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
-        NR: gl.constexpr, LOADER_REGS: gl.constexpr, num_warps: gl.constexpr,
-        SKIP_PACKED: gl.constexpr = False, page_shift=0, e_page_shift=0,
-        POW2_PAGES: gl.constexpr = False,
-    ):  # fmt: skip
-        """The token-major few-head tile (`WS_TM_TILE`, V4 caches, one split) persistent: grid
-        (programs,), program p computing work items (request, head block) p, p + programs, ...
-        (`_ws_persist_consumer`, `_ws_persist_loader`); the few-token requests (at most
-        EXACT_BELOW valid tokens) with P's rounding residue, in the loop. Same outputs as
-        `_ws_split_kernel` with one split."""
-        pid = gl.program_id(0)
-        programs = gl.num_programs(0)
-        head_blocks = gl.cdiv(H, BLOCK_H)
-        items = B * head_blocks
-        sl: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[1, 0])
-        q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
-        k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
-        # the V4 raw slots (`_ws_split_kernel`'s)
-        raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 8, 64],
-                                         _ws_raw_v4_layout(BLOCK_N, True))  # fmt: skip
-        rawr = gl.allocate_shared_memory(
-            gl.bfloat16, [NR, BLOCK_N, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
-        raws = gl.allocate_shared_memory(
-            gl.uint8, [NR, BLOCK_N, 8], gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        )
-        raw_full = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
-        raw_empty = gl.allocate_shared_memory(gl.int64, [NR, 1], mbarrier.MBarrierLayout())
-        for s in gl.static_range(NR):
-            mbarrier.init(raw_full.index(s), count=1)
-            mbarrier.init(raw_empty.index(s), count=1)
-        fence_async_shared()
-        mma3: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[2, 0], warps_per_cta=[2, num_warps // 2, 1], instr_shape=[1, 16, 8]
-        )
-        gl.warp_specialize(
-            [
-                (_ws_persist_consumer, (q_smem, k_smem, raw8, rawr, raws, raw_full, raw_empty,
-                                        pid, programs, items, head_blocks, LEN_ptr, stride_len,
-                                        has_len, ELEN_ptr, stride_elen, has_elen, topk, e_topk,
-                                        KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
-                                        IDX_ptr, stride_ib, stride_it,
-                                        EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
-                                        e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
-                                        qk_scale_log2, Q_ptr, stride_qb, stride_qh, H, SINK_ptr,
-                                        stride_sink, O_ptr, stride_ob, stride_oh, LSE_ptr,
-                                        stride_lb, stride_lh, NR, BLOCK_N, BLOCK_H, num_warps,
-                                        mma3, HAS_EXTRA, HAS_SINK, EXACT_BELOW, COUNT_BLOCK,
-                                        0, 0, SKIP_PACKED)),
-                (_ws_persist_loader, (raw8, rawr, raws, raw_full, raw_empty, pid, programs,
-                                      items, head_blocks, LEN_ptr, stride_len, has_len,
-                                      ELEN_ptr, stride_elen, has_elen, topk, e_topk,
-                                      KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
-                                      IDX_ptr, stride_ib, stride_it,
-                                      EKV8, EKVU, EKVB, stride_ekv_page, e_page_size,
-                                      e_num_tokens, EIDX_ptr, stride_eib, stride_eit,
-                                      page_shift, e_page_shift, NR, BLOCK_H, BLOCK_N, 0, 0,
-                                      POW2_PAGES, HAS_EXTRA, SKIP_PACKED)),
-            ],
-            [4],
-            [LOADER_REGS],
-        )  # fmt: skip
 
 # ----------------------------------------------------------------------------- packed tokens
 # Prefill-sized calls: consecutive query tokens (one request's prefill tokens) select mostly
@@ -3097,10 +2825,6 @@ class MMARow(NamedTuple):
     # 0.95-0.97x at B8-B16 (head-major there).
     ws_few_tm_heads: int = 0
     ws_few_tm_min_b: int = 0
-    # Those token-major calls with more requests than resident slots: the persistent form
-    # (`_ws_persist_kernel`: one program per slot walking its requests back to back, the
-    # loader running ahead into the next one; V4 caches, one split).
-    ws_few_persist: bool = False
     # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
     # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
     # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
@@ -3218,9 +2942,6 @@ class MMAConfig(NamedTuple):
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
     ws_exact_launch: bool = False  # the second (exact) launch as the Gluon loop (ONLY_FEW)
-    # The token-major few-head tile persistent in this many programs (0: one per request):
-    # the row's `ws_few_persist`.
-    persist_programs: int = 0
 
 
 MAX_SPLITS = 64
@@ -3398,9 +3119,6 @@ def mma_config(
     if row.length_aware and ws and splits >= 2 and not pv_split and not token_major and not few:
         plan_splits = min(2 * splits, tiles, MAX_SPLITS)
         plan_round = slots // triton.cdiv(H, block_h)
-    persist = 0
-    if few and block_h == WS_TM_BLOCK_H and row.ws_few_persist and programs > slots:
-        persist = slots  # one program per resident slot
     return MMAConfig(
         block_h, block_n, splits, warps, stages, pv_split, below,
         row.s_by_group, exact_block_h, exact_in_launch, on_gpu and row.prefetch_next,
@@ -3409,7 +3127,6 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
         on_gpu and cc[0] == 9 and row.ws_exact_launch and not ws and not token_major,
-        persist,
     )  # fmt: skip
 
 
@@ -3678,40 +3395,15 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False, persist=0,
+    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
-    exact_below > 0: the few-token requests are left out (with exact_in: computed exact).
-    persist > 0 (the token-major tile, one split, V4 caches, exact_in or exact_below 0): as
-    `_ws_persist_kernel` in that many programs (at most one per request)."""
+    exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
     pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
-    if persist:
-        build = ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2)
-        _ws_persist_kernel[(min(persist, B * triton.cdiv(H, block_h)),)](
-            q, common["stride_qb"], common["stride_qh"],
-            kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
-            main["page_size"], main["num_tokens"], main["IDX_ptr"], main["stride_ib"],
-            main["stride_it"], main["topk"], main["LEN_ptr"], main["stride_len"],
-            flags["has_len"],
-            ekv.view(torch.float8_e4m3fn), ekv, ekv.view(torch.bfloat16),
-            extra["stride_ekv_page"], extra["e_page_size"], extra["e_num_tokens"],
-            extra["EIDX_ptr"], extra["stride_eib"], extra["stride_eit"], extra["e_topk"],
-            extra["ELEN_ptr"], extra["stride_elen"], flags["has_elen"],
-            common["SINK_ptr"], common["stride_sink"], common["O_ptr"], common["stride_ob"],
-            common["stride_oh"], common["LSE_ptr"], common["stride_lb"], common["stride_lh"],
-            B, H, common["qk_scale_log2"],
-            HAS_EXTRA=flags["HAS_EXTRA"], HAS_SINK=flags["HAS_SINK"], EXACT_BELOW=exact_below,
-            COUNT_BLOCK=1024, BLOCK_H=block_h, BLOCK_N=block_n, NR=build["NR"],
-            LOADER_REGS=build["LOADER_REGS"], num_warps=build["num_warps"],
-            maxnreg=build["maxnreg"], SKIP_PACKED=flags.get("SKIP_PACKED", False),
-            page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1,
-            POW2_PAGES=pow2,
-        )  # fmt: skip
-        return
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -3833,15 +3525,9 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         with torch.cuda.stream(side) if forked and n == 1 else contextlib.nullcontext():
             if run_bf16_p and cfg.ws:
                 exact_in = run_exact and cfg.ws_exact
-                ws_below = below if exact_in or not run_exact else 0
-                persist = cfg.persist_programs if (
-                    splits == 1 and split_plan is None and cfg.block_h == WS_TM_BLOCK_H
-                    and flags["FMT"] == FMT_V4 and flags["E_FMT"] == FMT_V4
-                    and (exact_in or ws_below == 0)
-                ) else 0  # fmt: skip
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
-                           part_lse, ws_below, cfg.block_h, cfg.block_n, split_plan, exact_in,
-                           dependents=dependents, persist=persist)  # fmt: skip
+                           part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
+                           cfg.block_n, split_plan, exact_in, dependents=dependents)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,

@@ -196,29 +196,6 @@ def compile_ws(
     )  # fmt: skip
 
 
-def compile_persist(fl, cc: int, has_extra: bool, skip_packed: bool = False):
-    """Compile `_ws_persist_kernel` (the token-major few-head tile persistent: V4 caches, one
-    split, the few-token requests exact in the loop) for `cc` as `_launch_ws` launches it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = fl._ws_persist_kernel
-    build = fl.ws_build(fl.WS_TM_TILE, has_extra)
-    options = {k: build[k] for k in ("num_warps", "maxnreg")}
-    const = dict(
-        HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=fl.PV_SPLIT_MAX_TOKENS,
-        COUNT_BLOCK=1024, BLOCK_H=fl.WS_TM_TILE[0], BLOCK_N=fl.WS_TM_TILE[1], NR=build["NR"],
-        LOADER_REGS=build["LOADER_REGS"], num_warps=build["num_warps"],
-        SKIP_PACKED=skip_packed, POW2_PAGES=True,
-    )  # fmt: skip
-    sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
-    return triton.compile(
-        GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
-        options=options,
-    )  # fmt: skip
-
-
 def ptxas_lines(ptx: str, cc: int) -> list[str]:
     """ptxas -v's output for this PTX from the first bundled ptxas that accepts it (Triton may
     emit a PTX version newer than its plain `ptxas` takes); [] when none does."""
@@ -403,12 +380,6 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                             "-packed" if packed else "")  # fmt: skip
                         rows.append(build_report(cc, few_row, label, has_extra, fmt, ck,
                                                  with_ptxas))  # fmt: skip
-                    if form == "-tm":  # ... and persistent (the row's `ws_few_persist`)
-                        for packed in (False, True) if row.get("pack_rows") else (False,):
-                            ck = compile_persist(fl, cc, has_extra, packed)
-                            label = "bf16-P-ws-few-tm-persist" + ("-packed" if packed else "")
-                            rows.append(build_report(cc, few_row, label, has_extra, "v4", ck,
-                                                     with_ptxas))  # fmt: skip
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))

@@ -619,7 +619,6 @@ def _cfg_id(cfg):
         + ("-inlaunch" if cfg.exact_in_launch else "")
         + ("-concurrent" if cfg.exact_concurrent else "")
         + (f"-st{cfg.num_stages}" if cfg.num_stages > 1 else "")
-        + (f"-persist{cfg.persist_programs}" if cfg.persist_programs else "")
     )
 
 
@@ -1878,14 +1877,12 @@ def _lengths_with(inputs, T, zero=(), negative=(), main_zero=()):
         inputs[len_key] = lens
 
 
-@pytest.mark.parametrize("persist", [0, 3], ids=["per-token", "persistent"])
-def test_packed_tokens_skipped_by_per_token_launch(monkeypatch, persist):
+def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
     """The plan gives the per-token launch length -1 for a packed group's tokens, whose
     programs then exit at once (`SKIP_PACKED`): with the packed launch left out their outputs
     stay unwritten, while the per-token launch writes every other token (a partial last group
     with a token of length 0 and one of negative length), accurately; with the packed launch
-    every output is written and accurate. `persist`: the per-token launch as the persistent
-    token-major tile in 3 programs (which skip those tokens' work items)."""
+    every output is written and accurate."""
     kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
     T, H, G = 20, 8, 8
     inputs = _share_inputs(T, H, _seed("pack-skip"), with_sink=True, **kw)
@@ -1893,8 +1890,6 @@ def test_packed_tokens_skipped_by_per_token_launch(monkeypatch, persist):
     # One split, as every prefill-sized call the table packs has (with several, the combine
     # kernel writes every row from the partials, and the packed launch overwrites its rows).
     cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)._replace(num_splits=1)
-    if persist:
-        cfg = cfg._replace(block_h=fl.WS_TM_BLOCK_H, persist_programs=persist)
     plans = []
 
     def no_packed_launch(q, main, extra, common, flags, plan):
@@ -2311,70 +2306,3 @@ def test_kernel_suite_in_own_process():
         text=True,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-
-
-# ----------------------------------------------------------------------------- persistent
-
-
-def _count_persist_launches(monkeypatch) -> list:
-    """The grid sizes `_ws_persist_kernel` is launched with (the Gluon kernel looked up by
-    `_launch_ws` at call time)."""
-    grids = []
-    real = getattr(fl, "_ws_persist_kernel", None)
-
-    class Spy:
-        def __getitem__(self, grid):
-            grids.append(grid[0])
-            return real[grid]
-
-    monkeypatch.setattr(fl, "_ws_persist_kernel", Spy(), raising=False)
-    return grids
-
-
-# (id, make_inputs kwargs): 40 requests of 8 heads, partial lengths with zeros, 30% invalid,
-# sink, two caches; 5 heads (3 masked), one-slot pages, topk not a multiple of the tile
-PERSIST_CASES = [
-    ("h8-dual-partial", dict(_FEW_PREFILL, H=8)),
-    ("h5-single-page1", dict(B=40, H=5, topk=300, page_size=1, with_sink=True,
-                             invalid_fraction=0.1)),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("programs", [1, 3, 64])
-@pytest.mark.parametrize("cc", [(9, 0), (12, 0)], ids=["sm90row", "sm120row"])
-@pytest.mark.parametrize("case_id,kw", PERSIST_CASES, ids=[c[0] for c in PERSIST_CASES])
-def test_persistent_token_major_matches_reference(monkeypatch, case_id, kw, cc, programs):
-    """The token-major few-head tile persistent (`_ws_persist_kernel`): each program walks its
-    requests back to back through one ring of raw slots (one program: all 40; three: 13-14
-    each, the ring wrapping across requests, some with no tile; 64: one each, the grid cut to
-    the 40 requests); the few-token requests exact in the loop. Every output written and
-    accurate; on a GPU that runs the Gluon loop the persistent kernel is what ran (elsewhere
-    the launcher's fallback runs the same config)."""
-    inputs = ref.make_inputs(**kw, device=DEVICE, seed=_seed(f"persist-{case_id}-{programs}"))
-    row = fl.MMA_ROWS[fl.mma_row_name(cc)]._replace(
-        ws_few_tm_heads=8, ws_few_tm_min_b=0, ws_few_persist=True
-    )
-    cfg = fl.mma_config(cc, 132, 1024, kw["H"], kw["topk"], kw.get("extra_topk", 0), row=row)
-    assert cfg.persist_programs == 132 * row.ws_few_programs_per_sm
-    cfg = cfg._replace(pack_tokens=0, persist_programs=programs)
-    grids = _count_persist_launches(monkeypatch)
-    _run_and_check(inputs, "mma", cfg)
-    gluon = ON_GPU and fl.HAS_GLUON and torch.cuda.get_device_capability()[0] in (9, 12)
-    assert grids == ([min(programs, 40)] if gluon else []), grids
-
-
-def test_persistent_rule():
-    """The row's `ws_few_persist` takes the persistent form only for the token-major tile with
-    more requests than resident slots (then one program per slot); never for 16-head blocks,
-    calls that fit one round, or without the row's switch."""
-    for cc, sms in (((9, 0), 132), ((12, 0), 188)):
-        row = fl.MMA_ROWS[fl.mma_row_name(cc)]
-        on = row._replace(ws_few_persist=True)
-        slots = sms * row.ws_few_programs_per_sm
-        assert fl.mma_config(cc, sms, 1024, 8, 128, 512, row=on).persist_programs == slots
-        assert fl.mma_config(cc, sms, slots + 1, 8, 2048, 0, row=on).persist_programs == slots
-        assert fl.mma_config(cc, sms, slots, 8, 128, 512, row=on).persist_programs == 0
-        assert fl.mma_config(cc, sms, 1024, 16, 128, 512, row=on).persist_programs == 0
-        off = row._replace(ws_few_persist=False)
-        assert fl.mma_config(cc, sms, 1024, 8, 128, 512, row=off).persist_programs == 0
-    assert fl.mma_config(None, 2, 1024, 8, 128, 512).persist_programs == 0  # interpreter
