@@ -1252,14 +1252,6 @@ WS_SYNC_LONG_TILE = (WS_SYNC_BLOCK_H, WS_SYNC_LONG_BLOCK_N)  # 9.x only
 # 1.15x, B64 H8 dual decode 1.08x; at 16 heads 0.84-0.88x (q no longer fits in registers).
 WS_TM_BLOCK_H = 8
 WS_TM_TILE = (WS_TM_BLOCK_H, WS_FEW_BLOCK_N)
-# Its dense build, three programs per SM (the row's `ws_tm_dense`; sm_90's 228 KB): q staged
-# in the K tile's buffer (the consumer holds q^T in registers; 76,324 B a program) and 80
-# registers a thread at launch (3 x 256 threads), the loader's warpgroup down to 24 and the
-# consumers' up to 136. Session 39's ncu: the tile is latency-bound at two consumer warps
-# per scheduler.
-WS_TM_DENSE_MAXNREG = 80
-WS_TM_DENSE_LOADER_REGS = 24
-WS_TM_DENSE_PROGRAMS_PER_SM = 3
 WS_SYNC_TILES = (
     (WS_SYNC_BLOCK_H, WS_SYNC_BLOCK_N),
     WS_SYNC_LONG_TILE,
@@ -1370,7 +1362,6 @@ def ws_build(
     e_fmt: int = FMT_V4,
     pow2_pages: bool = True,
     dependents: bool = False,
-    dense: bool = False,
 ) -> dict:
     """The launch options of `_ws_split_kernel` in `tile` (heads, tokens), on one cache or two
     (`has_extra`, the extra one of format `e_fmt`; `pow2_pages`: both page sizes powers of
@@ -1381,11 +1372,6 @@ def ws_build(
     32: 1.01-1.04x, both orders); the other mma.sync builds measured 0.94-1.04x with it
     (session 27)."""
     q_held = WS_SYNC_Q_HELD.get(tile, 0)
-    if dense and tile == WS_TM_TILE:  # three programs per SM (`WS_TM_DENSE_*`)
-        return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
-                    maxnreg=WS_TM_DENSE_MAXNREG, LOADER_REGS=WS_TM_DENSE_LOADER_REGS,
-                    Q_HELD=0, LAUNCH_DEPENDENTS=False, TOKEN_MAJOR=True,
-                    Q_IN_K=True)  # fmt: skip
     if tile in ((WS_FEW_BLOCK_H, WS_FEW_BLOCK_N), WS_TM_TILE):
         return dict(MMA_SYNC=True, NR=WS_FEW_RAW_SLOTS, num_warps=WS_FEW_WARPS,
                     maxnreg=WS_FEW_MAXNREG, LOADER_REGS=WS_LOADER_REGS,
@@ -2022,7 +2008,7 @@ if HAS_GLUON:
                         mma3: gl.constexpr, HAS_EXTRA: gl.constexpr,
                         EXACT_BELOW: gl.constexpr, COUNT_BLOCK: gl.constexpr,
                         EXACT_IN: gl.constexpr, FMT: gl.constexpr,
-                        E_FMT: gl.constexpr, Q_IN_K: gl.constexpr = False):  # fmt: skip
+                        E_FMT: gl.constexpr):  # fmt: skip
         """`_ws_sync_consumer` token-major (at most 8 heads): S^T [tokens, heads] = K q^T and
         O^T [512, heads] += K^T P^T, the heads mma.sync's N. Both run as batched products over
         the two 256-dim halves (`mma3`, [2, rows, heads], warps [2, 2, 1]: a pair of warps
@@ -2052,8 +2038,6 @@ if HAS_GLUON:
         q_held = ()  # q^T in 4 pieces of 64 dims (per thread 32 registers in all)
         for gi in gl.static_range(4):
             q_held = q_held + (q_t.slice(gi * 64, 64, dim=1).load(opb),)
-        if Q_IN_K:
-            gl.thread_barrier()  # q read by every warp before the first tile replaces it
         acc = gl.zeros([2, 256, BLOCK_H], gl.float32, mma3)
         m_i = gl.full([BLOCK_H], float("-inf"), gl.float32, gl.SliceLayout(0, s2))
         cols = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, s2))
@@ -2186,7 +2170,6 @@ if HAS_GLUON:
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
         Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False,
-        Q_IN_K: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2254,14 +2237,8 @@ if HAS_GLUON:
         else:
             sl: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16,
                                                     rank=2)  # fmt: skip
-        if (
-            Q_IN_K
-        ):  # q staged in the K tile's buffer (the token-major consumer holds it in registers)
-            k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
-            q_smem = k_smem._reinterpret(WS_OPERAND, [BLOCK_H, 512], sl)
-        else:
-            q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
-            k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
+        q_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_H, 512], sl)
+        k_smem = gl.allocate_shared_memory(WS_OPERAND, [BLOCK_N, 512], sl)
         if FMT == 1:  # V4.1 FP8: 512 fp8 bytes (16 groups of 32) and 16 scale bytes a token
             raw8 = gl.allocate_shared_memory(gl.float8e4nv, [NR, BLOCK_N, 16, 32],
                                              _ws_raw_v41_layout(BLOCK_N))  # fmt: skip
@@ -2321,7 +2298,7 @@ if HAS_GLUON:
                                        qk_scale_log2, keep, Q_ptr, stride_qb, stride_qh, h0,
                                        H, length, topk, e_length, e_topk, NR, BLOCK_N,
                                        BLOCK_H, num_warps, mma3, HAS_EXTRA, EXACT_BELOW,
-                                       COUNT_BLOCK, EXACT_IN, FMT, E_FMT, Q_IN_K)),
+                                       COUNT_BLOCK, EXACT_IN, FMT, E_FMT)),
                     (_ws_loader, (raw8, rawr, raws, raw_full, raw_empty, n_tiles, n_main, b,
                                   start, end, e_start, e_end,
                                   KV8, KVU, KVB, stride_kv_page, page_size, num_tokens,
@@ -2848,8 +2825,6 @@ class MMARow(NamedTuple):
     # 0.95-0.97x at B8-B16 (head-major there).
     ws_few_tm_heads: int = 0
     ws_few_tm_min_b: int = 0
-    # The token-major tile in its dense build (`WS_TM_DENSE_*`: three programs per SM).
-    ws_tm_dense: bool = False
     # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
     # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
     # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
@@ -2967,7 +2942,6 @@ class MMAConfig(NamedTuple):
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
     ws_exact_launch: bool = False  # the second (exact) launch as the Gluon loop (ONLY_FEW)
-    ws_dense: bool = False  # the token-major tile's dense build (three programs per SM)
 
 
 MAX_SPLITS = 64
@@ -3101,7 +3075,6 @@ def mma_config(
         programs = B * (H // wide)
     # At most 16 heads: the Gluon loop's few-head tile (mma.sync; 8 heads pad to 16 rows),
     # both caches, decode and prefill-sized calls alike, in its own residency.
-    dense = False
     few = (
         on_gpu and cc[0] in (9, 12) and row.ws and row.ws_few_programs_per_sm > 0
         and H <= WS_FEW_BLOCK_H and not pv_split
@@ -3110,13 +3083,12 @@ def mma_config(
         block_h, block_n, warps, stages = WS_FEW_BLOCK_H, WS_FEW_BLOCK_N, WS_FEW_WARPS, 1
         if H <= min(row.ws_few_tm_heads, WS_TM_BLOCK_H) and B >= row.ws_few_tm_min_b:
             block_h = WS_TM_BLOCK_H
-            dense = row.ws_tm_dense
         ws, token_major, one_round = True, False, None
         exact_block_n = exact_warps = 0
         programs = B
     exact_in_launch = row.exact_in_launch and not ws  # the Gluon loop: its own (ws_exact)
     if few:
-        slots = sm_count * (WS_TM_DENSE_PROGRAMS_PER_SM if dense else row.ws_few_programs_per_sm)
+        slots = sm_count * row.ws_few_programs_per_sm
     elif ws:
         stages = 1  # the Gluon loop's own ring of raw tiles is its pipeline
         if not ws_wgmma:
@@ -3155,7 +3127,6 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
         on_gpu and cc[0] == 9 and row.ws_exact_launch and not ws and not token_major,
-        dense,
     )  # fmt: skip
 
 
@@ -3424,7 +3395,7 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
-    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False, dense=False,
+    block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
@@ -3450,8 +3421,7 @@ def _launch_ws(
         EXACT_IN=exact_in, ONLY_FEW=only_few,
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
-        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents,
-                   dense),
+        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
         **(plan or {}),
     )  # fmt: skip
 
@@ -3557,8 +3527,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
-                           cfg.block_n, split_plan, exact_in, dependents=dependents,
-                           dense=cfg.ws_dense)  # fmt: skip
+                           cfg.block_n, split_plan, exact_in, dependents=dependents)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,

@@ -156,7 +156,7 @@ def _ws_plans_and_formats(has_extra: bool) -> list[tuple[bool, str]]:
 def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
     exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
-    skip_packed: bool = False, fmt: int = 0, e_fmt: int | None = None, dense: bool = False,
+    skip_packed: bool = False, fmt: int = 0, e_fmt: int | None = None,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
@@ -165,7 +165,7 @@ def compile_ws(
     `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form, the
     few-head form); `skip_packed`: the per-token launch beside the packed plan; `fmt`, `e_fmt`:
     the caches' formats (0 V4, 1 V4.1 FP8, 2 V4.1 FP4: extra only; `e_fmt` defaults to
-    `fmt`); `dense`: the token-major tile's three-programs-per-SM build."""
+    `fmt`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -178,8 +178,7 @@ def compile_ws(
     # as `_launch_ws` launches it: raw slots, warps, loader's registers, register cap
     e_fmt = fmt if e_fmt is None else e_fmt
     # (and, as it runs, the wgmma tile's programs signal the combine: programmatic dependent launch)
-    build = fl.ws_build((bh, bn), has_extra, e_fmt, dependents=fl.SPLIT_LAUNCHES_DEPENDENTS,
-                        **({"dense": True} if dense else {}))  # fmt: skip
+    build = fl.ws_build((bh, bn), has_extra, e_fmt, dependents=fl.SPLIT_LAUNCHES_DEPENDENTS)
     options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,
@@ -190,7 +189,6 @@ def compile_ws(
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
-    const.setdefault("Q_IN_K", False)
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),
@@ -382,19 +380,6 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                             "-packed" if packed else "")  # fmt: skip
                         rows.append(build_report(cc, few_row, label, has_extra, fmt, ck,
                                                  with_ptxas))  # fmt: skip
-                    if form == "-tm" and cc // 10 == 9:  # ... and its dense build (sm_90)
-                        for packed, fmt in (
-                            (False, "v4"),
-                            (True, "v4"),
-                            *((False, f) for f in _ws_v41(has_extra)),
-                        ):
-                            m, e = _WS_FORMATS[fmt]
-                            ck = compile_ws(fl, cc, has_extra, below, True, False, exact_in,
-                                            tile=few, skip_packed=packed, fmt=m, e_fmt=e,
-                                            dense=True)  # fmt: skip
-                            label = "bf16-P-ws-few-tm-dense" + ("-packed" if packed else "")
-                            rows.append(build_report(cc, few_row, label, has_extra, fmt, ck,
-                                                     with_ptxas))  # fmt: skip
                 if row["exact_in_launch"] and not exact_in:
                     ck = compile_kernel(fl, cc, row, has_extra, False, True, False, (0, 0), True)
                     rows.append(build_report(cc, row, "exact", has_extra, "v4", ck, with_ptxas))

@@ -438,9 +438,6 @@ CASES += [
             _FEW120,
             _FEW_HM,
             _FEW_HM._replace(num_splits=1, plan_splits=0),
-            # the token-major tile's dense build (three programs per SM), split and not
-            _FEW._replace(ws_dense=True),
-            _FEW._replace(num_splits=1, plan_splits=0, ws_dense=True),
         ],
     ),
     (
@@ -462,12 +459,7 @@ CASES += [
         "ws_tm_h8_prefill_partial",
         dict(_FEW_PREFILL, H=8),
         ("mma",),
-        [
-            fl.mma_config((9, 0), 132, 1024, 8, 192, 96, row=_TM90)._replace(pack_tokens=0),
-            fl.mma_config(
-                (9, 0), 132, 1024, 8, 192, 96, row=_TM90._replace(ws_tm_dense=True)
-            )._replace(pack_tokens=0),
-        ],
+        [fl.mma_config((9, 0), 132, 1024, 8, 192, 96, row=_TM90)._replace(pack_tokens=0)],
     ),
 ]
 # The production dual-cache shape with every awkward path on: partial lengths, invalid
@@ -627,7 +619,6 @@ def _cfg_id(cfg):
         + ("-inlaunch" if cfg.exact_in_launch else "")
         + ("-concurrent" if cfg.exact_concurrent else "")
         + (f"-st{cfg.num_stages}" if cfg.num_stages > 1 else "")
-        + ("-dense" if cfg.ws_dense else "")
     )
 
 
@@ -1212,27 +1203,6 @@ def test_gluon_builds_loader_registers():
             for e_fmt in (fl.FMT_V4, fl.FMT_V41_FP4):
                 build = fl.ws_build(tile, has_extra, e_fmt, False)
                 assert build["MMA_SYNC"] and build["LOADER_REGS"] == fl.WS_LOADER_REGS, tile
-
-
-def test_dense_token_major_rule():
-    """The row's `ws_tm_dense` takes the token-major tile's dense build (three programs per
-    SM: q in the K tile's buffer, 80 registers at launch) for the calls that take that tile,
-    its splits counting three slots per SM; never for 16-head blocks or without the switch."""
-    for cc, sms in (((9, 0), 132), ((12, 0), 188)):
-        row = fl.MMA_ROWS[fl.mma_row_name(cc)]
-        on = row._replace(ws_tm_dense=True)
-        for B, topk, extra in ((1024, 128, 512), (64, 128, 512), (32, 2048, 0)):
-            cfg = fl.mma_config(cc, sms, B, 8, topk, extra, row=on)
-            assert cfg.ws_dense and cfg.block_h == fl.WS_TM_BLOCK_H, (cc, B)
-            slots = sms * fl.WS_TM_DENSE_PROGRAMS_PER_SM
-            assert cfg.num_splits == max(1, min(slots // B, fl._tiles(topk, extra, 32)))
-        assert not fl.mma_config(cc, sms, 1024, 16, 128, 512, row=on).ws_dense
-        assert not fl.mma_config(cc, sms, 8, 8, 128, 512, row=on).ws_dense  # head-major there
-        assert not fl.mma_config(cc, sms, 1024, 8, 128, 512, row=row).ws_dense
-    build = fl.ws_build(fl.WS_TM_TILE, True, dense=True)
-    assert build["Q_IN_K"] and build["TOKEN_MAJOR"] and build["maxnreg"] == 80
-    assert 3 * 8 * 32 * build["maxnreg"] <= 65536  # three programs' registers fit an SM
-    assert "Q_IN_K" not in fl.ws_build(fl.WS_TM_TILE, True)
 
 
 def test_gluon_builds_s_products():
@@ -1907,14 +1877,12 @@ def _lengths_with(inputs, T, zero=(), negative=(), main_zero=()):
         inputs[len_key] = lens
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["tile", "dense-tm"])
-def test_packed_tokens_skipped_by_per_token_launch(monkeypatch, dense):
+def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
     """The plan gives the per-token launch length -1 for a packed group's tokens, whose
     programs then exit at once (`SKIP_PACKED`): with the packed launch left out their outputs
     stay unwritten, while the per-token launch writes every other token (a partial last group
     with a token of length 0 and one of negative length), accurately; with the packed launch
-    every output is written and accurate. `dense`: the per-token launch as the token-major
-    tile's dense build."""
+    every output is written and accurate."""
     kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
     T, H, G = 20, 8, 8
     inputs = _share_inputs(T, H, _seed("pack-skip"), with_sink=True, **kw)
@@ -1922,8 +1890,6 @@ def test_packed_tokens_skipped_by_per_token_launch(monkeypatch, dense):
     # One split, as every prefill-sized call the table packs has (with several, the combine
     # kernel writes every row from the partials, and the packed launch overwrites its rows).
     cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)._replace(num_splits=1)
-    if dense:
-        cfg = cfg._replace(block_h=fl.WS_TM_BLOCK_H, ws_dense=True)
     plans = []
 
     def no_packed_launch(q, main, extra, common, flags, plan):
