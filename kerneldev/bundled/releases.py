@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "325394551cd045d04b85dbf7fdb952a698d2d1ed409a8b835e18280a3698910a": "4c61e9e 2026-12-05",
         "7d834ce063bfa392c02f7ddaef616247873c4ad1b67012b7337ea178dbb096f8": "f173d76 2026-12-05",
         "0b68c8d4d48adc35b9bdcf2396da3f413df83564d5832b42161b378e1a957b02": "fca33a9 2026-12-05",
         "ef081451fe4efd532bd1ab1504d25261dfe1e6a9e23daf1db40dce0c8ba4c49c": "184d8ff 2026-12-05",
