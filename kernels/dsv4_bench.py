@@ -91,6 +91,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import traceback
 import warnings
@@ -1401,8 +1402,13 @@ def check_out(text: str) -> Path:
     return path
 
 
-def progress(message: str) -> None:
-    sys.stderr.write(message + "\n")
+def progress(message: str, width: int | None = None) -> None:
+    """A progress line on stderr, wrapped at `width` (default: the terminal's, 80 columns when
+    there is none, as for the table) with its continuation lines indented."""
+    width = width or shutil.get_terminal_size((80, 24)).columns
+    lines = textwrap.wrap(message, max(width, 40), subsequent_indent="    ",
+                          break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    sys.stderr.write("\n".join(lines or [""]) + "\n")
     sys.stderr.flush()
 
 

@@ -474,3 +474,20 @@ def test_table_puts_long_shape_names_on_their_own_lines_at_80_columns():
     wide = bench.table(report, width=200).splitlines()
     assert wide[1].startswith(shape.name) and wide[2].startswith(shape.name)
     assert wide[1].split()[-3:] == ["1.4", "ok", "-"] and len(wide) == 4  # + the "vs" note
+
+
+def test_progress_lines_wrap_at_80_columns(capsys):
+    """A result's progress line (a long shape name, its timing) wrapped within 80 columns, the
+    continuation indented, no word lost or cut; a short line left as it is."""
+    shape = bench.make_shape(1024, heads=8, lengths="partial", invalid=0.1, own=True,
+                             prefill=True, sink=True, **bench._DUAL)  # fmt: skip
+    line = (f"[37/39] {shape.name} mma: ok  185.0 us [184.5-185.8]  1975 GB/s  65.8% BW  "
+            f"x1.5 floor  58.0 TFLOP/s")  # fmt: skip
+    assert len(line) > 80
+    bench.progress(line, width=80)
+    bench.progress("copy bandwidth: 3005 GB/s (NVIDIA H100 80GB HBM3)", width=80)
+    lines = capsys.readouterr().err.splitlines()
+    assert max(map(len, lines)) <= 80 and len(lines) >= 3
+    assert lines[0].startswith("[37/39] ") and all(x.startswith("    ") for x in lines[1:-1])
+    assert " ".join(x.strip() for x in lines[:-1]).split() == line.split()
+    assert lines[-1] == "copy bandwidth: 3005 GB/s (NVIDIA H100 80GB HBM3)"
