@@ -1403,11 +1403,19 @@ def check_out(text: str) -> Path:
 
 
 def progress(message: str, width: int | None = None) -> None:
-    """A progress line on stderr, wrapped at `width` (default: the terminal's, 80 columns when
-    there is none, as for the table) with its continuation lines indented."""
-    width = width or shutil.get_terminal_size((80, 24)).columns
-    lines = textwrap.wrap(message, max(width, 40), subsequent_indent="    ",
-                          break_long_words=False, break_on_hyphens=False)  # fmt: skip
+    """A progress line on stderr within `width` columns (default: the terminal's, 80 when there
+    is none, as for the table): a longer "what: outcome" line puts its outcome on the lines
+    after it, indented; any part still too long wraps between words."""
+    width = max(width or shutil.get_terminal_size((80, 24)).columns, 40)
+    parts = [message]
+    if len(message) > width and ": " in message:
+        head, _, tail = message.partition(": ")
+        parts = [head + ":", tail]
+    lines = []
+    for n, part in enumerate(parts):
+        indent = "    " if n else ""
+        lines += textwrap.wrap(part, width, initial_indent=indent, subsequent_indent="    ",
+                               break_long_words=False, break_on_hyphens=False)  # fmt: skip
     sys.stderr.write("\n".join(lines or [""]) + "\n")
     sys.stderr.flush()
 

@@ -477,8 +477,9 @@ def test_table_puts_long_shape_names_on_their_own_lines_at_80_columns():
 
 
 def test_progress_lines_wrap_at_80_columns(capsys):
-    """A result's progress line (a long shape name, its timing) wrapped within 80 columns, the
-    continuation indented, no word lost or cut; a short line left as it is."""
+    """A result's progress line (a long shape name, its timing) within 80 columns: the outcome
+    on its own indented line (the time beside its unit), no word lost or cut; a short line
+    left as it is."""
     shape = bench.make_shape(1024, heads=8, lengths="partial", invalid=0.1, own=True,
                              prefill=True, sink=True, **bench._DUAL)  # fmt: skip
     line = (f"[37/39] {shape.name} mma: ok  185.0 us [184.5-185.8]  1975 GB/s  65.8% BW  "
@@ -489,5 +490,6 @@ def test_progress_lines_wrap_at_80_columns(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert max(map(len, lines)) <= 80 and len(lines) >= 3
     assert lines[0].startswith("[37/39] ") and all(x.startswith("    ") for x in lines[1:-1])
+    assert lines[0].endswith(" mma:") and lines[1].startswith("    ok  185.0 us ")
     assert " ".join(x.strip() for x in lines[:-1]).split() == line.split()
     assert lines[-1] == "copy bandwidth: 3005 GB/s (NVIDIA H100 80GB HBM3)"
