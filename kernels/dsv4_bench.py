@@ -738,7 +738,8 @@ _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm",
              "prefill_tm_programs_per_sm", "prefill_tm16_programs_per_sm", "ws", "length_aware",
              "ws_exact", "ws_dual", "ws_exact_launch", "ws_wide_tokens_per_sm",
              "ws_few_programs_per_sm", "ws_small_dual_programs", "ws_small_dual_long",
-             "ws_few_tm_heads", "ws_few_tm_min_b", "pack_side", "pack_pdl")  # fmt: skip
+             "ws_few_tm_heads", "ws_few_tm_min_b", "pack_side", "pack_pdl",
+             "pack_rows")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
@@ -1402,22 +1403,24 @@ def check_out(text: str) -> Path:
     return path
 
 
-def progress(message: str, width: int | None = None) -> None:
-    """A progress line on stderr within `width` columns (default: the terminal's, 80 when there
-    is none, as for the table): a longer "what: outcome" line puts its outcome on the lines
-    after it, indented; any part still too long wraps between words."""
+def progress(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def progress_result(what: str, outcome: str, width: int | None = None) -> None:
+    """A result's progress line, "what: outcome", within `width` columns (default: the
+    terminal's, 80 when there is none, as for the table): when longer, the outcome goes on
+    the lines after it, indented, and any part still too long wraps between words."""
     width = max(width or shutil.get_terminal_size((80, 24)).columns, 40)
-    parts = [message]
-    if len(message) > width and ": " in message:
-        head, _, tail = message.partition(": ")
-        parts = [head + ":", tail]
+    line = f"{what}: {outcome}"
+    parts = [line] if len(line) <= width else [what + ":", outcome]
     lines = []
     for n, part in enumerate(parts):
-        indent = "    " if n else ""
-        lines += textwrap.wrap(part, width, initial_indent=indent, subsequent_indent="    ",
-                               break_long_words=False, break_on_hyphens=False)  # fmt: skip
-    sys.stderr.write("\n".join(lines or [""]) + "\n")
-    sys.stderr.flush()
+        lines += textwrap.wrap(part, width, initial_indent="    " if n else "",
+                               subsequent_indent="    ", break_long_words=False,
+                               break_on_hyphens=False)  # fmt: skip
+    progress("\n".join(lines))
 
 
 # --- main -----------------------------------------------------------------------------------
@@ -1754,9 +1757,8 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             for kern in kernels:
                 for variant in variants_of(kern):
                     step += 1
-                    progress(
-                        f"[{step}/{total}] {shape.name} {label(kern['name'], variant)}: {message}"
-                    )
+                    progress_result(f"[{step}/{total}] {shape.name} {label(kern['name'], variant)}",
+                                    message)  # fmt: skip
                     report["results"].append(_error_entry(shape, kern, variant, label, message))
             _finish(report, args)
             continue
@@ -1772,7 +1774,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
                 progress(f"{tag} ...")
                 entry = run_entry(ctx, shape, kern, variant, inputs, refs)
                 report["results"].append(entry)
-                progress(f"{tag}: {_summary(entry)}")
+                progress_result(tag, _summary(entry))
                 _finish(report, args)
         del inputs, refs
         if device == "cuda":

@@ -38,11 +38,11 @@ def test_parse_config():
 
 
 def test_every_row_switch_of_the_kernel_is_a_config_key():
-    """A row field added to the kernel file can be set from --config (the packed plan's three
-    are tuned through its own shapes, not per variant)."""
+    """A row field added to the kernel file can be set from --config (the packed plan's tile
+    is tuned through its own shapes, not per variant; `pack_rows:0` turns the plan off)."""
     pytest.importorskip("triton")
     fl = _load("_kd_test_bench_kernel", "flash_mla_sm120_triton.py")
-    packed = {"pack_rows", "pack_block_n", "pack_num_warps"}
+    packed = {"pack_block_n", "pack_num_warps"}
     assert set(fl.MMARow._fields) - packed == set(bench._ROW_KEYS)
     conf = bench.parse_config("tm=ws_few_tm_heads:8,ws_few_tm_min_b:0")
     assert dict(conf.row_over) == {"ws_few_tm_heads": 8, "ws_few_tm_min_b": 0}
@@ -478,18 +478,22 @@ def test_table_puts_long_shape_names_on_their_own_lines_at_80_columns():
 
 def test_progress_lines_wrap_at_80_columns(capsys):
     """A result's progress line (a long shape name, its timing) within 80 columns: the outcome
-    on its own indented line (the time beside its unit), no word lost or cut; a short line
-    left as it is."""
+    on its own indented line (the time beside its unit), no word lost or cut; a short one
+    left as it is; other messages (a skipped variant's reason) stay one line."""
     shape = bench.make_shape(1024, heads=8, lengths="partial", invalid=0.1, own=True,
                              prefill=True, sink=True, **bench._DUAL)  # fmt: skip
-    line = (f"[37/39] {shape.name} mma: ok  185.0 us [184.5-185.8]  1975 GB/s  65.8% BW  "
-            f"x1.5 floor  58.0 TFLOP/s")  # fmt: skip
-    assert len(line) > 80
-    bench.progress(line, width=80)
-    bench.progress("copy bandwidth: 3005 GB/s (NVIDIA H100 80GB HBM3)", width=80)
+    what, outcome = (
+        f"[37/39] {shape.name} mma",
+        ("ok  185.0 us [184.5-185.8]  1975 GB/s  65.8% BW  x1.5 floor  58.0 TFLOP/s"),
+    )
+    assert len(what + ": " + outcome) > 80
+    bench.progress_result(what, outcome, width=80)
+    bench.progress_result("[1/2] T64 H8 mma", "ok  24.6 us", width=80)
+    skip = "flashinfer: skipped (not installed: No module named 'flashinfer'; pip install ...)"
+    bench.progress(skip)
     lines = capsys.readouterr().err.splitlines()
-    assert max(map(len, lines)) <= 80 and len(lines) >= 3
-    assert lines[0].startswith("[37/39] ") and all(x.startswith("    ") for x in lines[1:-1])
-    assert lines[0].endswith(" mma:") and lines[1].startswith("    ok  185.0 us ")
-    assert " ".join(x.strip() for x in lines[:-1]).split() == line.split()
-    assert lines[-1] == "copy bandwidth: 3005 GB/s (NVIDIA H100 80GB HBM3)"
+    assert max(map(len, lines[:-1])) <= 80 and len(lines) == 4
+    assert lines[0] == what + ":" and lines[1].startswith("    ok  185.0 us ")
+    head = [x for x in lines if not x.startswith("[1/2]")][:-1]
+    assert " ".join(x.strip() for x in head).split() == f"{what}: {outcome}".split()
+    assert lines[-2] == "[1/2] T64 H8 mma: ok  24.6 us" and lines[-1] == skip
