@@ -738,8 +738,7 @@ _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm",
              "prefill_tm_programs_per_sm", "prefill_tm16_programs_per_sm", "ws", "length_aware",
              "ws_exact", "ws_dual", "ws_exact_launch", "ws_wide_tokens_per_sm",
              "ws_few_programs_per_sm", "ws_small_dual_programs", "ws_small_dual_long",
-             "ws_few_tm_heads", "ws_few_tm_min_b", "pack_side", "pack_pdl",
-             "pack_rows")  # fmt: skip
+             "ws_few_tm_heads", "ws_few_tm_min_b", "pack_rows")  # fmt: skip
 _CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 

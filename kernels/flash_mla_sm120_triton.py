@@ -116,7 +116,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # option; without them (older Triton, the interpreter) the combine is launched plainly.
 try:
     from triton.backends.nvidia.compiler import CUDAOptions
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.language.extra.cuda import gdc_wait
 
     HAS_PDL = not _INTERPRET and "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
 except ImportError:  # pragma: no cover  (older Triton)
@@ -124,10 +124,6 @@ except ImportError:  # pragma: no cover  (older Triton)
 
     @triton.jit
     def gdc_wait():
-        pass
-
-    @triton.jit
-    def gdc_launch_dependents():
         pass
 
 
@@ -2174,7 +2170,6 @@ if HAS_GLUON:
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
         Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False,
-        WAIT_PRIOR: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2188,11 +2183,7 @@ if HAS_GLUON:
         `_mma_split_kernel`'s bf16-P one: only the requests with at most EXACT_BELOW valid
         tokens, each with P's rounding residue; the others' programs return after the count.
         SKIP_PACKED: lengths from `_pack_plan_kernel`, -1 for a token of a packed group
-        (`_mma_packed_kernel` writes it): its programs exit. WAIT_PRIOR: launched as the
-        plan's programmatic dependent: waits for it before reading anything."""
-        if WAIT_PRIOR:
-            gl.inline_asm_elementwise("griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32,
-                                      is_pure=False, pack=1)  # fmt: skip
+        (`_mma_packed_kernel` writes it): its programs exit."""
         pid = gl.program_id(0)
         split = gl.program_id(1)
         head_blocks = gl.cdiv(H, BLOCK_H)
@@ -2600,7 +2591,6 @@ def _pack_plan_kernel(
     HAS_EXTRA: tl.constexpr,
     PROBE_CHUNK: tl.constexpr,
     SPLIT_CACHES: tl.constexpr = False,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):  # fmt: skip
     """Plan of group `program_id(0)` (tokens t0 .. t0 + PACK_G - 1): FLAG 1 when its tokens
     are attended packed (every token of it present, the probe finds a shared selection, every
@@ -2613,11 +2603,7 @@ def _pack_plan_kernel(
     other. Each stores its union's length, its tokens' valid counts and its count check in
     SYNC_ptr's row of the group ([counter, then per cache: PACK_G counts and the check], the
     counter zeroed by the launcher), then counts itself in with an acq_rel atomic; the one
-    that arrives second reads the other's and decides (no program waits on another).
-    LAUNCH_DEPENDENTS: the per-token launch, its programmatic dependent, may be placed at once
-    (it waits for this grid before it reads the lengths)."""
-    if LAUNCH_DEPENDENTS:
-        gdc_launch_dependents()
+    that arrives second reads the other's and decides (no program waits on another)."""
     grp = tl.program_id(0)
     cache = tl.program_id(1)
     t0 = grp * PACK_G
@@ -2631,7 +2617,15 @@ def _pack_plan_kernel(
         e_length = _lengths(ELEN_ptr, stride_elen, has_elen, t_in, e_topk)
     packed = tl.zeros([], dtype=tl.int32)
     decide = cache == 0  # the program that writes the flag and the lengths
-    if t0 + PACK_G <= B:
+    # A token whose lengths hold at most exact_below selections has at most that many valid
+    # ones (it takes the exact PV): its group is never packed, so neither the probe nor the
+    # unions run for it (SGLang's prefill lengths grow from position 0: a request's first
+    # ~256 tokens; session 41: T1024 H8 share256 with those lengths ran 89.4 µs with the plan's
+    # unions, 65.6 without the plan).
+    most = tl.maximum(length, 0)
+    if HAS_EXTRA:
+        most += tl.maximum(e_length, 0)
+    if (t0 + PACK_G <= B) & (tl.min(most, axis=0) > exact_below):
         l0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
         l1 = _length(LEN_ptr, stride_len, has_len, t0 + PACK_G - 1, topk)
         if HAS_EXTRA:  # the extra (compressed) cache's selections are the ones that coincide
@@ -2839,11 +2833,6 @@ class MMARow(NamedTuple):
     # 0.95-0.97x at B8-B16 (head-major there).
     ws_few_tm_heads: int = 0
     ws_few_tm_min_b: int = 0
-    # Calls with the packed plan: the packed launch on a side stream beside the per-token
-    # launch (both read only the plan and write disjoint rows), and the per-token launch
-    # (the Gluon loop) as the plan's programmatic dependent, placed while the plan runs.
-    pack_side: bool = False
-    pack_pdl: bool = False
     # Dual-cache calls of up to this many 32-head programs (B x H / 32; 0: never) on a 9.x
     # GPU: the mma.sync Gluon loop's 32 x 32 tile (the sm_120 row's), its exact PV in the same
     # launch, instead of the Triton loop and its second (exact) launch. Session 23 (v31),
@@ -2961,8 +2950,6 @@ class MMAConfig(NamedTuple):
     plan_round: int = 0
     ws_exact: bool = False  # the Gluon loop computes the few-token requests too (EXACT_IN)
     ws_exact_launch: bool = False  # the second (exact) launch as the Gluon loop (ONLY_FEW)
-    pack_side: bool = False  # the packed launch beside the per-token one (side stream, GPU)
-    pack_pdl: bool = False  # the per-token launch as the plan's programmatic dependent (GPU)
 
 
 MAX_SPLITS = 64
@@ -3148,7 +3135,6 @@ def mma_config(
         row.pack_rows, row.pack_block_n, row.pack_num_warps, token_major, exact_block_n,
         exact_warps, ws, plan_splits, plan_round, ws and row.ws_exact,
         on_gpu and cc[0] == 9 and row.ws_exact_launch and not ws and not token_major,
-        on_gpu and row.pack_side, on_gpu and row.pack_pdl,
     )  # fmt: skip
 
 
@@ -3301,11 +3287,9 @@ def _rows_consecutive(q, out, lse) -> bool:
             and lse.stride(0) == H * lse.stride(1))  # fmt: skip
 
 
-def _launch_pack_plan(q, main, extra, flags, cfg, exact_below, dependents=False):
-    """Queue `_pack_plan_kernel` (`dependents`: its programs let the next launch, the per-token
-    one as their programmatic dependent, be placed at once); returns the buffers
-    `_launch_packed` reads and the per-token launch's cache arguments (the packed tokens'
-    lengths -1)."""
+def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
+    """Queue `_pack_plan_kernel`; returns the buffers `_launch_packed` reads and the per-token
+    launch's cache arguments (the packed tokens' lengths 0)."""
     B, _, H, _ = q.shape
     G = cfg.pack_tokens
     has_extra = flags["HAS_EXTRA"]
@@ -3343,8 +3327,7 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below, dependents=False)
         max_keys,
         PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2,
         TOPK_LOG2=topk_pow2.bit_length() - 1, E_TOPK_LOG2=e_topk_pow2.bit_length() - 1,
-        HAS_EXTRA=has_extra, PROBE_CHUNK=256, SPLIT_CACHES=split, LAUNCH_DEPENDENTS=dependents,
-        num_warps=warps, **options,
+        HAS_EXTRA=has_extra, PROBE_CHUNK=256, SPLIT_CACHES=split, num_warps=warps, **options,
     )  # fmt: skip
     # The per-token launch reads the plan's lengths: -1 (a packed token: its programs exit at
     # once, SKIP_PACKED) or the token's own.
@@ -3421,12 +3404,10 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
     block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False,
-    after_plan=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
-    exact_below > 0: the few-token requests are left out. after_plan: launched as the packed
-    plan's programmatic dependent."""
+    exact_below > 0: the few-token requests are left out."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
@@ -3449,7 +3430,7 @@ def _launch_ws(
         SKIP_PACKED=flags.get("SKIP_PACKED", False), FMT=flags["FMT"], E_FMT=flags["E_FMT"],
         page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1, POW2_PAGES=pow2,
         **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
-        **(plan or {}), **({"WAIT_PRIOR": True, "launch_pdl": True} if after_plan else {}),
+        **(plan or {}),
     )  # fmt: skip
 
 
@@ -3469,19 +3450,12 @@ def _launch_mma(q, main, extra, common, flags, cfg):
         cfg = cfg._replace(block_h=16)  # the Triton loop's head-major tl.dot needs 16 rows
     if flags["FMT"] != FMT_V4 or flags["E_FMT"] != FMT_V4:
         cfg = _head_major(cfg)  # the token-major loop only for V4 caches
-    plan = plan_done = None
-    after_plan = False
+    plan = None
     if cfg.pack_tokens >= 2 and _rows_consecutive(q, common["O_ptr"], common["LSE_ptr"]):
         # Packed groups first planned; the per-token launch's programs then exit at once for
-        # their tokens (length -1), and the packed launch after it (or beside it: pack_side)
-        # writes them.
+        # their tokens (length -1), and the packed launch after it writes them.
         exact_below = 0 if cfg.pv_split else cfg.pv_split_below
-        after_plan = cfg.pack_pdl and cfg.ws and q.is_cuda and _pdl(q.device)
-        plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below,
-                                                     after_plan)  # fmt: skip
-        if cfg.pack_side and q.is_cuda:
-            plan_done = torch.cuda.Event()
-            plan_done.record()
+        plan, main, extra, flags = _launch_pack_plan(q, main, extra, flags, cfg, exact_below)
     splits = cfg.num_splits
     split_plan = combine_plan = None
     triton_plan = {}
@@ -3561,8 +3535,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 exact_in = run_exact and cfg.ws_exact
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
-                           cfg.block_n, split_plan, exact_in, dependents=dependents,
-                           after_plan=after_plan and n == 0)  # fmt: skip
+                           cfg.block_n, split_plan, exact_in, dependents=dependents)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,
@@ -3596,15 +3569,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             HAS_SINK=flags["HAS_SINK"], RNE_BY_HAND=flags["RNE_BY_HAND"],
             **(combine_plan or {}), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
-    if plan_done is not None:
-        # beside the per-token launch: the side stream waits for the plan only; the caller's
-        # stream (and its next work) for both
-        side = _side_stream(q.device)
-        side.wait_event(plan_done)
-        with torch.cuda.stream(side):
-            _launch_packed(q, main, extra, common, flags, plan)
-        torch.cuda.current_stream(q.device).wait_stream(side)
-    elif plan is not None:
+    if plan is not None:
         _launch_packed(q, main, extra, common, flags, plan)
 
 

@@ -1759,30 +1759,18 @@ PACK_CASES = [
 ]  # fmt: skip
 
 
-# How the per-token and packed launches follow the plan (GPU only: side stream, PDL)
-PACK_LAUNCHES = {"serial": {}, "side": dict(pack_side=True), "pdl": dict(pack_pdl=True),
-                 "side-pdl": dict(pack_side=True, pack_pdl=True)}  # fmt: skip
-
-
-@pytest.mark.parametrize("launch", list(PACK_LAUNCHES))
 @pytest.mark.parametrize("case_id,T,H,G,kw,share", PACK_CASES, ids=[c[0] for c in PACK_CASES])
-def test_packed_tokens_match_reference(monkeypatch, case_id, T, H, G, kw, share, launch):
+def test_packed_tokens_match_reference(monkeypatch, case_id, T, H, G, kw, share):
     """Consecutive tokens whose selections coincide, attended as one block over the union
     of their selections (each row masked to its own token's keys): every output written
     and accurate, and the full groups whose tokens share were packed (a partial last group
-    and any group that does not share go through the per-token launch). `launch`: the packed
-    launch on a side stream beside the per-token one, the per-token launch as the plan's
-    programmatic dependent, both (GPU only)."""
-    if launch != "serial" and not ON_GPU:
-        pytest.skip("a side stream and programmatic dependent launch need a GPU")
+    and any group that does not share go through the per-token launch)."""
     if ON_GPU:  # more than 256 valid tokens per token (fewer take the exact PV, never packed)
         kw = {**kw, **(_PACK_GPU if "extra_topk" in kw else dict(topk=512, page_size=64))}
     else:
         kw = {**_PACK_SMALL, **kw}
     inputs = _share_inputs(T, H, _seed(f"pack-{case_id}"), share, **kw)
-    cfg = _packed_config(T, H, kw["topk"], kw.get("extra_topk", 0), G)._replace(
-        **PACK_LAUNCHES[launch]
-    )
+    cfg = _packed_config(T, H, kw["topk"], kw.get("extra_topk", 0), G)
     seen = _spy_plans(monkeypatch)
     _run_and_check(inputs, "mma", cfg)
     assert len(seen) == 1 and len(seen[0]) == -(-T // G), seen
@@ -2318,15 +2306,3 @@ def test_kernel_suite_in_own_process():
         text=True,
     )
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-
-
-def test_pack_launch_rule():
-    """The row's `pack_side` / `pack_pdl` reach the config of calls on a GPU only (the
-    interpreter has neither streams nor programmatic dependent launch)."""
-    for field in ("pack_side", "pack_pdl"):
-        row = fl.MMA_ROWS["sm90"]._replace(**{field: True})
-        cfg = fl.mma_config((9, 0), 132, 1024, 8, 128, 512, row=row)
-        assert cfg.pack_tokens == 8 and getattr(cfg, field)
-        assert not getattr(fl.mma_config((9, 0), 132, 1024, 8, 128, 512), field)
-        cpu = fl.MMA_ROWS["interpreter"]._replace(**{field: True})
-        assert not getattr(fl.mma_config(None, 2, 1024, 8, 128, 512, row=cpu), field)
