@@ -1877,6 +1877,23 @@ def _lengths_with(inputs, T, zero=(), negative=(), main_zero=()):
         inputs[len_key] = lens
 
 
+def test_pack_plan_leaves_groups_with_a_short_token(monkeypatch):
+    """A group holding a token whose lengths hold at most `exact_below` selections (that token
+    takes the exact PV) is not packed, decided before the probe and the unions; the group
+    beside it, sharing as much but for that token, is; every output accurate."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 16, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-short"), with_sink=True, **kw)
+    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)
+    below = 0 if cfg.pv_split else cfg.pv_split_below
+    _lengths_with(inputs, T)
+    inputs["topk_length"][3] = min(kw["topk"], below // 2)
+    inputs["extra_topk_length"][3] = below - int(inputs["topk_length"][3])
+    seen = _spy_plans(monkeypatch)
+    _run_and_check(inputs, "mma", cfg)
+    assert seen == [[0, 1]], seen
+
+
 def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
     """The plan gives the per-token launch length -1 for a packed group's tokens, whose
     programs then exit at once (`SKIP_PACKED`): with the packed launch left out their outputs
