@@ -1292,6 +1292,12 @@ def _fmt(value, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
+def _columns() -> int:
+    """The terminal's width, 80 columns when there is none (a log, a host under `kerneldev
+    bench`): what the table and the result lines fit."""
+    return shutil.get_terminal_size((80, 24)).columns
+
+
 def _aligned(rows: list[tuple]) -> list[str]:
     """Rows of cells as left-aligned columns two spaces apart."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -1340,7 +1346,7 @@ def table(report: dict, width: int | None = None) -> str:
             )
         )
     if width is None:
-        width = shutil.get_terminal_size((80, 24)).columns
+        width = _columns()
     lines = _aligned(rows)
     if max(map(len, lines)) > width:  # each shape's name on a line of its own
         body = _aligned([row[1:] for row in rows])
@@ -1411,7 +1417,7 @@ def progress_result(what: str, outcome: str, width: int | None = None) -> None:
     """A result's progress line, "what: outcome", within `width` columns (default: the
     terminal's, 80 when there is none, as for the table): when longer, the outcome goes on
     the lines after it, indented, and any part still too long wraps between words."""
-    width = max(width or shutil.get_terminal_size((80, 24)).columns, 40)
+    width = max(width or _columns(), 40)
     line = f"{what}: {outcome}"
     parts = [line] if len(line) <= width else [what + ":", outcome]
     lines = []

@@ -299,8 +299,8 @@ def bench_command(
 
 def _stream():
     """The harness's progress lines on stderr, only on a terminal, each cut to the terminal's
-    width (the harness wraps them at 80 columns, having no terminal on the host; a narrower
-    terminal's own wrapping would bury the newest line)."""
+    width (the harness fits its result lines to 80 columns, having no terminal on the host;
+    a narrower terminal's own wrapping would bury the newest line)."""
     env = environment.current()
     if not env.stderr_isatty:
         return None
