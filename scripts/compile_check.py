@@ -134,7 +134,7 @@ _WS_PTR_TYPES = {
     "Q_ptr": "*bf16", "KV8": "*fp8e4nv", "KVU": "*u8", "KVB": "*bf16", "IDX_ptr": "*i32",
     "LEN_ptr": "*i32", "EKV8": "*fp8e4nv", "EKVU": "*u8", "EKVB": "*bf16", "EIDX_ptr": "*i32",
     "ELEN_ptr": "*i32", "SINK_ptr": "*fp32", "O_ptr": "*bf16", "LSE_ptr": "*fp32",
-    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PIECES_ptr": "*i32",
+    "PO_ptr": "*fp32", "PLSE_ptr": "*fp32", "PIECES_ptr": "*i32", "PERM_ptr": "*i32",
 }  # fmt: skip
 
 
@@ -189,6 +189,8 @@ def compile_ws(
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
+    if not skip_packed:  # the plan's order comes with its lengths
+        const["PERM_ptr"] = None
     sig, constexprs, attrs = _signature(fn, const, _WS_PTR_TYPES)
     return triton.compile(
         GluonASTSource(fn, sig, constexprs, attrs), target=GPUTarget("cuda", cc, 32),

@@ -1929,6 +1929,46 @@ def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
     _run_and_check(inputs, "mma", cfg)
 
 
+@pytest.mark.parametrize("lengths", [True, False], ids=["lengths", "no-lengths"])
+def test_pack_plan_orders_tokens_longest_first(monkeypatch, lengths):
+    """The plan's order for the per-token launch (`_token_order`): every token once, by its
+    tiles in that launch's tokens per tile (main length, then extra length), most first;
+    lengths 0 and negative count no tile. Steps of 8 tokens: each pass walks three."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 20, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-order"), with_sink=True, **kw)
+    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)._replace(num_splits=1)
+    if lengths:
+        gen = torch.Generator().manual_seed(_seed("pack-order-lengths"))
+        for len_key, topk in (("topk_length", kw["topk"]), ("extra_topk_length", kw["extra_topk"])):
+            lens = torch.randint(0, topk + 1, (T,), generator=gen, dtype=torch.int32)
+            lens[[3, 17]] = 0
+            lens[18] = -5
+            inputs[len_key] = lens.to(DEVICE)
+    else:
+        inputs["topk_length"] = inputs["extra_topk_length"] = None
+    monkeypatch.setattr(fl, "PACK_ORDER_CHUNK", 8)
+    orders = []
+    monkeypatch.setattr(
+        fl, "_launch_packed", lambda q, main, extra, common, flags, plan: orders.append(plan)
+    )
+    decode(**inputs, variant="mma", _config=cfg)
+    (plan,) = orders
+    order = plan["order"][:T].tolist()
+    assert sorted(order) == list(range(T)), order
+
+    def tiles(len_key, topk):
+        lens = inputs[len_key]
+        lens = torch.full((T,), topk) if lens is None else lens.cpu().clamp(0, topk)
+        return (lens + cfg.block_n - 1) // cfg.block_n
+
+    work = (
+        tiles("topk_length", kw["topk"]) + tiles("extra_topk_length", kw["extra_topk"])
+    ).tolist()
+    ranked = [work[t] for t in order]
+    assert ranked == sorted(work, reverse=True), (order, work)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-program", "split-caches"])
 def test_pack_plan_split_caches_same_plan(monkeypatch, split):
     """The plan with the two caches' unions in two programs (`PACK_PLAN_SPLIT_CACHES`) decides
