@@ -67,7 +67,8 @@ Kernels:
     query tokens, whether their selections coincide (from the indices, on the device) and
     their union; `_mma_packed_kernel` attends a packed group's heads as one block over the
     union, each row masked to its own token's keys, after the per-token launch, whose
-    programs for the packed tokens exit at once (the plan gives them length -1).
+    programs for the packed tokens exit at once (the plan gives them length -1) and which
+    takes its tokens longest first (the plan's order, `_token_order`).
 
 Launch parameters come from `mma_config(cc, sm_count, B, H, topk, extra_topk)`: a table row
 per GPU family (`MMA_ROWS`) and a split rule; pure, so the launcher, `scripts/compile_check.py`

@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "e013e406b36f45c820145d9985ce1f865c8d83d4fd801e028dd654b0a2270325": "0753a55 2026-12-05",
         "29134cd019b42c56544cc8303ed532568299fee187d5ebc228c81ca3f33c7273": "fb1ab0e 2026-12-05",
         "6b1536f55049caac86bac5c9729784b91086dc01583856a384ff1aaf61f3c4bf": "3956723 2026-12-05",
         "a78e0791fd333cffdb0f027dc568e3093d8e812ac4f9802753896cea9c93cb65": "0b8d1cc 2026-12-05",
