@@ -2777,14 +2777,10 @@ def _mma_packed_kernel(
     PREFETCH: tl.constexpr,
     FMT: tl.constexpr = 0,
     E_FMT: tl.constexpr = 0,
-    PDL: tl.constexpr = False,
 ):  # fmt: skip
     """One packed group (a "request" of H = PACK_G x h_real rows, q / out / lse rows of
     consecutive tokens being consecutive) and block of rows over the group's unions, one
-    split; returns at once for groups the plan left to the per-token launch. PDL: launched as
-    the per-token launch's programmatic dependent (it reads nothing that launch writes, and
-    writes other rows); every program waits for that launch before it ends, so whatever the
-    caller queues next finds both done."""
+    split; returns at once for groups the plan left to the per-token launch."""
     pid = tl.program_id(0)
     num_head_blocks = tl.cdiv(H, BLOCK_H)
     b = pid // num_head_blocks
@@ -2805,8 +2801,6 @@ def _mma_packed_kernel(
             True, HAS_EXTRA, HAS_SINK, BLOCK_N, DOT_DTYPE, False, RNE_BY_HAND, S_BY_GROUP, 1,
             PREFETCH, FMT, E_FMT, True,
         )  # fmt: skip
-    if PDL:
-        gdc_wait()
 
 
 # ----------------------------------------------------------------------------- launch configs
@@ -3417,9 +3411,8 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     return plan, main, extra, flags
 
 
-def _launch_packed(q, main, extra, common, flags, plan, pdl=False):
-    """Queue `_mma_packed_kernel` over the groups the plan packed (the others return); `pdl`:
-    as the per-token launch's programmatic dependent (that launch signals it)."""
+def _launch_packed(q, main, extra, common, flags, plan):
+    """Queue `_mma_packed_kernel` over the groups the plan packed (the others return)."""
     B, _, H, _ = q.shape
     G, union = plan["G"], plan["union"]
     groups = union.shape[0]
@@ -3441,8 +3434,7 @@ def _launch_packed(q, main, extra, common, flags, plan, pdl=False):
         HAS_SINK=flags["HAS_SINK"],
         DOT_DTYPE=tl.bfloat16 if q.is_cuda else tl.float32, RNE_BY_HAND=flags["RNE_BY_HAND"],
         S_BY_GROUP=cfg.s_by_group, PREFETCH=cfg.prefetch_next and q.is_cuda,
-        FMT=flags["FMT"], E_FMT=flags["E_FMT"], PDL=pdl, num_warps=cfg.pack_num_warps,
-        num_stages=1, **({"launch_pdl": True} if pdl else {}),
+        FMT=flags["FMT"], E_FMT=flags["E_FMT"], num_warps=cfg.pack_num_warps, num_stages=1,
     )  # fmt: skip
 
 
@@ -3484,20 +3476,15 @@ def _ws_runnable(q, main, extra, flags, tile: tuple[int, int]) -> bool:
 def _launch_ws(
     q, main, extra, common, flags, splits, tiles_per_split, part_o, part_lse, exact_below,
     block_h, block_n, plan=None, exact_in=False, only_few=False, dependents=False, order=None,
-    packed_after=False,
 ):  # fmt: skip
     """The bf16-P launch as `_ws_split_kernel` (same grid, split of the tile lists and outputs
     as `_mma_split_kernel`'s) in tiles of block_h x block_n (wgmma's, else one of mma.sync's);
     exact_below > 0: the few-token requests are left out; `order` (with the packed plan's
-    lengths): the token of each rank of programs (`_token_order`); `packed_after`: its
-    programs signal the packed launch queued after it as their programmatic dependent."""
+    lengths): the token of each rank of programs (`_token_order`)."""
     B, _, H, _ = q.shape
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
     pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
-    build = ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents)
-    if packed_after:
-        build["LAUNCH_DEPENDENTS"] = True
     _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
@@ -3516,7 +3503,8 @@ def _launch_ws(
         SKIP_PACKED=flags.get("SKIP_PACKED", False), PERM_ptr=order, FMT=flags["FMT"],
         E_FMT=flags["E_FMT"], page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1,
         POW2_PAGES=pow2,
-        **build, **(plan or {}),
+        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
+        **(plan or {}),
     )  # fmt: skip
 
 
@@ -3599,11 +3587,6 @@ def _launch_mma(q, main, extra, common, flags, cfg):
     # predecessors and is launched plainly.
     pdl = splits > 1 and _pdl(q.device) and not forked
     dependents = pdl and SPLIT_LAUNCHES_DEPENDENTS
-    # The packed launch as the Gluon per-token launch's programmatic dependent, placed on the
-    # SMs as that launch's programs finish their tiles (one launch, one split: no combine
-    # writes the packed rows between them).
-    packed_pdl = (plan is not None and cfg.ws and splits == 1 and len(launches) == 1
-                  and _pdl(q.device))  # fmt: skip
     if forked:
         # Fork: the side stream waits for what the caller queued (the inputs); the join below
         # orders the combine (and the caller) after both. Device-side only: no host sync, and
@@ -3627,8 +3610,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
                 _launch_ws(q, main, extra, common, flags, splits, tiles_per_split, part_o,
                            part_lse, below if exact_in or not run_exact else 0, cfg.block_h,
                            cfg.block_n, split_plan, exact_in, dependents=dependents,
-                           order=plan["order"] if plan else None,
-                           packed_after=packed_pdl)  # fmt: skip
+                           order=plan["order"] if plan else None)  # fmt: skip
                 continue
             if not run_bf16_p and exact_ws:  # the few-token requests, in the Gluon loop's tiles
                 _launch_ws(q, main, extra, common, flags, splits,
@@ -3663,7 +3645,7 @@ def _launch_mma(q, main, extra, common, flags, cfg):
             **(combine_plan or {}), PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )  # fmt: skip
     if plan is not None:
-        _launch_packed(q, main, extra, common, flags, plan, pdl=packed_pdl)
+        _launch_packed(q, main, extra, common, flags, plan)
 
 
 # ----------------------------------------------------------------------------- validation

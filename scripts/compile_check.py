@@ -179,8 +179,6 @@ def compile_ws(
     e_fmt = fmt if e_fmt is None else e_fmt
     # (and, as it runs, the wgmma tile's programs signal the combine: programmatic dependent launch)
     build = fl.ws_build((bh, bn), has_extra, e_fmt, dependents=fl.SPLIT_LAUNCHES_DEPENDENTS)
-    if skip_packed:  # its programs signal the packed launch after it
-        build["LAUNCH_DEPENDENTS"] = True
     options = {k: build.pop(k) for k in ("num_warps", "maxnreg") if k in build}
     const = dict(
         SINGLE_SPLIT=False, HAS_EXTRA=has_extra, HAS_SINK=True, EXACT_BELOW=exact_below,

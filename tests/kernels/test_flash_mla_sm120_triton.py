@@ -1737,9 +1737,9 @@ def _spy_plans(monkeypatch):
     seen = []
     orig = fl._launch_packed
 
-    def spy(q, main, extra, common, flags, plan, **kw):
+    def spy(q, main, extra, common, flags, plan):
         seen.append(plan["flag"].tolist())
-        return orig(q, main, extra, common, flags, plan, **kw)
+        return orig(q, main, extra, common, flags, plan)
 
     monkeypatch.setattr(fl, "_launch_packed", spy)
     return seen
@@ -1833,9 +1833,9 @@ def test_pack_plan_union_counts_every_selection(monkeypatch):
     plans = []
     orig = fl._launch_packed
 
-    def spy(q, main, extra, common, flags, plan, **kw):
+    def spy(q, main, extra, common, flags, plan):
         plans.append({k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in plan.items()})
-        return orig(q, main, extra, common, flags, plan, **kw)
+        return orig(q, main, extra, common, flags, plan)
 
     monkeypatch.setattr(fl, "_launch_packed", spy)
     _run_and_check(inputs, "mma", _packed_config(T, H, kw["topk"], kw["extra_topk"], G))
@@ -1909,7 +1909,7 @@ def test_packed_tokens_skipped_by_per_token_launch(monkeypatch):
     cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)._replace(num_splits=1)
     plans = []
 
-    def no_packed_launch(q, main, extra, common, flags, plan, **kw):
+    def no_packed_launch(q, main, extra, common, flags, plan):
         plans.append((plan["flag"].tolist(), main["LEN_ptr"].tolist(), extra["ELEN_ptr"].tolist()))
 
     monkeypatch.setattr(fl, "_launch_packed", no_packed_launch)
@@ -1950,7 +1950,7 @@ def test_pack_plan_orders_tokens_longest_first(monkeypatch, lengths):
     monkeypatch.setattr(fl, "PACK_ORDER_CHUNK", 8)
     orders = []
     monkeypatch.setattr(
-        fl, "_launch_packed", lambda q, main, extra, common, flags, plan, **kw: orders.append(plan)
+        fl, "_launch_packed", lambda q, main, extra, common, flags, plan: orders.append(plan)
     )
     decode(**inputs, variant="mma", _config=cfg)
     (plan,) = orders
@@ -1993,13 +1993,13 @@ def test_pack_plan_split_caches_same_plan(monkeypatch, split):
         seen = []
         orig = fl._launch_packed
 
-        def spy(q, main, extra, common, flags, plan, seen=seen, orig=orig, **kw):
+        def spy(q, main, extra, common, flags, plan, seen=seen, orig=orig):
             seen.append({
                 "flag": plan["flag"].tolist(), "len": main["LEN_ptr"].tolist(),
                 "elen": extra["ELEN_ptr"].tolist(), "union_len": plan["union_len"].tolist(),
                 "union": plan["union"].clone(),
             })  # fmt: skip
-            return orig(q, main, extra, common, flags, plan, **kw)
+            return orig(q, main, extra, common, flags, plan)
 
         monkeypatch.setattr(fl, "_launch_packed", spy)
         results[mode] = (_run_and_check(inputs, "mma", cfg), seen[0])
