@@ -8,6 +8,8 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "6610ab8a7b4cdd17e6db17a5ed8d91389752450e4dd7756f68f8071e288bc57b": "23c1ffb 2026-12-05",
+        "bba40b48ac95e9a45f63b993c8a58e969d73fcf5ede20aa7883f36ce0e663399": "c6ed84d 2026-12-05",
         "e013e406b36f45c820145d9985ce1f865c8d83d4fd801e028dd654b0a2270325": "0753a55 2026-12-05",
         "29134cd019b42c56544cc8303ed532568299fee187d5ebc228c81ca3f33c7273": "fb1ab0e 2026-12-05",
         "6b1536f55049caac86bac5c9729784b91086dc01583856a384ff1aaf61f3c4bf": "3956723 2026-12-05",
