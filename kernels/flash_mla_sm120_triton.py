@@ -2455,16 +2455,29 @@ if HAS_GLUON:
 
 
 @triton.jit
-def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, t1,
-                 PROBE_CHUNK: tl.constexpr):  # fmt: skip
-    """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
-    many were probed: a cheap test before the union (tokens that own their rows stop here)."""
+def _probe_rows(IDX_ptr, stride_ib, stride_it, topk, t0, t1, PROBE_CHUNK: tl.constexpr):
+    """`_found_share`'s loads: token t1's first 16 indices and token t0's first PROBE_CHUNK
+    (-1 and -2 past topk)."""
     pr = tl.arange(0, 16)
     pi = tl.load(IDX_ptr + t1.to(tl.int64) * stride_ib + pr * stride_it, mask=pr < topk, other=-1)
-    pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
-    found = tl.zeros([16], dtype=tl.int32)
     c = tl.arange(0, PROBE_CHUNK)
-    for c0 in range(0, topk, PROBE_CHUNK):
+    r0 = tl.load(IDX_ptr + t0.to(tl.int64) * stride_ib + c * stride_it, mask=c < topk, other=-2)
+    return pi, r0
+
+
+@triton.jit
+def _found_share(IDX_ptr, stride_ib, stride_it, topk, len0, len1, num_tokens, t0, pi, r0,
+                 PROBE_CHUNK: tl.constexpr):  # fmt: skip
+    """How many of token t1's first 16 valid-looking indices occur in token t0's row, and how
+    many were probed: a cheap test before the union (tokens that own their rows stop here).
+    pi, r0: `_probe_rows`'s loads, issued beside the plan's lengths (on calls the plan does
+    not pack its programs' time is their chain of loads)."""
+    pr = tl.arange(0, 16)
+    pvalid = (pr < len1) & (pi >= 0) & (pi < num_tokens)
+    c = tl.arange(0, PROBE_CHUNK)
+    r = tl.where(c < len0, r0, -2)
+    found = tl.max((pi[:, None] == r[None, :]).to(tl.int32), axis=1)
+    for c0 in range(PROBE_CHUNK, topk, PROBE_CHUNK):
         pos = c0 + c
         r = tl.load(
             IDX_ptr + t0.to(tl.int64) * stride_ib + pos * stride_it,
@@ -2688,19 +2701,27 @@ def _pack_plan_kernel(
     most = tl.maximum(length, 0)
     if HAS_EXTRA:
         most += tl.maximum(e_length, 0)
+    # The probe's rows load beside the lengths (its first and last token's; t1 clamped for a
+    # partial last group, which is never packed): the extra (compressed) cache's selections
+    # are the ones that coincide.
+    t1 = tl.minimum(t0 + PACK_G - 1, B - 1)
+    if HAS_EXTRA:
+        pi, r0 = _probe_rows(EIDX_ptr, stride_eib, stride_eit, e_topk, t0, t1, PROBE_CHUNK)
+        probe_len = e_length
+    else:
+        pi, r0 = _probe_rows(IDX_ptr, stride_ib, stride_it, topk, t0, t1, PROBE_CHUNK)
+        probe_len = length
     if (t0 + PACK_G <= B) & (tl.min(most, axis=0) > exact_below):
-        l0 = _length(LEN_ptr, stride_len, has_len, t0, topk)
-        l1 = _length(LEN_ptr, stride_len, has_len, t0 + PACK_G - 1, topk)
-        if HAS_EXTRA:  # the extra (compressed) cache's selections are the ones that coincide
-            l0 = _length(ELEN_ptr, stride_elen, has_elen, t0, e_topk)
-            l1 = _length(ELEN_ptr, stride_elen, has_elen, t0 + PACK_G - 1, e_topk)
+        l0 = tl.sum(tl.where(g == 0, probe_len, 0))
+        l1 = tl.sum(tl.where(g == PACK_G - 1, probe_len, 0))
+        if HAS_EXTRA:
             found, probed = _found_share(
-                EIDX_ptr, stride_eib, stride_eit, e_topk, l0, l1, e_num_tokens, t0,
-                t0 + PACK_G - 1, PROBE_CHUNK,
+                EIDX_ptr, stride_eib, stride_eit, e_topk, l0, l1, e_num_tokens, t0, pi, r0,
+                PROBE_CHUNK,
             )  # fmt: skip
         else:
             found, probed = _found_share(
-                IDX_ptr, stride_ib, stride_it, topk, l0, l1, num_tokens, t0, t0 + PACK_G - 1,
+                IDX_ptr, stride_ib, stride_it, topk, l0, l1, num_tokens, t0, pi, r0,
                 PROBE_CHUNK,
             )  # fmt: skip
         if (probed > 0) & (2 * found >= probed):
@@ -3052,6 +3073,9 @@ PACK_MAX_TOKENS = 8
 # alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
 PACK_PLAN_MAXNREG = 128
+# Entries of token t0's row the plan's probe reads in one load (`_probe_rows`, beside the
+# lengths): the extra cache's 512 in one, not two of 256 (session 43); a longer row in a loop.
+PACK_PROBE_CHUNK = 512
 # Tokens per step of the plan's order program (`_token_order`: one program, two passes).
 PACK_ORDER_CHUNK = 1024
 # A group is packed when its union has at most (tokens per group) x (topk + extra topk) /
@@ -3386,6 +3410,7 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
     )  # fmt: skip
     sync = torch.zeros(n_sync + 2 * buckets, dtype=torch.int32, device=dev)
     order = torch.empty(2 * B, dtype=torch.int32, device=dev)  # the order, then scratch
+    probe_chunk = min(PACK_PROBE_CHUNK, e_topk_pow2 if has_extra else topk_pow2)
     warps = 16 if table_slots > 4096 else 8
     options = {"maxnreg": PACK_PLAN_MAXNREG} if PACK_PLAN_MAXNREG and warps == 8 else {}
     _pack_plan_kernel[(groups + 1, 2 if split else 1)](
@@ -3398,7 +3423,7 @@ def _launch_pack_plan(q, main, extra, flags, cfg, exact_below):
         max_keys, order, sync[n_sync:],
         PACK_G=G, TOPK_POW2=topk_pow2, E_TOPK_POW2=e_topk_pow2,
         TOPK_LOG2=topk_pow2.bit_length() - 1, E_TOPK_LOG2=e_topk_pow2.bit_length() - 1,
-        HAS_EXTRA=has_extra, PROBE_CHUNK=256, SPLIT_CACHES=split, ORDER_BLOCK_N=cfg.block_n,
+        HAS_EXTRA=has_extra, PROBE_CHUNK=probe_chunk, SPLIT_CACHES=split, ORDER_BLOCK_N=cfg.block_n,
         W_POW2=buckets, ORDER_CHUNK=PACK_ORDER_CHUNK, num_warps=warps, **options,
     )  # fmt: skip
     # The per-token launch reads the plan's lengths: -1 (a packed token: its programs exit at

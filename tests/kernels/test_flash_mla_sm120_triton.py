@@ -1969,6 +1969,24 @@ def test_pack_plan_orders_tokens_longest_first(monkeypatch, lengths):
     assert ranked == sorted(work, reverse=True), (order, work)
 
 
+@pytest.mark.parametrize("chunk", [16, 512])
+def test_pack_plan_probe_reads_the_whole_row(monkeypatch, chunk):
+    """The plan's probe reads token t0's row in chunks (`PACK_PROBE_CHUNK`: the first beside
+    the lengths, the rest in a loop): with t0's selections rotated so that the ones token
+    t0 + 7 shares lie past the first 16 entries, chunks of 16 find them as one chunk does
+    (both groups packed); with the loop skipped they would not be."""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 16, 8, 8
+    inputs = _share_inputs(T, H, _seed("pack-probe"), **kw)
+    rows = inputs["extra_indices"].view(T, -1)
+    for t0 in (0, 8):
+        rows[t0] = rows[t0].roll(kw["extra_topk"] // 2)
+    monkeypatch.setattr(fl, "PACK_PROBE_CHUNK", chunk)
+    seen = _spy_plans(monkeypatch)
+    _run_and_check(inputs, "mma", _packed_config(T, H, kw["topk"], kw["extra_topk"], G))
+    assert seen == [[1, 1]], seen
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-program", "split-caches"])
 def test_pack_plan_split_caches_same_plan(monkeypatch, split):
     """The plan with the two caches' unions in two programs (`PACK_PLAN_SPLIT_CACHES`) decides
