@@ -1770,15 +1770,26 @@ if HAS_GLUON:
         """A consumer's q rows h0.. of request b (zero where `keep` is false or past H) into
         q_smem as `_ws_q_f16`'s operand (NW: the consumer's warps); returns the softmax's
         scale that undoes its power of two."""
+        q = _ws_q_load(Q_ptr, stride_qb, stride_qh, b, h0, H, keep, BLOCK_H, NW)
+        return _ws_q_store(q_smem, q, qk_scale_log2)
+
+    @gluon.jit
+    def _ws_q_load(Q_ptr, stride_qb, stride_qh, b, h0, H, keep, BLOCK_H: gl.constexpr,
+                   NW: gl.constexpr):  # fmt: skip
+        """`_ws_q_to_smem`'s load: q rows h0.. of request b in registers."""
         ql: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
         qh = h0 + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ql))
         qd = gl.arange(0, 512, layout=gl.SliceLayout(0, ql))
-        q = gl.load(
+        return gl.load(
             Q_ptr + b.to(gl.int64) * stride_qb + qh[:, None].to(gl.int64) * stride_qh
             + qd[None, :],
             mask=(qh < H)[:, None] & keep,
             other=0.0,
         )  # fmt: skip
+
+    @gluon.jit
+    def _ws_q_store(q_smem, q, qk_scale_log2):
+        """`_ws_q_to_smem`'s store: q as `_ws_q_f16`'s operand; returns its scale."""
         q16, qk_scale_log2 = _ws_q_f16(q, qk_scale_log2)
         q_smem.store(q16)
         return qk_scale_log2
@@ -1908,14 +1919,30 @@ if HAS_GLUON:
         copies fly: q (zero for a request `keep` leaves to the exact launch) into shared
         memory, visible to every consumer warp on return, and, with EXACT_IN, whether the
         request is a few-token one (computed exact). Returns (q's scale, exact)."""
-        qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
-                                      qk_scale_log2, BLOCK_H, CW)  # fmt: skip
         exact = n_tiles < 0  # False
         if EXACT_IN and EXACT_BELOW > 0:
-            exact = _ws_few_tokens(b, IDX_ptr, stride_ib, stride_it, length, topk, num_tokens,
-                                   EIDX_ptr, stride_eib, stride_eit, e_length, e_topk,
-                                   e_num_tokens, HAS_EXTRA, EXACT_BELOW, COUNT_BLOCK,
-                                   CW)  # fmt: skip
+            # q's load and the count's first index blocks in flight together, not one after
+            # the other: a program's start is on the consumers' path (session 43, H100, with
+            # the extra length loaded beside the length: the T1024 H8 causal prefill's split
+            # launch 90.9 -> 86.2 us; with the plan's probe change T1024 H8 / H16 prefill
+            # 1.03-1.05x, B64 H8 decode 1.04x; the sm_120 proxy 1.02-1.05x).
+            q = _ws_q_load(Q_ptr, stride_qb, stride_qh, b, h0, H, keep, BLOCK_H, CW)
+            idx_row = IDX_ptr + b.to(gl.int64) * stride_ib
+            first = _ws_idx_first(idx_row, stride_it, topk, COUNT_BLOCK, CW)
+            e_idx_row = EIDX_ptr + b.to(gl.int64) * stride_eib
+            e_first = first
+            if HAS_EXTRA:
+                e_first = _ws_idx_first(e_idx_row, stride_eit, e_topk, COUNT_BLOCK, CW)
+            qk_scale_log2 = _ws_q_store(q_smem, q, qk_scale_log2)
+            n_valid = _ws_count_after(first, idx_row, stride_it, length, topk, num_tokens,
+                                      COUNT_BLOCK, CW)  # fmt: skip
+            if HAS_EXTRA:
+                n_valid += _ws_count_after(e_first, e_idx_row, stride_eit, e_length, e_topk,
+                                           e_num_tokens, COUNT_BLOCK, CW)  # fmt: skip
+            exact = n_valid <= EXACT_BELOW
+        else:
+            qk_scale_log2 = _ws_q_to_smem(q_smem, Q_ptr, stride_qb, stride_qh, b, h0, H, keep,
+                                          qk_scale_log2, BLOCK_H, CW)  # fmt: skip
         gl.thread_barrier()  # q stored by every consumer warp before it is read
         return qk_scale_log2, exact
 
@@ -2089,10 +2116,26 @@ if HAS_GLUON:
                   NW: gl.constexpr):  # fmt: skip
         """`_count_valid`'s count: the first `length` indices that select a token (NW: the
         calling partition's warps)."""
+        first = _ws_idx_first(idx_row, stride_it, topk, COUNT_BLOCK, NW)
+        return _ws_count_after(first, idx_row, stride_it, length, topk, num_tokens, COUNT_BLOCK,
+                               NW)  # fmt: skip
+
+    @gluon.jit
+    def _ws_idx_first(idx_row, stride_it, topk, COUNT_BLOCK: gl.constexpr, NW: gl.constexpr):
+        """`_ws_count`'s first block of indices (-1 past topk)."""
         layout: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
         offs = gl.arange(0, COUNT_BLOCK, layout=layout)
-        n = gl.sum(gl.zeros([COUNT_BLOCK], gl.int32, layout), axis=0)
-        for p0 in range(0, topk, COUNT_BLOCK):
+        return gl.load(idx_row + offs * stride_it, mask=offs < topk, other=-1)
+
+    @gluon.jit
+    def _ws_count_after(first, idx_row, stride_it, length, topk, num_tokens,
+                        COUNT_BLOCK: gl.constexpr, NW: gl.constexpr):  # fmt: skip
+        """`_ws_count` of a row whose first block of indices is loaded (`_ws_idx_first`)."""
+        layout: gl.constexpr = gl.BlockedLayout([4], [32], [NW], [0])
+        offs = gl.arange(0, COUNT_BLOCK, layout=layout)
+        valid = (offs < length) & (first >= 0) & (first < num_tokens)
+        n = gl.sum(valid.to(gl.int32), axis=0)
+        for p0 in range(COUNT_BLOCK, topk, COUNT_BLOCK):
             pos = p0 + offs
             idx = gl.load(idx_row + pos * stride_it, mask=pos < topk, other=-1)
             valid = (pos < length) & (idx >= 0) & (idx < num_tokens)
@@ -2194,14 +2237,14 @@ if HAS_GLUON:
             b = gl.load(PERM_ptr + b)
         h0 = (pid % head_blocks) * BLOCK_H
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
-        if SKIP_PACKED:
-            if length < 0:
-                return
         e_length = e_topk
-        if HAS_EXTRA:
+        if HAS_EXTRA:  # loaded beside the length, before the exit below reads it
             e_length = gl.minimum(
                 gl.load(ELEN_ptr + b * stride_elen, mask=has_elen != 0, other=e_topk), e_topk
             )
+        if SKIP_PACKED:
+            if length < 0:
+                return
         if PLAN:  # the length-aware split (`_plan_piece`)
             k_b, start, end, e_start, e_end = _ws_plan_piece(
                 LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, B, split, length,
