@@ -1774,6 +1774,35 @@ if HAS_GLUON:
         return _ws_q_store(q_smem, q, qk_scale_log2)
 
     @gluon.jit
+    def _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib, topk,
+                           EIDX_ptr, stride_eib, e_topk, BLOCK_H: gl.constexpr,
+                           HAS_EXTRA: gl.constexpr, NW: gl.constexpr):  # fmt: skip
+        """An L2 prefetch of what a program's start reads from DRAM before its first tile: q's
+        rows h0.. (1 KB each, at most H) and the request's index rows (their indices at unit
+        stride), one 128-byte line a thread, issued as soon as b is known."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
+        LINES: gl.constexpr = 32 * NW
+        line = gl.arange(0, LINES, layout=layout)
+        q_row = Q_ptr + b.to(gl.int64) * stride_qb
+        for l0 in gl.static_range(0, BLOCK_H * 8, LINES):  # 8 lines a row of q
+            head = gl.minimum(h0 + (l0 + line) // 8, H - 1)
+            ptr = q_row + head.to(gl.int64) * stride_qh + ((l0 + line) % 8) * 64
+            gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptr],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+        _ws_prefetch_row(IDX_ptr + b.to(gl.int64) * stride_ib, topk, line, LINES)
+        if HAS_EXTRA:
+            _ws_prefetch_row(EIDX_ptr + b.to(gl.int64) * stride_eib, e_topk, line, LINES)
+
+    @gluon.jit
+    def _ws_prefetch_row(row, n, line, LINES: gl.constexpr):
+        """`_ws_prefetch_start`'s L2 prefetch of n int32 from `row`, a 128-byte line a lane."""
+        lines = gl.cdiv(n, 32)
+        for l0 in range(0, lines, LINES):
+            at = gl.minimum(l0 + line, lines - 1)
+            gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [row + at * 32],
+                                      dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
     def _ws_q_load(Q_ptr, stride_qb, stride_qh, b, h0, H, keep, BLOCK_H: gl.constexpr,
                    NW: gl.constexpr):  # fmt: skip
         """`_ws_q_to_smem`'s load: q rows h0.. of request b in registers."""
@@ -2214,6 +2243,7 @@ if HAS_GLUON:
         FMT: gl.constexpr = 0, E_FMT: gl.constexpr = 0, page_shift=0, e_page_shift=0,
         POW2_PAGES: gl.constexpr = False, LAUNCH_DEPENDENTS: gl.constexpr = False,
         Q_HELD: gl.constexpr = 0, TOKEN_MAJOR: gl.constexpr = False, PERM_ptr=None,
+        PREFETCH_START: gl.constexpr = False,
     ):  # fmt: skip
         """`_mma_split_kernel`'s bf16-P launch (RUN_BF16_P, PV_SPLIT off) on a main cache of
         format FMT and an extra one of E_FMT (V4 and V4, or V4.1 FP8 and V4.1 FP8 or FP4): grid
@@ -2236,6 +2266,10 @@ if HAS_GLUON:
         if PERM_ptr is not None:
             b = gl.load(PERM_ptr + b)
         h0 = (pid % head_blocks) * BLOCK_H
+        if PREFETCH_START and MMA_SYNC:
+            _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib, topk,
+                               EIDX_ptr, stride_eib, e_topk, BLOCK_H, HAS_EXTRA,
+                               num_warps)  # fmt: skip
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
         e_length = e_topk
         if HAS_EXTRA:  # loaded beside the length, before the exit below reads it
@@ -3116,6 +3150,11 @@ PACK_MAX_TOKENS = 8
 # alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
 PACK_PLAN_MAXNREG = 128
+# The mma.sync Gluon builds prefetch q's rows and the index rows into L2 as a program starts
+# (`_ws_prefetch_start`): the consumers' q and count, and the loader's first index load, then
+# find them in L2. Session 43, H100: T1024 H8 / H16 causal 1.016x, partial 1.011x, full
+# lengths and decode even.
+WS_PREFETCH_START = True
 # Entries of token t0's row the plan's probe reads in one load (`_probe_rows`, beside the
 # lengths): the extra cache's 512 in one, not two of 256 (session 43); a longer row in a loop.
 PACK_PROBE_CHUNK = 512
@@ -3571,7 +3610,7 @@ def _launch_ws(
         EXACT_IN=exact_in, ONLY_FEW=only_few,
         SKIP_PACKED=flags.get("SKIP_PACKED", False), PERM_ptr=order, FMT=flags["FMT"],
         E_FMT=flags["E_FMT"], page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1,
-        POW2_PAGES=pow2,
+        POW2_PAGES=pow2, PREFETCH_START=WS_PREFETCH_START,
         **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
         **(plan or {}),
     )  # fmt: skip

@@ -185,7 +185,7 @@ def compile_ws(
         COUNT_BLOCK=1024, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
         E_FMT=e_fmt, POW2_PAGES=True,  # SGLang's page sizes
-        num_warps=options["num_warps"], **build,
+        PREFETCH_START=fl.WS_PREFETCH_START, num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
