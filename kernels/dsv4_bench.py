@@ -23,6 +23,10 @@ variant:
    `--graph-each` captures each call in a graph of its own and replays them in turn, one
    call after each flush, as the peers harness and FlashMLA's own benchmarks do: every call
    then starts cold (a small call's first loads, the flush's dirty lines in L2).
+   Long rows (T4096 prefill): the first entry timed on a shape's inputs can run in a slower,
+   steady mode (an H100, session 43: the same file 613 µs timed first, 575 second; T1024 rows
+   not affected). Not understood and not settled here; put a copy of the first kernel file
+   first (`--kernel warm=<same path>`, compiled once) and compare the entries after it.
 3. reports µs (median, p20, p80), effective GB/s (the minimal bytes of the spec's roofline
    over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
    TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
