@@ -1774,12 +1774,13 @@ if HAS_GLUON:
         return _ws_q_store(q_smem, q, qk_scale_log2)
 
     @gluon.jit
-    def _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib, topk,
-                           EIDX_ptr, stride_eib, e_topk, BLOCK_H: gl.constexpr,
-                           HAS_EXTRA: gl.constexpr, NW: gl.constexpr):  # fmt: skip
+    def _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib,
+                           stride_it, topk, EIDX_ptr, stride_eib, stride_eit, e_topk,
+                           BLOCK_H: gl.constexpr, HAS_EXTRA: gl.constexpr,
+                           NW: gl.constexpr):  # fmt: skip
         """An L2 prefetch of what a program's start reads from DRAM before its first tile: q's
-        rows h0.. (1 KB each, at most H) and the request's index rows (their indices at unit
-        stride), one 128-byte line a thread, issued as soon as b is known."""
+        rows h0.. (1 KB each, at most H) and the request's index rows, one 128-byte line a
+        thread, issued as soon as b is known. Every address is one the program reads."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [NW], [0])
         LINES: gl.constexpr = 32 * NW
         line = gl.arange(0, LINES, layout=layout)
@@ -1789,17 +1790,20 @@ if HAS_GLUON:
             ptr = q_row + head.to(gl.int64) * stride_qh + ((l0 + line) % 8) * 64
             gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [ptr],
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-        _ws_prefetch_row(IDX_ptr + b.to(gl.int64) * stride_ib, topk, line, LINES)
+        _ws_prefetch_row(IDX_ptr + b.to(gl.int64) * stride_ib, stride_it, topk, line, LINES)
         if HAS_EXTRA:
-            _ws_prefetch_row(EIDX_ptr + b.to(gl.int64) * stride_eib, e_topk, line, LINES)
+            _ws_prefetch_row(EIDX_ptr + b.to(gl.int64) * stride_eib, stride_eit, e_topk, line,
+                             LINES)  # fmt: skip
 
     @gluon.jit
-    def _ws_prefetch_row(row, n, line, LINES: gl.constexpr):
-        """`_ws_prefetch_start`'s L2 prefetch of n int32 from `row`, a 128-byte line a lane."""
+    def _ws_prefetch_row(row, stride, n, line, LINES: gl.constexpr):
+        """`_ws_prefetch_start`'s L2 prefetch of a row of n int32 at `stride`: entries 0, 32,
+        64, ... (each line of a unit-stride row), one a lane; never past the row's last entry
+        (a stride of 0 prefetches its one entry)."""
         lines = gl.cdiv(n, 32)
         for l0 in range(0, lines, LINES):
-            at = gl.minimum(l0 + line, lines - 1)
-            gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [row + at * 32],
+            at = (gl.minimum(l0 + line, lines - 1) * 32).to(gl.int64) * stride
+            gl.inline_asm_elementwise("prefetch.global.L2 [$1]; // $0", "=r,l", [row + at],
                                       dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
 
     @gluon.jit
@@ -2267,9 +2271,9 @@ if HAS_GLUON:
             b = gl.load(PERM_ptr + b)
         h0 = (pid % head_blocks) * BLOCK_H
         if PREFETCH_START and MMA_SYNC:
-            _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib, topk,
-                               EIDX_ptr, stride_eib, e_topk, BLOCK_H, HAS_EXTRA,
-                               num_warps)  # fmt: skip
+            _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib,
+                               stride_it, topk, EIDX_ptr, stride_eib, stride_eit, e_topk,
+                               BLOCK_H, HAS_EXTRA, num_warps)  # fmt: skip
         length = gl.minimum(gl.load(LEN_ptr + b * stride_len, mask=has_len != 0, other=topk), topk)
         e_length = e_topk
         if HAS_EXTRA:  # loaded beside the length, before the exit below reads it
