@@ -2785,26 +2785,20 @@ def _pack_plan_kernel(
     # The probe's rows load beside the lengths (its first and last token's; t1 clamped for a
     # partial last group, which is never packed): the extra (compressed) cache's selections
     # are the ones that coincide.
-    t1 = tl.minimum(t0 + PACK_G - 1, B - 1)
+    p_idx, p_sb, p_st, p_topk, p_ntok, p_len = (
+        IDX_ptr, stride_ib, stride_it, topk, num_tokens, length
+    )  # fmt: skip
     if HAS_EXTRA:
-        pi, r0 = _probe_rows(EIDX_ptr, stride_eib, stride_eit, e_topk, t0, t1, PROBE_CHUNK)
-        probe_len = e_length
-    else:
-        pi, r0 = _probe_rows(IDX_ptr, stride_ib, stride_it, topk, t0, t1, PROBE_CHUNK)
-        probe_len = length
+        p_idx, p_sb, p_st, p_topk, p_ntok, p_len = (
+            EIDX_ptr, stride_eib, stride_eit, e_topk, e_num_tokens, e_length
+        )  # fmt: skip
+    t1 = tl.minimum(t0 + PACK_G - 1, B - 1)
+    pi, r0 = _probe_rows(p_idx, p_sb, p_st, p_topk, t0, t1, PROBE_CHUNK)
     if (t0 + PACK_G <= B) & (tl.min(most, axis=0) > exact_below):
-        l0 = tl.sum(tl.where(g == 0, probe_len, 0))
-        l1 = tl.sum(tl.where(g == PACK_G - 1, probe_len, 0))
-        if HAS_EXTRA:
-            found, probed = _found_share(
-                EIDX_ptr, stride_eib, stride_eit, e_topk, l0, l1, e_num_tokens, t0, pi, r0,
-                PROBE_CHUNK,
-            )  # fmt: skip
-        else:
-            found, probed = _found_share(
-                IDX_ptr, stride_ib, stride_it, topk, l0, l1, num_tokens, t0, pi, r0,
-                PROBE_CHUNK,
-            )  # fmt: skip
+        l0 = tl.sum(tl.where(g == 0, p_len, 0))
+        l1 = tl.sum(tl.where(g == PACK_G - 1, p_len, 0))
+        found, probed = _found_share(p_idx, p_sb, p_st, p_topk, l0, l1, p_ntok, t0, pi, r0,
+                                     PROBE_CHUNK)  # fmt: skip
         if (probed > 0) & (2 * found >= probed):
             u_row = U_ptr + grp.to(tl.int64) * stride_u
             # Per cache: the sorted base row, then PACK_G count rows (`_union_rows`).
