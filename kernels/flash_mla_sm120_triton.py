@@ -2695,8 +2695,9 @@ def _token_order(LEN_ptr, stride_len, has_len, ELEN_ptr, stride_elen, has_elen, 
     first (in a bucket of equal tiles, in the order the atomics gave). The GPU starts programs
     about in rank order, so the longest ones no longer end the launch alone (SGLang's prefill
     lengths grow with the position: the last tokens are the longest; session 42, H100:
-    partial lengths 1.10x, causal T4096 1.07x, topk2048 causal 1.14x, share256 full 0.98x:
-    each split program reads its token before its lengths). ORD_ptr[B:2B]: each token's place
+    partial lengths 1.10x, topk2048 causal 1.14x, share256 full 0.98x: each split program
+    reads its token before its lengths; its causal T4096 1.07x was timed in the bench's
+    first-entry mode, not settled, session 43). ORD_ptr[B:2B]: each token's place
     in its bucket; HIST_ptr: W_POW2 counters (zeroed by the launcher), then the W_POW2
     buckets' first ranks. One program: two passes over the lengths."""
     c = tl.arange(0, CHUNK)
