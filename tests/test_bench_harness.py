@@ -119,6 +119,7 @@ def assert_valid_result(data: dict) -> None:
         "shapes": list,
         "results": list,
         "residency": (list, type(None)),
+        "warm_entries": list,
     }
     _types(data, top, "result")
     assert data["schema"] == "kerneldev.bench/1"
@@ -158,9 +159,14 @@ def assert_valid_result(data: dict) -> None:
             "interpreter_trims": bool,
             "argv": list,
             "smem_per_sm_kb": (int, type(None)),
+            "warm_entry": bool,
         },
         "settings",
     )
+    assert data["settings"]["warm_entry"] == bool(data["warm_entries"])
+    for w in data["warm_entries"]:  # reported apart: never a result, never in `ok`
+        _types(w, {"shape": str, "of": str, "status": str, "median_us": (float, type(None))},
+               "warm_entries[]")  # fmt: skip
     for i, k in enumerate(data["kernels"]):
         _types(
             k,
@@ -360,6 +366,69 @@ def test_wrong_kernel_is_recorded_failed_and_not_timed(tmp_path):
     assert by["old:simt"]["status"] == "error" and "--variants dispatch" in by["old:simt"]["error"]
     assert "FAILED accuracy" in proc.stderr and "FAIL" in proc.stdout
     assert data["ok"] is False
+
+
+# Logs each call's module and variant to the file named by $CALL_LOG, then answers correctly.
+LOGGING_KERNEL = """
+import os
+import torch
+import dsv4_reference as R
+
+def flash_mla_sparse_decode_triton(q, k_cache, indices, topk_length, attn_sink, head_dim_v,
+                                   softmax_scale, extra_k_cache=None, extra_indices=None,
+                                   extra_topk_length=None, *, variant=None):
+    with open(os.environ["CALL_LOG"], "a") as log:
+        log.write(f"{__name__} {variant}\\n")
+    out, lse = R.reference_sparse_decode(q, k_cache, indices, topk_length, attn_sink,
+                                         softmax_scale, extra_k_cache, extra_indices,
+                                         extra_topk_length)
+    return out.to(torch.bfloat16), lse.float()
+"""
+
+
+def test_warm_entry_runs_a_second_import_of_the_first_entry_and_reports_it_apart(tmp_path):
+    """--warm-entry (on by default with CUDA): on every shape, before the entries, the first
+    entry's kernel file imported once more and run with its variant; its time goes into
+    `warm_entries`, never into the results, the table or the exit status."""
+    kernel, log = tmp_path / "k.py", tmp_path / "calls.log"
+    kernel.write_text(LOGGING_KERNEL)
+    out = tmp_path / "r.json"
+    two = f"{TINY};B=2,H=16,topk=16,page=16"
+    res = subprocess.run(
+        [sys.executable, str(HARNESS), "--cpu-mode", "--warm-entry", "--shapes", two,
+         "--rotate", "1", "--kernel", f"a={kernel}", "--kernel", f"b={kernel}",
+         "--variants", "simt,mma", "--out", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=REPO,
+        env={**{k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+             "CALL_LOG": str(log)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert_valid_result(data)
+    assert data["settings"]["warm_entry"] is True
+    assert len(data["results"]) == 2 * 2 * 2  # shapes x files x variants: no warm-up among them
+    assert [(w["shape"], w["of"], w["status"]) for w in data["warm_entries"]] == [
+        (s["name"], "a:simt", "ok") for s in data["shapes"]
+    ]
+    # per shape: the warm-up (its own module) first, then a and b as always
+    calls = log.read_text().split("\n")[:-1]
+    modules = [line.split()[0] for line in calls]
+    warm = [m for m in modules if "_warm_" in m]
+    assert len(set(warm)) == 1 and warm[0] not in {m for m in modules if "_warm_" not in m}
+    assert [line.split()[1] for line in calls] == ["simt", "simt", "mma", "simt", "mma"] * 2
+    assert modules[0] == modules[5] == warm[0]
+    assert "[warm-up]" in res.stderr and "warm-up" not in res.stdout  # progress, not the table
+
+
+def test_no_warm_entry_on_the_interpreter_unless_asked(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text(FAKE_KERNEL)
+    out = tmp_path / "r.json"
+    proc = run_harness("--cpu-mode", "--shapes", TINY, "--rotate", "1", "--kernel",
+                       f"fake={fake}", "--variants", "simt", "--out", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    assert data["settings"]["warm_entry"] is False and data["warm_entries"] == []
 
 
 def test_time_failed_still_reports_failed(tmp_path):
