@@ -1987,6 +1987,103 @@ def test_pack_plan_probe_reads_the_whole_row(monkeypatch, chunk):
     assert seen == [[1, 1]], seen
 
 
+def _with_workspace_filled(monkeypatch, fill, call):
+    """`call()` with every tensor the kernel allocates uninitialised (`torch.empty`: its plan's
+    workspace, the split partials, the outputs) pre-filled with `fill` (None: as allocated; an
+    int, or "random" int32 words; floating tensors get NaN either way)."""
+    real = torch.empty
+
+    def filled(*args, **kwargs):
+        t = real(*args, **kwargs)
+        if fill is not None and t.numel():
+            if t.dtype.is_floating_point:
+                t.fill_(float("nan"))
+            elif fill == "random":
+                gen = torch.Generator().manual_seed(_seed("workspace-fill") + t.numel())
+                words = torch.randint(-(2**31), 2**31 - 1, t.shape, generator=gen)
+                t.copy_(words.to(t.dtype))
+            else:
+                t.fill_(fill)
+        return t
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "empty", filled)
+        return call()
+
+
+_WORKSPACE_FILLS = [-1, 0, 2**31 - 1, "random"]
+
+
+@pytest.mark.parametrize("lengths", ["causal-own", "causal-share", "partial"])
+def test_pack_plan_never_reads_its_workspace_before_writing_it(monkeypatch, lengths):
+    """A CUDA graph replays into the same workspace and the caching allocator hands out memory
+    with any old contents, so nothing the call computes may depend on them: with the
+    workspace pre-filled four ways, the plan's decisions (packed groups, the packed groups'
+    union lengths, the per-token lengths, the longest-first order) and the outputs are
+    bit-identical to a plain call's. (Checked to fail with the plan's `len2` store removed.)"""
+    kw = _PACK_GPU if ON_GPU else dict(_PACK_SMALL, extra_topk=48, extra_page_size=16)
+    T, H, G = 24, 8, 8
+    share = 8 if lengths == "causal-share" else 0
+    extra = dict(topk_length="partial", invalid_fraction=0.1) if lengths == "partial" else {}
+    inputs = ref.make_inputs(T, H, device=DEVICE, seed=_seed(f"ws-fill-{lengths}"),
+                             with_sink=True, **kw, **extra)  # fmt: skip
+    if lengths != "partial":
+        if share:
+            bench_mod._share_indices(inputs, share, 1)
+        else:
+            bench_mod._own_indices(inputs, 1)
+        bench_mod._causal_lengths(inputs, share)
+    cfg = _packed_config(T, H, kw["topk"], kw["extra_topk"], G)
+
+    def one_call():
+        seen = {}
+        orig = fl._launch_packed
+
+        def spy(q, main, extra, common, flags, plan):
+            flag = plan["flag"].clone()
+            seen.update(flag=flag, order=plan["order"][:T].clone(),
+                        union_len=plan["union_len"][flag != 0].clone(),
+                        len2=main["LEN_ptr"].clone(), e_len2=extra["ELEN_ptr"].clone())  # fmt: skip
+            return orig(q, main, extra, common, flags, plan)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(fl, "_launch_packed", spy)
+            out, lse = decode(**inputs, variant="mma", _config=cfg)
+        return seen, out, lse
+
+    base, out, lse = one_call()
+    assert set(base) == {"flag", "order", "union_len", "len2", "e_len2"}
+    for fill in _WORKSPACE_FILLS:
+        seen, o, lse2 = _with_workspace_filled(monkeypatch, fill, one_call)
+        for key, value in base.items():
+            assert torch.equal(seen[key], value), (fill, key, seen[key], value)
+        assert torch.equal(o.view(torch.int16), out.view(torch.int16)), fill
+        assert torch.equal(lse2.view(torch.int32), lse.view(torch.int32)), fill
+
+
+def test_split_plan_never_reads_its_workspace_before_writing_it(monkeypatch):
+    """The length-aware split plan (its pieces per request) and the split partials: the
+    output is bit-identical whatever the workspace held (as above), on a call whose requests
+    run from 0 tokens to the whole row. (Checked to fail with the plan's store of each
+    request's piece count removed.)"""
+    inputs = ref.make_inputs(
+        B=6, H=64, topk=96, page_size=32, extra_topk=48, extra_page_size=16, with_sink=True,
+        topk_length="partial", invalid_fraction=0.1, device=DEVICE, seed=_seed("ws-fill-split"),
+    )  # fmt: skip
+    inputs["topk_length"] = torch.tensor([96, 0, 3, 33, 40, 1], dtype=torch.int32, device=DEVICE)
+    inputs["extra_topk_length"] = torch.tensor(
+        [48, 0, 48, 2, 0, 1], dtype=torch.int32, device=DEVICE
+    )
+    cfg = MMAConfig(64, BN, 3, W, 1, False, 64)._replace(plan_splits=6, plan_round=7)
+    out, lse = decode(**inputs, variant="mma", _config=cfg)
+    for fill in _WORKSPACE_FILLS:
+        o, lse2 = _with_workspace_filled(
+            monkeypatch, fill, lambda: decode(**inputs, variant="mma", _config=cfg)
+        )
+        assert torch.equal(o.view(torch.int16), out.view(torch.int16)), fill
+        assert torch.equal(lse2.view(torch.int32), lse.view(torch.int32)), fill
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["one-program", "split-caches"])
 def test_pack_plan_split_caches_same_plan(monkeypatch, split):
     """The plan with the two caches' unions in two programs (`PACK_PLAN_SPLIT_CACHES`) decides
