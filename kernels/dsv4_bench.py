@@ -27,8 +27,9 @@ variant:
    steady mode (an H100, session 43: the same file 613 µs timed first, 575 second; T1024 rows
    not affected; the cause is not known). So on a GPU every shape first times a warm-up
    entry, a second import of the first entry's kernel file with its variant (`warm_copy`;
-   session 43's measured cure, `--kernel warm=<same path>` first, done for you), reported
-   apart (`warm_entries` in the JSON, not in the table); `--no-warm-entry` skips it.
+   session 43's measured cure, `--kernel warm=<same path>` first, done for you; where that
+   raises or fails accuracy, and so is not timed, the next entry's too), reported apart
+   (`warm_entries` in the JSON, not in the table); `--no-warm-entry` skips it.
 3. reports µs (median, p20, p80), effective GB/s (the minimal bytes of the spec's roofline
    over the time), % of the device's copy bandwidth (measured once, device-to-device copy),
    TFLOP/s, and "x floor" = time / (minimal bytes / copy bandwidth).
@@ -1510,9 +1511,10 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="on every shape, time a second import of the first entry's kernel file (same "
-        "variant, inputs and settings) before the entries, and report it apart: the first "
-        "entry timed on a shape's fresh inputs can run long rows in a slower mode (see the "
-        "module docstring); default on with CUDA, off with --cpu-mode",
+        "variant, inputs and settings; the next entry's where it is not timed) before the "
+        "entries, and report it apart: the first entry timed on a shape's fresh inputs can "
+        "run long rows in a slower mode (see the module docstring); default on with CUDA, "
+        "off with --cpu-mode",
     )
     p.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (default 25)")
     p.add_argument("--rep", type=int, default=100, help="do_bench repetition, ms (default 100)")
@@ -1694,9 +1696,9 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             return [v for v in variants if v != FLASHINFER]
         return [v for v in variants if v not in _NOT_ABLATED_VARIANTS]
 
-    first = next(((kern, v) for kern in kernels for v in variants_of(kern)), None)
-    warm_on = (not cpu) if args.warm_entry is None else args.warm_entry
-    warm = warm_copy(first[0], kernel_paths[0][1]) if warm_on and first else None
+    entries = [(kern, v) for kern in kernels for v in variants_of(kern)]
+    warm_on = bool(entries) and ((not cpu) if args.warm_entry is None else args.warm_entry)
+    warm_copies: dict[str, dict] = {}  # kernel name -> its second import, made when needed
 
     copy = measure_copy_bandwidth(torch, triton) if device == "cuda" else None
     if device == "cuda":
@@ -1732,7 +1734,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
             "interpreter_trims": interpreter_trims,
             "argv": list(argv),
             "smem_per_sm_kb": args.smem_per_sm,
-            "warm_entry": warm is not None,
+            "warm_entry": warm_on,
         },
         # --smem-per-sm: per kernel build loaded, the blocks per SM the driver reports
         "residency": residency,
@@ -1794,16 +1796,21 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         report["shapes"][-1]["distinct_floor_us"] = (
             ctx["distinct_bytes"] / (copy_gbs * 1e3) if copy_gbs else None
         )
-        if warm is not None:
-            kern, variant = first
+        # The first entries in order until one is timed: the slow mode is the first timed
+        # entry's, and one that raises or fails accuracy is not timed.
+        for kern, variant in entries if warm_on else []:
+            if kern["name"] not in warm_copies:
+                warm_copies[kern["name"]] = warm_copy(kern)
             tag = f"[warm-up] {shape.name} {label(kern['name'], variant)}"
             progress(f"{tag} ...")
-            entry = run_entry(ctx, shape, warm, variant, inputs, refs)
+            entry = run_entry(ctx, shape, warm_copies[kern["name"]], variant, inputs, refs)
             report["warm_entries"].append(
                 {"shape": shape.name, "of": label(kern["name"], variant),
                  **{k: entry.get(k) for k in ("status", "median_us", "p20_us", "p80_us")}}
             )  # fmt: skip
             progress_result(tag, f"not in the table: {_summary(entry)}")
+            if entry.get("median_us") is not None:
+                break
         for kern in kernels:
             for variant in variants_of(kern):
                 step += 1
@@ -1824,14 +1831,15 @@ def _main(args, argv: list[str], scratch: Path) -> int:
     return report["exit_code"]
 
 
-def warm_copy(kern: dict, path: Path) -> dict:
-    """The kernel of a run's first entry once more, for `--warm-entry`. A kernel file is
-    imported a second time, as a module of its own: what session 43 measured as the cure
-    (`--kernel warm=<same path>` first, H100: T4096 causal 613.4 µs timed first, 575.4 after
-    it, same file). FlashInfer (first only when it is the only variant) is used as it is."""
+def warm_copy(kern: dict) -> dict:
+    """An entry's kernel once more, for `--warm-entry`. A kernel file is imported a second
+    time, as a module of its own: what session 43 measured as the cure (`--kernel warm=<same
+    path>` first, H100: T4096 causal 613.4 µs timed first, 575.4 after it, same file).
+    FlashInfer is used as it is."""
     if kern.get("provider") == FLASHINFER:
         return kern
-    module = import_by_path(f"_dsv4_bench_warm_{kern['name'].replace('.', '_')}", path)
+    name = re.sub(r"\W", "_", kern["name"])
+    module = import_by_path(f"_dsv4_bench_warm_{name}", Path(kern["path"]))
     return {**kern, "entry": getattr(module, ENTRY_POINT), "module": module}
 
 
