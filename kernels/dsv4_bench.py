@@ -1746,7 +1746,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
         "skipped": skipped,
         "shapes": [],
         "results": [],
-        # --warm-entry: per shape, the first entry's copy timed before the entries (not results)
+        # --warm-entry: per shape, the warm-up entries timed before the entries (not results)
         "warm_entries": [],
     }
     report["notes"] = gluon_notes(report)  # what the table's reader must know (one line each)
