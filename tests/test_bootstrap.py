@@ -72,6 +72,8 @@ FAKE_PYTHON = textwrap.dedent(
             fake.__version__ = "2.13.0+cpu"
             fake.__file__ = os.path.join(os.environ["FAKE_REPO"], name, "__init__.py")
             sys.modules[name] = fake
+        elif name + "-partial" in installed:  # an interrupted install: a folder, no version
+            sys.modules[name] = types.ModuleType(name)
         else:
             sys.modules[name] = None  # import fails
     if args[0] == "-c":
@@ -209,3 +211,19 @@ def test_the_user_picks_the_torch_build(world):
 
     bad, _ = world("demo", KERNELDEV_TORCH="rocm")
     assert bad.returncode == 2 and "KERNELDEV_TORCH must be" in bad.stderr
+
+
+def test_an_interrupted_torch_install_is_installed_again(world):
+    """A torch that imports without a version (the folder a Ctrl-C during pip leaves) is not
+    "already installed": bootstrap says so and installs it again over the remains, then the
+    rest, and the job runs."""
+    first, _ = world("demo", KERNELDEV_TORCH="skip")  # a venv with kerneldev, no torch
+    assert first.returncode == 0, first.stderr
+    (world.repo / ".venv" / "installed.json").write_text(json.dumps(["torch-partial"]))
+    proc, calls = world("demo")
+    assert proc.returncode == 0, proc.stderr
+    assert "is incomplete (an interrupted install?)" in proc.stderr
+    assert "already installed; kept" not in proc.stderr
+    torch = _pip_installs(calls)[0]
+    assert "--force-reinstall" in torch and torch[-1] == "torch==2.13.0"
+    assert calls[-1]["args"] == ["-m", "kerneldev", "demo"]
