@@ -501,13 +501,19 @@ def test_status_and_doctor_read_gpus_from_nvidia_smi(tmp_path, monkeypatch):
         checks["service"]["verdict"] == "FAIL" and "kerneldev restart" in checks["service"]["hint"]
     )
 
-    # A GPU host whose python has a CPU build of torch (this machine's, if it has one).
+    # A host whose nvidia-smi lists GPUs but whose python's torch cannot use one: this
+    # machine's torch (no GPU here), a CPU build as bootstrap installs it, or a CUDA build
+    # where one was asked for (KERNELDEV_TORCH=cuda).
     if importlib.util.find_spec("torch") and importlib.util.find_spec("triton"):
         entry["python"] = sys.executable
         run, checks = doctor(write_config(tmp_path, {"gpubox": entry}))
         assert checks["python"]["verdict"] == "FAIL", checks["python"]
-        assert "torch is a CPU build (no CUDA)" in checks["python"]["detail"]
-        assert "CUDA build of torch" in checks["python"]["hint"]
+        if checks["python"]["data"].get("cuda"):
+            assert "sees no GPU" in checks["python"]["detail"]
+            assert "CUDA_VISIBLE_DEVICES" in checks["python"]["hint"]
+        else:
+            assert "torch is a CPU build (no CUDA)" in checks["python"]["detail"]
+            assert "CUDA build of torch" in checks["python"]["hint"]
         entry["python"] = f"{sys.executable} -S"
         write_config(tmp_path, {"gpubox": entry})
 
