@@ -38,8 +38,10 @@ FAKE_PYTHON = textwrap.dedent(
             if os.environ.get("FAKE_NO_VENV") and not os.path.exists(os.environ["FAKE_APT_DONE"]):
                 sys.exit("The virtual environment was not created: ensurepip is not available")
             target = os.path.abspath(args[2])
-            os.makedirs(os.path.join(target, "bin"))
-            open(os.path.join(target, "pyvenv.cfg"), "w").close()
+            os.makedirs(os.path.join(target, "bin"), exist_ok=True)  # over a folder: kept
+            open(os.path.join(target, "pyvenv.cfg"), "a").close()
+            if os.path.exists(os.path.join(target, "no-pip")):
+                os.remove(os.path.join(target, "no-pip"))  # ensurepip adds it
             me = os.path.join(target, "bin", "python")
             with open(os.path.abspath(__file__)) as src, open(me, "w") as dst:
                 dst.write(src.read())
@@ -47,6 +49,8 @@ FAKE_PYTHON = textwrap.dedent(
         elif name == "pip":
             if not in_venv:
                 sys.exit("error: externally-managed-environment")
+            if os.path.exists(os.path.join(here, "no-pip")):  # a creation cut short
+                sys.exit("No module named pip")
             if "--dry-run" in args:
                 report = args[args.index("--report") + 1]
                 version = os.environ.get("FAKE_TORCH", "2.13.0+cpu")
@@ -226,4 +230,21 @@ def test_an_interrupted_torch_install_is_installed_again(world):
     assert "already installed; kept" not in proc.stderr
     torch = _pip_installs(calls)[0]
     assert "--force-reinstall" in torch and torch[-1] == "torch==2.13.0"
+    assert calls[-1]["args"] == ["-m", "kerneldev", "demo"]
+
+
+def test_a_venv_left_without_pip_gets_pip_and_keeps_what_it_has(world):
+    """A virtualenv whose creation was cut short (Ctrl-C during ensurepip: a python, no pip)
+    is completed in place (venv over the folder), not left to fail at the first pip call."""
+    first, _ = world("demo", KERNELDEV_TORCH="skip")
+    assert first.returncode == 0, first.stderr
+    venv = world.repo / ".venv"
+    (venv / "no-pip").touch()
+    (venv / "kept").touch()
+    proc, calls = world("demo")
+    assert proc.returncode == 0, proc.stderr
+    assert "has no pip (an interrupted creation?): adding it" in proc.stderr
+    assert any(c["args"][:2] == ["-m", "venv"] and not c["venv"] for c in calls)
+    assert (venv / "kept").exists() and not (venv / "no-pip").exists()
+    assert _pip_installs(calls)[0][-1] == "torch==2.13.0"
     assert calls[-1]["args"] == ["-m", "kerneldev", "demo"]
