@@ -25,7 +25,8 @@ variant:
    then starts cold (a small call's first loads, the flush's dirty lines in L2).
    Long rows (T4096 prefill): the first entry timed on a shape's inputs can run in a slower,
    steady mode (an H100, session 43: the same file 613 µs timed first, 575 second; T1024 rows
-   not affected; the cause is not known). So on a GPU every shape first times a warm-up
+   not affected; cause unknown: it lasts until a few hundred graph replays of the call have
+   run, session 44). So on a GPU every shape first times a warm-up
    entry, a second import of the first entry's kernel file with its variant (`warm_copy`;
    session 43's measured cure, `--kernel warm=<same path>` first, done for you; where that
    raises or fails accuracy, and so is not timed, the next entry's too), reported apart
