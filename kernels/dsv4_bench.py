@@ -339,8 +339,9 @@ SHAPE_SETS["prefill"] = [
     *(make_shape(t, heads=8, own=True, **_PF) for t in (256, 1024, 4096)),
     make_shape(1024, heads=8, topk=2048, prefill=True, own=True),
     # the lengths SGLang sends a prefill from position 0 (window and compressed rows growing
-    # with the token's position)
-    *(make_shape(t, heads=8, own=True, lengths="causal", **_PF) for t in (1024, 4096)),
+    # with the token's position); at T256 the call is as long as its longest request's program
+    *(make_shape(t, heads=8, own=True, lengths="causal", **_PF) for t in (256, 1024, 4096)),
+    *(make_shape(1024, heads=h, own=True, lengths="causal", **_PF) for h in (16, 64)),
     make_shape(1024, heads=8, share=256, **_PF),
     make_shape(4096, heads=8, share=256, **_PF),
     make_shape(1024, heads=64, share=256, **_PF),

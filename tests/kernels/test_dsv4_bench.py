@@ -365,7 +365,9 @@ def test_prefill_and_v41_shape_sets():
     assert all(s.prefill and s.name.startswith("T") for s in prefill)
     assert any(s.share for s in prefill) and any(s.lengths == "partial" for s in prefill)
     assert any(s.own for s in prefill) and not any(s.own and s.share for s in prefill)
-    assert any(s.own and s.lengths == "causal" for s in prefill)
+    causal = [s for s in prefill if s.own and s.lengths == "causal"]
+    # SGLang's prefill lengths at the shortest T and at every head count item 5 names
+    assert {s.heads for s in causal} == {8, 16, 64} and min(s.batch for s in causal) == 256
     assert any(s.extra_topk == 0 for s in prefill) and any(s.sink for s in prefill)
     v41 = bench.SHAPE_SETS["v41"]
     assert {s.layout for s in v41} == {"v41", "v41_fp4"}
