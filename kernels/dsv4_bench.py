@@ -748,7 +748,9 @@ _ROW_KEYS = ("block_h", "block_n", "num_warps", "num_stages", "programs_per_sm",
              "ws_exact", "ws_dual", "ws_exact_launch", "ws_wide_tokens_per_sm",
              "ws_few_programs_per_sm", "ws_small_dual_programs", "ws_small_dual_long",
              "ws_few_tm_heads", "ws_few_tm_min_b", "pack_rows")  # fmt: skip
-_CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below")
+# plan_splits / plan_round: the length-aware plan's grid (`_ws_plan_piece`; with topk_length
+# only), e.g. for calls the rule gives none, such as the few-head tile's (issue 20, session 47)
+_CONFIG_KEYS = ("num_splits", "pv_split", "pv_split_below", "plan_splits", "plan_round")
 SM120_PROXY = "sm120=row:sm120,mma_v2:1"
 
 
@@ -1474,7 +1476,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with overrides: row:sm90|sm120, block_h, block_n, num_warps, num_stages, "
         "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, exact_in_launch, "
         "exact_concurrent, "
-        "prefetch_next, then num_splits, pv_split, pv_split_below; "
+        "prefetch_next, then num_splits, pv_split, pv_split_below, plan_splits, plan_round; "
         "mma_v2:1 compiles it with DISABLE_MMA_V3=1 (mma.sync on Hopper); repeatable",
     )
     p.add_argument(

@@ -70,6 +70,13 @@ def test_config_variant_uses_the_kernel_files_rule():
             narrow.config(fl, _fake_torch(9, 0, 132), shape).block_n) == (32, 32)  # fmt: skip
     own = bench.parse_config("x=pv_split_below:0").config(fl, _fake_torch(9, 0, 132), shape)
     assert own == fl.mma_config((9, 0), 132, 64, 64, 2048, 0)._replace(pv_split_below=0)
+    # the length-aware plan set after the rule, where the rule gives none (the few-head tile)
+    t256 = bench.make_shape(256, heads=8, own=True, lengths="causal", **bench._PF)
+    rule = fl.mma_config((9, 0), 132, 256, 8, 128, 512)
+    planned = bench.parse_config("p=plan_splits:2,plan_round:264").config(
+        fl, _fake_torch(9, 0, 132), t256
+    )
+    assert rule.plan_splits == 0 and planned == rule._replace(plan_splits=2, plan_round=264)
     tuned = bench.parse_config("x=row:sm120,block_n:16").config(fl, _fake_torch(9, 0, 132), shape)
     assert tuned.block_n == 16
     # the sm_90 row's Gluon loop on and off: the A/B of the two bf16-P loops in one run
