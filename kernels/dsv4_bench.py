@@ -1476,7 +1476,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with overrides: row:sm90|sm120, block_h, block_n, num_warps, num_stages, "
         "programs_per_sm, s_by_group, exact_block_h, small_grid_block_n, exact_in_launch, "
         "exact_concurrent, "
-        "prefetch_next, then num_splits, pv_split, pv_split_below, plan_splits, plan_round; "
+        f"prefetch_next, then {', '.join(_CONFIG_KEYS)}; "
         "mma_v2:1 compiles it with DISABLE_MMA_V3=1 (mma.sync on Hopper); repeatable",
     )
     p.add_argument(
