@@ -63,9 +63,11 @@ GPU) one progress line says why and the JSON's `skipped` keeps the reason.
 `--phases` adds, for every kernel file, ablated copies of it as extra kernels, timed on the same
 inputs in the same run (`PHASES`): `l2tile` (every tile gathers the same cache slots: the
 gather's memory traffic gone, its ALU work kept), `nomma` (no tensor-core products: gather,
-dequantize and softmax only), `nogather` (both). They compute wrong results by design: they
-are timed whatever their accuracy, recorded as `ablated`, and a last table puts each phase's
-time next to the real file's, per shape and variant.
+dequantize and softmax only), `nogather` (both), in the Triton loops and (where the file has
+them) the Gluon loops. They compute wrong results by design: they are timed whatever their
+accuracy, recorded as `ablated`, and a last table puts each phase's time next to the real
+file's, per shape and variant; a copy that passed the accuracy check did not reach the loop
+that ran (marked `*`, no saving read off it).
 
 `--cpu-mode` runs the same path on the CPU under the Triton interpreter (TRITON_INTERPRET=1 is
 set before triton is imported) on tiny shapes: correctness and the JSON schema are real, the
@@ -956,6 +958,56 @@ PHASES: dict[str, tuple[tuple[str, str], ...]] = {
         *_NOMMA,
     ),  # both: loop, L1-resident gather, dequant and softmax
 }
+# The same phases in the Gluon loops (`_ws_split_kernel`: what Hopper runs for most shapes
+# with triton 3.6), applied where the file has them. l2tile: every slot the loader copies
+# maps to one of the first 64 slots of page 0 (`_ws_page_slot`; the valid masks stay the
+# real indices'). nomma: no wgmma / mma.sync products; S is zero and PV adds P's row sums,
+# so the dequantization (stored to shared memory) and the softmax still run.
+GLUON_LOOP_MARK = "def _ws_split_kernel("
+_GLUON_L2TILE = (
+    (
+        "return idx >> pshift, idx & (psize - 1)",
+        "return idx * 0, idx & (gl.minimum(psize, 64) - 1)",
+    ),
+    ("return idx // psize, idx % psize", "return idx * 0, idx % gl.minimum(psize, 64)"),
+)
+_P_ROWS = "gl.sum(p_{}.to(gl.float32), axis=1)"  # P's row sums: PV's cheap stand-in
+_GLUON_NOMMA = (
+    ("s = warpgroup_mma(q_smem, k_smem.permute((1, 0)), s_zero, use_acc=False)", "s = s_zero"),
+    *(
+        (
+            f"acc = warpgroup_mma(gl.convert_layout(p_{h}, p_layout), k_smem, acc)",
+            f"acc = acc + gl.convert_layout({_P_ROWS.format(h)}, "
+            "gl.SliceLayout(1, o_layout))[:, None]",
+        )
+        for h in ("hi", "lo")
+    ),
+    ("s_even = mma_v2(qg, kg, s_even)", "s_even = s_even"),
+    ("s_odd = mma_v2(qg, kg, s_odd)", "s_odd = s_odd"),
+    *(
+        (
+            f"acc = mma_v2(gl.convert_layout(p_{h}, qa), k_smem.load(kb), acc)",
+            f"acc = acc + {_P_ROWS.format(h)}[:, None]",
+        )
+        for h in ("hi", "lo")
+    ),
+    # the token-major tile: S^T and O^T (heads last), as its alpha is applied
+    ("s_even = mma_v2(kg, q_held[gi], s_even)", "s_even = s_even"),
+    ("s_odd = mma_v2(kg, q_held[gi], s_odd)", "s_odd = s_odd"),
+    *(
+        (
+            f"acc = mma_v2(kt, gl.convert_layout(p_{h}[None, :, :] + p_zero, opb), acc)",
+            f"acc = acc + gl.expand_dims(gl.expand_dims(gl.sum(p_{h}.to(gl.float32), axis=0), "
+            "0), 0)",
+        )
+        for h in ("hi", "lo")
+    ),
+)
+GLUON_PHASES: dict[str, tuple[tuple[str, str], ...]] = {
+    "l2tile": _GLUON_L2TILE,
+    "nomma": _GLUON_NOMMA,
+    "nogather": (*_GLUON_L2TILE, *_GLUON_NOMMA),
+}
 ABLATED = "ablated"  # the status of an ablated copy's entries
 # The variant whose loop the phases do not touch: its ablated copies would time the real file.
 _NOT_ABLATED_VARIANTS = ("simt", FLASHINFER)
@@ -977,7 +1029,10 @@ def parse_phases(text: str | None) -> list[str]:
 def ablate(source: str, phase: str, where: str) -> str:
     """The kernel source with `phase`'s substitutions; HarnessError(2) naming the line and
     the file when a line is missing or not unique."""
-    for line, replacement in PHASES[phase]:
+    substitutions = PHASES[phase]
+    if GLUON_LOOP_MARK in source:  # a file with the Gluon loops: theirs too
+        substitutions += GLUON_PHASES[phase]
+    for line, replacement in substitutions:
         pattern = re.compile(r"^([ \t]*)" + re.escape(line) + r"[ \t]*(#.*)?$", re.MULTILINE)
         found = len(pattern.findall(source))
         if found != 1:
@@ -1008,18 +1063,21 @@ def ablated_copies(
 def phase_rows(report: dict) -> list[dict]:
     """One row per real entry that has ablated copies: its time and each phase's, per shape."""
     phases = report["settings"].get("phases") or []
-    timed = {
-        (r["shape"], r["phase_of"], r["phase"]): r["median_us"]
-        for r in report["results"]
-        if r.get("phase")
+    copies = {
+        (r["shape"], r["phase_of"], r["phase"]): r for r in report["results"] if r.get("phase")
     }
     rows = []
     for r in report["results"]:
-        if r.get("phase") or not any((r["shape"], r["label"], p) in timed for p in phases):
+        if r.get("phase") or not any((r["shape"], r["label"], p) in copies for p in phases):
             continue
         row = {"shape": r["shape"], "label": r["label"], "status": r["status"]}
         row["full_us"] = r["median_us"]
-        row.update({f"{p}_us": timed.get((r["shape"], r["label"], p)) for p in phases})
+        mine = {p: copies.get((r["shape"], r["label"], p)) for p in phases}
+        row.update({f"{p}_us": c and c["median_us"] for p, c in mine.items()})
+        # An ablated copy is wrong by design: one that passed the accuracy check ran none of
+        # the phase's lines (e.g. a loop the phase does not ablate), so its time is the real
+        # file's again, not the cost of what the phase removes.
+        row["unreached"] = [p for p, c in mine.items() if c and (c.get("accuracy") or {}).get("ok")]
         rows.append(row)
     return rows
 
@@ -1031,11 +1089,12 @@ def phase_table(rows: list[dict], phases: list[str]) -> str:
     table_rows = [header]
     for row in rows:
         full = row["full_us"] if row["status"] == "ok" else None
+        unreached = row.get("unreached") or []
         cells = [row["shape"], row["label"], _fmt(row["full_us"], ".1f")]
-        cells += [_fmt(row[f"{p}_us"], ".1f") for p in phases]
+        cells += [_fmt(row[f"{p}_us"], ".1f") + ("*" if p in unreached else "") for p in phases]
         for p in phases:
             if p in ("l2tile", "nomma"):
-                part = row[f"{p}_us"]
+                part = None if p in unreached else row[f"{p}_us"]
                 cells.append("-" if full is None or part is None else f"{full - part:.1f}")
         table_rows.append(cells)
     widths = [max(len(r[i]) for r in table_rows) for i in range(len(header))]
@@ -1048,6 +1107,8 @@ def phase_table(rows: list[dict], phases: list[str]) -> str:
         "products; nogather: both"
     )
     lines.append("full-X: the time removing X saved (phases overlap: the savings need not add up)")
+    if any(row.get("unreached") for row in rows):
+        lines.append("*: matched the reference: the ablation did not reach the loop that ran")
     return "\n".join(lines)
 
 

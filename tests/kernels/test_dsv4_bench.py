@@ -214,9 +214,10 @@ KERNEL_FILE = KERNELS / "flash_mla_sm120_triton.py"
 
 def test_every_phase_applies_to_the_bundled_kernel():
     source = KERNEL_FILE.read_text()
+    assert bench.GLUON_LOOP_MARK in source  # the Gluon loops' lines are ablated too
     for phase, substitutions in bench.PHASES.items():
         ablated = bench.ablate(source, phase, str(KERNEL_FILE))
-        for line, replacement in substitutions:
+        for line, replacement in substitutions + bench.GLUON_PHASES[phase]:
             # each line of the real loop is there once and replaced by its stand-in
             assert sum(x.strip() == line for x in source.splitlines()) == 1, line
             assert not any(x.strip() == line for x in ablated.splitlines()), line
@@ -279,12 +280,42 @@ def test_phase_table_reads_off_each_phase():
     }
     (row,) = bench.phase_rows(report)
     assert row == {"shape": "B64", "label": "mma", "status": "ok", "full_us": 100.0,
-                   "l2tile_us": 60.0, "nomma_us": 70.0}  # fmt: skip
+                   "l2tile_us": 60.0, "nomma_us": 70.0, "unreached": []}  # fmt: skip
     text = bench.phase_table([row], ["l2tile", "nomma"])
     header, values = text.splitlines()[1:3]
     assert header.split() == ["shape", "variant", "full", "us", "l2tile", "us", "nomma", "us",
                               "full-l2tile", "full-nomma"]  # fmt: skip
     assert values.split() == ["B64", "mma", "100.0", "60.0", "70.0", "40.0", "30.0"]
+
+
+def test_a_copy_that_passed_the_accuracy_check_is_not_read_as_a_phase():
+    """An ablated copy computes wrong results by design: one whose results matched the
+    reference ran none of its phase's lines (a loop the phase does not ablate), so no saving
+    is read off its time and the table marks it."""
+    report = {
+        "settings": {"phases": ["l2tile", "nomma"]},
+        "results": [
+            {"shape": "T256", "label": "mma", "status": "ok", "median_us": 22.0, "phase": None},
+            *(
+                {
+                    "shape": "T256",
+                    "label": f"phase:{p}:mma",
+                    "status": "ablated",
+                    "median_us": us,
+                    "phase": p,
+                    "phase_of": "mma",
+                    "accuracy": {"ok": ok},
+                }
+                for p, us, ok in (("l2tile", 21.9, True), ("nomma", 15.0, False))
+            ),  # fmt: skip
+        ],
+    }
+    (row,) = bench.phase_rows(report)
+    assert row["unreached"] == ["l2tile"]
+    lines = bench.phase_table([row], ["l2tile", "nomma"]).splitlines()
+    assert lines[2].split() == ["T256", "mma", "22.0", "21.9*", "15.0", "-", "7.0"]
+    assert lines[-1].startswith("*: matched the reference")
+    assert max(map(len, lines[:2] + lines[-1:])) <= 80
 
 
 def test_nogather_compiles_for_sm120_and_sm90_without_tensor_core_products(tmp_path):
