@@ -112,6 +112,7 @@ def assert_valid_result(data: dict) -> None:
         "exit_code": int,
         "device": dict,
         "copy_bandwidth": (dict, type(None)),
+        "launch_floor": (dict, type(None)),
         "versions": dict,
         "host": str,
         "settings": dict,
@@ -620,6 +621,10 @@ def test_cuda_graph_timing_on_a_gpu(tmp_path):
     assert data["timing"] == "cuda-graph" and data["settings"]["l2_flush"] is True
     assert data["device"]["type"] == "cuda" and data["device"]["sm_count"] > 0
     assert data["copy_bandwidth"]["gbs"] > 100
+    floor = data["launch_floor"]  # a 4-byte fill timed as the entries: under every entry
+    assert floor["error"] is None and 0 < floor["median_us"] < min(
+        r["median_us"] for r in data["results"] if r["median_us"]
+    )
     for shape in data["shapes"]:
         assert shape["floor_us"] > 0
     for r in data["results"]:

@@ -539,3 +539,45 @@ def test_progress_lines_wrap_at_80_columns(capsys):
     head = [x for x in lines if not x.startswith("[1/2]")][:-1]
     assert " ".join(x.strip() for x in head).split() == f"{what}: {outcome}".split()
     assert lines[-2] == "[1/2] T64 H8 mma: ok  24.6 us" and lines[-1] == skip
+
+
+# --- the launch floor: a near-empty call timed as the entries -------------------------------
+
+
+class _FakeCudaTorch:
+    """Just the torch calls `measure_launch_floor` makes (no CUDA device here)."""
+
+    def __init__(self, fail: bool = False):
+        self.fail, self.synced = fail, 0
+        self.cuda = types.SimpleNamespace(synchronize=self._sync)
+        self.int32 = "int32"
+
+    def _sync(self):
+        self.synced += 1
+
+    def zeros(self, *shape, dtype=None, device=None):
+        if self.fail:
+            raise RuntimeError("CUDA error: out of memory\nsecond line")
+        return types.SimpleNamespace(fill_=lambda value: value)
+
+
+@pytest.mark.parametrize("each", [False, True])
+def test_launch_floor_times_rotate_fills_as_the_entries(monkeypatch, each):
+    seen = {}
+
+    def fake_time(torch, triton, calls, warmup_ms, rep_ms, each=False):
+        seen.update(calls=len(calls), each=each, warmup=warmup_ms, rep=rep_ms)
+        assert [call() for call in calls] == [0] * len(calls)  # each call is the fill
+        return [4.5, 4.4, 4.6], [], []
+
+    monkeypatch.setattr(bench, "time_cuda_graph", fake_time)
+    floor = bench.measure_launch_floor(_FakeCudaTorch(), None, 3, each, 10, 40)
+    assert floor == {"median_us": 4.5, "p20_us": 4.4, "p80_us": 4.6, "error": None}
+    assert seen == {"calls": 3, "each": each, "warmup": 10, "rep": 40}
+
+
+def test_launch_floor_failure_is_recorded_not_raised():
+    torch = _FakeCudaTorch(fail=True)
+    floor = bench.measure_launch_floor(torch, None, 3, False, 10, 40)
+    assert floor["median_us"] is None and torch.synced == 1
+    assert floor["error"] == "RuntimeError: CUDA error: out of memory"
