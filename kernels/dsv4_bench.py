@@ -87,6 +87,7 @@ be imported).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import hashlib
 import importlib.util
@@ -1224,7 +1225,8 @@ def measure_launch_floor(torch, triton, rotate: int, each: bool, warmup_ms: int,
         calls = [lambda: x.fill_(0) for _ in range(rotate)]
         us, _, _ = time_cuda_graph(torch, triton, calls, warmup_ms, rep_ms, each=each)
     except Exception as err:  # noqa: BLE001 - reported in the JSON, the run goes on
-        torch.cuda.synchronize()
+        with contextlib.suppress(Exception):  # a sticky error shows again in the entries
+            torch.cuda.synchronize()
         return {"median_us": None, "p20_us": None, "p80_us": None, "error": _one_line(err)}
     return {"median_us": us[0], "p20_us": us[1], "p80_us": us[2], "error": None}
 
