@@ -1788,6 +1788,7 @@ def _main(args, argv: list[str], scratch: Path) -> int:
     launch = None
     if device == "cuda":
         settle_cuda_graphs(torch, triton)
+        # after the throwaway graph, as every entry is (a first graph replays faster)
         launch = measure_launch_floor(
             torch, triton, args.rotate, args.graph_each, args.warmup, args.rep
         )
