@@ -201,9 +201,10 @@ def test_a_throwaway_graph_is_timed_before_the_first_entry(tmp_path, monkeypatch
     code = bench.main(["--variants", "mma", "--shapes", "B=1,H=64,topk=128", "--rotate", "2",
                        "--warmup", "1", "--rep", "2", "--out", str(out), "--no-table"])  # fmt: skip
     assert code == bench.EXIT_OK
-    # the throwaway graph (one call) first, then the shape's warm-up (a second import of the
-    # file, `--warm-entry`'s default with CUDA) and the entry (one call per input set each)
-    assert timed == [1, 2, 2]
+    # the throwaway graph (one call) first, the launch floor (a fill kernel per input set),
+    # then the shape's warm-up (a second import of the file, `--warm-entry`'s default with
+    # CUDA) and the entry (one call per input set each)
+    assert timed == [1, 2, 2, 2]
     assert [w["of"] for w in json.loads(out.read_text())["warm_entries"]] == ["mma"]
 
 
