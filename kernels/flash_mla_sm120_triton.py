@@ -2270,7 +2270,7 @@ if HAS_GLUON:
         if PERM_ptr is not None:
             b = gl.load(PERM_ptr + b)
         h0 = (pid % head_blocks) * BLOCK_H
-        if PREFETCH_START and MMA_SYNC:
+        if PREFETCH_START:
             _ws_prefetch_start(Q_ptr, stride_qb, stride_qh, b, h0, H, IDX_ptr, stride_ib,
                                stride_it, topk, EIDX_ptr, stride_eib, stride_eit, e_topk,
                                BLOCK_H, HAS_EXTRA, num_warps)  # fmt: skip
@@ -3117,7 +3117,11 @@ MAX_SPLITS = 64
 # kernel adds P's bf16 rounding residue to PV (pv_split): with only a few valid tokens each one
 # carries a large weight, and bf16 P (2^-9 relative, as in FlashMLA) can miss the 1e-3
 # absolute bound on near-zero outputs. At larger topk the residue averages out; pv_split
-# costs 2-3x there on sm_90 (measured), so it stays off.
+# costs 2-3x there on sm_90 (measured), so it stays off. The same count (per request, on the
+# device) picks the requests that take the residue in larger calls: in the Gluon loops too,
+# whose fp16 P rounds 8x finer, since with a peaked softmax (nope groups spread over 2^[-4, 4])
+# requests of 65-256 valid tokens missed the out bound there with a threshold of 64 (session
+# 49, H100: up to 4.4x the bound; T1024 H64 causal would have gained 1.04x).
 PV_SPLIT_MAX_TOKENS = 256
 # A call is prefill-sized for the table's `prefill_*` fields from this many programs per
 # resident slot (SMs x programs per SM) on: every program then has one split.
@@ -3149,10 +3153,12 @@ PACK_MAX_TOKENS = 8
 # alone 37.4 / 141.9.
 PACK_PLAN_SPLIT_CACHES = True
 PACK_PLAN_MAXNREG = 128
-# The mma.sync Gluon builds prefetch q's rows and the index rows into L2 as a program starts
+# The Gluon builds prefetch q's rows and the index rows into L2 as a program starts
 # (`_ws_prefetch_start`): the consumers' q and count, and the loader's first index load, then
-# find them in L2. Session 43, H100: T1024 H8 / H16 causal 1.016x, partial 1.011x, full
-# lengths and decode even.
+# find them in L2. Session 43, H100, mma.sync builds: T1024 H8 / H16 causal 1.016x, partial
+# 1.011x, full lengths and decode even. The wgmma builds (one program per SM) only when an SM
+# runs several programs in a row (more head blocks than SMs): session 49, H100, T1024 H64
+# causal 1.03x, but B64 H64 dual decode (one wave) 0.97x.
 WS_PREFETCH_START = True
 # Entries of token t0's row the plan's probe reads in one load (`_probe_rows`, beside the
 # lengths): the extra cache's 512 in one, not two of 256 (session 43); a longer row in a loop.
@@ -3442,6 +3448,11 @@ def _pdl(device: torch.device) -> bool:
     )  # fmt: skip
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _side_stream(device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _SIDE_STREAMS:
@@ -3592,7 +3603,12 @@ def _launch_ws(
     kv, ekv = main["KV_ptr"], extra["EKV_ptr"]  # uint8 views (strided: no copy, no reshape)
     ps, eps = main["page_size"], extra["e_page_size"]
     pow2 = ps & (ps - 1) == 0 and eps & (eps - 1) == 0  # the loader's page by shifts
-    _ws_split_kernel[(B * triton.cdiv(H, block_h), splits)](
+    build = ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents)
+    head_blocks = B * triton.cdiv(H, block_h)
+    prefetch = WS_PREFETCH_START and (
+        build["MMA_SYNC"] or head_blocks > _sm_count(q.device)
+    )  # fmt: skip
+    _ws_split_kernel[(head_blocks, splits)](
         q, common["stride_qb"], common["stride_qh"],
         kv.view(torch.float8_e4m3fn), kv, kv.view(torch.bfloat16), main["stride_kv_page"],
         main["page_size"], main["num_tokens"], main["IDX_ptr"], main["stride_ib"],
@@ -3609,8 +3625,7 @@ def _launch_ws(
         EXACT_IN=exact_in, ONLY_FEW=only_few,
         SKIP_PACKED=flags.get("SKIP_PACKED", False), PERM_ptr=order, FMT=flags["FMT"],
         E_FMT=flags["E_FMT"], page_shift=ps.bit_length() - 1, e_page_shift=eps.bit_length() - 1,
-        POW2_PAGES=pow2, PREFETCH_START=WS_PREFETCH_START,
-        **ws_build((block_h, block_n), flags["HAS_EXTRA"], flags["E_FMT"], pow2, dependents),
+        POW2_PAGES=pow2, PREFETCH_START=prefetch, **build,
         **(plan or {}),
     )  # fmt: skip
 

@@ -8,6 +8,7 @@ of the version being replaced here (`sha256sum kernels/flash_mla_sm120*.py` befo
 # file name -> {sha256: "commit date"} of the versions on main before the current one
 RELEASED: dict[str, dict[str, str]] = {
     "flash_mla_sm120_triton.py": {
+        "f4e8a4c7b40d54eeea481389ad007cc9e3c911408e2580f2d28667cfd3259197": "d403a27 2026-12-05",
         "88e451f4f75f341ffdcabdc1c10f69eb0c7421e209d18aa999d7625e71426bc9": "1a785ee 2026-12-05",
         "40c492d96cda702a4edcb32308c6faa329018baa3eccaf42947ce7b2d61e5ce6": "0a50f29 2026-12-05",
         "bd93678c5b83f30886ba64d3d4b3c8e390a13d9fe3f6665762c86a2b8e288225": "de655d4 2026-12-05",
