@@ -654,6 +654,47 @@ def test_fp16_operands_keep_wide_ranges(config):
     _run_and_check(inputs, "mma", config)
 
 
+def _few_token_peaked_inputs(case: str) -> dict:
+    """Requests of 1-256 valid tokens (10% of the indices invalid) whose nope groups are spread
+    over 2^[-4, 4], so that a few tokens carry most of the softmax."""
+    shape = dict(B=128, H=64, topk=128, page_size=256, extra_topk=512, extra_page_size=64)
+    if case == "single_h128":
+        shape = dict(B=64, H=128, topk=512, page_size=64)
+    inputs = ref.make_inputs(
+        **shape, with_sink=True, topk_length="partial", invalid_fraction=0.1,
+        kv_scale_spread=4, device=DEVICE, seed=_seed("peaked" + case),
+    )  # fmt: skip
+    gen = torch.Generator(device=DEVICE).manual_seed(_seed("peaked-lengths" + case))
+    B, topk = shape["B"], shape["topk"]
+    lengths = lambda hi, lo: torch.randint(lo, hi + 1, (B,), generator=gen, device=DEVICE)  # noqa: E731
+    inputs["topk_length"] = lengths(min(topk, 192), 1).to(torch.int32)
+    if "extra_topk" in shape:
+        inputs["extra_topk_length"] = lengths(128, 0).to(torch.int32)
+    return inputs
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the GPU rows' Gluon loops (fp16 P)")
+@pytest.mark.parametrize("row", ["own", "sm120"])
+@pytest.mark.parametrize("case", ["dual_h64", "single_h128"])
+def test_few_token_requests_with_a_peaked_softmax(case, row):
+    """The exact PV's per-request threshold holds FlashMLA's out bound where a few tokens carry
+    the softmax: with only requests of at most 64 valid tokens taking the residue, the Gluon
+    loops' fp16 P missed it (session 49, H100: 94-236 elements of such B128-B512 calls, up to
+    4.4x the bound), so the table keeps 256. This GPU's row and the sm_120 row's Gluon tiles."""
+    inputs = _few_token_peaked_inputs(case)
+    B, _, H, _ = inputs["q"].shape
+    e_topk = 512 if case == "dual_h64" else 0
+    topk = inputs["indices"].shape[-1]
+    config = None
+    if row == "sm120":
+        sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count
+        config = fl.mma_config((12, 0), sms, B, H, topk, e_topk)
+        assert config.ws  # the sm_120 row's Gluon loop (mma.sync), run on this GPU
+    else:
+        assert fl._device_mma_config(torch.device(DEVICE), B, H, topk, e_topk).ws
+    _run_and_check(inputs, "mma", config)
+
+
 @pytest.mark.parametrize("variant", ["simt", "mma"])
 @pytest.mark.parametrize("with_sink", [False, True])
 def test_all_indices_invalid(variant, with_sink):
