@@ -157,6 +157,7 @@ def compile_ws(
     fl, cc: int, has_extra: bool, exact_below: int, sync: bool = False, plan: bool = False,
     exact_in: bool = False, only_few: bool = False, tile: tuple[int, int] | None = None,
     skip_packed: bool = False, fmt: int = 0, e_fmt: int | None = None,
+    prefetch: bool | None = None,
 ):  # fmt: skip
     """Compile `_ws_split_kernel` (Gluon, the bf16-P launch) for `cc` as `_launch_ws` launches
     it: wgmma's tile (the sm_90 row) or, `sync`, mma.sync's (the sm_120 row); exact_below > 0:
@@ -165,7 +166,8 @@ def compile_ws(
     `tile`: mma.sync's (heads, tokens) when not the row's own (the sm_120 row's wide form, the
     few-head form); `skip_packed`: the per-token launch beside the packed plan; `fmt`, `e_fmt`:
     the caches' formats (0 V4, 1 V4.1 FP8, 2 V4.1 FP4: extra only; `e_fmt` defaults to
-    `fmt`)."""
+    `fmt`); `prefetch`: the start's L2 prefetch (default: as launched on a decode-sized grid,
+    mma.sync's builds with it, wgmma's without)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -185,7 +187,8 @@ def compile_ws(
         COUNT_BLOCK=1024, PLAN=plan, EXACT_IN=exact_in,
         B_POW2=64, ONLY_FEW=only_few, SKIP_PACKED=skip_packed, BLOCK_H=bh, BLOCK_N=bn, FMT=fmt,
         E_FMT=e_fmt, POW2_PAGES=True,  # SGLang's page sizes
-        PREFETCH_START=fl.WS_PREFETCH_START, num_warps=options["num_warps"], **build,
+        PREFETCH_START=fl.WS_PREFETCH_START and (sync if prefetch is None else prefetch),
+        num_warps=options["num_warps"], **build,
     )  # fmt: skip
     if not plan:
         const["PIECES_ptr"] = None
@@ -337,6 +340,11 @@ def check(ccs: list[int], with_ptxas: bool = True) -> list[dict]:
                     ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in, fmt=m, e_fmt=e)
                     label = ("bf16-P-ws-sync" if sync else "bf16-P-ws") + ("-plan" if plan else "")
                     rows.append(build_report(cc, ws_row, label, has_extra, fmt, ck, with_ptxas))
+                    if not sync and fmt == "v4":  # more head blocks than SMs: with the prefetch
+                        ck = compile_ws(fl, cc, has_extra, below, sync, plan, exact_in, fmt=m,
+                                        e_fmt=e, prefetch=True)  # fmt: skip
+                        rows.append(build_report(cc, ws_row, label + "-prefetch", has_extra, fmt,
+                                                 ck, with_ptxas))  # fmt: skip
                 if sync and row.get("ws_wide_tokens_per_sm"):  # its wide tile, planned
                     wide = (fl.WS_SYNC_WIDE_BLOCK_H, fl.WS_SYNC_WIDE_BLOCK_N)
                     wide_row = dict(ws_row, BLOCK_H=wide[0], BLOCK_N=wide[1])
