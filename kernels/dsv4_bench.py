@@ -1450,6 +1450,9 @@ def table(report: dict, width: int | None = None) -> str:
         lines.append("(cpu-wallclock: interpreter times, meaningless as speed)")
     if len(labels) > 1:
         lines.append(f"vs = speed-up over {labels[0]} (its time / this time)")
+    launch = (report.get("launch_floor") or {}).get("median_us")
+    if launch is not None:  # in every time above and in neither byte floor
+        lines.append(f"launch floor = {launch:.1f} us (a 4-byte fill timed as these calls are)")
     lines += report.get("notes") or []
     if report.get("phases"):
         lines += ["", phase_table(report["phases"], report["settings"]["phases"])]

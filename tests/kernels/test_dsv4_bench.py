@@ -519,6 +519,23 @@ def test_table_puts_long_shape_names_on_their_own_lines_at_80_columns():
     assert wide[1].split()[-3:] == ["1.4", "ok", "-"] and len(wide) == 4  # + the "vs" note
 
 
+def test_table_names_the_launch_floor_when_it_was_measured():
+    """The launch floor (a CUDA run's `launch_floor`) is the table's last note, within 80
+    columns; a failed or absent one adds no line."""
+    shape = bench.make_shape(64, heads=64, topk=2048)
+    row = {"shape": shape.name, "label": "mma", "status": "ok", "median_us": 74.6,
+           "p20_us": 74.4, "p80_us": 74.8, "gbs": 1145.0, "pct_copy_bw": 37.9, "tflops": 230.2,
+           "x_floor": 2.6}  # fmt: skip
+    report = {"timing": "cuda-graph", "results": [row]}
+    measured = dict(report, launch_floor={"median_us": 4.576, "p20_us": 4.3, "p80_us": 4.7})
+    lines = bench.table(measured, width=80).splitlines()
+    assert lines[-1] == "launch floor = 4.6 us (a 4-byte fill timed as these calls are)"
+    assert max(map(len, lines)) <= 80
+    failed = dict(report, launch_floor={"median_us": None, "error": "no graphs"})
+    for other in (report, failed):
+        assert not any("launch floor" in x for x in bench.table(other, width=80).splitlines())
+
+
 def test_progress_lines_wrap_at_80_columns(capsys):
     """A result's progress line (a long shape name, its timing) within 80 columns: the outcome
     on its own indented line (the time beside its unit), no word lost or cut; a short one
